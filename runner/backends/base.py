@@ -1,0 +1,86 @@
+"""The container seam: the small interface the runner needs from a container engine.
+
+``runner.backends.docker`` is the real one and the only module that imports ``docker``. Every
+method raises only :class:`~runner.errors.RunnerError` subclasses: ``EngineUnavailable`` when
+the engine cannot be reached or fails, ``ContainerVanished`` when the container is gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from runner.images import ImageInfo
+from runner.plan import Limits
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything needed to create the job's container."""
+
+    name: str
+    image: str
+    """Image id: the verified bytes, never a name that could move."""
+    entrypoint: list[str]
+    command: list[str]
+    user: str
+    working_dir: str
+    environment: dict[str, str]
+    labels: dict[str, str]
+    mounts: list[Mount]
+    limits: Limits
+    log_max_bytes: int = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """The container's final (or current) state as the engine reports it."""
+
+    status: str
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+    error: str
+    started_at: str | None
+    finished_at: str | None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    def ping(self) -> None:
+        """Check the engine answers; raise EngineUnavailable when not."""
+
+    def inspect_image(self, reference: str) -> ImageInfo | None:
+        """The local image for ``reference``, or None when it is not present."""
+
+    def create(self, spec: ContainerSpec) -> str:
+        """Create the container (not started); return its id."""
+
+    def start(self, container_id: str) -> None: ...
+
+    def wait(self, container_id: str, timeout: float) -> int | None:
+        """Block up to ``timeout`` seconds; the exit code, or None while it still runs."""
+
+    def stop(self, container_id: str, grace: float) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds."""
+
+    def kill(self, container_id: str) -> None: ...
+
+    def state(self, container_id: str) -> ContainerState: ...
+
+    def save_logs(self, container_id: str, dest: Path, max_bytes: int) -> int:
+        """Write at most ``max_bytes`` of the engine's log of the container; return the count."""
+
+    def remove(self, container_id: str) -> None:
+        """Remove the container, forcibly; a container already gone is not an error."""
+
+    def find(self, labels: dict[str, str]) -> list[str]:
+        """Ids of containers (any state) carrying all ``labels``."""

@@ -1,0 +1,21 @@
+"""The execution contract: models, parsing and verification."""
+
+from runner.contract.load import (
+    VerifiedContract,
+    canonical_digest,
+    load_contract,
+    parse_json,
+    verify_data,
+    with_digest,
+)
+from runner.contract.models import ExecutionContract
+
+__all__ = [
+    "ExecutionContract",
+    "VerifiedContract",
+    "canonical_digest",
+    "load_contract",
+    "parse_json",
+    "verify_data",
+    "with_digest",
+]

@@ -1,0 +1,159 @@
+"""Reading a contract: bytes → JSON → schema → digest → parser bindings → VerifiedContract.
+
+Every refusal is a :class:`~runner.errors.ContractError` naming the JSON path of the field, what
+was found and what was expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import rfc8785
+from pydantic import ValidationError
+
+from runner.contract.models import ExecutionContract
+from runner.errors import ContractError, DigestMismatch
+
+MAX_CONTRACT_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class VerifiedContract:
+    """A contract whose JSON, schema, digest and parser bindings all checked out."""
+
+    model: ExecutionContract
+    raw: bytes
+    """The exact bytes that were verified; staged as /job/input/task.json."""
+    data: dict[str, Any]
+    digest: str
+    base_dir: Path
+    """The folder relative paths (paper, repository) are resolved against."""
+    source: str
+    """Where the contract came from, for messages."""
+
+
+def canonical_digest(data: dict[str, Any]) -> str:
+    """``sha256:<hex>`` of the RFC 8785 canonical JSON of ``data`` without ``contractDigest``."""
+    body = {k: v for k, v in data.items() if k != "contractDigest"}
+    try:
+        canonical = rfc8785.dumps(body)
+    except (rfc8785.CanonicalizationError, ValueError, TypeError) as exc:
+        raise ContractError(f"cannot be canonicalized (RFC 8785): {exc}", path="$") from exc
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ContractError(
+                f"key {key!r} appears twice in one object",
+                hint="a signed contract must be unambiguous; keep one value per key",
+            )
+        out[key] = value
+    return out
+
+
+def parse_json(raw: bytes, source: str) -> dict[str, Any]:
+    """Parse contract bytes, refusing bad UTF-8, bad JSON, duplicate keys and non-objects."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContractError(f"{source} is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    try:
+        data = json.loads(text, object_pairs_hook=_refuse_duplicates)
+    except json.JSONDecodeError as exc:
+        raise ContractError(
+            f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+            hint="check the file with `python3 -m json.tool FILE`",
+        ) from exc
+    if not isinstance(data, dict):
+        raise ContractError(f"must be a JSON object, got {type(data).__name__}", path="$")
+    return data
+
+
+def json_path(loc: tuple[int | str, ...]) -> str:
+    """``('measurements', 0, 'parser')`` → ``$.measurements[0].parser``."""
+    out = "$"
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def validation_error(exc: ValidationError, what: str = "contract") -> ContractError:
+    """Turn pydantic's errors into one ContractError naming every offending JSON path."""
+    found: list[tuple[str, str]] = []
+    for err in exc.errors(include_url=False):
+        # pydantic adds union-branch tags such as 'int' or "literal['none','all']": not fields.
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p == "int")))
+        if err["type"] == "extra_forbidden":
+            body = f"unknown field (not part of the {what} schema)"
+        elif err["type"] == "missing":
+            body = "required field is missing"
+        else:
+            body = f"{err['msg'].removeprefix('Value error, ')} (got {_short(err.get('input'))})"
+        found.append((json_path(loc), body))
+    hint = "correct the field; contracts/execution-contract.schema.json documents each one"
+    if len(found) == 1:
+        return ContractError(found[0][1], path=found[0][0], hint=hint)
+    listed = "\n  ".join(f"{where}: {body}" for where, body in found)
+    return ContractError(f"{len(found)} fields are wrong:\n  {listed}", hint=hint)
+
+
+def verify_data(data: dict[str, Any], raw: bytes, base_dir: Path, source: str) -> VerifiedContract:
+    """Check schema, digest and parser bindings of already-parsed contract data."""
+    # Imported here: parsers import the error tree only, but keep the contract package leaf-like.
+    from runner.parsers import registry
+
+    try:
+        model = ExecutionContract.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from exc
+    digest = canonical_digest(data)
+    if model.contractDigest != digest:
+        raise DigestMismatch(
+            f"contractDigest is {model.contractDigest} but the contract hashes to {digest}",
+            path="$.contractDigest",
+            hint=(
+                "the contract was changed after it was digested; if the change is intended, "
+                "re-issue it with `runner pin CONTRACT --image IMAGE`, which recomputes the digest"
+            ),
+        )
+    for i, m in enumerate(model.measurements):
+        registry.check_binding(m.parser, path=f"$.measurements[{i}].parser")
+    return VerifiedContract(
+        model=model, raw=raw, data=data, digest=digest, base_dir=base_dir, source=source
+    )
+
+
+def load_contract(path: Path) -> VerifiedContract:
+    """Read and verify the contract at ``path``."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONTRACT_BYTES:
+            raise ContractError(f"{path} is {size} bytes; contracts are at most 4 MiB")
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise ContractError(f"no contract at {path}", hint="check the path") from exc
+    except IsADirectoryError as exc:
+        raise ContractError(f"{path} is a directory", hint="pass the task.json file") from exc
+    except OSError as exc:
+        raise ContractError(f"cannot read {path}: {exc.strerror}") from exc
+    data = parse_json(raw, str(path))
+    return verify_data(data, raw, path.resolve().parent, str(path))
+
+
+def with_digest(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``data`` with ``contractDigest`` recomputed (issuer side)."""
+    out = {k: v for k, v in data.items() if k != "contractDigest"}
+    out["contractDigest"] = canonical_digest(out)
+    return out

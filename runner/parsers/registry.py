@@ -1,0 +1,93 @@
+"""The parser registry: parsers are looked up by ``(id, version)``, never by id alone.
+
+A parser declares a JSON Schema for its config; bindings are checked when the contract is
+loaded, so a bad binding refuses the job before any container starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import jsonschema
+
+from runner.errors import ContractError
+
+
+class Parser(Protocol):
+    """What a parser module provides."""
+
+    id: str
+    version: str
+    description: str
+    config_schema: dict[str, Any]
+
+    def parse(self, evidence: Path, config: dict[str, Any]) -> float | int | str | bool:
+        """Extract the value from ``evidence``.
+
+        Raises :class:`~runner.errors.EvidenceParseError` when the file cannot yield a valid
+        value. The caller has already checked that the file exists.
+        """
+        ...
+
+
+class _Binding(Protocol):
+    id: str
+    version: str
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Registry:
+    parsers: dict[tuple[str, str], Parser]
+
+
+_REGISTRY = _Registry(parsers={})
+
+
+def register(parser: Parser) -> Parser:
+    """Add ``parser`` under ``(parser.id, parser.version)``; a second registration is an error."""
+    key = (parser.id, parser.version)
+    if key in _REGISTRY.parsers:
+        raise ValueError(f"parser {parser.id} version {parser.version} is already registered")
+    jsonschema.Draft202012Validator.check_schema(parser.config_schema)
+    _REGISTRY.parsers[key] = parser
+    return parser
+
+
+def available() -> list[tuple[str, str]]:
+    """Every registered ``(id, version)``, sorted."""
+    return sorted(_REGISTRY.parsers)
+
+
+def get(parser_id: str, version: str) -> Parser:
+    """The parser registered as ``(parser_id, version)``; KeyError when there is none."""
+    return _REGISTRY.parsers[(parser_id, version)]
+
+
+def check_binding(binding: _Binding, *, path: str) -> None:
+    """Refuse a binding to an unknown parser or with a config its schema rejects."""
+    key = (binding.id, binding.version)
+    if key not in _REGISTRY.parsers:
+        listing = ", ".join(f"{i}@{v}" for i, v in available()) or "none"
+        raise ContractError(
+            f"no parser {binding.id!r} version {binding.version!r} is registered",
+            path=path,
+            hint=f"use one of: {listing}",
+        )
+    validator = jsonschema.Draft202012Validator(_REGISTRY.parsers[key].config_schema)
+    errors = sorted(validator.iter_errors(binding.config), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        where = (
+            path
+            + ".config"
+            + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        )
+        raise ContractError(
+            f"{err.message}",
+            path=where,
+            hint=f"the config of {binding.id}@{binding.version} is described by its schema: "
+            "`runner parsers` lists it",
+        )

@@ -1,0 +1,146 @@
+"""Contract + policy → ExecutionPlan: everything the container stage needs, decided up front.
+
+Pure: no I/O. The plan is frozen and recorded (its limits) in the envelope, so what was applied
+is what is reported.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from runner.contract import VerifiedContract
+from runner.errors import ProtocolAmbiguous
+from runner.images import ImagePin, parse_pin
+from runner.policy import HostPolicy
+
+GIB = 1024**3
+MIB = 1024**2
+JOB_UID = 10001
+"""The uid jobs run as when the runner itself runs as root (the image's ``job`` user)."""
+
+# The job's stdout and stderr go straight to files under /job/output: no bytes pass through the
+# daemon or the runner, so capture costs nothing and memory stays bounded whatever the size.
+STREAM_WRAPPER = 'exec "$@" >"$RUNNER_STDOUT" 2>"$RUNNER_STDERR"'
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps applied to the container, exactly as passed to the engine."""
+
+    cpus: float
+    memory_bytes: int
+    memory_swap_bytes: int
+    shm_bytes: int
+    pids: int
+    tmpfs_bytes: int
+    gpus: str | int
+    network: str
+    timeout_seconds: float
+    read_only_rootfs: bool = True
+    cap_drop: tuple[str, ...] = ("ALL",)
+    security_opt: tuple[str, ...] = ("no-new-privileges",)
+    init: bool = True
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    job_id: str
+    contract_digest: str
+    image: ImagePin
+    argv: tuple[str, ...]
+    """The contract's command, as the job sees it."""
+    working_dir: str
+    stdout_path: str
+    stderr_path: str
+    """Relative to the job's output folder."""
+    user: str
+    limits: Limits
+    labels: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def entrypoint(self) -> list[str]:
+        return ["/bin/sh", "-c", STREAM_WRAPPER, "runner-job"]
+
+
+def default_job_id(contract: VerifiedContract) -> str:
+    """The contract's ``jobId``, else ``<name>-<first 12 hex of the digest>``."""
+    if contract.model.jobId:
+        return contract.model.jobId
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", contract.model.name).strip("-.") or "job"
+    return f"{name[:100]}-{contract.digest.removeprefix('sha256:')[:12]}"
+
+
+def check_command(contract: VerifiedContract) -> tuple[str, ...]:
+    """The argv to run; refuse when there is none or a required fragment is missing."""
+    protocol = contract.model.protocol
+    if not protocol.command:
+        raise ProtocolAmbiguous(
+            "$.protocol.command: the contract names no command to run",
+            hint='add "command": ["python3", "/job/input/repository/evaluate.py", ...] to protocol',
+        )
+    joined = shlex.join(protocol.command)
+    missing = [f for f in protocol.requiredCommandFragments if f not in joined]
+    if missing:
+        raise ProtocolAmbiguous(
+            f"$.protocol.command: {joined!r} lacks the required fragment(s) "
+            + ", ".join(repr(f) for f in missing),
+            hint="the command must contain every entry of $.protocol.requiredCommandFragments",
+        )
+    return tuple(protocol.command)
+
+
+def build(
+    contract: VerifiedContract,
+    policy: HostPolicy,
+    *,
+    job_id: str,
+    host_uid: int,
+    host_gid: int,
+    labels: dict[str, str] | None = None,
+) -> ExecutionPlan:
+    """Decide everything about the run. Raises the refusals of the protocol and image pin."""
+    argv = check_command(contract)
+    env = contract.model.environment
+    pin = parse_pin(env.image, env.imageId, allow_unpinned=policy.allow_unpinned_images)
+    memory = int(env.memoryGb * GIB)
+    limits = Limits(
+        cpus=env.cpus,
+        memory_bytes=memory,
+        memory_swap_bytes=memory,
+        shm_bytes=int(env.shmGb * GIB),
+        pids=env.pidsLimit,
+        tmpfs_bytes=env.tmpfsMb * MIB,
+        gpus=env.gpu,
+        network="bridge" if env.networkAccess else "none",
+        timeout_seconds=env.timeoutMinutes * 60,
+    )
+    user = f"{JOB_UID}:{JOB_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"
+    protocol = contract.model.protocol
+    all_labels = {
+        "org.runner.managed": "true",
+        "org.runner.job-id": job_id,
+        "org.runner.contract-digest": contract.digest,
+        **(labels or {}),
+    }
+    return ExecutionPlan(
+        job_id=job_id,
+        contract_digest=contract.digest,
+        image=pin,
+        argv=argv,
+        working_dir=protocol.workingDirectory,
+        stdout_path=protocol.stdoutPath,
+        stderr_path=protocol.stderrPath,
+        user=user,
+        limits=limits,
+        labels=all_labels,
+        environment={
+            "HOME": "/tmp",  # noqa: S108 - the job's own tmpfs
+            "RUNNER_JOB_ID": job_id,
+            "RUNNER_STDOUT": f"/job/output/{protocol.stdoutPath}",
+            "RUNNER_STDERR": f"/job/output/{protocol.stderrPath}",
+            "RUNNER_BUDGET_FILE": "/job/execution/runtime-budget.json",
+        },
+    )

@@ -1,0 +1,59 @@
+"""Generate the JSON Schemas in ``contracts/`` from the pydantic models.
+
+``python -m runner.schemas`` rewrites them; ``python -m runner.schemas --check`` exits 1 when a
+checked-in schema differs from the models (the test suite runs the check).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from runner.contract.models import ExecutionContract
+from runner.envelope import ResultEnvelope
+
+CONTRACTS = Path(__file__).resolve().parent.parent / "contracts"
+
+
+def schemas() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for filename, model, title in (
+        ("execution-contract.schema.json", ExecutionContract, "Execution contract"),
+        ("result-envelope.schema.json", ResultEnvelope, "Result envelope"),
+    ):
+        schema = model.model_json_schema(mode="validation")
+        schema = {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": f"https://runner.invalid/contracts/{filename}",
+            "title": title,
+            **{k: v for k, v in schema.items() if k != "title"},
+        }
+        out[filename] = schema
+    return out
+
+
+def render(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    stale = []
+    for filename, schema in schemas().items():
+        path = CONTRACTS / filename
+        text = render(schema)
+        if check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(filename)
+        else:
+            path.write_text(text)
+    if stale:
+        print("stale schemas (run `python -m runner.schemas`): " + ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Prepare everything the runner's tests need, idempotently:
+#   1. a running Docker engine (installs docker.io and starts dockerd when needed),
+#   2. a Python venv at .venv with the project installed in editable mode ('.[dev]'),
+#   3. the base image runner-base:bookworm (built offline with debootstrap) or
+#      $RUNNER_BASE_IMAGE when set (a pinned public base, pulled if missing),
+#   4. the job image runner-cpu:local, built with no network.
+# Safe to run many times; reruns are fast (stamp file, existing images, layer cache).
+#
+# Environment:
+#   RUNNER_BASE_IMAGE     use this base instead of building runner-base:bookworm offline
+#                         (e.g. python:3.11-slim-bookworm@sha256:<digest>)
+#   RUNNER_DOCKERD_LOG    dockerd log file (default /var/log/runner-dockerd.log)
+#   RUNNER_DOCKERD_ARGS   extra arguments for dockerd when this script starts it
+#   RUNNER_DOCKERD_WAIT   seconds to wait for the engine (default 60)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# shellcheck source=scripts/lib.sh
+. "$ROOT/scripts/lib.sh"
+
+BASE_TAG="runner-base:bookworm"
+JOB_TAG="runner-cpu:local"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.runner-install-stamp"
+DOCKERD_LOG="${RUNNER_DOCKERD_LOG:-/var/log/runner-dockerd.log}"
+DOCKERD_WAIT="${RUNNER_DOCKERD_WAIT:-60}"
+
+# --------------------------------------------------------------------------- engine
+engine_up() { docker info >/dev/null 2>&1; }
+
+dockerd_pid() {
+  local pid
+  pid="$(cat /var/run/docker.pid 2>/dev/null || true)"
+  if [ -n "$pid" ] && [ -d "/proc/$pid" ]; then
+    echo "$pid"
+  fi
+}
+
+# Any dockerd process at all (no pgrep: procps is not always installed).
+dockerd_running() { grep -qsx dockerd /proc/[0-9]*/comm; }
+
+show_dockerd_log() {
+  if [ -r "$DOCKERD_LOG" ]; then
+    printf -- '---- last lines of %s ----\n' "$DOCKERD_LOG" >&2
+    tail -n 40 "$DOCKERD_LOG" >&2 || true
+    printf -- '----\n' >&2
+  else
+    as_root tail -n 40 "$DOCKERD_LOG" >&2 || true
+  fi
+}
+
+ensure_engine() {
+  if engine_up; then
+    log "engine: reusing running dockerd ($(docker info --format '{{.ServerVersion}}, {{.Driver}}, cgroup v{{.CgroupVersion}}' 2>/dev/null || echo '?'))"
+    return 0
+  fi
+  if [ "$(id -u)" -ne 0 ] && command -v docker >/dev/null 2>&1 && as_root docker info >/dev/null 2>&1; then
+    die "engine: dockerd runs but user $(id -un) cannot reach it; add it to the 'docker' group (then log in again) or run as root"
+  fi
+  if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; then
+    log "engine: docker not installed, installing docker.io"
+    apt_install docker.io
+  fi
+
+  local pid
+  pid="$(dockerd_pid)"
+  if [ -n "$pid" ]; then
+    log "engine: dockerd (pid $pid) is running but not answering yet; waiting"
+  else
+    log "engine: starting dockerd in the background (log: $DOCKERD_LOG)"
+    # SC2016: expanded by the inner sh. SC2086: RUNNER_DOCKERD_ARGS is a word list on purpose.
+    # shellcheck disable=SC2016,SC2086
+    as_root sh -c 'log="$1"; shift; mkdir -p "$(dirname "$log")"
+      setsid nohup dockerd "$@" >>"$log" 2>&1 </dev/null &' \
+      sh "$DOCKERD_LOG" ${RUNNER_DOCKERD_ARGS:-}
+  fi
+
+  local waited=0
+  until engine_up; do
+    if [ "$waited" -ge "$DOCKERD_WAIT" ]; then
+      show_dockerd_log
+      die "engine: dockerd did not answer 'docker info' within ${DOCKERD_WAIT}s"
+    fi
+    # Fail fast when dockerd already died (bad storage driver, iptables, cgroups, ...).
+    if [ "$waited" -ge 2 ] && ! dockerd_running; then
+      show_dockerd_log
+      die "engine: dockerd exited during start-up"
+    fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  log "engine: dockerd up after ${waited}s ($(docker info --format '{{.ServerVersion}}, {{.Driver}}, cgroup v{{.CgroupVersion}}' 2>/dev/null || echo '?'))"
+}
+
+# --------------------------------------------------------------------------- python
+venv_ok() { [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; }
+
+ensure_venv() {
+  if venv_ok; then
+    log "venv: reusing $VENV"
+  else
+    if [ -e "$VENV" ]; then
+      log "venv: $VENV is broken (interpreter moved?), recreating"
+      rm -rf "$VENV"
+    fi
+    command -v python3 >/dev/null 2>&1 || apt_install python3
+    log "venv: creating $VENV with $(python3 --version 2>&1)"
+    local err
+    if ! err="$(python3 -m venv "$VENV" 2>&1)"; then
+      rm -rf "$VENV"
+      if printf '%s' "$err" | grep -qiE 'ensurepip|python3(\.[0-9]+)?-venv'; then
+        log "venv: ensurepip missing, installing python3-venv"
+        apt_install python3-venv
+        python3 -m venv "$VENV" || die "venv: 'python3 -m venv' still fails after installing python3-venv"
+      else
+        printf '%s\n' "$err" >&2
+        die "venv: 'python3 -m venv $VENV' failed"
+      fi
+    fi
+  fi
+
+  local want have=""
+  want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+  [ -r "$STAMP" ] && have="$(cat "$STAMP")"
+  if [ "$want" = "$have" ]; then
+    log "venv: '.[dev]' already installed for this pyproject.toml (${want:0:12})"
+    return 0
+  fi
+  log "venv: pip install -e '.[dev]'"
+  rm -f "$STAMP"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q -e '.[dev]' \
+    || die "venv: pip install -e '.[dev]' failed"
+  printf '%s\n' "$want" >"$STAMP"
+}
+
+# --------------------------------------------------------------------------- images
+image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
+
+ensure_base() {
+  if [ -n "${RUNNER_BASE_IMAGE:-}" ]; then
+    BASE="$RUNNER_BASE_IMAGE"
+    if image_exists "$BASE"; then
+      log "base: reusing $BASE (from RUNNER_BASE_IMAGE)"
+    else
+      log "base: pulling $BASE (from RUNNER_BASE_IMAGE)"
+      docker pull "$BASE" >&2 || die "base: could not pull $BASE"
+    fi
+    return 0
+  fi
+  BASE="$BASE_TAG"
+  if image_exists "$BASE"; then
+    log "base: reusing $BASE"
+  else
+    log "base: $BASE missing, building it offline with debootstrap (a few minutes)"
+    bash "$ROOT/scripts/build-base.sh" "$BASE"
+    image_exists "$BASE" || die "base: build-base.sh finished but $BASE does not exist"
+  fi
+}
+
+build_job_image() {
+  log "image: building $JOB_TAG from images/cpu (base $BASE, --network none)"
+  local build_log
+  build_log="$(mktemp)"
+  # Quiet unless it fails: the full build log is shown then.
+  if ! docker build --network none --build-arg "BASE=$BASE" -t "$JOB_TAG" "$ROOT/images/cpu" \
+    >"$build_log" 2>&1; then
+    cat "$build_log" >&2
+    rm -f "$build_log"
+    die "image: docker build of $JOB_TAG failed (log above)"
+  fi
+  rm -f "$build_log"
+}
+
+# --------------------------------------------------------------------------- main
+start=$SECONDS
+ensure_engine
+ensure_venv
+ensure_base
+build_job_image
+log "done in $((SECONDS - start))s; $JOB_TAG is $(docker image inspect --format '{{.Id}}' "$JOB_TAG")"

@@ -1,0 +1,131 @@
+"""Shared fixtures. Tests marked ``docker`` use the real engine and the runner-cpu:local image that
+``scripts/setup.sh`` builds; when either is missing they fail (never skip)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.contract import with_digest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = ROOT / "examples" / "toy-evaluation"
+SEED = ROOT / "tests" / "fixtures" / "seed-task.json"
+IMAGE = "runner-cpu:local"
+SESSION_LABEL = "org.runner.test-session"
+SESSION_ID = uuid.uuid4().hex
+
+
+def _docker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
+
+
+@pytest.fixture(scope="session")
+def image_id() -> str:
+    """Id of the locally built job image; fails (not skips) when the engine or image is absent."""
+    info = _docker("info", "--format", "{{.ServerVersion}}")
+    if info.returncode != 0:
+        pytest.fail(
+            f"the Docker engine is not reachable: {info.stderr.strip()} "
+            "(scripts/setup.sh starts it)"
+        )
+    out = _docker("image", "inspect", "--format", "{{.Id}}", IMAGE)
+    if out.returncode != 0:
+        pytest.fail(f"{IMAGE} is missing: run scripts/setup.sh ({out.stderr.strip()})")
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_containers_left() -> Iterator[None]:
+    """After the session, no container of this test session may remain."""
+    yield
+    if shutil.which("docker") is None:
+        return
+    left = _docker("ps", "-aq", "--filter", f"label={SESSION_LABEL}={SESSION_ID}").stdout.split()
+    if left:
+        _docker("rm", "-f", *left)
+        pytest.fail(f"containers left behind by the runner: {left}")
+
+
+def session_containers() -> list[str]:
+    return _docker("ps", "-aq", "--filter", f"label={SESSION_LABEL}={SESSION_ID}").stdout.split()
+
+
+def toy_data() -> dict[str, Any]:
+    return json.loads((TOY / "task.json").read_text())
+
+
+def write_contract(
+    folder: Path,
+    image: str,
+    *,
+    command: list[str] | None = None,
+    environment: dict[str, Any] | None = None,
+    protocol: dict[str, Any] | None = None,
+    measurements: list[dict[str, Any]] | None = None,
+    with_inputs: bool = True,
+) -> Path:
+    """A contract in ``folder`` based on the toy one, pinned to ``image`` and re-digested."""
+    data = toy_data()
+    if with_inputs:
+        shutil.copytree(TOY / "repository", folder / "repository", dirs_exist_ok=True)
+        shutil.copy(TOY / "paper.md", folder / "paper.md")
+    else:
+        data.pop("paper")
+        data.pop("repository")
+    data["environment"]["image"] = image
+    data["environment"].update(environment or {})
+    if command is not None:
+        data["protocol"]["command"] = command
+        data["protocol"]["requiredCommandFragments"] = []
+    data["protocol"].update(protocol or {})
+    if measurements is not None:
+        data["measurements"] = measurements
+    path = folder / "task.json"
+    path.write_text(json.dumps(with_digest(data), indent=2))
+    return path
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "runner", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_job(
+    contract: Path, state: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[int, dict[str, Any], str]:
+    """``runner run --json`` with this session's label; (exit code, envelope, stderr)."""
+    proc = run_cli(
+        "run",
+        str(contract),
+        "--state-dir",
+        str(state),
+        "--json",
+        "--label",
+        f"{SESSION_LABEL}={SESSION_ID}",
+        *extra,
+        env=env,
+    )
+    try:
+        envelope = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"stdout is not one JSON envelope:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc.returncode, envelope, proc.stderr

@@ -1,0 +1,242 @@
+"""Contract parsing and verification: pure logic, no engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from runner import plan
+from runner.contract import canonical_digest, load_contract, with_digest
+from runner.errors import ContractError, DigestMismatch, PolicyViolation, ProtocolAmbiguous
+from runner.policy import HostPolicy
+from runner.schemas import CONTRACTS
+from runner.schemas import main as schemas_main
+from tests.conftest import SEED, TOY, run_cli
+
+ID = "sha256:" + "ab" * 32
+
+
+def _write(tmp_path: Path, data: dict[str, Any], *, redigest: bool = True) -> Path:
+    path = tmp_path / "task.json"
+    path.write_text(json.dumps(with_digest(data) if redigest else data))
+    return path
+
+
+def _toy() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((TOY / "task.json").read_text())
+    data["environment"]["image"] = ID
+    return data
+
+
+def test_seed_contract_digest_verifies() -> None:
+    """The seed contract's own contractDigest is the RFC 8785 digest of the rest of it."""
+    contract = load_contract(SEED)
+    assert contract.digest == json.loads(SEED.read_text())["contractDigest"]
+    assert contract.digest == (
+        "sha256:38dbd33676f1dbf2381d9548ef77ae5264410e3a714bf0f83c7529cfebd8d579"
+    )
+
+
+def test_one_byte_change_is_refused(tmp_path: Path) -> None:
+    """Changing one byte of a digested contract makes it fail with DigestMismatch."""
+    raw = SEED.read_bytes()
+    changed = raw.replace(b'"cpus": 2', b'"cpus": 3', 1)
+    assert len(changed) == len(raw) and changed != raw
+    path = tmp_path / "task.json"
+    path.write_bytes(changed)
+    with pytest.raises(DigestMismatch) as err:
+        load_contract(path)
+    assert err.value.path == "$.contractDigest"
+    assert "runner pin" in str(err.value)
+
+
+def test_malformed_json_names_line_and_column(tmp_path: Path) -> None:
+    """Broken JSON is refused with its line and column."""
+    path = tmp_path / "task.json"
+    path.write_text('{\n  "schemaVersion": "1.0",\n  "kind": }\n')
+    with pytest.raises(ContractError, match=r"line 3 column 11"):
+        load_contract(path)
+
+
+def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
+    """A key given twice in one object is ambiguous and refused."""
+    path = tmp_path / "task.json"
+    path.write_text('{"name": "a", "name": "b"}')
+    with pytest.raises(ContractError, match="'name' appears twice"):
+        load_contract(path)
+
+
+def test_unknown_top_level_field_is_named(tmp_path: Path) -> None:
+    """An unknown top-level field is refused with its JSON path."""
+    data = _toy()
+    data["surprise"] = 1
+    with pytest.raises(ContractError) as err:
+        load_contract(_write(tmp_path, data))
+    assert err.value.path == "$.surprise"
+    assert "unknown field" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "path"),
+    [
+        ("cpus", 0, "$.environment.cpus"),
+        ("cpus", 100000, "$.environment.cpus"),
+        ("memoryGb", -1, "$.environment.memoryGb"),
+        ("timeoutMinutes", 0, "$.environment.timeoutMinutes"),
+        ("pidsLimit", 1, "$.environment.pidsLimit"),
+        ("cpus", "two", "$.environment.cpus"),
+    ],
+)
+def test_out_of_range_resources_are_named(
+    tmp_path: Path, field: str, value: object, path: str
+) -> None:
+    """Resources outside their range are refused with the field's path and the range."""
+    data = _toy()
+    data["environment"][field] = value
+    with pytest.raises(ContractError) as err:
+        load_contract(_write(tmp_path, data))
+    assert err.value.path == path
+    assert json.dumps(value) in str(err.value)
+
+
+@pytest.mark.parametrize("evidence", ["/etc/passwd", "../escape.json", "logs/../../x.json"])
+def test_escaping_evidence_path_is_refused(tmp_path: Path, evidence: str) -> None:
+    """Evidence paths are relative to /job/output and may not leave it."""
+    data = _toy()
+    data["measurements"][0]["parser"]["evidencePath"] = evidence
+    with pytest.raises(ContractError) as err:
+        load_contract(_write(tmp_path, data))
+    assert err.value.path == "$.measurements[0].parser.evidencePath"
+
+
+def test_escaping_input_path_is_refused(tmp_path: Path) -> None:
+    """A repository path with '..' is refused before anything is copied."""
+    data = _toy()
+    data["repository"]["path"] = "../../etc"
+    with pytest.raises(ContractError) as err:
+        load_contract(_write(tmp_path, data))
+    assert err.value.path == "$.repository.path"
+
+
+def test_missing_required_field_is_named(tmp_path: Path) -> None:
+    data = _toy()
+    del data["environment"]["image"]
+    with pytest.raises(ContractError) as err:
+        load_contract(_write(tmp_path, data))
+    assert err.value.path == "$.environment.image"
+    assert "required" in str(err.value)
+
+
+def test_several_errors_are_all_listed(tmp_path: Path) -> None:
+    data = _toy()
+    data["environment"]["cpus"] = -1
+    data["environment"]["shmGb"] = -1
+    with pytest.raises(ContractError) as err:
+        load_contract(_write(tmp_path, data))
+    assert "$.environment.cpus" in str(err.value)
+    assert "$.environment.shmGb" in str(err.value)
+
+
+def test_unknown_parser_lists_the_available_ones(tmp_path: Path) -> None:
+    data = _toy()
+    data["measurements"][0]["parser"]["version"] = "9"
+    with pytest.raises(ContractError) as err:
+        load_contract(_write(tmp_path, data))
+    assert err.value.path == "$.measurements[0].parser"
+    assert "json.scalar@1" in str(err.value)
+
+
+def test_bad_parser_config_names_the_config_field(tmp_path: Path) -> None:
+    data = _toy()
+    data["measurements"][0]["parser"]["config"]["pointer"] = 7
+    with pytest.raises(ContractError) as err:
+        load_contract(_write(tmp_path, data))
+    assert err.value.path == "$.measurements[0].parser.config.pointer"
+
+
+def test_missing_command_fragment_is_ambiguous(tmp_path: Path) -> None:
+    """Every requiredCommandFragment must occur in the command that will run."""
+    data = _toy()
+    data["protocol"]["command"] = ["python3", "/job/input/repository/evaluate.py"]
+    contract = load_contract(_write(tmp_path, data))
+    with pytest.raises(ProtocolAmbiguous, match="--checkpoint"):
+        plan.build(contract, HostPolicy(), job_id="j", host_uid=0, host_gid=0)
+
+
+def test_contract_without_command_is_ambiguous() -> None:
+    """The seed contract leaves the command to an agent: the runner cannot run it as is."""
+    with pytest.raises(ProtocolAmbiguous, match=r"\$\.protocol\.command"):
+        plan.build(
+            load_contract(SEED), HostPolicy(allow_network=True), job_id="j", host_uid=0, host_gid=0
+        )
+
+
+def test_tag_only_image_is_refused(tmp_path: Path) -> None:
+    """A tag pins nothing; the default policy refuses it and says how to pin."""
+    data = _toy()
+    data["environment"]["image"] = "runner-cpu:local"
+    contract = load_contract(_write(tmp_path, data))
+    with pytest.raises(PolicyViolation, match="runner pin") as err:
+        plan.build(contract, HostPolicy(), job_id="j", host_uid=0, host_gid=0)
+    assert "$.environment.image" in str(err.value)
+    allowed = plan.build(
+        contract, HostPolicy(allow_unpinned_images=True), job_id="j", host_uid=0, host_gid=0
+    )
+    assert allowed.image.image_id is None
+
+
+def test_tag_only_image_is_refused_by_the_cli(tmp_path: Path) -> None:
+    """`runner verify` exits 3 (refused) on a tag-only contract."""
+    proc = run_cli("verify", str(TOY / "task.json"))
+    assert proc.returncode == 3, proc.stderr
+    assert "policy_violation" in proc.stderr
+    assert "$.environment.image" in proc.stderr
+
+
+def test_network_is_refused_unless_the_host_allows_it(tmp_path: Path) -> None:
+    from runner import policy
+
+    data = _toy()
+    data["environment"]["networkAccess"] = True
+    contract = load_contract(_write(tmp_path, data))
+    with pytest.raises(PolicyViolation, match=r"\$\.environment\.networkAccess"):
+        policy.check(contract, HostPolicy())
+    policy.check(contract, HostPolicy(allow_network=True))
+
+
+def test_plan_caps_swap_to_memory_and_runs_as_non_root(tmp_path: Path) -> None:
+    contract = load_contract(_write(tmp_path, _toy()))
+    p = plan.build(contract, HostPolicy(), job_id="j", host_uid=0, host_gid=0)
+    assert p.limits.memory_swap_bytes == p.limits.memory_bytes == 512 * 1024**2
+    assert p.user == "10001:10001"
+    assert p.limits.network == "none"
+    own = plan.build(contract, HostPolicy(), job_id="j", host_uid=1234, host_gid=99)
+    assert own.user == "1234:99"
+
+
+def test_digest_is_rfc8785_not_sorted_dumps() -> None:
+    """Float formatting follows RFC 8785 (ECMAScript), which sorted json.dumps does not."""
+    assert canonical_digest({"a": 1e21, "contractDigest": "x"}) == canonical_digest({"a": 1e21})
+    import hashlib
+
+    assert canonical_digest({"a": 1e21}) == "sha256:" + hashlib.sha256(b'{"a":1e+21}').hexdigest()
+
+
+def test_checked_in_schemas_match_the_models() -> None:
+    """contracts/*.schema.json are generated from the models and kept in step."""
+    assert schemas_main(["--check"]) == 0
+
+
+def test_seed_and_toy_contracts_validate_against_the_json_schema() -> None:
+    schema = json.loads((CONTRACTS / "execution-contract.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    for path in (SEED, TOY / "task.json"):
+        errors = list(validator.iter_errors(json.loads(path.read_text())))
+        assert errors == [], (path, errors[:3])
+    bad = json.loads(SEED.read_text())
+    bad["environment"]["cpus"] = -2
+    assert list(validator.iter_errors(bad))

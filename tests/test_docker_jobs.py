@@ -1,0 +1,394 @@
+"""Jobs run through `runner run` in real containers on the real engine."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import (
+    SESSION_ID,
+    SESSION_LABEL,
+    TOY,
+    _docker,
+    run_cli,
+    run_job,
+    session_containers,
+    write_contract,
+)
+
+pytestmark = pytest.mark.docker
+
+PY = "python3"
+
+
+def _py(code: str) -> list[str]:
+    return [PY, "-c", code]
+
+
+def _job_dir(envelope: dict[str, Any]) -> Path:
+    return Path(envelope["jobDir"])
+
+
+def _no_leftovers(envelope: dict[str, Any]) -> None:
+    """No container of the job and no temporary file in its folder remain."""
+    job = _job_dir(envelope)
+    assert not [p for p in job.rglob("*.tmp")], list(job.rglob("*.tmp"))
+    left = _docker("ps", "-aq", "--filter", f"label=org.runner.job-id={envelope['jobId']}")
+    assert left.stdout.split() == []
+
+
+def test_toy_evaluation_end_to_end(tmp_path: Path, image_id: str) -> None:
+    """pin + run through the CLI: accuracy 0.819 from the evidence file, status succeeded."""
+    contract = TOY / "task.json"
+    pinned = tmp_path / "task.json"
+    (tmp_path / "repository").symlink_to(TOY / "repository")
+    (tmp_path / "paper.md").symlink_to(TOY / "paper.md")
+    proc = run_cli("pin", str(contract), "--image", "runner-cpu:local", "-o", str(pinned))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(pinned.read_text())["environment"]["image"] == image_id
+
+    # Symlinked inputs are refused; plain copies are staged.
+    code, env, _ = run_job(pinned, tmp_path / "state")
+    assert code == 3 and env["failure"]["category"] == "invalid_contract"
+    assert "symbolic link" in env["failure"]["reason"]
+    for name in ("repository", "paper.md"):
+        (tmp_path / name).unlink()
+    subprocess.run(
+        ["cp", "-r", str(TOY / "repository"), str(TOY / "paper.md"), str(tmp_path)], check=True
+    )
+
+    code, env, stderr = run_job(pinned, tmp_path / "state2")
+    assert code == 0, stderr
+    assert env["status"] == "succeeded" and env["failure"] is None and env["exitCode"] == 0
+    (m,) = env["measurements"]
+    assert (m["measurementId"], m["metric"], m["unit"], m["value"]) == (
+        "toy-accuracy",
+        "accuracy",
+        "fraction",
+        0.819,
+    )
+    assert m["parser"] == {"id": "json.scalar", "version": "1"}
+    evidence = _job_dir(env) / "output" / m["evidence"]["path"]
+    assert m["evidence"]["sha256"] == "sha256:" + hashlib.sha256(evidence.read_bytes()).hexdigest()
+    assert env["image"]["id"] == image_id
+    assert env["limits"]["network"] == "none"
+    assert env["limits"]["memorySwapBytes"] == env["limits"]["memoryBytes"]
+    assert json.loads((_job_dir(env) / "result.json").read_text()) == env
+    manifest = json.loads((_job_dir(env) / "execution" / "input-manifest.json").read_text())
+    paths = {f["path"] for f in manifest["files"]}
+    assert {"task.json", "paper.md", "repository/evaluate.py"} <= paths
+    staged_task = _job_dir(env) / "input" / "task.json"
+    assert staged_task.read_bytes() == pinned.read_bytes()
+    _no_leftovers(env)
+
+    # The same job id is not run twice by accident.
+    code, again, _ = run_job(pinned, tmp_path / "state2")
+    assert code == 3 and "already ran" in again["failure"]["reason"]
+    assert json.loads((_job_dir(env) / "result.json").read_text()) == env
+
+
+def test_nonzero_exit_keeps_the_jobs_code(tmp_path: Path, image_id: str) -> None:
+    contract = write_contract(tmp_path, image_id, command=_py("import sys; sys.exit(3)"))
+    code, env, _ = run_job(contract, tmp_path / "state")
+    assert code == 1
+    assert env["status"] == "failed"
+    assert env["failure"]["category"] == "nonzero_exit" and env["failure"]["stage"] == "container"
+    assert env["exitCode"] == 3
+    _no_leftovers(env)
+
+
+def test_memory_past_the_cap_is_oom(tmp_path: Path, image_id: str) -> None:
+    """A job allocating past memoryGb is killed, and the envelope says oom (from OOMKilled)."""
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=_py("b = []\nwhile True: b.append(bytearray(16 * 1024 * 1024))"),
+        environment={"memoryGb": 0.0625},
+    )
+    code, env, _ = run_job(contract, tmp_path / "state")
+    assert code == 1
+    assert env["failure"]["category"] == "oom"
+    assert env["container"]["oomKilled"] is True
+    _no_leftovers(env)
+
+
+def test_sleep_past_the_budget_is_a_timeout(tmp_path: Path, image_id: str) -> None:
+    """The runner's own deadline stops the job within a few seconds of the budget."""
+    budget = 3.0
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=_py("import time; time.sleep(120)"),
+        environment={"timeoutMinutes": budget / 60},
+    )
+    t0 = time.monotonic()
+    code, env, _ = run_job(contract, tmp_path / "state", "--stop-grace", "2")
+    wall = time.monotonic() - t0
+    assert code == 1
+    assert env["failure"]["category"] == "timeout"
+    assert env["container"]["stoppedByRunner"] is True
+    assert budget <= env["timings"]["runSeconds"] < budget + 4
+    assert wall < budget + 15
+    _no_leftovers(env)
+
+
+PROBE = r"""
+import json, socket
+out = {}
+for name, path in (("input", "/job/input/x"), ("root", "/etc/x"), ("usr", "/usr/x"),
+                   ("execution", "/job/execution/x"), ("output", "/job/output/x"),
+                   ("workspace", "/job/workspace/x"), ("tmp", "/tmp/x")):
+    try:
+        open(path, "w").write("x")
+        out[name] = "written"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=3)
+    out["network"] = "connected"
+except OSError as exc:
+    out["network"] = type(exc).__name__
+import os
+out["uid"] = os.getuid()
+print(json.dumps(out))
+"""
+
+
+def test_sealed_box(tmp_path: Path, image_id: str) -> None:
+    """Input, execution and root filesystems are read-only; output, workspace and /tmp are
+    writable; a socket to 1.1.1.1 fails; the job is not root."""
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=_py(PROBE),
+        measurements=[
+            {
+                "measurementId": "uid",
+                "metric": "uid",
+                "unit": "count",
+                "parser": {
+                    "id": "json.scalar",
+                    "version": "1",
+                    "evidencePath": "logs/probe.json",
+                    "config": {"pointer": "/uid"},
+                },
+            }
+        ],
+        protocol={"stdoutPath": "logs/probe.json"},
+    )
+    code, env, stderr = run_job(contract, tmp_path / "state")
+    assert code == 0, (env, stderr)
+    probe = json.loads((_job_dir(env) / "output" / "logs" / "probe.json").read_text())
+    assert probe["input"] != "written" and probe["root"] != "written"
+    assert probe["usr"] != "written" and probe["execution"] != "written"
+    assert probe["output"] == probe["workspace"] == probe["tmp"] == "written"
+    assert probe["network"] != "connected"
+    assert probe["uid"] != 0
+    assert env["measurements"][0]["value"] == probe["uid"]
+    _no_leftovers(env)
+
+
+def test_missing_evidence(tmp_path: Path, image_id: str) -> None:
+    """A job that exits 0 without writing its evidence file fails with missing_evidence."""
+    metric = {
+        "measurementId": "m",
+        "metric": "accuracy",
+        "unit": "fraction",
+        "parser": {
+            "id": "json.scalar",
+            "version": "1",
+            "evidencePath": "results/metrics.json",
+            "config": {"pointer": "/a"},
+        },
+    }
+    contract = write_contract(tmp_path, image_id, command=["true"], measurements=[metric])
+    code, env, _ = run_job(contract, tmp_path / "state")
+    assert code == 1
+    assert env["status"] == "failed" and env["exitCode"] == 0
+    assert env["failure"]["category"] == "missing_evidence"
+    assert env["failure"]["stage"] == "parsers"
+    assert "results/metrics.json" in env["failure"]["reason"]
+    _no_leftovers(env)
+
+
+def test_non_json_evidence_is_a_parse_error(tmp_path: Path, image_id: str) -> None:
+    contract = write_contract(tmp_path, image_id, command=_py("print('accuracy: 0.819')"))
+    code, env, _ = run_job(contract, tmp_path / "state")
+    assert code == 1
+    assert env["failure"]["category"] == "parse_error"
+    assert env["measurementErrors"][0]["measurementId"] == "toy-accuracy"
+    _no_leftovers(env)
+
+
+def test_partial_when_some_measurements_parse(tmp_path: Path, image_id: str) -> None:
+    good = {
+        "measurementId": "a",
+        "metric": "accuracy",
+        "unit": "fraction",
+        "parser": {
+            "id": "json.scalar",
+            "version": "1",
+            "evidencePath": "logs/evaluation.log",
+            "config": {"pointer": "/a"},
+        },
+    }
+    bad = {**good, "measurementId": "b", "parser": {**good["parser"], "config": {"pointer": "/b"}}}
+    contract = write_contract(
+        tmp_path, image_id, command=_py("print('{\"a\": 1}')"), measurements=[good, bad]
+    )
+    code, env, _ = run_job(contract, tmp_path / "state")
+    assert code == 1
+    assert env["status"] == "partial"
+    assert [m["measurementId"] for m in env["measurements"]] == ["a"]
+    assert env["failure"]["category"] == "parse_error"
+
+
+def test_missing_image_is_image_unavailable(tmp_path: Path, image_id: str) -> None:
+    contract = write_contract(tmp_path, "sha256:" + "0" * 64, command=["true"])
+    code, env, _ = run_job(contract, tmp_path / "state")
+    assert code == 4
+    assert env["failure"]["category"] == "image_unavailable"
+
+
+def test_image_id_mismatch_is_refused(tmp_path: Path, image_id: str) -> None:
+    contract = write_contract(
+        tmp_path,
+        "runner-cpu@sha256:" + "1" * 64,
+        command=["true"],
+        environment={"imageId": image_id},
+    )
+    code, env, _ = run_job(contract, tmp_path / "state")
+    assert code in (3, 4), env
+    assert env["failure"]["category"] in ("image_unavailable", "image_digest_mismatch")
+
+
+def test_unreachable_engine_is_infrastructure(tmp_path: Path, image_id: str) -> None:
+    """An engine that cannot be reached is the runner's failure, never the job's."""
+    contract = write_contract(tmp_path, image_id, command=["true"])
+    code, env, _ = run_job(
+        contract, tmp_path / "state", env={"DOCKER_HOST": f"unix://{tmp_path}/no-such.sock"}
+    )
+    assert code == 4
+    assert env["failure"]["category"] == "infrastructure"
+    assert env["failure"]["retryable"] is True
+
+
+def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id: str) -> None:
+    """`docker inspect` of a running job shows the caps; SIGTERM to the runner stops the
+    container, removes it, and still writes an envelope."""
+    # Sleeps on the first attempt; a rerun finds its marker in the kept workspace and exits.
+    once = (
+        "import os, sys, time\nif os.path.exists('marker'): sys.exit(0)\n"
+        "open('marker', 'w').close()\ntime.sleep(120)"
+    )
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=_py(once),
+        environment={
+            "cpus": 0.5,
+            "memoryGb": 0.25,
+            "shmGb": 0.03125,
+            "pidsLimit": 64,
+            "tmpfsMb": 32,
+        },
+    )
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "run",
+            str(contract),
+            "--state-dir",
+            str(state),
+            "--json",
+            "--label",
+            f"{SESSION_LABEL}={SESSION_ID}",
+            "--label",
+            "probe=caps",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        found: list[str] = []
+        while time.monotonic() < deadline:
+            found = _docker(
+                "ps",
+                "-q",
+                "--filter",
+                "label=probe=caps",
+                "--filter",
+                f"label={SESSION_LABEL}={SESSION_ID}",
+            ).stdout.split()
+            if found:
+                break
+            time.sleep(0.2)
+        assert found, "the job's container never showed up running"
+        info = json.loads(_docker("inspect", found[0]).stdout)[0]
+        hc, cfg = info["HostConfig"], info["Config"]
+        assert hc["NetworkMode"] == "none"
+        assert hc["ReadonlyRootfs"] is True
+        assert hc["CapDrop"] == ["ALL"] and not hc.get("CapAdd")
+        assert "no-new-privileges" in hc["SecurityOpt"]
+        assert hc["Memory"] == hc["MemorySwap"] == 256 * 1024**2
+        assert hc["NanoCpus"] == 500_000_000
+        assert hc["ShmSize"] == 32 * 1024**2
+        assert hc["PidsLimit"] == 64
+        assert hc["Init"] is True
+        assert hc["Privileged"] is False
+        assert hc["LogConfig"]["Type"] == "json-file" and "max-size" in hc["LogConfig"]["Config"]
+        assert hc["Tmpfs"]["/tmp"].endswith(f"size={32 * 1024**2}")
+        assert cfg["User"] == (
+            "10001:10001" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+        )
+        assert cfg["Image"] == image_id
+        assert cfg["Labels"]["org.runner.managed"] == "true"
+        mounts = {m["Destination"]: m["RW"] for m in info["Mounts"]}
+        assert mounts == {
+            "/job/input": False,
+            "/job/output": True,
+            "/job/workspace": True,
+            "/job/execution": False,
+        }
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    env = json.loads(out)
+    assert env["failure"]["category"] == "cancelled"
+    assert env["container"]["stoppedByRunner"] is True
+    assert (state / "jobs" / env["jobId"] / "result.json").exists()
+    assert _docker("ps", "-aq", "--filter", "label=probe=caps").stdout.split() == []
+
+    # An interrupted job may be run again under the same id; the old envelope is kept.
+    code, again, _ = run_job(contract, state)
+    assert code == 1 and again["exitCode"] == 0, again
+    assert again["failure"]["category"] == "parse_error"  # the once-job prints no evidence
+    assert list((state / "jobs" / env["jobId"] / "record").glob("result-*.json"))
+
+
+def test_no_temporary_files_left_behind(tmp_path: Path, image_id: str) -> None:
+    """A run leaves nothing in the system temp folder."""
+    before = set(os.listdir(tempfile.gettempdir()))
+    contract = write_contract(tmp_path, image_id, command=["true"])
+    run_job(contract, tmp_path / "state")
+    after = set(os.listdir(tempfile.gettempdir()))
+    assert {p for p in after - before if not p.startswith("pytest-")} == set()
+    assert session_containers() == []
