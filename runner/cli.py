@@ -10,9 +10,13 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from runner.errors import RefusedError, RunnerError
+
+if TYPE_CHECKING:
+    from runner.contract import Trust
+    from runner.policy import LoadedPolicy
 
 EXIT_SUCCEEDED = 0
 EXIT_JOB_FAILED = 1
@@ -109,6 +113,10 @@ def _summary(env: dict[str, Any], path: Path | None) -> str:
         f = env["failure"]
         rows.append(("failure", f"{f['category']} at {f['stage']}"))
     rows.append(("job", str(env.get("jobId"))))
+    sig = env.get("signature")
+    if sig:
+        signed = "signed by " + ", ".join(sig["keyIds"]) if sig["status"] == "verified" else None
+        rows.append(("signature", signed or "NONE: unsigned contract (local development)"))
     if env.get("exitCode") is not None:
         rows.append(("exit code", str(env["exitCode"])))
     if env.get("image"):
@@ -161,20 +169,78 @@ def _install_signal_handlers() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _config_dir() -> Path:
+    if os.environ.get("RUNNER_CONFIG_DIR"):
+        return Path(os.environ["RUNNER_CONFIG_DIR"])
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("runner"))
+
+
+def _trusted_keys_dir(arg: str | None) -> Path:
+    """--trusted-keys, else $RUNNER_TRUSTED_KEYS, else <config dir>/trusted-keys."""
+    if arg:
+        return Path(arg)
+    if os.environ.get("RUNNER_TRUSTED_KEYS"):
+        return Path(os.environ["RUNNER_TRUSTED_KEYS"])
+    return _config_dir() / "trusted-keys"
+
+
+def _policy_path(arg: str | None) -> Path | None:
+    """--policy, else $RUNNER_POLICY, else <config dir>/policy.json when it exists."""
+    if arg:
+        return Path(arg)
+    if os.environ.get("RUNNER_POLICY"):
+        return Path(os.environ["RUNNER_POLICY"])
+    default = _config_dir() / "policy.json"
+    return default if default.exists() else None
+
+
+def _host(args: argparse.Namespace) -> tuple[LoadedPolicy, Trust]:
+    """The host's policy (file + operator switches) and its trusted keys."""
+    from runner import policy, signing
+    from runner.contract import Trust
+
+    loaded = policy.with_switches(
+        policy.load(_policy_path(args.policy)),
+        network=getattr(args, "allow_network", False) or _env_flag("RUNNER_ALLOW_NETWORK"),
+        unsigned=getattr(args, "allow_unsigned", False) or _env_flag("RUNNER_ALLOW_UNSIGNED"),
+        unpinned=getattr(args, "allow_unpinned_image", False)
+        or _env_flag("RUNNER_ALLOW_UNPINNED_IMAGES"),
+    )
+    keys = signing.load_trusted_keys(_trusted_keys_dir(args.trusted_keys))
+    return loaded, Trust(keys=keys, threshold=loaded.policy.signatureThreshold)
+
+
+def _overrides(values: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise SystemExit(f"runner: --limit wants KEY=NUMBER, got {item!r}") from None
+        if not sep:
+            raise SystemExit(f"runner: --limit wants KEY=NUMBER, got {item!r}")
+    return out
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from runner import orchestrator
-    from runner.policy import HostPolicy
 
-    base = HostPolicy.from_environment()
-    policy = HostPolicy(
-        allow_network=base.allow_network or args.allow_network,
-        allow_unpinned_images=base.allow_unpinned_images or args.allow_unpinned_image,
-    )
+    loaded, trust = _host(args)
     options = orchestrator.RunOptions(
         state_dir=_state_dir(args.state_dir),
         job_id=args.job_id,
-        policy=policy,
+        policy=loaded,
+        trust=trust,
         labels=_labels(args.label),
+        overrides=_overrides(args.limit),
+        rerun=args.rerun,
         stop_grace_seconds=args.stop_grace,
     )
     progress = None if args.json else HumanProgress()
@@ -192,47 +258,171 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from runner import plan
-    from runner.contract import load_contract
-    from runner.policy import HostPolicy
+    from datetime import UTC, datetime
 
-    contract = load_contract(Path(args.contract))
-    policy = HostPolicy.from_environment()
+    from runner import plan, policy
+    from runner.contract import load_contract
+
+    loaded, trust = _host(args)
+    contract = load_contract(Path(args.contract), trust)
+    policy.check(contract, loaded.policy, datetime.now(UTC))
     p = plan.build(
         contract,
-        policy,
+        loaded.policy,
         job_id=args.job_id or plan.default_job_id(contract),
         host_uid=0,
         host_gid=0,
     )
     m = contract.model
+    sig = contract.signature
     info: dict[str, Any] = {
         "valid": True,
         "name": m.name,
         "contractDigest": contract.digest,
+        "signature": "verified" if sig else "none (unsigned; accepted by this host's policy)",
+        "signedBy": list(sig.keyids) if sig else [],
+        "payloadType": sig.payload_type if sig else None,
+        "issuedAt": m.issuedAt.isoformat() if m.issuedAt else None,
+        "expiresAt": m.expiresAt.isoformat() if m.expiresAt else None,
+        "audience": m.audience,
         "jobId": p.job_id,
         "image": m.environment.image,
         "imageId": p.image.image_id,
         "command": list(p.argv),
         "timeoutSeconds": p.limits.timeout_seconds,
         "network": p.limits.network,
+        "policy": {"source": loaded.source, "digest": loaded.digest},
         "measurements": [
             f"{x.measurementId} ({x.metric}, {x.unit}) via {x.parser.id}@{x.parser.version} "
             f"from {x.parser.evidencePath}"
             for x in m.measurements
         ],
-        "signature": "none (signed contracts are not supported yet)",
     }
     if args.json:
         print(json.dumps(info, indent=2))
+        return EXIT_SUCCEEDED
+    print(f"ok: {args.contract} verifies and this host would run it")
+    rows = [
+        ("name", m.name),
+        ("contractDigest", contract.digest),
+        ("signature", info["signature"]),
+        *(("signed by", k) for k in info["signedBy"]),
+        ("issued", info["issuedAt"] or "-"),
+        ("expires", info["expiresAt"] or "never (unsigned)"),
+        ("audience", ", ".join(m.audience) if m.audience else "any host"),
+        ("jobId", p.job_id),
+        ("image", m.environment.image),
+        ("network", p.limits.network),
+        ("command", " ".join(p.argv)),
+        ("budget", _fmt_clock(p.limits.timeout_seconds)),
+        *(("measurement", line) for line in info["measurements"]),
+        ("policy", f"{loaded.source} ({loaded.digest[:19]}…)"),
+    ]
+    for key, value in rows:
+        print(f"  {key:<15} {value}")
+    return EXIT_SUCCEEDED
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from runner import signing
+
+    prefix = Path(args.out)
+    private, public = prefix.with_name(prefix.name + ".key"), prefix.with_name(prefix.name + ".pub")
+    for path in (private, public):
+        if path.exists():
+            raise RefusedError(
+                f"{path} already exists; keygen never overwrites a key",
+                hint="choose another --out, or remove the old pair on purpose",
+            )
+    keyid = signing.generate_key(private, public)
+    result = {"keyId": keyid, "privateKey": str(private), "publicKey": str(public)}
+    if args.json:
+        print(json.dumps(result, indent=2))
     else:
-        print(f"ok: {args.contract} verifies")
-        for key in ("name", "contractDigest", "jobId", "image", "network", "signature"):
-            print(f"  {key:<15} {info[key]}")
-        print(f"  {'command':<15} {' '.join(p.argv)}")
-        print(f"  {'budget':<15} {_fmt_clock(p.limits.timeout_seconds)}")
-        for line in info["measurements"]:
-            print(f"  {'measurement':<15} {line}")
+        print(f"key id      {keyid}")
+        print(f"private key {private} (mode 0600: keep it secret)")
+        print(f"public key  {public} (give it to hosts: `runner trust {public}`)")
+    return EXIT_SUCCEEDED
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    from runner import signing
+
+    key = signing.load_public_key(Path(args.public_key))
+    folder = _trusted_keys_dir(args.trusted_keys)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{key.keyid.removeprefix('sha256:')[:32]}.pub"
+    data = Path(args.public_key).read_bytes()
+    if not target.exists() or target.read_bytes() != data:
+        target.write_bytes(data)
+    if args.json:
+        print(json.dumps({"keyId": key.keyid, "trustedAs": str(target)}, indent=2))
+    else:
+        print(f"trusted {key.keyid}\n  as {target}")
+    return EXIT_SUCCEEDED
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    unit = text[-1:]
+    try:
+        if unit in _UNITS:
+            return float(text[:-1]) * _UNITS[unit]
+        return float(text)
+    except ValueError:
+        raise SystemExit(
+            f"runner: a duration looks like 90s, 30m, 24h or 7d; got {text!r}"
+        ) from None
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime, timedelta
+
+    from runner import signing
+    from runner.contract import parse_json, verify_data, with_digest
+
+    path = Path(args.contract)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise RefusedError(f"cannot read {path}: {exc.strerror}") from exc
+    data = parse_json(raw, str(path))
+    if signing.is_envelope(data):
+        raise RefusedError(f"{path} is already a signed envelope", hint="sign the bare contract")
+    now = datetime.now(UTC).replace(microsecond=0)
+    if not args.keep_times:
+        data["issuedAt"] = now.isoformat().replace("+00:00", "Z")
+        data["expiresAt"] = (now + timedelta(seconds=_duration(args.expires_in))).isoformat()
+        data["expiresAt"] = data["expiresAt"].replace("+00:00", "Z")
+    if args.audience:
+        data["audience"] = args.audience
+    if args.job_id:
+        data["jobId"] = args.job_id
+    contract = with_digest(data)
+    payload = (json.dumps(contract, indent=2, ensure_ascii=False) + "\n").encode()
+    verify_data(contract, payload, path.resolve().parent, str(path))  # schema, digest, parsers
+    private = signing.load_private_key(Path(args.key))
+    envelope = signing.sign(payload, private)
+    out = Path(args.output) if args.output else path.with_name(path.stem + ".dsse.json")
+    out.write_text(signing.dumps_envelope(envelope))
+    result = {
+        "envelope": str(out),
+        "keyId": envelope["signatures"][0]["keyid"],
+        "contractDigest": contract["contractDigest"],
+        "issuedAt": contract.get("issuedAt"),
+        "expiresAt": contract.get("expiresAt"),
+        "audience": contract.get("audience"),
+        "jobId": contract.get("jobId"),
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"signed {path} -> {out}")
+        for key in ("keyId", "contractDigest", "issuedAt", "expiresAt", "audience", "jobId"):
+            if result[key] is not None:
+                print(f"  {key:<15} {result[key]}")
     return EXIT_SUCCEEDED
 
 
@@ -311,19 +501,50 @@ def cmd_parsers(args: argparse.Namespace) -> int:
     return EXIT_SUCCEEDED
 
 
+HOST_HELP = """\
+host configuration (the host, not the contract, has the last word):
+  policy        --policy FILE, else $RUNNER_POLICY, else <config>/policy.json, else defaults
+  trusted keys  --trusted-keys DIR, else $RUNNER_TRUSTED_KEYS, else <config>/trusted-keys
+  <config> is $RUNNER_CONFIG_DIR, else ~/.config/runner
+"""
+
+
+def _host_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", metavar="FILE", help="host policy file (JSON)")
+    p.add_argument("--trusted-keys", metavar="DIR", help="folder of trusted issuer .pub keys")
+    p.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="accept an unsigned contract (local development; the envelope says so loudly)",
+    )
+    p.add_argument(
+        "--allow-network",
+        action="store_true",
+        help="grant network to a contract that asks for it (default: never)",
+    )
+    p.add_argument(
+        "--allow-unpinned-image",
+        action="store_true",
+        help="accept a tag-only image reference (local development only)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runner",
         description=(
-            "Run a scientific reproduction exactly as its contract says: a pinned image, a "
-            "sealed container (no network, read-only inputs, hard caps), and a result envelope "
-            "with every measurement traced to its evidence file."
+            "Run a scientific reproduction exactly as its signed contract says: a pinned image, "
+            "a sealed container (no network, read-only inputs, hard caps), and a result "
+            "envelope with every measurement traced to its evidence file."
         ),
-        epilog=EXIT_CODES_HELP + "\nexamples:\n"
-        "  runner verify examples/toy-evaluation/task.json\n"
+        epilog=EXIT_CODES_HELP + "\n" + HOST_HELP + "\nexamples:\n"
+        "  runner keygen --out issuer                    # issuer.key (0600) + issuer.pub\n"
+        "  runner trust issuer.pub                       # this host now trusts that issuer\n"
         "  runner pin task.json --image runner-cpu:local -o pinned.json\n"
-        "  runner run pinned.json            # progress on stderr, a summary table on stdout\n"
-        "  runner run pinned.json --json     # only the envelope, for machines\n",
+        "  runner sign pinned.json --key issuer.key      # -> pinned.dsse.json\n"
+        "  runner verify pinned.dsse.json                # who signed, expiry, digest\n"
+        "  runner run pinned.dsse.json                   # progress on stderr, table on stdout\n"
+        "  runner run pinned.dsse.json --json            # only the envelope, for machines\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -332,14 +553,15 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         help="run a contract's job in a container and write its result envelope",
         description=(
-            "Verify the contract, stage its inputs into <state>/jobs/<job id>/, run the pinned "
-            "image with no network and hard caps, then read every measurement through its "
-            "parser. The envelope is written to <state>/jobs/<job id>/result.json."
+            "Verify the contract (signature, digest, schema) and the host policy, stage its "
+            "inputs into <state>/jobs/<job id>/, run the pinned image with no network and hard "
+            "caps, then read every measurement through its parser. The envelope is written to "
+            "<state>/jobs/<job id>/result.json."
         ),
-        epilog=EXIT_CODES_HELP,
+        epilog=EXIT_CODES_HELP + "\n" + HOST_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("contract", metavar="CONTRACT", help="the contract (task.json)")
+    run.add_argument("contract", metavar="CONTRACT", help="task.json, or a signed .dsse.json")
     run.add_argument(
         "--state-dir",
         metavar="DIR",
@@ -364,14 +586,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra label on the job's container (repeatable)",
     )
     run.add_argument(
-        "--allow-network",
-        action="store_true",
-        help="grant network to a contract that asks for it (default: never)",
+        "--limit",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="tighten one of the contract's limits (cpus, memoryGb, shmGb, pidsLimit, "
+        "timeoutMinutes, tmpfsMb); never loosens it (repeatable)",
     )
     run.add_argument(
-        "--allow-unpinned-image",
+        "--rerun",
         action="store_true",
-        help="accept a tag-only image reference (local development only)",
+        help="run a job id that already ran to an end again, as a new attempt under the same "
+        "budget",
     )
     run.add_argument(
         "--stop-grace",
@@ -380,16 +606,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="seconds between SIGTERM and SIGKILL when stopping the job (default 5)",
     )
+    _host_options(run)
     run.set_defaults(func=cmd_run)
 
     verify = sub.add_parser(
         "verify",
-        help="check a contract (JSON, schema, digest, parsers, command) without running it",
-        description="Check a contract without running anything; exit 0 when it would be run.",
+        help="check a contract and this host's policy without running it",
+        description="Check a contract (signature, digest, schema, parsers, command, host "
+        "policy) without running anything; exit 0 when this host would run it, 3 if refused.",
+        epilog=HOST_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    verify.add_argument("contract", metavar="CONTRACT")
+    verify.add_argument("contract", metavar="CONTRACT", help="task.json, or a signed .dsse.json")
     verify.add_argument("--job-id", metavar="ID")
     verify.add_argument("--json", action="store_true", help="print the findings as JSON")
+    _host_options(verify)
     verify.set_defaults(func=cmd_verify)
 
     pin = sub.add_parser(
@@ -416,6 +647,63 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pin.add_argument("--json", action="store_true")
     pin.set_defaults(func=cmd_pin)
+
+    keygen = sub.add_parser(
+        "keygen",
+        help="issuer side: make an Ed25519 key pair for signing contracts",
+        description="Write PREFIX.key (private, mode 0600) and PREFIX.pub (public). The key id "
+        "is sha256 of the raw public key; hosts compute it themselves from PREFIX.pub.",
+    )
+    keygen.add_argument("--out", required=True, metavar="PREFIX", help="e.g. ~/keys/issuer")
+    keygen.add_argument("--json", action="store_true")
+    keygen.set_defaults(func=cmd_keygen)
+
+    trust = sub.add_parser(
+        "trust",
+        help="host side: trust an issuer's public key",
+        description="Copy a .pub key into the trusted-keys folder, named by its key id.",
+        epilog=HOST_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    trust.add_argument("public_key", metavar="KEY.pub")
+    trust.add_argument("--trusted-keys", metavar="DIR", help="folder of trusted keys")
+    trust.add_argument("--json", action="store_true")
+    trust.set_defaults(func=cmd_trust)
+
+    sign = sub.add_parser(
+        "sign",
+        help="issuer side: stamp and sign a contract into a DSSE envelope",
+        description="Stamp issuedAt (now) and expiresAt (now + --expires-in), optionally "
+        "audience and jobId, recompute contractDigest, and sign the exact contract bytes with "
+        "Ed25519 into a DSSE envelope (payloadType "
+        "application/vnd.citeark.execution-contract+json).",
+    )
+    sign.add_argument("contract", metavar="CONTRACT")
+    sign.add_argument("--key", required=True, metavar="KEY", help="private key from keygen")
+    sign.add_argument(
+        "-o", "--output", metavar="FILE", help="default: CONTRACT with .dsse.json suffix"
+    )
+    sign.add_argument(
+        "--expires-in",
+        default="24h",
+        metavar="DURATION",
+        help="lifetime from now: 90s, 30m, 24h, 7d (default 24h)",
+    )
+    sign.add_argument(
+        "--keep-times",
+        action="store_true",
+        help="keep the contract's own issuedAt/expiresAt instead of stamping new ones",
+    )
+    sign.add_argument(
+        "--audience",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host audience the contract is for (repeatable)",
+    )
+    sign.add_argument("--job-id", metavar="ID", help="stamp this job id into the contract")
+    sign.add_argument("--json", action="store_true")
+    sign.set_defaults(func=cmd_sign)
 
     parsers = sub.add_parser("parsers", help="list the registered evidence parsers")
     parsers.add_argument("--json", action="store_true")

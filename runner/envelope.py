@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Category = Literal[
     "invalid_contract",
+    "signature_invalid",
     "policy_violation",
     "image_unavailable",
     "image_digest_mismatch",
@@ -111,6 +112,30 @@ class ContainerRecord(_Model):
     stoppedByRunner: bool = Field(description="True when the runner stopped it (timeout, cancel).")
 
 
+class SignatureRecord(_Model):
+    """Who vouched for the contract."""
+
+    status: Literal["verified", "none"] = Field(
+        description="none: the contract was unsigned and the host accepted it (local development)."
+    )
+    keyIds: list[str] = Field(
+        description="Key ids, recomputed from the trusted keys, that verified."
+    )
+    payloadType: str | None
+    issuedAt: str | None
+    expiresAt: str | None
+    audience: list[str] | None
+
+
+class PolicyRecord(_Model):
+    """The host policy that applied."""
+
+    source: str = Field(description="The policy file, or 'defaults'.")
+    digest: str = Field(description="sha256 of the RFC 8785 form of the effective policy.")
+    maxima: dict[str, float | int | str | None]
+    overrides: dict[str, float] = Field(description="Operator --limit values that tightened it.")
+
+
 class ResultEnvelope(_Model):
     """The runner's account of one job."""
 
@@ -129,6 +154,9 @@ class ResultEnvelope(_Model):
     limits: AppliedLimits | None
     container: ContainerRecord | None = None
     timings: Timings
+    signature: SignatureRecord | None = None
+    policy: PolicyRecord | None = None
+    warnings: list[str] = Field(default_factory=list)
     jobDir: str | None = Field(default=None, description="Host folder holding the job's files.")
     stdoutPath: str | None = Field(default=None, description="Relative to the output folder.")
     stderrPath: str | None = None

@@ -8,11 +8,14 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     ├── RefusedError                 nothing was run: the contract or the host said no   (exit 3)
     │   ├── ContractError            invalid_contract: malformed JSON, schema, paths, digest
     │   │   └── DigestMismatch       contractDigest does not match the canonical contract
+    │   ├── SignatureInvalid         signature_invalid: unsigned where signing is required, bad
+    │   │                            or untrusted signature, too few distinct signers
     │   ├── PolicyViolation          policy_violation: asks for what the host does not grant
     │   ├── ProtocolAmbiguous        protocol_ambiguous: no command, or a required fragment missing
     │   ├── ImageDigestMismatch      image_digest_mismatch: the local image is not the pinned one
     │   ├── JobAlreadyFinished       the job id already ran to an end on this host
     │   └── JobBusy                  another runner holds this job id right now
+    ├── ResourceExhausted            resource_exhausted: earlier attempts spent the budget (exit 1)
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
     ├── InfrastructureError          infrastructure: the runner or the engine failed      (exit 4)
     │   ├── EngineUnavailable        the Docker engine cannot be reached
@@ -66,6 +69,12 @@ class DigestMismatch(ContractError):
     """``contractDigest`` is not the SHA-256 of the RFC 8785 form of the rest of the contract."""
 
 
+class SignatureInvalid(RefusedError):
+    """The DSSE envelope does not verify against this host's trusted keys and threshold."""
+
+    category = "signature_invalid"
+
+
 class PolicyViolation(RefusedError):
     """The contract asks for something the host policy does not allow."""
 
@@ -95,6 +104,12 @@ class JobBusy(RefusedError):
 
     category = "infrastructure"
     retryable = True
+
+
+class ResourceExhausted(RunnerError):
+    """The job's budget is already spent by earlier attempts; nothing is started."""
+
+    category = "resource_exhausted"
 
 
 class ImageUnavailable(RunnerError):

@@ -52,6 +52,16 @@ def _repository(name: str) -> str:
     return name[: len(name) - len(last)] + last.split(":", 1)[0]
 
 
+def registry_of(reference: str) -> str | None:
+    """The registry host an image reference points at; None for a bare local image id."""
+    if _ID.match(reference):
+        return None
+    first, sep, _ = reference.split("@", 1)[0].partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
 def parse_pin(reference: str, image_id: str | None, *, allow_unpinned: bool) -> ImagePin:
     """Parse the contract's image fields; refuse a tag-only reference unless allowed."""
     if _ID.match(reference):

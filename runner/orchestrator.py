@@ -23,7 +23,7 @@ from typing import IO, Any, Protocol
 
 from runner import evidence, plan, policy, staging
 from runner.backends.base import Backend, ContainerSpec, ContainerState, Mount
-from runner.contract import VerifiedContract, load_contract
+from runner.contract import Trust, VerifiedContract, load_contract
 from runner.envelope import (
     AppliedLimits,
     ContainerRecord,
@@ -31,7 +31,9 @@ from runner.envelope import (
     ImageRecord,
     MeasurementError,
     MeasurementResult,
+    PolicyRecord,
     ResultEnvelope,
+    SignatureRecord,
     Stage,
     Timings,
 )
@@ -39,11 +41,12 @@ from runner.errors import (
     ImageUnavailable,
     JobAlreadyFinished,
     JobBusy,
+    ResourceExhausted,
     RunnerError,
 )
 from runner.images import verify as verify_image
 from runner.plan import ExecutionPlan
-from runner.policy import HostPolicy
+from runner.policy import LoadedPolicy
 
 __version__ = "0.1.0"
 
@@ -64,12 +67,21 @@ class _Silent:
         pass
 
 
+def _default_policy() -> LoadedPolicy:
+    return policy.load(None)
+
+
 @dataclass(frozen=True)
 class RunOptions:
     state_dir: Path
     job_id: str | None = None
-    policy: HostPolicy = field(default_factory=HostPolicy)
+    policy: LoadedPolicy = field(default_factory=_default_policy)
+    trust: Trust = field(default_factory=lambda: Trust(keys=[]))
     labels: dict[str, str] = field(default_factory=dict)
+    overrides: dict[str, float] = field(default_factory=dict)
+    """Operator limits that tighten the contract's (``--limit``)."""
+    rerun: bool = False
+    """Run a finished job id again as a new attempt under the same budget."""
     stop_grace_seconds: float = 5.0
     tick_seconds: float = 1.0
 
@@ -104,6 +116,7 @@ class _Run:
     image: ImageRecord | None = None
     outcome: Outcome | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @contextlib.contextmanager
     def timed(self, stage: Stage, key: str | None = None) -> Iterator[None]:
@@ -174,11 +187,31 @@ class _Run:
                     containerStartedAt=o.state.started_at if o else None,
                     containerFinishedAt=o.state.finished_at if o else None,
                 ),
+                "signature": _signature_record(c) if c else None,
+                "policy": PolicyRecord(
+                    source=self.options.policy.source,
+                    digest=self.options.policy.digest,
+                    maxima=self.options.policy.policy.maxima.model_dump(mode="json"),
+                    overrides=self.options.overrides,
+                ),
+                "warnings": self.warnings,
                 "jobDir": str(self.job.root) if self.job else None,
                 "stdoutPath": p.stdout_path if p else None,
                 "stderrPath": p.stderr_path if p else None,
             }
         )
+
+
+def _signature_record(c: VerifiedContract) -> SignatureRecord:
+    m = c.model
+    return SignatureRecord(
+        status="verified" if c.signature else "none",
+        keyIds=list(c.signature.keyids) if c.signature else [],
+        payloadType=c.signature.payload_type if c.signature else None,
+        issuedAt=m.issuedAt.isoformat() if m.issuedAt else None,
+        expiresAt=m.expiresAt.isoformat() if m.expiresAt else None,
+        audience=m.audience,
+    )
 
 
 def _failure(stage: Stage, exc: RunnerError) -> Failure:
@@ -279,7 +312,7 @@ def supervise(
         backend.remove(container_id)
 
 
-def _classify(outcome: Outcome) -> Failure | None:
+def _classify(outcome: Outcome, budget_seconds: float) -> Failure | None:
     st = outcome.state
     if outcome.cancelled:
         reason = "the runner was interrupted (Ctrl-C or SIGTERM) and stopped the job"
@@ -289,7 +322,8 @@ def _classify(outcome: Outcome) -> Failure | None:
             category="timeout",
             stage="container",
             retryable=False,
-            reason=f"the job ran past its budget of {outcome.run_seconds:.0f} s and was stopped",
+            reason=f"the job used its whole budget ({budget_seconds:.1f} s over every attempt) "
+            "and was stopped",
         )
     if st.oom_killed:
         return Failure(
@@ -321,44 +355,79 @@ def _execute(
 ) -> ResultEnvelope:
     opts = r.options
     with r.timed("contract"):
-        r.contract = contract = load_contract(contract_path)
-    progress.stage("contract", f"{contract.model.name} ({contract.digest[:19]}…) verified")
+        r.contract = contract = load_contract(contract_path, opts.trust)
+    signer = (
+        "signed by " + ", ".join(k[:19] + "…" for k in contract.signature.keyids)
+        if contract.signature
+        else "UNSIGNED"
+    )
+    progress.stage("contract", f"{contract.model.name} ({contract.digest[:19]}…) {signer}")
     with r.timed("policy"):
-        policy.check(contract, opts.policy)
+        policy.check(contract, opts.policy.policy, datetime.now(UTC))
+    if contract.signature is None:
+        r.warnings.append(
+            "signature: none. The contract was not signed; it ran only because this host "
+            "accepts unsigned contracts (local development)."
+        )
+        progress.stage("policy", "WARNING: unsigned contract accepted (local development)")
     with r.timed("plan"):
         job_id = opts.job_id or plan.default_job_id(contract)
         uid, gid = os.getuid(), os.getgid()
         r.plan = p = plan.build(
-            contract, opts.policy, job_id=job_id, host_uid=uid, host_gid=gid, labels=opts.labels
+            contract,
+            opts.policy.policy,
+            job_id=job_id,
+            host_uid=uid,
+            host_gid=gid,
+            labels=opts.labels,
+            overrides=opts.overrides,
         )
     r.stage = "stage"
     job = staging.prepare(opts.state_dir / "jobs" / p.job_id)
     with _job_lock(job):
-        _refuse_finished(job)
+        consumed = _previous_attempts(job, contract.digest, rerun=opts.rerun)
         r.job = job
-        return _execute_locked(r, contract, p, job, backend, progress)
+        return _execute_locked(r, contract, p, job, backend, progress, consumed)
 
 
 RERUNNABLE = {"cancelled", "infrastructure", "image_unavailable"}
 """Categories after which the same job id may simply be run again."""
 
 
-def _refuse_finished(job: staging.JobDir) -> None:
-    """Refuse a job whose container already ran to an end; keep a rerunnable one's old
-    envelope under record/ so nothing is lost."""
-    if not job.envelope.exists():
-        return
-    previous = json.loads(job.envelope.read_bytes())
-    failure = previous.get("failure") or {}
-    if previous.get("container") is None or failure.get("category") in RERUNNABLE:
+def _previous_attempts(job: staging.JobDir, digest: str, *, rerun: bool) -> float:
+    """Seconds the job's earlier attempts ran. Refuses a job id that belongs to another
+    contract, and one that already ran to an end unless ``rerun``; the previous envelope is
+    kept under record/ so nothing is lost."""
+    earlier = sorted(job.record.glob("result-*.json"))
+    if job.envelope.exists():
+        previous = json.loads(job.envelope.read_bytes())
+        if previous.get("contractDigest") not in (None, digest):
+            raise JobAlreadyFinished(
+                f"job id {job.root.name} belongs to another contract "
+                f"({previous.get('contractDigest')}) on this host",
+                hint="give this contract its own --job-id",
+            )
+        failure = previous.get("failure") or {}
+        finished = previous.get("container") is not None and (
+            failure.get("category") not in RERUNNABLE
+        )
+        if finished and not rerun:
+            raise JobAlreadyFinished(
+                f"job {job.root.name} already ran on this host (status "
+                f"{previous.get('status')}); its envelope is {job.envelope}",
+                hint="read that envelope; to run it again as a new attempt under the same "
+                "budget pass --rerun, or use a new --job-id",
+            )
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        os.replace(job.envelope, job.record / f"result-{stamp}.json")
-        return
-    raise JobAlreadyFinished(
-        f"job {job.root.name} already ran on this host (status {previous.get('status')}); "
-        f"its envelope is {job.envelope}",
-        hint="read that envelope, or run the contract again under a new --job-id",
-    )
+        archived = job.record / f"result-{stamp}.json"
+        os.replace(job.envelope, archived)
+        earlier.append(archived)
+    consumed = 0.0
+    for path in earlier:
+        data = json.loads(path.read_bytes())
+        if data.get("contractDigest") == digest:
+            consumed += float((data.get("timings") or {}).get("runSeconds") or 0.0)
+    return consumed
 
 
 def _execute_locked(
@@ -368,13 +437,21 @@ def _execute_locked(
     job: staging.JobDir,
     backend: Backend | None,
     progress: Progress,
+    consumed: float,
 ) -> ResultEnvelope:
     opts = r.options
+    limit = p.limits.timeout_seconds
+    if consumed >= limit:
+        raise ResourceExhausted(
+            f"job {p.job_id} has used {consumed:.1f} s of its {limit:.1f} s budget in earlier "
+            "attempts; nothing is left to run it again",
+            hint="the budget spans every attempt; a larger budget needs a new contract",
+        )
     with r.timed("stage", "stage"):
         files = staging.stage_inputs(job, contract)
         uid, gid = (int(x) for x in p.user.split(":"))
         staging.prepare_writable(job, uid, gid, [p.stdout_path, p.stderr_path])
-        staging.write_budget(job, p.limits.timeout_seconds, 0.0)
+        staging.write_budget(job, limit, consumed)
     size = sum(f.size for f in files)
     progress.stage("stage", f"{len(files)} input files ({size:,} bytes) in {job.root}")
     with r.timed("image", "image"):
@@ -395,14 +472,14 @@ def _execute_locked(
         r.outcome = outcome = supervise(
             backend,
             _spec(p, job, info.id),
-            budget_seconds=p.limits.timeout_seconds,
+            budget_seconds=limit - consumed,
             grace_seconds=opts.stop_grace_seconds,
             tick_seconds=opts.tick_seconds,
             progress=progress,
             record_dir=job.record,
         )
-        staging.write_budget(job, p.limits.timeout_seconds, outcome.run_seconds)
-    failure = _classify(outcome)
+        staging.write_budget(job, limit, consumed + outcome.run_seconds)
+    failure = _classify(outcome, limit)
     with r.timed("parsers"):
         results, errors = evidence.read_measurements(job.output, contract)
     status = "failed" if failure else "succeeded"
@@ -448,17 +525,22 @@ def write_envelope(job: staging.JobDir, envelope: ResultEnvelope) -> None:
     staging.atomic_write(job.envelope, (envelope.model_dump_json(indent=2) + "\n").encode())
 
 
+REFUSALS = {
+    "invalid_contract",
+    "signature_invalid",
+    "policy_violation",
+    "protocol_ambiguous",
+    "image_digest_mismatch",
+}
+"""Categories meaning nothing ran because the contract or the host said no (exit 3)."""
+
+
 def failure_exit_family(envelope: ResultEnvelope) -> str:
     """``succeeded`` | ``job_failed`` | ``refused`` | ``infrastructure`` | ``cancelled``."""
     if envelope.failure is None:
         return "succeeded"
     category = envelope.failure.category
-    if category in {
-        "invalid_contract",
-        "policy_violation",
-        "protocol_ambiguous",
-        "image_digest_mismatch",
-    }:
+    if category in REFUSALS:
         return "refused"
     if category in {"infrastructure", "image_unavailable"}:
         return "infrastructure"

@@ -11,9 +11,12 @@ import shlex
 from dataclasses import dataclass, field
 
 from runner.contract import VerifiedContract
-from runner.errors import ProtocolAmbiguous
+from runner.errors import PolicyViolation, ProtocolAmbiguous
 from runner.images import ImagePin, parse_pin
 from runner.policy import HostPolicy
+
+OVERRIDABLE = ("cpus", "memoryGb", "shmGb", "pidsLimit", "timeoutMinutes", "tmpfsMb")
+"""Limits the host operator may tighten from the command line (``--limit KEY=VALUE``)."""
 
 GIB = 1024**3
 MIB = 1024**2
@@ -92,6 +95,27 @@ def check_command(contract: VerifiedContract) -> tuple[str, ...]:
     return tuple(protocol.command)
 
 
+def tightened(contract: VerifiedContract, overrides: dict[str, float]) -> dict[str, float]:
+    """The contract's limits with the operator's overrides applied; an override may only
+    lower a limit, never raise the signed value."""
+    env = contract.model.environment
+    values: dict[str, float] = {k: float(getattr(env, k)) for k in OVERRIDABLE}
+    for key, value in overrides.items():
+        if key not in OVERRIDABLE:
+            raise PolicyViolation(
+                f"--limit {key}: not a limit that can be overridden",
+                hint=f"use one of {', '.join(OVERRIDABLE)}",
+            )
+        if value > values[key] or value <= 0:
+            raise PolicyViolation(
+                f"--limit {key}={value:g} would loosen the contract's {values[key]:g}; "
+                "an override can only tighten a limit",
+                hint=f"pass a value in (0, {values[key]:g}], or drop the override",
+            )
+        values[key] = value
+    return values
+
+
 def build(
     contract: VerifiedContract,
     policy: HostPolicy,
@@ -100,22 +124,24 @@ def build(
     host_uid: int,
     host_gid: int,
     labels: dict[str, str] | None = None,
+    overrides: dict[str, float] | None = None,
 ) -> ExecutionPlan:
     """Decide everything about the run. Raises the refusals of the protocol and image pin."""
     argv = check_command(contract)
     env = contract.model.environment
-    pin = parse_pin(env.image, env.imageId, allow_unpinned=policy.allow_unpinned_images)
-    memory = int(env.memoryGb * GIB)
+    pin = parse_pin(env.image, env.imageId, allow_unpinned=policy.allowUnpinnedImages)
+    lim = tightened(contract, overrides or {})
+    memory = int(lim["memoryGb"] * GIB)
     limits = Limits(
-        cpus=env.cpus,
+        cpus=lim["cpus"],
         memory_bytes=memory,
         memory_swap_bytes=memory,
-        shm_bytes=int(env.shmGb * GIB),
-        pids=env.pidsLimit,
-        tmpfs_bytes=env.tmpfsMb * MIB,
+        shm_bytes=int(lim["shmGb"] * GIB),
+        pids=int(lim["pidsLimit"]),
+        tmpfs_bytes=int(lim["tmpfsMb"]) * MIB,
         gpus=env.gpu,
         network="bridge" if env.networkAccess else "none",
-        timeout_seconds=env.timeoutMinutes * 60,
+        timeout_seconds=lim["timeoutMinutes"] * 60,
     )
     user = f"{JOB_UID}:{JOB_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"
     protocol = contract.model.protocol

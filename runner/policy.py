@@ -1,47 +1,233 @@
-"""Host policy: what this host grants, whatever a contract asks.
+"""Host policy: what this host grants, whatever a contract asks. Limits only shrink.
 
-This first version holds the two switches the runner needs today; the full policy file (maxima,
-registries, signatures) builds on the same object.
+The policy is a JSON file (``contracts/host-policy.schema.json``) found at ``--policy``, else
+``$RUNNER_POLICY``, else ``<config dir>/policy.json``; without one the defaults below apply.
+Maxima left null are the host's own size (CPU count, memory), resolved when the policy is
+loaded so the envelope records numbers, not nulls.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Literal
+
+import rfc8785
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runner.contract import VerifiedContract
-from runner.errors import PolicyViolation
+from runner.errors import ContractError, PolicyViolation, SignatureInvalid
+from runner.images import registry_of
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+class Maxima(BaseModel):
+    """The most any contract may be granted on this host."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: float | None = Field(default=None, gt=0, description="null: the host's CPU count.")
+    memoryGb: float | None = Field(default=None, gt=0, description="null: the host's memory.")
+    shmGb: float | None = Field(default=None, ge=0, description="null: half the host's memory.")
+    pidsLimit: int = Field(default=32768, ge=16)
+    gpus: int | Literal["all"] = Field(default=0, description="GPUs a job may have; 0: none.")
+    timeoutMinutes: float = Field(default=1440, gt=0, description="Budget per job (24 h).")
+    tmpfsMb: int = Field(default=4096, ge=1)
+    diskGb: float = Field(default=100, gt=0, description="output/ + workspace/ a job may ask.")
+
+
+class HostPolicy(BaseModel):
+    """What this host allows. The defaults are the safe ones."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schemaVersion: Literal["1.0"] = "1.0"
+    acceptUnsigned: bool = Field(
+        default=False,
+        description="Run contracts without a DSSE signature (local development only; the "
+        "envelope then says signature none).",
+    )
+    signatureThreshold: int = Field(default=1, ge=1, description="Distinct trusted signers.")
+    audiences: list[str] = Field(
+        default_factory=list,
+        description="Audiences this host serves. A contract naming an audience must name one "
+        "of these; a contract naming none is for any host.",
+    )
+    maxContractLifetimeHours: float = Field(
+        default=24 * 30, gt=0, description="Longest allowed expiresAt - issuedAt."
+    )
+    maxima: Maxima = Field(default_factory=Maxima)
+    allowNetwork: bool = Field(default=False, description="Whether network may ever be granted.")
+    allowedRegistries: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="Registries images may come from ('docker.io', 'localhost:5000', '*' "
+        "for any). Bare image ids are local and always allowed.",
+    )
+    allowUnpinnedImages: bool = Field(
+        default=False, description="Accept tag-only image references (local development)."
+    )
+
+    def resolved(self) -> HostPolicy:
+        """The same policy with host-sized maxima filled in."""
+        import psutil
+
+        memory_gb = psutil.virtual_memory().total / 1024**3
+        m = self.maxima
+        maxima = m.model_copy(
+            update={
+                "cpus": m.cpus if m.cpus is not None else float(os.cpu_count() or 1),
+                "memoryGb": m.memoryGb if m.memoryGb is not None else round(memory_gb, 3),
+                "shmGb": m.shmGb if m.shmGb is not None else round(memory_gb / 2, 3),
+            }
+        )
+        return self.model_copy(update={"maxima": maxima})
 
 
 @dataclass(frozen=True)
-class HostPolicy:
-    """What the host allows. Defaults are the safe ones."""
+class LoadedPolicy:
+    policy: HostPolicy
+    source: str
+    """The file it came from, or ``defaults``."""
 
-    allow_network: bool = False
-    """Grant network to contracts that ask for it (``environment.networkAccess``)."""
-    allow_unpinned_images: bool = False
-    """Accept a tag (``name:tag``) where a digest or image id pin is expected."""
-
-    @classmethod
-    def from_environment(cls) -> HostPolicy:
-        """Defaults, loosened by ``RUNNER_ALLOW_NETWORK`` / ``RUNNER_ALLOW_UNPINNED_IMAGES``."""
-        return cls(
-            allow_network=_env_flag("RUNNER_ALLOW_NETWORK"),
-            allow_unpinned_images=_env_flag("RUNNER_ALLOW_UNPINNED_IMAGES"),
-        )
+    @property
+    def digest(self) -> str:
+        body = rfc8785.dumps(self.policy.model_dump(mode="json"))
+        return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
-def check(contract: VerifiedContract, policy: HostPolicy) -> None:
+def load(path: Path | None) -> LoadedPolicy:
+    """Read the policy file at ``path`` (None: the defaults), with host maxima resolved."""
+    if path is None:
+        return LoadedPolicy(HostPolicy().resolved(), "defaults")
+    from runner.contract.load import parse_json, validation_error
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ContractError(
+            f"cannot read the host policy {path}: {exc.strerror}",
+            hint="fix --policy / RUNNER_POLICY, or remove it to use the defaults",
+        ) from exc
+    try:
+        policy = HostPolicy.model_validate(parse_json(raw, str(path)))
+    except ValidationError as exc:
+        err = validation_error(exc, "host policy")
+        raise ContractError(
+            f"host policy {path}: {err.message}",
+            hint="see contracts/host-policy.schema.json",
+        ) from exc
+    return LoadedPolicy(policy.resolved(), str(path))
+
+
+def with_switches(
+    loaded: LoadedPolicy, *, network: bool, unsigned: bool, unpinned: bool
+) -> LoadedPolicy:
+    """The host operator's command-line switches, applied on top of the policy file."""
+    update = {}
+    if network:
+        update["allowNetwork"] = True
+    if unsigned:
+        update["acceptUnsigned"] = True
+    if unpinned:
+        update["allowUnpinnedImages"] = True
+    if not update:
+        return loaded
+    return LoadedPolicy(loaded.policy.model_copy(update=update), loaded.source + " + switches")
+
+
+def _over(field: str, asked: float | int | str, maximum: float | int | str) -> PolicyViolation:
+    return PolicyViolation(
+        f"$.environment.{field}: the contract asks for {asked}, this host allows at most {maximum}",
+        hint=f"issue the contract with {field} <= {maximum}, or run it on a host whose policy "
+        "allows more",
+    )
+
+
+def check(contract: VerifiedContract, policy: HostPolicy, now: datetime) -> None:
     """Refuse what the contract asks and the host does not grant."""
-    env = contract.model.environment
-    if env.networkAccess and not policy.allow_network:
+    m = contract.model
+    if contract.signature is None and not policy.acceptUnsigned:
+        raise SignatureInvalid(
+            "the contract is not signed and this host runs only signed contracts",
+            hint="sign it (`runner sign CONTRACT --key KEY`), or for local development pass "
+            "--allow-unsigned (RUNNER_ALLOW_UNSIGNED=1)",
+        )
+    _check_times(contract, policy, now)
+    if m.audience and not set(m.audience) & set(policy.audiences):
+        raise PolicyViolation(
+            f"$.audience: the contract is for {', '.join(m.audience)}; this host serves "
+            f"{', '.join(policy.audiences) or 'no named audience'}",
+            hint="run it on a host of that audience, or add the audience to the policy's "
+            "'audiences'",
+        )
+    env = m.environment
+    mx = policy.resolved().maxima
+    for field, asked, maximum in (
+        ("cpus", env.cpus, _resolved(mx.cpus)),
+        ("memoryGb", env.memoryGb, _resolved(mx.memoryGb)),
+        ("shmGb", env.shmGb, _resolved(mx.shmGb)),
+        ("pidsLimit", env.pidsLimit, mx.pidsLimit),
+        ("timeoutMinutes", env.timeoutMinutes, mx.timeoutMinutes),
+        ("tmpfsMb", env.tmpfsMb, mx.tmpfsMb),
+    ):
+        if asked > maximum:
+            raise _over(field, asked, maximum)
+    if env.diskGb is not None and env.diskGb > mx.diskGb:
+        raise _over("diskGb", env.diskGb, mx.diskGb)
+    if env.gpu != "none":
+        if mx.gpus == 0 or (env.gpu == "all" and mx.gpus != "all"):
+            raise _over("gpu", env.gpu, mx.gpus if mx.gpus else "none")
+        if isinstance(env.gpu, int) and isinstance(mx.gpus, int) and env.gpu > mx.gpus:
+            raise _over("gpu", env.gpu, mx.gpus)
+    if env.networkAccess and not policy.allowNetwork:
         raise PolicyViolation(
             "$.environment.networkAccess: the contract asks for network access (true) and this "
-            "host grants none",
-            hint="issue the contract with networkAccess false, or run on a host started with "
-            "--allow-network / RUNNER_ALLOW_NETWORK=1",
+            "host never grants it",
+            hint="issue the contract with networkAccess false, or run it on a host whose policy "
+            "sets allowNetwork (or that passes --allow-network)",
         )
+    registry = registry_of(env.image)
+    allowed = policy.allowedRegistries
+    if registry is not None and "*" not in allowed and registry not in allowed:
+        raise PolicyViolation(
+            f"$.environment.image: {env.image} comes from the registry {registry}, which this "
+            f"host does not allow (allowed: {', '.join(allowed) or 'none'})",
+            hint="use an image from an allowed registry, or add it to 'allowedRegistries'",
+        )
+
+
+def _resolved(value: float | None) -> float:
+    if value is None:
+        raise ValueError("policy maxima are resolved before use")
+    return value
+
+
+def _check_times(contract: VerifiedContract, policy: HostPolicy, now: datetime) -> None:
+    m = contract.model
+    if m.issuedAt is not None and m.issuedAt > now + timedelta(minutes=5):
+        raise PolicyViolation(
+            f"$.issuedAt: the contract is not valid before {m.issuedAt.isoformat()} "
+            f"(now {now.isoformat(timespec='seconds')})",
+            hint="check the clocks of the issuer and this host",
+        )
+    if m.expiresAt is not None and m.expiresAt <= now:
+        raise PolicyViolation(
+            f"$.expiresAt: the contract expired at {m.expiresAt.isoformat()} "
+            f"(now {now.isoformat(timespec='seconds')})",
+            hint="ask the issuer for a fresh contract (`runner sign` stamps a new expiry)",
+        )
+    if contract.signature is not None and m.expiresAt is None:
+        raise PolicyViolation(
+            "$.expiresAt: a signed contract must say when it expires",
+            hint="sign it with `runner sign`, which stamps issuedAt and expiresAt",
+        )
+    if m.issuedAt is not None and m.expiresAt is not None:
+        hours = (m.expiresAt - m.issuedAt).total_seconds() / 3600
+        if hours > policy.maxContractLifetimeHours:
+            raise PolicyViolation(
+                f"$.expiresAt: the contract lives {hours:.1f} h, this host accepts at most "
+                f"{policy.maxContractLifetimeHours:g} h",
+                hint="re-sign with a shorter --expires-in",
+            )

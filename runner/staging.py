@@ -171,6 +171,15 @@ def stage_inputs(job: JobDir, contract: VerifiedContract) -> list[StagedFile]:
         src = contract.base_dir / rel
         files.extend(_stage_tree(src, job.input, rel, field))
     atomic_write(job.input / "task.json", contract.raw)
+    if contract.signature is not None:
+        atomic_write(job.input / "task.dsse.json", contract.signature.envelope)
+        files.append(
+            StagedFile(
+                "task.dsse.json",
+                hashlib.sha256(contract.signature.envelope).hexdigest(),
+                len(contract.signature.envelope),
+            )
+        )
     files.append(
         StagedFile("task.json", hashlib.sha256(contract.raw).hexdigest(), len(contract.raw))
     )

@@ -4,8 +4,10 @@
 #
 #   scripts/demo.sh
 #
-# Idempotent: each run pins the toy contract to the locally built image again and runs it as a
-# new job (toy-evaluation-<UTC time>) under $RUNNER_STATE_DIR (default ~/.local/state/runner).
+# Idempotent: on first use it makes a local issuer key (under ~/.config/runner/issuer, or
+# $RUNNER_CONFIG_DIR) and trusts it; each run pins the toy contract to the locally built image,
+# signs it as a new job (toy-evaluation-<UTC time>) and runs the signed contract under
+# $RUNNER_STATE_DIR (default ~/.local/state/runner).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,18 +18,31 @@ cd "$ROOT"
 bash "$ROOT/scripts/setup.sh"
 
 RUNNER="$ROOT/.venv/bin/runner"
+PY="$ROOT/.venv/bin/python"
 TOY="$ROOT/examples/toy-evaluation"
-PINNED="$TOY/task.pinned.json" # git-ignored; beside task.json so its input paths resolve
+PINNED="$TOY/task.pinned.json"      # git-ignored; beside task.json so its input paths resolve
+SIGNED="$TOY/task.pinned.dsse.json" # git-ignored
 JOB_ID="toy-evaluation-$(date -u +%Y%m%dT%H%M%SZ)"
+CONFIG="${RUNNER_CONFIG_DIR:-$("$PY" -c 'import platformdirs; print(platformdirs.user_config_dir("runner"))')}"
+STATE="${RUNNER_STATE_DIR:-$("$PY" -c 'import platformdirs; print(platformdirs.user_state_dir("runner"))')}"
+ISSUER="$CONFIG/issuer/local-issuer" # the demo's own issuer key, made on first use
+
+if [ ! -f "$ISSUER.key" ]; then
+  log "demo: first use: generating a local issuer key ($ISSUER.key, mode 0600)"
+  "$RUNNER" keygen --out "$ISSUER" >&2
+fi
+log "demo: trusting the local issuer on this host"
+"$RUNNER" trust "$ISSUER.pub" >&2
 
 log "demo: pinning runner-cpu:local into the toy contract (issuer side)"
 "$RUNNER" pin "$TOY/task.json" --image runner-cpu:local -o "$PINNED" >&2
 
-STATE="${RUNNER_STATE_DIR:-$("$ROOT/.venv/bin/python" -c 'import platformdirs; print(platformdirs.user_state_dir("runner"))')}"
+log "demo: signing it for job $JOB_ID (valid for 1 hour)"
+"$RUNNER" sign "$PINNED" --key "$ISSUER.key" --expires-in 1h --job-id "$JOB_ID" -o "$SIGNED" >&2
 
-log "demo: runner run $PINNED --job-id $JOB_ID --state-dir $STATE"
+log "demo: runner run $SIGNED --state-dir $STATE"
 rc=0
-"$RUNNER" run "$PINNED" --job-id "$JOB_ID" --state-dir "$STATE" || rc=$?
+"$RUNNER" run "$SIGNED" --state-dir "$STATE" || rc=$?
 
 ENVELOPE="$STATE/jobs/$JOB_ID/result.json"
 [ -f "$ENVELOPE" ] || die "demo: no envelope at $ENVELOPE (runner exit $rc)"
@@ -37,8 +52,9 @@ import json, sys
 
 envelope = json.load(open(sys.argv[1]))
 print(json.dumps(envelope, indent=2))
+signers = ", ".join(envelope["signature"]["keyIds"]) or "nobody"
 for m in envelope["measurements"]:
     print(f"{m['metric']} = {m['value']:g}  ({m['unit']}, {m['parser']['id']}@{m['parser']['version']}"
-          f" from {m['evidence']['path']}; status {envelope['status']})")
+          f" from {m['evidence']['path']}; status {envelope['status']}; signed by {signers})")
 PY
 exit "$rc"

@@ -29,6 +29,20 @@ def _docker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_host_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tests never read the developer's own policy or trusted keys: an empty config dir, and
+    no host switches from the environment."""
+    saved = dict(os.environ)
+    for name in list(os.environ):
+        if name.startswith("RUNNER_"):
+            del os.environ[name]
+    os.environ["RUNNER_CONFIG_DIR"] = str(tmp_path_factory.mktemp("runner-config"))
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def image_id() -> str:
     """Id of the locally built job image; fails (not skips) when the engine or image is absent."""
@@ -110,9 +124,14 @@ def run_cli(
 
 
 def run_job(
-    contract: Path, state: Path, *extra: str, env: dict[str, str] | None = None
+    contract: Path,
+    state: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    unsigned: bool = True,
 ) -> tuple[int, dict[str, Any], str]:
-    """``runner run --json`` with this session's label; (exit code, envelope, stderr)."""
+    """``runner run --json`` with this session's label (and, unless ``unsigned`` is False,
+    ``--allow-unsigned``); returns (exit code, envelope, stderr)."""
     proc = run_cli(
         "run",
         str(contract),
@@ -121,6 +140,7 @@ def run_job(
         "--json",
         "--label",
         f"{SESSION_LABEL}={SESSION_ID}",
+        *(["--allow-unsigned"] if unsigned else []),
         *extra,
         env=env,
     )

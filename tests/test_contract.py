@@ -171,7 +171,7 @@ def test_contract_without_command_is_ambiguous() -> None:
     """The seed contract leaves the command to an agent: the runner cannot run it as is."""
     with pytest.raises(ProtocolAmbiguous, match=r"\$\.protocol\.command"):
         plan.build(
-            load_contract(SEED), HostPolicy(allow_network=True), job_id="j", host_uid=0, host_gid=0
+            load_contract(SEED), HostPolicy(allowNetwork=True), job_id="j", host_uid=0, host_gid=0
         )
 
 
@@ -184,28 +184,31 @@ def test_tag_only_image_is_refused(tmp_path: Path) -> None:
         plan.build(contract, HostPolicy(), job_id="j", host_uid=0, host_gid=0)
     assert "$.environment.image" in str(err.value)
     allowed = plan.build(
-        contract, HostPolicy(allow_unpinned_images=True), job_id="j", host_uid=0, host_gid=0
+        contract, HostPolicy(allowUnpinnedImages=True), job_id="j", host_uid=0, host_gid=0
     )
     assert allowed.image.image_id is None
 
 
 def test_tag_only_image_is_refused_by_the_cli(tmp_path: Path) -> None:
     """`runner verify` exits 3 (refused) on a tag-only contract."""
-    proc = run_cli("verify", str(TOY / "task.json"))
+    proc = run_cli("verify", str(TOY / "task.json"), "--allow-unsigned")
     assert proc.returncode == 3, proc.stderr
     assert "policy_violation" in proc.stderr
     assert "$.environment.image" in proc.stderr
 
 
 def test_network_is_refused_unless_the_host_allows_it(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
     from runner import policy
 
     data = _toy()
     data["environment"]["networkAccess"] = True
     contract = load_contract(_write(tmp_path, data))
+    now = datetime.now(UTC)
     with pytest.raises(PolicyViolation, match=r"\$\.environment\.networkAccess"):
-        policy.check(contract, HostPolicy())
-    policy.check(contract, HostPolicy(allow_network=True))
+        policy.check(contract, HostPolicy(acceptUnsigned=True), now)
+    policy.check(contract, HostPolicy(acceptUnsigned=True, allowNetwork=True), now)
 
 
 def test_plan_caps_swap_to_memory_and_runs_as_non_root(tmp_path: Path) -> None:

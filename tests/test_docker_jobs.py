@@ -318,6 +318,7 @@ def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id
             f"{SESSION_LABEL}={SESSION_ID}",
             "--label",
             "probe=caps",
+            "--allow-unsigned",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -326,7 +327,7 @@ def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id
     try:
         deadline = time.monotonic() + 60
         found: list[str] = []
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and proc.poll() is None:
             found = _docker(
                 "ps",
                 "-q",
@@ -338,7 +339,7 @@ def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id
             if found:
                 break
             time.sleep(0.2)
-        assert found, "the job's container never showed up running"
+        assert found, f"the job's container never showed up running: {proc.communicate()}"
         info = json.loads(_docker("inspect", found[0]).stdout)[0]
         hc, cfg = info["HostConfig"], info["Config"]
         assert hc["NetworkMode"] == "none"
@@ -392,3 +393,85 @@ def test_no_temporary_files_left_behind(tmp_path: Path, image_id: str) -> None:
     after = set(os.listdir(tempfile.gettempdir()))
     assert {p for p in after - before if not p.startswith("pytest-")} == set()
     assert session_containers() == []
+
+
+def test_signed_toy_run_records_who_signed(tmp_path: Path, image_id: str) -> None:
+    """keygen → trust → sign → run, with no --allow-unsigned: the envelope records the key id,
+    payloadType, times and the policy; the signed envelope is staged beside task.json."""
+    keys = tmp_path / "trusted"
+    assert run_cli("keygen", "--out", str(tmp_path / "issuer")).returncode == 0
+    trusted = run_cli("trust", str(tmp_path / "issuer.pub"), "--trusted-keys", str(keys), "--json")
+    keyid = json.loads(trusted.stdout)["keyId"]
+    contract = write_contract(tmp_path, image_id)
+    signed = run_cli("sign", str(contract), "--key", str(tmp_path / "issuer.key"), "--json")
+    assert signed.returncode == 0, signed.stderr
+    envelope_path = Path(json.loads(signed.stdout)["envelope"])
+    code, env, stderr = run_job(
+        envelope_path, tmp_path / "state", "--trusted-keys", str(keys), unsigned=False
+    )
+    assert code == 0, stderr
+    assert env["measurements"][0]["value"] == 0.819
+    sig = env["signature"]
+    assert sig["status"] == "verified" and sig["keyIds"] == [keyid]
+    assert sig["payloadType"] == "application/vnd.citeark.execution-contract+json"
+    assert sig["expiresAt"] and sig["issuedAt"]
+    assert env["policy"]["source"] == "defaults" and env["policy"]["digest"].startswith("sha256:")
+    assert env["warnings"] == []
+    staged = _job_dir(env) / "input"
+    assert (staged / "task.dsse.json").read_bytes() == envelope_path.read_bytes()
+
+    unsigned_code, unsigned, _ = run_job(contract, tmp_path / "state-unsigned")
+    assert unsigned_code == 0
+    assert unsigned["signature"]["status"] == "none"
+    assert any("signature: none" in w for w in unsigned["warnings"])
+
+
+BUDGET_PROBE = (
+    "import json, time\n"
+    "budget = json.load(open('/job/execution/runtime-budget.json'))\n"
+    "print(json.dumps(budget))\n"
+    "time.sleep(1.2)\n"
+)
+
+
+def test_reruns_share_one_budget(tmp_path: Path, image_id: str) -> None:
+    """A finished job is not rerun by accident; --rerun runs it again under the same budget,
+    which the job reads shrinking; once spent, nothing starts (resource_exhausted)."""
+    probe = {
+        "measurementId": "consumed",
+        "metric": "consumedSeconds",
+        "unit": "s",
+        "parser": {
+            "id": "json.scalar",
+            "version": "1",
+            "evidencePath": "logs/evaluation.log",
+            "config": {"pointer": "/consumedSeconds"},
+        },
+    }
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=_py(BUDGET_PROBE),
+        measurements=[probe],
+        environment={"timeoutMinutes": 3.0 / 60},
+    )
+    state = tmp_path / "state"
+    code, first, _ = run_job(contract, state)
+    assert code == 0 and first["measurements"][0]["value"] == 0
+    code, refused, _ = run_job(contract, state)
+    assert code == 3 and "--rerun" in refused["failure"]["reason"]
+
+    code, second, _ = run_job(contract, state, "--rerun")
+    assert code == 0
+    seen = second["measurements"][0]["value"]
+    assert seen == pytest.approx(first["timings"]["runSeconds"], abs=0.01)
+
+    code, third, _ = run_job(contract, state, "--rerun")
+    assert code == 1 and third["failure"]["category"] == "timeout"
+    spent = sum(e["timings"]["runSeconds"] for e in (first, second, third))
+    assert spent == pytest.approx(3.0, abs=1.5)
+
+    code, fourth, _ = run_job(contract, state, "--rerun")
+    assert code == 1
+    assert fourth["failure"]["category"] == "resource_exhausted"
+    assert fourth["container"] is None

@@ -1,6 +1,8 @@
 """The execution contract: models, parsing and verification."""
 
 from runner.contract.load import (
+    SignatureInfo,
+    Trust,
     VerifiedContract,
     canonical_digest,
     load_contract,
@@ -12,6 +14,8 @@ from runner.contract.models import ExecutionContract
 
 __all__ = [
     "ExecutionContract",
+    "SignatureInfo",
+    "Trust",
     "VerifiedContract",
     "canonical_digest",
     "load_contract",

@@ -1,4 +1,5 @@
-"""Reading a contract: bytes → JSON → schema → digest → parser bindings → VerifiedContract.
+"""Reading a contract: bytes → (DSSE signature) → JSON → schema → digest → parser bindings
+→ VerifiedContract.
 
 Every refusal is a :class:`~runner.errors.ContractError` naming the JSON path of the field, what
 was found and what was expected.
@@ -15,10 +16,29 @@ from typing import Any
 import rfc8785
 from pydantic import ValidationError
 
+from runner import signing
 from runner.contract.models import ExecutionContract
-from runner.errors import ContractError, DigestMismatch
+from runner.errors import ContractError, DigestMismatch, SignatureInvalid
 
 MAX_CONTRACT_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The keys this host trusts and how many distinct ones must have signed."""
+
+    keys: list[signing.TrustedKey]
+    threshold: int = 1
+
+
+@dataclass(frozen=True)
+class SignatureInfo:
+    """Who signed a contract: key ids recomputed from the trusted keys that verified."""
+
+    keyids: tuple[str, ...]
+    payload_type: str
+    envelope: bytes
+    """The DSSE envelope bytes as received; staged beside task.json."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +54,8 @@ class VerifiedContract:
     """The folder relative paths (paper, repository) are resolved against."""
     source: str
     """Where the contract came from, for messages."""
+    signature: SignatureInfo | None = None
+    """None for an unsigned contract."""
 
 
 def canonical_digest(data: dict[str, Any]) -> str:
@@ -109,7 +131,13 @@ def validation_error(exc: ValidationError, what: str = "contract") -> ContractEr
     return ContractError(f"{len(found)} fields are wrong:\n  {listed}", hint=hint)
 
 
-def verify_data(data: dict[str, Any], raw: bytes, base_dir: Path, source: str) -> VerifiedContract:
+def verify_data(
+    data: dict[str, Any],
+    raw: bytes,
+    base_dir: Path,
+    source: str,
+    signature: SignatureInfo | None = None,
+) -> VerifiedContract:
     """Check schema, digest and parser bindings of already-parsed contract data."""
     # Imported here: parsers import the error tree only, but keep the contract package leaf-like.
     from runner.parsers import registry
@@ -131,12 +159,19 @@ def verify_data(data: dict[str, Any], raw: bytes, base_dir: Path, source: str) -
     for i, m in enumerate(model.measurements):
         registry.check_binding(m.parser, path=f"$.measurements[{i}].parser")
     return VerifiedContract(
-        model=model, raw=raw, data=data, digest=digest, base_dir=base_dir, source=source
+        model=model,
+        raw=raw,
+        data=data,
+        digest=digest,
+        base_dir=base_dir,
+        source=source,
+        signature=signature,
     )
 
 
-def load_contract(path: Path) -> VerifiedContract:
-    """Read and verify the contract at ``path``."""
+def load_contract(path: Path, trust: Trust | None = None) -> VerifiedContract:
+    """Read and verify the contract at ``path``: a bare contract, or a DSSE envelope whose
+    signatures are checked against ``trust`` before its payload is parsed."""
     try:
         size = path.stat().st_size
         if size > MAX_CONTRACT_BYTES:
@@ -149,7 +184,18 @@ def load_contract(path: Path) -> VerifiedContract:
     except OSError as exc:
         raise ContractError(f"cannot read {path}: {exc.strerror}") from exc
     data = parse_json(raw, str(path))
-    return verify_data(data, raw, path.resolve().parent, str(path))
+    base_dir = path.resolve().parent
+    if not signing.is_envelope(data):
+        return verify_data(data, raw, base_dir, str(path))
+    if trust is None:
+        raise SignatureInvalid(
+            f"{path} is a signed envelope and no trusted keys were given to check it",
+            hint="configure trusted keys (--trusted-keys DIR or RUNNER_TRUSTED_KEYS)",
+        )
+    verified = signing.verify_envelope(data, trust.keys, trust.threshold)
+    info = SignatureInfo(verified.keyids, verified.payload_type, raw)
+    payload = parse_json(verified.payload, f"{path} (signed payload)")
+    return verify_data(payload, verified.payload, base_dir, str(path), signature=info)
 
 
 def with_digest(data: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ The shape follows the CiteArk execution contract (``schemaVersion`` 1.0, ``kind`
 ...) are carried as given. Fields the seed leaves to an agent and a runner needs are optional
 additions documented in each field's description: ``protocol.command``, ``protocol.stdoutPath``,
 ``protocol.stderrPath``, ``protocol.workingDirectory``, ``environment.imageId``,
-``environment.pidsLimit``, ``environment.tmpfsMb`` and ``jobId``.
+``environment.pidsLimit``, ``environment.tmpfsMb``, ``environment.diskGb``, ``jobId``,
+``issuedAt``, ``expiresAt`` and ``audience``.
 
 ``contracts/execution-contract.schema.json`` is generated from these models
 (``python -m runner.schemas``); a test keeps the two in step.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import posixpath
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 SHA256_PATTERN = r"^sha256:[0-9a-f]{64}$"
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -193,6 +194,13 @@ class Environment(_Strict):
     gpu: Literal["none", "all"] | Annotated[int, Field(ge=1, le=64)] = "none"
     networkAccess: bool = False
     pidsLimit: int = Field(default=512, ge=16, le=1_000_000, description="Runner addition.")
+    diskGb: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="Runner addition. What output/ and workspace/ may hold together; checked "
+        "against the host policy's maximum.",
+    )
     tmpfsMb: int = Field(
         default=256, ge=1, le=65536, description="Runner addition. Size of the /tmp tmpfs."
     )
@@ -208,6 +216,16 @@ class ExecutionContract(_Strict):
         default=None,
         pattern=JOB_ID_PATTERN,
         description="Runner addition. Job id; --job-id overrides, else derived from name+digest.",
+    )
+    issuedAt: AwareDatetime | None = Field(
+        default=None, description="Runner addition. When the issuer signed it (RFC 3339)."
+    )
+    expiresAt: AwareDatetime | None = Field(
+        default=None, description="Runner addition. After this instant the contract is refused."
+    )
+    audience: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        default=None,
+        description="Runner addition. Hosts (policy audiences) this contract is meant for.",
     )
     research: Research | None = None
     paper: Paper | None = None

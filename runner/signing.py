@@ -1,0 +1,204 @@
+"""DSSE envelopes with Ed25519 keys: signing contracts and verifying them against trusted keys.
+
+The envelope is ``{"payloadType", "payload", "signatures": [{"keyid", "sig"}]}`` with the
+payload the exact contract bytes (base64). A signature is over the DSSE pre-authentication
+encoding ``PAE(payloadType, payload)``. Verification follows the DSSE rules:
+
+- the ``keyid`` in a signature is a hint only: every trusted key may be tried, and the key id
+  recorded is the one recomputed from the trusted key's own bytes;
+- the threshold counts distinct keys (one key listed twice, or signing twice, counts once);
+- ``payloadType`` must be the contract type;
+- the payload is parsed only from the bytes that verified.
+
+The Ed25519 arithmetic comes from ``cryptography``; this module only arranges bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from runner.errors import RunnerError, SignatureInvalid
+
+PAYLOAD_TYPE = "application/vnd.citeark.execution-contract+json"
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE v1 pre-authentication encoding."""
+    t = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %b %d %b" % (len(t), t, len(payload), payload)
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    """``sha256:<hex>`` of the raw 32-byte public key: computed, never read from a signature."""
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    keyid: str
+    public: Ed25519PublicKey
+    source: str
+
+
+def load_public_key(path: Path) -> TrustedKey:
+    """An Ed25519 public key from a PEM file."""
+    try:
+        loaded = serialization.load_pem_public_key(path.read_bytes())
+    except (ValueError, OSError) as exc:
+        raise RunnerError(
+            f"{path} is not a readable PEM public key: {exc}",
+            hint="trusted keys are the .pub files that `runner keygen` writes",
+        ) from exc
+    if not isinstance(loaded, Ed25519PublicKey):
+        raise RunnerError(f"{path} holds a {type(loaded).__name__}; only Ed25519 keys are used")
+    return TrustedKey(key_id(loaded), loaded, str(path))
+
+
+def load_trusted_keys(folder: Path) -> list[TrustedKey]:
+    """Every ``*.pub`` in ``folder`` (missing folder: no keys). Duplicates collapse by key id."""
+    if not folder.is_dir():
+        return []
+    keys: dict[str, TrustedKey] = {}
+    for path in sorted(folder.glob("*.pub")):
+        key = load_public_key(path)
+        keys.setdefault(key.keyid, key)
+    return list(keys.values())
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    try:
+        loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (ValueError, TypeError, OSError) as exc:
+        raise RunnerError(f"{path} is not a readable unencrypted PEM private key: {exc}") from exc
+    if not isinstance(loaded, Ed25519PrivateKey):
+        raise RunnerError(f"{path} holds a {type(loaded).__name__}; only Ed25519 keys are used")
+    return loaded
+
+
+def generate_key(private_path: Path, public_path: Path) -> str:
+    """Write a new Ed25519 key pair (private key mode 0600); return its key id."""
+    private = Ed25519PrivateKey.generate()
+    private_pem = private.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    public_pem = private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private_pem)
+    public_path.write_bytes(public_pem)
+    return key_id(private.public_key())
+
+
+def sign(
+    payload: bytes, private: Ed25519PrivateKey, payload_type: str = PAYLOAD_TYPE
+) -> dict[str, Any]:
+    """A DSSE envelope over ``payload`` with one signature."""
+    signature = private.sign(pae(payload_type, payload))
+    return {
+        "payloadType": payload_type,
+        "payload": base64.b64encode(payload).decode("ascii"),
+        "signatures": [
+            {
+                "keyid": key_id(private.public_key()),
+                "sig": base64.b64encode(signature).decode("ascii"),
+            }
+        ],
+    }
+
+
+def is_envelope(data: dict[str, Any]) -> bool:
+    """Whether parsed JSON looks like a DSSE envelope rather than a bare contract."""
+    return "payloadType" in data or "signatures" in data or "payload" in data
+
+
+def _b64(value: Any, what: str) -> bytes:
+    """Standard or URL-safe base64, padded or not (both are allowed by DSSE); strict."""
+    if not isinstance(value, str) or not value:
+        raise SignatureInvalid(f"{what} must be a non-empty base64 string")
+    text = value.replace("-", "+").replace("_", "/")
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SignatureInvalid(
+            f"{what} is not valid base64 (truncated or corrupted envelope?): {exc}",
+            hint="re-download the envelope, or re-sign the contract with `runner sign`",
+        ) from exc
+
+
+@dataclass(frozen=True)
+class VerifiedPayload:
+    payload: bytes
+    payload_type: str
+    keyids: tuple[str, ...]
+    """Key ids (recomputed from the trusted keys) whose signatures verified."""
+
+
+def verify_envelope(
+    envelope: dict[str, Any], trusted: list[TrustedKey], threshold: int
+) -> VerifiedPayload:
+    """Verify a DSSE envelope; return the payload bytes that verified, or raise
+    :class:`SignatureInvalid` saying why."""
+    unknown = set(envelope) - {"payloadType", "payload", "signatures"}
+    if unknown:
+        raise SignatureInvalid(f"the envelope has unknown fields: {', '.join(sorted(unknown))}")
+    payload_type = envelope.get("payloadType")
+    if payload_type != PAYLOAD_TYPE:
+        raise SignatureInvalid(
+            f"payloadType is {payload_type!r}, expected {PAYLOAD_TYPE!r}",
+            hint="only execution contracts signed with `runner sign` are accepted",
+        )
+    payload = _b64(envelope.get("payload"), "payload")
+    signatures = envelope.get("signatures")
+    if not isinstance(signatures, list) or not signatures:
+        raise SignatureInvalid("the envelope has no signatures")
+    if not trusted:
+        raise SignatureInvalid(
+            "no trusted keys are configured on this host",
+            hint="put the issuer's .pub file in the trusted-keys folder (`runner trust KEY.pub`)",
+        )
+    message = pae(payload_type, payload)
+    verified: dict[str, TrustedKey] = {}
+    for i, entry in enumerate(signatures):
+        if not isinstance(entry, dict):
+            raise SignatureInvalid(f"signatures[{i}] must be an object")
+        sig = _b64(entry.get("sig"), f"signatures[{i}].sig")
+        hint = entry.get("keyid")
+        # The keyid is only a hint for which key to try first; every trusted key is tried.
+        ordered = sorted(trusted, key=lambda k: k.keyid != hint)
+        for key in ordered:
+            try:
+                key.public.verify(sig, message)
+            except InvalidSignature:
+                continue
+            verified[key.keyid] = key
+            break
+    if len(verified) < threshold:
+        hints = sorted({str(s.get("keyid")) for s in signatures if isinstance(s, dict)})
+        raise SignatureInvalid(
+            f"{len(verified)} distinct trusted key(s) verified, the policy needs {threshold} "
+            f"(signatures name key ids {', '.join(hints)})",
+            hint="sign with a key this host trusts, or trust the issuer's key "
+            "(`runner trust KEY.pub`); tampered payloads never verify",
+        )
+    return VerifiedPayload(payload, payload_type, tuple(sorted(verified)))
+
+
+def dumps_envelope(envelope: dict[str, Any]) -> str:
+    return json.dumps(envelope, indent=2) + "\n"
