@@ -62,7 +62,9 @@ class MeasurementResult(_Model):
     measurementId: str
     metric: str
     unit: str
-    value: float | int
+    value: bool | int | float | str = Field(
+        description="As the parser read it; numbers stay numbers, the unit is beside it."
+    )
     parser: ParserRef
     evidence: EvidenceRef
 

@@ -11,7 +11,7 @@ from runner.envelope import (
     MeasurementResult,
     ParserRef,
 )
-from runner.errors import EvidenceError, EvidenceParseError, MissingEvidence
+from runner.errors import EvidenceError, MissingEvidence
 from runner.parsers import registry
 from runner.staging import resolve_inside, sha256_file
 
@@ -29,8 +29,6 @@ def _read_one(output: Path, contract: VerifiedContract, index: int) -> Measureme
     sha256, size = sha256_file(path)
     parser = registry.get(m.parser.id, m.parser.version)
     value = parser.parse(path, dict(m.parser.config))
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise EvidenceParseError(f"measurement {m.measurementId!r}: {value!r} is not a number")
     return MeasurementResult(
         measurementId=m.measurementId,
         metric=m.metric,
