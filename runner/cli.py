@@ -107,6 +107,17 @@ class HumanProgress:
         self._end_live()
 
 
+class NotesOnly:
+    """Under --json: stdout carries only the envelope; notable events still reach stderr."""
+
+    def stage(self, name: str, detail: str) -> None:
+        if name in {"job", "recover", "policy"}:
+            print(f"runner: {detail}", file=sys.stderr, flush=True)
+
+    def running(self, elapsed: float, budget: float) -> None:
+        pass
+
+
 def _summary(env: dict[str, Any], path: Path | None) -> str:
     rows: list[tuple[str, str]] = [("status", env["status"])]
     if env.get("failure"):
@@ -242,11 +253,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides=_overrides(args.limit),
         rerun=args.rerun,
         stop_grace_seconds=args.stop_grace,
+        heartbeat_seconds=args.heartbeat,
     )
-    progress = None if args.json else HumanProgress()
+    progress = NotesOnly() if args.json else HumanProgress()
     _install_signal_handlers()
     envelope = orchestrator.run(Path(args.contract), options, progress=progress)
-    if progress:
+    if isinstance(progress, HumanProgress):
         progress.done()
     data = orchestrator.as_json(envelope)
     if args.json:
@@ -478,6 +490,125 @@ def cmd_pin(args: argparse.Namespace) -> int:
     return EXIT_SUCCEEDED
 
 
+def _job_root(args: argparse.Namespace) -> Path:
+    """JOB as a folder path, else a job id under the state dir."""
+    given = Path(args.job)
+    if (given / "record").is_dir():
+        return given
+    root: Path = _state_dir(args.state_dir) / "jobs" / str(args.job)
+    if not root.is_dir():
+        raise RefusedError(
+            f"no job {args.job!r} under {root.parent}",
+            hint="pass the job id and the same --state-dir as `runner run`, or the job folder",
+        )
+    return root
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    from runner import ledger
+
+    path = _job_root(args) / "record" / "ledger.jsonl"
+    if not path.exists():
+        raise RefusedError(f"{path} does not exist: the job never got past its refusal")
+    problems = ledger.verify_file(path)
+    lines = len(path.read_bytes().splitlines())
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "ledger": str(path),
+                    "events": lines,
+                    "ok": not problems,
+                    "problems": [{"line": p.line, "message": p.message} for p in problems],
+                },
+                indent=2,
+            )
+        )
+    elif problems:
+        for problem in problems:
+            print(f"{path}: {problem}")
+    else:
+        print(f"ok: {path}: {lines} events, chain and order intact")
+    return EXIT_JOB_FAILED if problems else EXIT_SUCCEEDED
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from runner.ledger import Ledger
+
+    root = _job_root(args)
+    led = Ledger.open(root / "record" / "ledger.jsonl")
+    st = led.state
+    in_flight = st.in_flight
+    if st.finished is not None:
+        state = f"finished ({st.finished.get('status')})"
+    elif in_flight is not None:
+        state = f"attempt {in_flight.number} in flight (or its runner died)"
+    else:
+        state = "not running"
+    container_state = None
+    if in_flight is not None:
+        from runner.backends.docker import DockerBackend
+        from runner.errors import ContainerVanished
+
+        try:
+            container_state = DockerBackend().state(in_flight.container_name).status
+        except ContainerVanished:
+            container_state = "gone"
+    info: dict[str, Any] = {
+        "job": root.name,
+        "state": state,
+        "limitSeconds": st.limit,
+        "consumedSeconds": round(st.consumed, 3),
+        "remainingSeconds": round(max(st.limit - st.consumed, 0.0), 3),
+        "attempts": [
+            {
+                "attempt": a.number,
+                "container": a.container_name,
+                "seconds": round(a.seconds, 3),
+                "end": (a.finished or {}).get("classification", "in flight"),
+                "how": (a.finished or {}).get("how"),
+            }
+            for a in st.attempts
+        ],
+        "container": {"name": in_flight.container_name, "state": container_state}
+        if in_flight
+        else None,
+        "envelope": str(root / "result.json") if (root / "result.json").exists() else None,
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return EXIT_SUCCEEDED
+    print(f"job        {root.name}  ({state})")
+    print(
+        f"budget     {_fmt_clock(st.consumed)} used of {_fmt_clock(st.limit)}, "
+        f"{_fmt_clock(max(st.limit - st.consumed, 0))} left"
+    )
+    for a in info["attempts"]:
+        how = f" ({a['how']})" if a["how"] else ""
+        print(f"attempt {a['attempt']}  {a['seconds']:8.1f} s  {a['end']}{how}  {a['container']}")
+    if info["container"]:
+        print(f"container  {in_flight.container_name if in_flight else ''}: {container_state}")
+    if info["envelope"]:
+        print(f"envelope   {info['envelope']}")
+    return EXIT_SUCCEEDED
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from runner import sweeper
+
+    report = sweeper.sweep(dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for item in report["removed"]:
+            print(f"removed  {item['name']}  ({item['why']})")
+        for item in report["kept"]:
+            print(f"kept     {item['name']}  ({item['why']})")
+        if not report["removed"] and not report["kept"]:
+            print("no containers of this runner on this engine")
+    return EXIT_SUCCEEDED
+
+
 def cmd_parsers(args: argparse.Namespace) -> int:
     from runner.parsers import registry
 
@@ -600,6 +731,13 @@ def build_parser() -> argparse.ArgumentParser:
         "budget",
     )
     run.add_argument(
+        "--heartbeat",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often the budget ledger and runtime-budget.json are updated (default 5)",
+    )
+    run.add_argument(
         "--stop-grace",
         type=float,
         default=5.0,
@@ -704,6 +842,41 @@ def build_parser() -> argparse.ArgumentParser:
     sign.add_argument("--job-id", metavar="ID", help="stamp this job id into the contract")
     sign.add_argument("--json", action="store_true")
     sign.set_defaults(func=cmd_sign)
+
+    status = sub.add_parser(
+        "status",
+        help="a job's attempts, budget used and left, and its container",
+        description="Read a job's ledger: attempts, consumed and remaining budget, the current "
+        "state, and (for an attempt in flight) its container as the engine sees it.",
+    )
+    status.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
+    status.add_argument("--state-dir", metavar="DIR")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(func=cmd_status)
+
+    ledger = sub.add_parser("ledger", help="inspect a job's budget ledger")
+    ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
+    lverify = ledger_sub.add_parser(
+        "verify",
+        help="check the ledger's hash chain, event order and pairing",
+        description="Exit 0 when the ledger is intact, 1 naming each broken line otherwise "
+        "(a torn last line included). Changes nothing.",
+    )
+    lverify.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
+    lverify.add_argument("--state-dir", metavar="DIR")
+    lverify.add_argument("--json", action="store_true")
+    lverify.set_defaults(func=cmd_ledger_verify)
+
+    cleanup = sub.add_parser(
+        "cleanup",
+        help="remove containers of finished jobs that no runner watches",
+        description="Remove containers labelled by this runner whose job has no live runner and "
+        "whose ledger says the attempt finished; list (never touch) those whose ledger says "
+        "they still run: `runner run` reattaches to them.",
+    )
+    cleanup.add_argument("--dry-run", action="store_true", help="only list what would go")
+    cleanup.add_argument("--json", action="store_true")
+    cleanup.set_defaults(func=cmd_cleanup)
 
     parsers = sub.add_parser("parsers", help="list the registered evidence parsers")
     parsers.add_argument("--json", action="store_true")

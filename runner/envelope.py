@@ -138,6 +138,15 @@ class PolicyRecord(_Model):
     overrides: dict[str, float] = Field(description="Operator --limit values that tightened it.")
 
 
+class BudgetRecord(_Model):
+    """The job's runtime budget across every attempt, from its ledger."""
+
+    limitSeconds: float
+    consumedSeconds: float = Field(description="Sum over attempts of the time the job ran.")
+    remainingSeconds: float
+    attempts: int = Field(description="Attempts so far, this one included.")
+
+
 class ResultEnvelope(_Model):
     """The runner's account of one job."""
 
@@ -159,6 +168,7 @@ class ResultEnvelope(_Model):
     signature: SignatureRecord | None = None
     policy: PolicyRecord | None = None
     warnings: list[str] = Field(default_factory=list)
+    budget: BudgetRecord | None = None
     jobDir: str | None = Field(default=None, description="Host folder holding the job's files.")
     stdoutPath: str | None = Field(default=None, description="Relative to the output folder.")
     stderrPath: str | None = None

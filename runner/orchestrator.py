@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
+import hashlib
 import os
-import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
-from runner import evidence, plan, policy, staging
-from runner.backends.base import Backend, ContainerSpec, ContainerState, Mount
+from runner import container, evidence, plan, policy, staging
+from runner.backends.base import Backend, ContainerState
+from runner.container import Outcome, Progress, Watch
 from runner.contract import Trust, VerifiedContract, load_contract
 from runner.envelope import (
     AppliedLimits,
+    BudgetRecord,
     ContainerRecord,
     Failure,
     ImageRecord,
@@ -45,18 +46,11 @@ from runner.errors import (
     RunnerError,
 )
 from runner.images import verify as verify_image
+from runner.ledger import Ledger
 from runner.plan import ExecutionPlan
 from runner.policy import LoadedPolicy
 
 __version__ = "0.1.0"
-
-
-class Progress(Protocol):
-    """What the orchestrator tells whoever watches (the CLI draws it for people)."""
-
-    def stage(self, name: str, detail: str) -> None: ...
-
-    def running(self, elapsed: float, budget: float) -> None: ...
 
 
 class _Silent:
@@ -84,18 +78,8 @@ class RunOptions:
     """Run a finished job id again as a new attempt under the same budget."""
     stop_grace_seconds: float = 5.0
     tick_seconds: float = 1.0
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How the container ended."""
-
-    state: ContainerState
-    container_id: str
-    name: str
-    run_seconds: float
-    timed_out: bool
-    cancelled: bool
+    heartbeat_seconds: float = 5.0
+    """How often the ledger and runtime-budget.json are brought up to date while a job runs."""
 
 
 def _now() -> str:
@@ -117,6 +101,9 @@ class _Run:
     outcome: Outcome | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    budget: BudgetRecord | None = None
+    written: bool = False
+    """The envelope is already in the job directory (or is the finished job's own)."""
 
     @contextlib.contextmanager
     def timed(self, stage: Stage, key: str | None = None) -> Iterator[None]:
@@ -195,6 +182,7 @@ class _Run:
                     overrides=self.options.overrides,
                 ),
                 "warnings": self.warnings,
+                "budget": self.budget,
                 "jobDir": str(self.job.root) if self.job else None,
                 "stdoutPath": p.stdout_path if p else None,
                 "stderrPath": p.stderr_path if p else None,
@@ -238,78 +226,6 @@ def _job_lock(job: staging.JobDir) -> Iterator[None]:
         yield
     finally:
         handle.close()
-
-
-def _spec(p: ExecutionPlan, job: staging.JobDir, image_id: str) -> ContainerSpec:
-    return ContainerSpec(
-        name=f"runner-{p.job_id[:100]}-{secrets.token_hex(3)}",
-        image=image_id,
-        entrypoint=p.entrypoint,
-        command=list(p.argv),
-        user=p.user,
-        working_dir=p.working_dir,
-        environment=p.environment,
-        labels=p.labels,
-        mounts=[
-            Mount(job.input, "/job/input", read_only=True),
-            Mount(job.output, "/job/output", read_only=False),
-            Mount(job.workspace, "/job/workspace", read_only=False),
-            Mount(job.execution, "/job/execution", read_only=True),
-        ],
-        limits=p.limits,
-    )
-
-
-def supervise(
-    backend: Backend,
-    spec: ContainerSpec,
-    *,
-    budget_seconds: float,
-    grace_seconds: float,
-    tick_seconds: float,
-    progress: Progress,
-    record_dir: Path | None = None,
-) -> Outcome:
-    """create → start → watch against the runner's own deadline → stop, then kill → inspect →
-    keep the engine's log → remove. The container is removed on every path out."""
-    container_id = backend.create(spec)
-    timed_out = cancelled = False
-    started = time.monotonic()
-    try:
-        backend.start(container_id)
-        started = time.monotonic()
-        deadline = started + budget_seconds
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    timed_out = True
-                    backend.stop(container_id, grace_seconds)
-                    break
-                if backend.wait(container_id, min(tick_seconds, remaining)) is not None:
-                    break
-                progress.running(time.monotonic() - started, budget_seconds)
-        except KeyboardInterrupt:
-            cancelled = True
-            backend.stop(container_id, grace_seconds)
-        ended = time.monotonic()
-        state = backend.state(container_id)
-        if state.running:
-            backend.kill(container_id)
-            state = backend.state(container_id)
-        if record_dir is not None:
-            staging.write_json(record_dir / "container-state.json", state.raw)
-            backend.save_logs(container_id, record_dir / "engine.log", spec.log_max_bytes)
-        return Outcome(
-            state=state,
-            container_id=container_id,
-            name=spec.name,
-            run_seconds=round(ended - started, 3),
-            timed_out=timed_out,
-            cancelled=cancelled,
-        )
-    finally:
-        backend.remove(container_id)
 
 
 def _classify(outcome: Outcome, budget_seconds: float) -> Failure | None:
@@ -385,49 +301,17 @@ def _execute(
     r.stage = "stage"
     job = staging.prepare(opts.state_dir / "jobs" / p.job_id)
     with _job_lock(job):
-        consumed = _previous_attempts(job, contract.digest, rerun=opts.rerun)
         r.job = job
-        return _execute_locked(r, contract, p, job, backend, progress, consumed)
+        if backend is None:
+            from runner.backends.docker import DockerBackend
+
+            backend = DockerBackend()
+        return _execute_locked(r, contract, p, job, backend, progress)
 
 
-RERUNNABLE = {"cancelled", "infrastructure", "image_unavailable"}
-"""Categories after which the same job id may simply be run again."""
-
-
-def _previous_attempts(job: staging.JobDir, digest: str, *, rerun: bool) -> float:
-    """Seconds the job's earlier attempts ran. Refuses a job id that belongs to another
-    contract, and one that already ran to an end unless ``rerun``; the previous envelope is
-    kept under record/ so nothing is lost."""
-    earlier = sorted(job.record.glob("result-*.json"))
-    if job.envelope.exists():
-        previous = json.loads(job.envelope.read_bytes())
-        if previous.get("contractDigest") not in (None, digest):
-            raise JobAlreadyFinished(
-                f"job id {job.root.name} belongs to another contract "
-                f"({previous.get('contractDigest')}) on this host",
-                hint="give this contract its own --job-id",
-            )
-        failure = previous.get("failure") or {}
-        finished = previous.get("container") is not None and (
-            failure.get("category") not in RERUNNABLE
-        )
-        if finished and not rerun:
-            raise JobAlreadyFinished(
-                f"job {job.root.name} already ran on this host (status "
-                f"{previous.get('status')}); its envelope is {job.envelope}",
-                hint="read that envelope; to run it again as a new attempt under the same "
-                "budget pass --rerun, or use a new --job-id",
-            )
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        archived = job.record / f"result-{stamp}.json"
-        os.replace(job.envelope, archived)
-        earlier.append(archived)
-    consumed = 0.0
-    for path in earlier:
-        data = json.loads(path.read_bytes())
-        if data.get("contractDigest") == digest:
-            consumed += float((data.get("timings") or {}).get("runSeconds") or 0.0)
-    return consumed
+FINAL = {"succeeded", "nonzero_exit", "oom", "timeout"}
+"""Attempt classifications that end the job; after the others (cancelled, interrupted,
+infrastructure) the same contract may simply be run again and continues the budget."""
 
 
 def _execute_locked(
@@ -435,13 +319,235 @@ def _execute_locked(
     contract: VerifiedContract,
     p: ExecutionPlan,
     job: staging.JobDir,
-    backend: Backend | None,
+    backend: Backend,
     progress: Progress,
-    consumed: float,
 ) -> ResultEnvelope:
     opts = r.options
-    limit = p.limits.timeout_seconds
+    ledger = Ledger.open(job.record / "ledger.jsonl")
+    st = ledger.state
+    if st.accepted is None:
+        data = {
+            "jobId": p.job_id,
+            "contractDigest": contract.digest,
+            "limitSeconds": p.limits.timeout_seconds,
+        }
+        ledger.append("job.accepted", "job.accepted", data)
+    elif st.accepted.get("contractDigest") != contract.digest:
+        raise JobAlreadyFinished(
+            f"job id {p.job_id} belongs to another contract ({st.accepted.get('contractDigest')})"
+            " on this host",
+            hint="give this contract its own --job-id",
+        )
+    limit = min(st.limit, p.limits.timeout_seconds)
+    if st.finished is not None:
+        if not opts.rerun and job.envelope.exists():
+            r.written = True
+            progress.stage(
+                "job", f"{p.job_id} already finished; this is its envelope (--rerun runs it again)"
+            )
+            return ResultEnvelope.model_validate_json(job.envelope.read_bytes())
+        n = st.reruns + 1
+        ledger.append(f"job.rerun-{n}", "job.rerun", {"rerun": n})
+    _archive_envelope(job)
+    outcome = _resume(r, ledger, job, backend, limit, progress)
+    if outcome is None:
+        outcome = _new_attempt(r, ledger, contract, p, job, backend, limit, progress)
+    r.outcome = outcome
+    attempt = len(st.attempts)
+    failure = _classify(outcome, limit)
+    if outcome.how != "ledger":
+        ledger.append(
+            f"attempt-{attempt}.finished",
+            "attempt.finished",
+            {
+                "attempt": attempt,
+                "exitCode": outcome.state.exit_code,
+                "oomKilled": outcome.state.oom_killed,
+                "classification": failure.category if failure else "succeeded",
+                "seconds": outcome.run_seconds,
+                "how": outcome.how,
+            },
+        )
+    if outcome.timed_out or st.consumed >= limit:
+        ledger.append(
+            f"budget.exhausted-{attempt}",
+            "budget.exhausted",
+            {"consumedSeconds": round(st.consumed, 3), "limitSeconds": limit},
+        )
+    staging.write_budget(job, limit, st.consumed)
+    r.budget = BudgetRecord(
+        limitSeconds=limit,
+        consumedSeconds=round(st.consumed, 3),
+        remainingSeconds=round(max(limit - st.consumed, 0.0), 3),
+        attempts=attempt,
+    )
+    with r.timed("parsers"):
+        results, errors = evidence.read_measurements(job.output, contract)
+    status = "failed" if failure else "succeeded"
+    if failure is None and errors:
+        first = errors[0]
+        failure = Failure(
+            category=first.category, stage="parsers", retryable=False, reason=first.reason
+        )
+        status = "partial" if results else "failed"
+    envelope = r.envelope(failure, results, errors, status)
+    write_envelope(job, envelope)
+    r.written = True
+    final = failure.category if failure and failure.stage == "container" else "succeeded"
+    if final in FINAL:
+        digest = hashlib.sha256(job.envelope.read_bytes()).hexdigest()
+        ledger.append(
+            f"job.finished-{st.reruns}",
+            "job.finished",
+            {"status": envelope.status, "envelopeSha256": f"sha256:{digest}"},
+        )
+    return envelope
+
+
+def _archive_envelope(job: staging.JobDir) -> None:
+    """Keep an earlier attempt's envelope under record/ before a new one is written."""
+    if job.envelope.exists():
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        os.replace(job.envelope, job.record / f"result-{stamp}.json")
+
+
+def _resume(
+    r: _Run,
+    ledger: Ledger,
+    job: staging.JobDir,
+    backend: Backend,
+    limit: float,
+    progress: Progress,
+) -> Outcome | None:
+    """Pick up what an earlier runner left: reattach to a running container, record one that
+    ended meanwhile, or report a finished attempt whose envelope was never written. None when
+    a new attempt is needed."""
+    st = ledger.state
+    last = st.attempts[-1] if st.attempts else None
+    if last is None:
+        return None
+    n = last.number
+    r.image = ImageRecord(
+        reference=str(last.starting.get("imageReference", "")),
+        id=last.starting.get("imageId"),
+        repoDigest=last.starting.get("repoDigest"),
+    )
+    if last.finished is not None:
+        if ledger.events[-1].type == "job.rerun" or last.finished["classification"] not in FINAL:
+            return None
+        progress.stage("recover", f"attempt {n} ended before its envelope was written")
+        fin = last.finished
+        state = ContainerState("exited", False, fin["exitCode"], fin["oomKilled"], "", None, None)
+        return Outcome(
+            state,
+            last.container_id or "",
+            last.container_name,
+            last.seconds,
+            fin["classification"] == "timeout",
+            False,
+            "ledger",
+        )
+    found = container.recover(backend, last)
+    lost = {
+        "attempt": n,
+        "exitCode": None,
+        "oomKilled": False,
+        "classification": "interrupted",
+        "seconds": round(found.seconds, 3),
+    }
+    if found.state is None:
+        progress.stage("recover", f"attempt {n}'s container is gone; starting a new attempt")
+        ledger.append(f"attempt-{n}.finished", "attempt.finished", {**lost, "how": "vanished"})
+        return None
+    if found.state.status == "created":
+        backend.remove(last.container_name)
+        ledger.append(f"attempt-{n}.finished", "attempt.finished", {**lost, "how": "never-started"})
+        return None
+    cid = str(found.state.raw.get("Id") or last.container_id or last.container_name)
+    if last.container_id is None:
+        ledger.append(f"attempt-{n}.started", "attempt.started", {"attempt": n, "containerId": cid})
+    if not found.state.running:
+        progress.stage("recover", f"attempt {n} ended while no runner watched it")
+        return container.finish(
+            backend,
+            cid,
+            last.container_name,
+            job.record,
+            seconds=round(found.seconds, 3),
+            timed_out=False,
+            cancelled=False,
+            how="recovered",
+        )
+    progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
+    before = st.consumed - last.seconds
+    w = _watch(r, ledger, job, n, limit, before, already=found.seconds)
+    with r.timed("container"):
+        timed_out, cancelled, seconds = container.watch(backend, cid, w, progress)
+        return container.finish(
+            backend,
+            cid,
+            last.container_name,
+            job.record,
+            seconds=seconds,
+            timed_out=timed_out,
+            cancelled=cancelled,
+            how="reattached",
+        )
+
+
+def _watch(
+    r: _Run,
+    ledger: Ledger,
+    job: staging.JobDir,
+    n: int,
+    limit: float,
+    before: float,
+    already: float,
+) -> Watch:
+    """How to watch attempt ``n``: deadline from the remaining budget, heartbeats to the
+    ledger and runtime-budget.json."""
+
+    def beat(seconds: float) -> None:
+        total = before + seconds
+        ledger.append(
+            f"attempt-{n}.beat-{len(ledger.events)}",
+            "heartbeat",
+            {"attempt": n, "attemptSeconds": round(seconds, 3), "consumedSeconds": round(total, 3)},
+        )
+        staging.write_budget(job, limit, total)
+
+    opts = r.options
+    return Watch(
+        budget_left=limit - before - already,
+        already=already,
+        consumed_before=before,
+        limit=limit,
+        grace=opts.stop_grace_seconds,
+        tick=opts.tick_seconds,
+        heartbeat=opts.heartbeat_seconds,
+        on_beat=beat,
+    )
+
+
+def _new_attempt(
+    r: _Run,
+    ledger: Ledger,
+    contract: VerifiedContract,
+    p: ExecutionPlan,
+    job: staging.JobDir,
+    backend: Backend,
+    limit: float,
+    progress: Progress,
+) -> Outcome:
+    st = ledger.state
+    consumed = st.consumed
+    n = len(st.attempts) + 1
     if consumed >= limit:
+        ledger.append(
+            f"budget.exhausted-{n - 1}",
+            "budget.exhausted",
+            {"consumedSeconds": round(consumed, 3), "limitSeconds": limit},
+        )
         raise ResourceExhausted(
             f"job {p.job_id} has used {consumed:.1f} s of its {limit:.1f} s budget in earlier "
             "attempts; nothing is left to run it again",
@@ -455,10 +561,6 @@ def _execute_locked(
     size = sum(f.size for f in files)
     progress.stage("stage", f"{len(files)} input files ({size:,} bytes) in {job.root}")
     with r.timed("image", "image"):
-        if backend is None:
-            from runner.backends.docker import DockerBackend
-
-            backend = DockerBackend()
         info = backend.inspect_image(p.image.lookup)
         if info is None:
             raise ImageUnavailable(
@@ -468,28 +570,27 @@ def _execute_locked(
         repo_digest = verify_image(p.image, info)
         r.image = ImageRecord(reference=p.image.reference, id=info.id, repoDigest=repo_digest)
     progress.stage("image", f"{info.id[:19]}… ({', '.join(info.repo_tags) or 'untagged'})")
+    spec = container.spec(p, job, info.id, n)
+    ledger.append(
+        f"attempt-{n}.starting",
+        "attempt.starting",
+        {
+            "attempt": n,
+            "containerName": spec.name,
+            "imageReference": p.image.reference,
+            "imageId": info.id,
+            "repoDigest": repo_digest,
+        },
+    )
+
+    def created(container_id: str) -> None:
+        data = {"attempt": n, "containerId": container_id}
+        ledger.append(f"attempt-{n}.started", "attempt.started", data)
+
+    progress.stage("container", f"attempt {n}: {spec.name}")
+    w = _watch(r, ledger, job, n, limit, consumed, already=0.0)
     with r.timed("container"):
-        r.outcome = outcome = supervise(
-            backend,
-            _spec(p, job, info.id),
-            budget_seconds=limit - consumed,
-            grace_seconds=opts.stop_grace_seconds,
-            tick_seconds=opts.tick_seconds,
-            progress=progress,
-            record_dir=job.record,
-        )
-        staging.write_budget(job, limit, consumed + outcome.run_seconds)
-    failure = _classify(outcome, limit)
-    with r.timed("parsers"):
-        results, errors = evidence.read_measurements(job.output, contract)
-    status = "failed" if failure else "succeeded"
-    if failure is None and errors:
-        first = errors[0]
-        failure = Failure(
-            category=first.category, stage="parsers", retryable=False, reason=first.reason
-        )
-        status = "partial" if results else "failed"
-    return r.envelope(failure, results, errors, status)
+        return container.run_attempt(backend, spec, w, job.record, progress, created)
 
 
 def run(
@@ -516,7 +617,7 @@ def run(
         envelope = r.envelope(
             Failure(category="cancelled", stage=r.stage, retryable=True, reason=reason)
         )
-    if r.job is not None:
+    if r.job is not None and not r.written:
         write_envelope(r.job, envelope)
     return envelope
 

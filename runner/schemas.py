@@ -13,6 +13,7 @@ from typing import Any
 
 from runner.contract.models import ExecutionContract
 from runner.envelope import ResultEnvelope
+from runner.ledger import LedgerEvent
 from runner.policy import HostPolicy
 
 CONTRACTS = Path(__file__).resolve().parent.parent / "contracts"
@@ -24,6 +25,7 @@ def schemas() -> dict[str, dict[str, Any]]:
         ("execution-contract.schema.json", ExecutionContract, "Execution contract"),
         ("result-envelope.schema.json", ResultEnvelope, "Result envelope"),
         ("host-policy.schema.json", HostPolicy, "Host policy"),
+        ("ledger-event.schema.json", LedgerEvent, "Budget ledger event"),
     ):
         schema = model.model_json_schema(mode="validation")
         schema = {

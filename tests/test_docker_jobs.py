@@ -91,9 +91,10 @@ def test_toy_evaluation_end_to_end(tmp_path: Path, image_id: str) -> None:
     assert staged_task.read_bytes() == pinned.read_bytes()
     _no_leftovers(env)
 
-    # The same job id is not run twice by accident.
-    code, again, _ = run_job(pinned, tmp_path / "state2")
-    assert code == 3 and "already ran" in again["failure"]["reason"]
+    # The same job id is not run twice by accident: a rerun prints the finished job's envelope.
+    code, again, stderr = run_job(pinned, tmp_path / "state2")
+    assert code == 0 and again == env
+    assert "already finished" in stderr
     assert json.loads((_job_dir(env) / "result.json").read_text()) == env
 
 
@@ -458,8 +459,8 @@ def test_reruns_share_one_budget(tmp_path: Path, image_id: str) -> None:
     state = tmp_path / "state"
     code, first, _ = run_job(contract, state)
     assert code == 0 and first["measurements"][0]["value"] == 0
-    code, refused, _ = run_job(contract, state)
-    assert code == 3 and "--rerun" in refused["failure"]["reason"]
+    code, shown, stderr = run_job(contract, state)
+    assert code == 0 and shown == first and "--rerun" in stderr
 
     code, second, _ = run_job(contract, state, "--rerun")
     assert code == 0

@@ -54,6 +54,14 @@ class ContainerState:
     raw: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ContainerSummary:
+    id: str
+    name: str
+    status: str
+    labels: dict[str, str]
+
+
 class Backend(Protocol):
     def ping(self) -> None:
         """Check the engine answers; raise EngineUnavailable when not."""
@@ -82,5 +90,5 @@ class Backend(Protocol):
     def remove(self, container_id: str) -> None:
         """Remove the container, forcibly; a container already gone is not an error."""
 
-    def find(self, labels: dict[str, str]) -> list[str]:
-        """Ids of containers (any state) carrying all ``labels``."""
+    def find(self, labels: dict[str, str]) -> list[ContainerSummary]:
+        """Containers (any state) carrying all ``labels``."""

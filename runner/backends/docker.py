@@ -13,7 +13,7 @@ import requests
 from docker.types import DeviceRequest, LogConfig
 from docker.types import Mount as DockerMount
 
-from runner.backends.base import ContainerSpec, ContainerState
+from runner.backends.base import ContainerSpec, ContainerState, ContainerSummary
 from runner.errors import ContainerVanished, EngineUnavailable, InfrastructureError
 from runner.images import ImageInfo
 
@@ -185,8 +185,16 @@ class DockerBackend:
                 if exc.status_code != 409:  # 409: removal already in progress
                     raise
 
-    def find(self, labels: dict[str, str]) -> list[str]:
+    def find(self, labels: dict[str, str]) -> list[ContainerSummary]:
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
         with _engine("listing containers"):
             found = self._api.containers(all=True, filters=filters)
-        return [str(c["Id"]) for c in found]
+        return [
+            ContainerSummary(
+                id=str(c["Id"]),
+                name=str((c.get("Names") or ["/?"])[0]).lstrip("/"),
+                status=str(c.get("State", "")),
+                labels=dict(c.get("Labels") or {}),
+            )
+            for c in found
+        ]

@@ -1,0 +1,210 @@
+"""The container stage: one attempt's container, from create (or reattach) to removal.
+
+create → start → watch against the runner's own deadline, with heartbeats → stop, then kill →
+inspect → keep the engine's log → remove. After a runner crash, :func:`recover` finds the
+attempt's container by its deterministic name and reattaches to it, or records how it ended.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from runner import staging
+from runner.backends.base import Backend, ContainerSpec, ContainerState, Mount
+from runner.errors import ContainerVanished
+from runner.ledger import Attempt
+from runner.plan import ExecutionPlan
+
+
+class Progress(Protocol):
+    """What the orchestrator tells whoever watches (the CLI draws it for people)."""
+
+    def stage(self, name: str, detail: str) -> None: ...
+
+    def running(self, elapsed: float, budget: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt's container ended."""
+
+    state: ContainerState
+    container_id: str
+    name: str
+    run_seconds: float
+    """This attempt's running time, as the runner measured it (across reattaches)."""
+    timed_out: bool
+    cancelled: bool
+    how: str = "observed"
+    """observed | recovered (ended while the runner was away) | ledger (read back)."""
+
+
+def container_name(job_root: Path, job_id: str, attempt: int) -> str:
+    """Deterministic per (state dir, job, attempt): a restarted runner finds it again."""
+    where = hashlib.sha256(str(job_root.resolve()).encode()).hexdigest()[:8]
+    return f"runner-{job_id[:100]}-{where}-a{attempt}"
+
+
+def spec(p: ExecutionPlan, job: staging.JobDir, image_id: str, attempt: int) -> ContainerSpec:
+    return ContainerSpec(
+        name=container_name(job.root, p.job_id, attempt),
+        image=image_id,
+        entrypoint=p.entrypoint,
+        command=list(p.argv),
+        user=p.user,
+        working_dir=p.working_dir,
+        environment=p.environment,
+        labels={
+            **p.labels,
+            "org.runner.attempt": str(attempt),
+            "org.runner.job-dir": str(job.root.resolve()),
+        },
+        mounts=[
+            Mount(job.input, "/job/input", read_only=True),
+            Mount(job.output, "/job/output", read_only=False),
+            Mount(job.workspace, "/job/workspace", read_only=False),
+            Mount(job.execution, "/job/execution", read_only=True),
+        ],
+        limits=p.limits,
+    )
+
+
+@dataclass(frozen=True)
+class Watch:
+    """How to watch one attempt."""
+
+    budget_left: float
+    """Seconds this attempt may still run (the job's limit minus all consumption so far)."""
+    already: float
+    """Seconds this attempt had run before this watch (a reattach)."""
+    consumed_before: float
+    """Seconds of earlier attempts, for the progress display."""
+    limit: float
+    grace: float
+    tick: float
+    heartbeat: float
+    on_beat: Callable[[float], None]
+    """Called with the attempt's running seconds at each heartbeat."""
+
+
+def watch(
+    backend: Backend, container_id: str, w: Watch, progress: Progress
+) -> tuple[bool, bool, float]:
+    """Wait for the container against the deadline; (timed out, cancelled, attempt seconds)."""
+    origin = time.monotonic() - w.already
+    deadline = time.monotonic() + w.budget_left
+    next_beat = time.monotonic() + w.heartbeat
+    timed_out = cancelled = False
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = True
+                backend.stop(container_id, w.grace)
+                break
+            wait_for = min(w.tick, deadline - now, max(next_beat - now, 0.01))
+            if backend.wait(container_id, wait_for) is not None:
+                break
+            if time.monotonic() >= next_beat:
+                w.on_beat(time.monotonic() - origin)
+                next_beat = time.monotonic() + w.heartbeat
+            progress.running(w.consumed_before + time.monotonic() - origin, w.limit)
+    except KeyboardInterrupt:
+        cancelled = True
+        backend.stop(container_id, w.grace)
+    return timed_out, cancelled, round(time.monotonic() - origin, 3)
+
+
+def finish(
+    backend: Backend,
+    container_id: str,
+    name: str,
+    record_dir: Path,
+    *,
+    seconds: float,
+    timed_out: bool,
+    cancelled: bool,
+    how: str = "observed",
+    log_max_bytes: int = 1024 * 1024,
+) -> Outcome:
+    """Make sure it is dead, keep its final state and engine log, remove it."""
+    try:
+        state = backend.state(container_id)
+        if state.running:
+            backend.kill(container_id)
+            state = backend.state(container_id)
+        staging.write_json(record_dir / "container-state.json", state.raw)
+        backend.save_logs(container_id, record_dir / "engine.log", log_max_bytes)
+    finally:
+        backend.remove(container_id)
+    return Outcome(state, container_id, name, seconds, timed_out, cancelled, how)
+
+
+def run_attempt(
+    backend: Backend,
+    container: ContainerSpec,
+    w: Watch,
+    record_dir: Path,
+    progress: Progress,
+    on_created: Callable[[str], None],
+) -> Outcome:
+    """A new attempt: create, record its id (``on_created``), start, watch, finish."""
+    container_id = backend.create(container)
+    seconds = 0.0
+    timed_out = cancelled = False
+    try:
+        on_created(container_id)
+        backend.start(container_id)
+        timed_out, cancelled, seconds = watch(backend, container_id, w, progress)
+    except BaseException:
+        backend.remove(container_id)
+        raise
+    return finish(
+        backend,
+        container_id,
+        container.name,
+        record_dir,
+        seconds=seconds,
+        timed_out=timed_out,
+        cancelled=cancelled,
+        log_max_bytes=container.log_max_bytes,
+    )
+
+
+@dataclass(frozen=True)
+class Found:
+    """What :func:`recover` learnt about an attempt left in flight."""
+
+    state: ContainerState | None
+    """None: the container is gone."""
+    seconds: float
+    """The attempt's running time up to now (running) or to its end (exited), never less."""
+
+
+def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> Found:
+    """Find an in-flight attempt's container after a runner crash and account for its time.
+
+    Running: it ran from the last heartbeat until now. Exited: until the engine's FinishedAt.
+    Gone, or no usable time: until now, so the budget is never under-counted (it may be
+    over-counted by the time the runner was away)."""
+    now = now or datetime.now(UTC)
+    since = attempt.last_beat_at or attempt.starting_at
+    try:
+        state = backend.state(attempt.container_name)
+    except ContainerVanished:
+        return Found(None, attempt.seconds + max((now - since).total_seconds(), 0.0))
+    if state.running or state.status in {"restarting", "paused"}:
+        return Found(state, attempt.seconds + max((now - since).total_seconds(), 0.0))
+    if state.status == "created":
+        return Found(state, attempt.seconds)
+    from runner.ledger import parse_time
+
+    ended = parse_time(state.finished_at)
+    until = ended if ended is not None and ended >= since else now
+    return Found(state, attempt.seconds + max((until - since).total_seconds(), 0.0))

@@ -1,0 +1,66 @@
+"""``runner cleanup``: remove containers this runner left behind, never one a job still needs.
+
+A container is removed when no runner holds its job's lock and the job's ledger says its
+attempt has finished (or the job has). One whose ledger says it is still running is listed and
+left alone: `runner run` on that job reattaches to it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+from typing import Any
+
+from runner import ledger
+from runner.backends.base import Backend, ContainerSummary
+
+
+def _runner_alive(job_root: Path) -> bool:
+    lock = job_root / "record" / "lock"
+    if not lock.exists():
+        return False
+    with lock.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def _verdict(c: ContainerSummary) -> tuple[bool, str]:
+    """(remove?, why)"""
+    job_dir = c.labels.get("org.runner.job-dir")
+    if not job_dir or not Path(job_dir).is_dir():
+        return False, f"its job folder {job_dir or '(unlabelled)'} is not here; remove it by hand"
+    root = Path(job_dir)
+    if _runner_alive(root):
+        return False, "a runner is watching it"
+    path = root / "record" / "ledger.jsonl"
+    if not path.exists():
+        return False, "its job has no ledger; remove it by hand"
+    state = ledger.read_state(path)
+    attempt = int(c.labels.get("org.runner.attempt", "0") or 0)
+    mine = next((a for a in state.attempts if a.number == attempt), None)
+    if mine is None or mine.finished is not None or state.finished is not None:
+        return True, "its attempt has finished and no runner watches it"
+    return False, "its ledger says it still runs; `runner run` on the job reattaches to it"
+
+
+def sweep(backend: Backend | None = None, *, dry_run: bool = False) -> dict[str, Any]:
+    if backend is None:
+        from runner.backends.docker import DockerBackend
+
+        backend = DockerBackend()
+    removed: list[dict[str, str]] = []
+    kept: list[dict[str, str]] = []
+    for c in backend.find({"org.runner.managed": "true"}):
+        remove, why = _verdict(c)
+        item = {"id": c.id, "name": c.name, "status": c.status, "why": why}
+        if remove:
+            if not dry_run:
+                backend.remove(c.id)
+            removed.append(item)
+        else:
+            kept.append(item)
+    return {"removed": removed, "kept": kept, "dryRun": dry_run}

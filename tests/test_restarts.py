@@ -1,0 +1,268 @@
+"""The runner's own death: kill -9 mid-run, reattach, never run twice, never reset the budget.
+Real engine, real runner processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.ledger import parse_time, read_state
+from tests.conftest import SESSION_ID, SESSION_LABEL, _docker, run_cli, run_job, write_contract
+
+pytestmark = pytest.mark.docker
+
+BEAT = 0.5
+
+
+def _start(contract: Path, state: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "run",
+            str(contract),
+            "--state-dir",
+            str(state),
+            "--json",
+            "--allow-unsigned",
+            "--heartbeat",
+            str(BEAT),
+            "--label",
+            f"{SESSION_LABEL}={SESSION_ID}",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _ledger(state: Path) -> Path:
+    (job,) = (state / "jobs").iterdir()
+    return job / "record" / "ledger.jsonl"
+
+
+def _wait_for(state: Path, event: str, count: int = 1, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        jobs = state / "jobs"
+        if jobs.exists() and any(jobs.iterdir()):
+            path = _ledger(state)
+            if path.exists():
+                types = [json.loads(x)["type"] for x in path.read_bytes().splitlines() if x]
+                if types.count(event) >= count:
+                    return
+        time.sleep(0.1)
+    pytest.fail(f"no {event} in the ledger after {timeout} s")
+
+
+def _containers(job_id_label: str) -> list[str]:
+    return _docker(
+        "ps", "-aq", "--filter", f"label=org.runner.job-id={job_id_label}"
+    ).stdout.split()
+
+
+def _job_id(state: Path) -> str:
+    (job,) = (state / "jobs").iterdir()
+    return job.name
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, json.loads(out), err
+
+
+def _true_running_time(state: Path) -> float:
+    (job,) = (state / "jobs").iterdir()
+    st = json.loads((job / "record" / "container-state.json").read_text())
+    started, finished = parse_time(st["StartedAt"]), parse_time(st["FinishedAt"])
+    assert started is not None and finished is not None
+    return (finished - started).total_seconds()
+
+
+def _kill9(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait(timeout=10)
+
+
+SLEEP_THEN_REPORT = (
+    "import json, sys, time\ntime.sleep(float(sys.argv[1]))\nprint(json.dumps({'accuracy': 0.5}))\n"
+)
+
+
+def _contract(tmp_path: Path, image_id: str, sleep: float, budget_s: float = 120) -> Path:
+    return write_contract(
+        tmp_path,
+        image_id,
+        command=["python3", "-c", SLEEP_THEN_REPORT, str(sleep)],
+        environment={"timeoutMinutes": budget_s / 60},
+    )
+
+
+def test_kill9_mid_run_reattaches_to_the_one_container(tmp_path: Path, image_id: str) -> None:
+    """kill -9 the runner mid-run and start it again: one container throughout, the job
+    completes, and consumed time is the container's true running time within a heartbeat."""
+    contract = _contract(tmp_path, image_id, sleep=5)
+    state = tmp_path / "state"
+    first = _start(contract, state)
+    _wait_for(state, "heartbeat", 2)
+    _kill9(first)
+    job_id = _job_id(state)
+    before = _containers(job_id)
+    assert len(before) == 1, "the container keeps running when its runner dies"
+    second = _start(contract, state)
+    time.sleep(1)
+    assert _containers(job_id) == before, "reattached, not started again"
+    code, env, err = _finish(second)
+    assert code == 0, err
+    assert "reattaching" in err
+    assert env["status"] == "succeeded" and env["budget"]["attempts"] == 1
+    consumed = env["budget"]["consumedSeconds"]
+    assert abs(consumed - _true_running_time(state)) <= BEAT, (consumed, _true_running_time(state))
+    assert _containers(job_id) == []
+    types = [e["type"] for e in map(json.loads, _ledger(state).read_bytes().splitlines())]
+    assert types.count("attempt.starting") == 1 and types[-1] == "job.finished"
+
+
+def test_repeated_kills_add_up_to_one_budget(tmp_path: Path, image_id: str) -> None:
+    """Killing the runner again and again never buys time: the job stops at the total."""
+    budget = 6.0
+    contract = _contract(tmp_path, image_id, sleep=60, budget_s=budget)
+    state = tmp_path / "state"
+    for _ in range(3):
+        proc = _start(contract, state)
+        _wait_for(state, "heartbeat", 1)
+        time.sleep(1.2)
+        _kill9(proc)
+    code, env, err = _finish(_start(contract, state))
+    assert code == 1, err
+    assert env["failure"]["category"] == "timeout"
+    assert env["budget"]["consumedSeconds"] == pytest.approx(budget, abs=BEAT + 0.3)
+    assert _true_running_time(state) == pytest.approx(budget, abs=BEAT + 1.0)
+    assert env["budget"]["remainingSeconds"] == 0
+
+
+def test_container_that_ended_while_the_runner_was_dead(tmp_path: Path, image_id: str) -> None:
+    """Its end is recorded from the engine; nothing is started again."""
+    contract = _contract(tmp_path, image_id, sleep=1.5)
+    state = tmp_path / "state"
+    proc = _start(contract, state)
+    _wait_for(state, "attempt.started")
+    _kill9(proc)
+    time.sleep(3)
+    job_id = _job_id(state)
+    (cid,) = _containers(job_id)
+    assert json.loads(_docker("inspect", cid).stdout)[0]["State"]["Status"] == "exited"
+    code, env, err = _finish(_start(contract, state))
+    assert code == 0, err
+    assert env["measurements"][0]["value"] == 0.5
+    ledger = read_state(_ledger(state))
+    assert len(ledger.attempts) == 1
+    assert ledger.attempts[0].finished is not None
+    assert ledger.attempts[0].finished["how"] == "recovered"
+    assert env["budget"]["consumedSeconds"] >= _true_running_time(state) - 0.05
+    assert _containers(job_id) == []
+
+
+def test_vanished_container_starts_attempt_two(tmp_path: Path, image_id: str) -> None:
+    """A container removed while the runner was dead: attempt 2 runs within what is left."""
+    budget = 30.0
+    contract = _contract(tmp_path, image_id, sleep=2, budget_s=budget)
+    state = tmp_path / "state"
+    proc = _start(contract, state)
+    _wait_for(state, "heartbeat", 2)
+    _kill9(proc)
+    job_id = _job_id(state)
+    _docker("rm", "-f", *_containers(job_id))
+    code, env, err = _finish(_start(contract, state))
+    assert code == 0, err
+    ledger = read_state(_ledger(state))
+    assert [a.number for a in ledger.attempts] == [1, 2]
+    assert ledger.attempts[0].finished is not None
+    assert ledger.attempts[0].finished["how"] == "vanished"
+    assert ledger.attempts[0].seconds >= 2 * BEAT
+    assert env["budget"]["attempts"] == 2
+    assert env["budget"]["consumedSeconds"] == pytest.approx(
+        ledger.attempts[0].seconds + ledger.attempts[1].seconds, abs=0.01
+    )
+    assert env["budget"]["remainingSeconds"] < budget - 2
+
+
+def test_two_runners_for_one_job(tmp_path: Path, image_id: str) -> None:
+    """While one runner runs a job, a second one for the same job refuses and starts nothing."""
+    contract = _contract(tmp_path, image_id, sleep=4)
+    state = tmp_path / "state"
+    first = _start(contract, state)
+    _wait_for(state, "attempt.started")
+    code, env, _ = run_job(contract, state)
+    assert code == 4
+    assert "being run by another runner" in env["failure"]["reason"]
+    assert len(_containers(_job_id(state))) == 1
+    code, _, err = _finish(first)
+    assert code == 0, err
+
+
+BUDGET_WATCH = (
+    "import json, time\n"
+    "read = lambda: json.load(open('/job/execution/runtime-budget.json'))['remainingSeconds']\n"
+    "first = read()\n"
+    "time.sleep(2.5)\n"
+    "print(json.dumps({'first': first, 'later': read(), 'shrunk': first - read()}))\n"
+)
+
+
+def test_job_sees_its_remaining_budget_shrink(tmp_path: Path, image_id: str) -> None:
+    probe = {
+        "measurementId": "shrunk",
+        "metric": "shrunk",
+        "unit": "s",
+        "parser": {
+            "id": "json.scalar",
+            "version": "1",
+            "evidencePath": "logs/evaluation.log",
+            "config": {"pointer": "/shrunk"},
+        },
+    }
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=["python3", "-c", BUDGET_WATCH],
+        measurements=[probe],
+        environment={"timeoutMinutes": 1},
+    )
+    code, env, err = run_job(contract, tmp_path / "state", "--heartbeat", str(BEAT))
+    assert code == 0, err
+    assert env["measurements"][0]["value"] >= 2.5 - 2 * BEAT
+
+
+def test_status_and_cleanup(tmp_path: Path, image_id: str) -> None:
+    """`runner status` reads the ledger; `runner cleanup` leaves a running job's container."""
+    contract = _contract(tmp_path, image_id, sleep=30)
+    state = tmp_path / "state"
+    proc = _start(contract, state)
+    _wait_for(state, "heartbeat", 1)
+    _kill9(proc)
+    job_id = _job_id(state)
+    status = run_cli("status", job_id, "--state-dir", str(state), "--json")
+    assert status.returncode == 0, status.stderr
+    info = json.loads(status.stdout)
+    assert info["container"]["state"] == "running"
+    assert info["attempts"][0]["end"] == "in flight"
+    swept = json.loads(run_cli("cleanup", "--json").stdout)
+    kept = {c["name"]: c["why"] for c in swept["kept"]}
+    (name,) = [n for n in kept if job_id in n]
+    assert "reattaches" in kept[name]
+    # Interrupt the reattached runner: the container is stopped and removed, budget kept.
+    proc = _start(contract, state)
+    _wait_for(state, "heartbeat", 3)
+    proc.send_signal(2)
+    code, env, _ = _finish(proc)
+    assert code == 130 and env["failure"]["category"] == "cancelled"
+    assert _containers(job_id) == []
