@@ -98,6 +98,17 @@ class HumanProgress:
             self._last_line = time.monotonic()
             print(text, file=self.stream, flush=True)
 
+    def transfer(self, label: str, done: int, total: int) -> None:
+        mib = 1024 * 1024
+        text = f"    {label}: {done / mib:,.1f} of {total / mib:,.1f} MiB"
+        if self.tty:
+            self.stream.write("\r" + text)
+            self.stream.flush()
+            self._live = True
+        elif time.monotonic() - self._last_line >= 5:
+            self._last_line = time.monotonic()
+            print(text, file=self.stream, flush=True)
+
     def _end_live(self) -> None:
         if self._live:
             self.stream.write("\n")
@@ -111,10 +122,13 @@ class NotesOnly:
     """Under --json: stdout carries only the envelope; notable events still reach stderr."""
 
     def stage(self, name: str, detail: str) -> None:
-        if name in {"job", "recover", "policy"}:
+        if name in {"job", "recover", "policy", "registry"}:
             print(f"runner: {detail}", file=sys.stderr, flush=True)
 
     def running(self, elapsed: float, budget: float) -> None:
+        pass
+
+    def transfer(self, label: str, done: int, total: int) -> None:
         pass
 
 
@@ -252,6 +266,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         labels=_labels(args.label),
         overrides=_overrides(args.limit),
         rerun=args.rerun,
+        bundle=Path(args.bundle) if args.bundle else None,
         stop_grace_seconds=args.stop_grace,
         heartbeat_seconds=args.heartbeat,
     )
@@ -609,26 +624,35 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return EXIT_SUCCEEDED
 
 
+def cmd_image_load(args: argparse.Namespace) -> int:
+    from runner import images
+    from runner.backends.docker import DockerBackend
+
+    bundle = Path(args.bundle)
+    ids = images.bundle_image_ids(bundle)
+    images.load_bundle(DockerBackend(), bundle, args.expect)
+    if args.json:
+        print(json.dumps({"bundle": str(bundle), "imageIds": ids}, indent=2))
+    else:
+        print(f"loaded {bundle}")
+        for image_id in ids:
+            print(f"  image {image_id}")
+    return EXIT_SUCCEEDED
+
+
 def cmd_parsers(args: argparse.Namespace) -> int:
     from runner.parsers import registry
 
-    items: list[dict[str, Any]] = []
-    for pid, version in registry.available():
-        parser = registry.get(pid, version)
-        items.append(
-            {
-                "id": pid,
-                "version": version,
-                "description": parser.description,
-                "configSchema": parser.config_schema,
-            }
-        )
+    items = registry.catalog()
     if args.json:
         print(json.dumps(items, indent=2))
-    else:
-        for item in items:
-            print(f"{item['id']}@{item['version']}  {item['description']}")
-            print(f"    config: {json.dumps(item['configSchema']['properties'])}")
+        return EXIT_SUCCEEDED
+    for item in items:
+        schema = item["configSchema"]
+        required = set(schema.get("required", []))
+        print(f"{item['id']}@{item['version']}  {item['description']}")
+        for name in schema.get("properties", {}):
+            print(f"    {name}{' (required)' if name in required else ''}")
     return EXIT_SUCCEEDED
 
 
@@ -729,6 +753,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run a job id that already ran to an end again, as a new attempt under the same "
         "budget",
+    )
+    run.add_argument(
+        "--bundle",
+        metavar="BUNDLE.tar",
+        help="a `docker save` tarball to load the pinned image from when it is not here "
+        "(checked to hold the pinned image id before it is loaded)",
     )
     run.add_argument(
         "--heartbeat",
@@ -843,6 +873,20 @@ def build_parser() -> argparse.ArgumentParser:
     sign.add_argument("--json", action="store_true")
     sign.set_defaults(func=cmd_sign)
 
+    image = sub.add_parser("image", help="offline image bundles")
+    image_sub = image.add_subparsers(dest="image_command", required=True, metavar="ACTION")
+    load = image_sub.add_parser(
+        "load",
+        help="load a `docker save` bundle, checking the image ids it holds",
+        description="Read the bundle's manifest, check each config's SHA-256 (the image id), "
+        "refuse it when --expect names an id it lacks, then load it. `docker load` drops repo "
+        "digests, so for bundles the image id is the pin.",
+    )
+    load.add_argument("bundle", metavar="BUNDLE.tar")
+    load.add_argument("--expect", metavar="sha256:ID", help="refuse unless it holds this id")
+    load.add_argument("--json", action="store_true")
+    load.set_defaults(func=cmd_image_load)
+
     status = sub.add_parser(
         "status",
         help="a job's attempts, budget used and left, and its container",
@@ -878,7 +922,13 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--json", action="store_true")
     cleanup.set_defaults(func=cmd_cleanup)
 
-    parsers = sub.add_parser("parsers", help="list the registered evidence parsers")
+    parsers = sub.add_parser(
+        "parsers",
+        help="list the registered evidence parsers (id, version, config schema)",
+        description="The parser catalog: every registered (id, version), what it reads and its "
+        "config fields; --json prints the full config schemas (as /job/input/parser-catalog.json).",
+    )
+    parsers.add_argument("action", nargs="?", choices=["list"], default="list")
     parsers.add_argument("--json", action="store_true")
     parsers.set_defaults(func=cmd_parsers)
     return parser
@@ -914,4 +964,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except KeyboardInterrupt:
         print("runner: interrupted", file=sys.stderr)
         code = EXIT_CANCELLED
+    except BrokenPipeError:
+        # The reader went away (`runner parsers | head`): not an error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_SUCCEEDED
     sys.exit(code)

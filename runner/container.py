@@ -17,7 +17,7 @@ from typing import Protocol
 
 from runner import staging
 from runner.backends.base import Backend, ContainerSpec, ContainerState, Mount
-from runner.errors import ContainerVanished
+from runner.errors import ContainerVanished, GpuUnavailable, InfrastructureError
 from runner.ledger import Attempt
 from runner.plan import ExecutionPlan
 
@@ -28,6 +28,8 @@ class Progress(Protocol):
     def stage(self, name: str, detail: str) -> None: ...
 
     def running(self, elapsed: float, budget: float) -> None: ...
+
+    def transfer(self, label: str, done: int, total: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,15 @@ def container_name(job_root: Path, job_id: str, attempt: int) -> str:
     return f"runner-{job_id[:100]}-{where}-a{attempt}"
 
 
-def spec(p: ExecutionPlan, job: staging.JobDir, image_id: str, attempt: int) -> ContainerSpec:
+def spec(
+    p: ExecutionPlan,
+    job: staging.JobDir,
+    image_id: str,
+    attempt: int,
+    gpu_ids: tuple[str, ...] = (),
+) -> ContainerSpec:
+    """The attempt's container. Without GPUs, NVIDIA_VISIBLE_DEVICES=void keeps a GPU-aware
+    runtime from exposing devices even when the image asks for them."""
     return ContainerSpec(
         name=container_name(job.root, p.job_id, attempt),
         image=image_id,
@@ -59,7 +69,8 @@ def spec(p: ExecutionPlan, job: staging.JobDir, image_id: str, attempt: int) -> 
         command=list(p.argv),
         user=p.user,
         working_dir=p.working_dir,
-        environment=p.environment,
+        environment={**p.environment, "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids) or "void"},
+        gpu_ids=gpu_ids,
         labels={
             **p.labels,
             "org.runner.attempt": str(attempt),
@@ -160,7 +171,19 @@ def run_attempt(
     timed_out = cancelled = False
     try:
         on_created(container_id)
-        backend.start(container_id)
+        try:
+            backend.start(container_id)
+        except InfrastructureError as exc:
+            if not container.gpu_ids:
+                raise
+            # Without a GPU driver the engine accepts the device request at create and fails
+            # at start: that is the host lacking GPUs, not the engine failing.
+            raise GpuUnavailable(
+                "the engine could not start the container with GPU(s) "
+                f"{', '.join(container.gpu_ids)}: {exc.message}",
+                hint="install the NVIDIA driver and container toolkit on this host, or run the "
+                "job on a GPU host",
+            ) from exc
         timed_out, cancelled, seconds = watch(backend, container_id, w, progress)
     except BaseException:
         backend.remove(container_id)

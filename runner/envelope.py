@@ -24,6 +24,7 @@ Category = Literal[
     "parse_error",
     "infrastructure",
     "cancelled",
+    "gpu_unavailable",
 ]
 Stage = Literal["contract", "policy", "plan", "stage", "image", "container", "parsers", "envelope"]
 
@@ -45,6 +46,12 @@ class ImageRecord(_Model):
     reference: str = Field(description="environment.image as the contract wrote it.")
     id: str | None = Field(description="Image id (config digest) of the image that ran.")
     repoDigest: str | None = Field(description="name@sha256 manifest digest, when known.")
+    architecture: str | None = None
+    os: str | None = None
+    sizeBytes: int | None = None
+    source: Literal["local", "pulled", "bundle"] | None = Field(
+        default=None, description="Where the runner got it: already here, pulled, or a bundle."
+    )
 
 
 class ParserRef(_Model):
@@ -138,6 +145,16 @@ class PolicyRecord(_Model):
     overrides: dict[str, float] = Field(description="Operator --limit values that tightened it.")
 
 
+class GpuRecord(_Model):
+    """A GPU handed to the job."""
+
+    index: int
+    uuid: str
+    model: str
+    memoryBytes: int
+    driverVersion: str
+
+
 class BudgetRecord(_Model):
     """The job's runtime budget across every attempt, from its ledger."""
 
@@ -169,6 +186,11 @@ class ResultEnvelope(_Model):
     policy: PolicyRecord | None = None
     warnings: list[str] = Field(default_factory=list)
     budget: BudgetRecord | None = None
+    gpus: list[GpuRecord] = Field(default_factory=list, description="GPUs given to the job.")
+    gpuFallback: str | None = Field(
+        default=None,
+        description="Why a contract asking for GPUs ran on CPU only (it allowed a CPU fallback).",
+    )
     jobDir: str | None = Field(default=None, description="Host folder holding the job's files.")
     stdoutPath: str | None = Field(default=None, description="Relative to the output folder.")
     stderrPath: str | None = None

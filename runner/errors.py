@@ -17,6 +17,7 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   └── JobBusy                  another runner holds this job id right now
     ├── ResourceExhausted            resource_exhausted: earlier attempts spent the budget (exit 1)
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
+    ├── GpuUnavailable               gpu_unavailable: no GPU to give, and no CPU fallback  (exit 4)
     ├── InfrastructureError          infrastructure: the runner or the engine failed      (exit 4)
     │   ├── EngineUnavailable        the Docker engine cannot be reached
     │   └── ContainerVanished        the job's container disappeared under us
@@ -110,6 +111,13 @@ class ResourceExhausted(RunnerError):
     """The job's budget is already spent by earlier attempts; nothing is started."""
 
     category = "resource_exhausted"
+
+
+class GpuUnavailable(RunnerError):
+    """The contract needs GPUs this host cannot give (none, too few, busy, or no driver), and
+    it does not allow a CPU fallback."""
+
+    category = "gpu_unavailable"
 
 
 class ImageUnavailable(RunnerError):

@@ -7,10 +7,18 @@ unless the host allows unpinned images.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import tarfile
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from runner.errors import ImageDigestMismatch, PolicyViolation
+from runner.errors import ImageDigestMismatch, ImageUnavailable, PolicyViolation
+
+if TYPE_CHECKING:
+    from runner.backends.base import Backend
 
 _ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 _DIGEST_REF = re.compile(r"^(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
@@ -109,3 +117,141 @@ def verify(pin: ImagePin, info: ImageInfo) -> str | None:
             )
         return wanted
     return info.repo_digests[0] if info.repo_digests else None
+
+
+# --------------------------------------------------------------------------- acquiring
+
+
+_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+def normalize_arch(name: str) -> str:
+    return _ARCH.get(name.lower(), name.lower())
+
+
+def bundle_image_ids(bundle: Path) -> list[str]:
+    """Image ids (config digests) a ``docker save`` tarball holds, each checked against the
+    SHA-256 of its config file in the tarball. Read before anything is loaded."""
+    try:
+        with tarfile.open(bundle) as tar:
+            manifest_member = tar.extractfile("manifest.json")
+            if manifest_member is None:
+                raise ImageUnavailable(f"{bundle} has no manifest.json: not a `docker save` bundle")
+            manifest = json.loads(manifest_member.read())
+            ids = []
+            for entry in manifest:
+                config_name = str(entry["Config"])
+                member = tar.extractfile(config_name)
+                if member is None:
+                    raise ImageUnavailable(f"{bundle}: {config_name} is missing")
+                digest = hashlib.sha256()
+                while chunk := member.read(1024 * 1024):
+                    digest.update(chunk)
+                ids.append("sha256:" + digest.hexdigest())
+            return ids
+    except (tarfile.TarError, KeyError, OSError, ValueError, TypeError) as exc:
+        raise ImageUnavailable(
+            f"{bundle} is not a readable `docker save` bundle: {exc}",
+            hint="make it with `docker save IMAGE -o bundle.tar`",
+        ) from exc
+
+
+class Puller(Protocol):
+    def stage(self, name: str, detail: str) -> None: ...
+
+    def transfer(self, label: str, done: int, total: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class PullSettings:
+    """Where credentials come from and how long transient registry failures are retried."""
+
+    docker_config: Path | None = None
+    insecure_registries: tuple[str, ...] = ()
+    retry_seconds: float = 120.0
+
+
+@dataclass(frozen=True)
+class Acquired:
+    info: ImageInfo
+    source: Literal["local", "pulled", "bundle"]
+    repo_digest: str | None
+
+
+def load_bundle(backend: Backend, bundle: Path, image_id: str | None) -> None:
+    """Load ``bundle`` only if it holds ``image_id`` (when given)."""
+    ids = bundle_image_ids(bundle)
+    if image_id is not None and image_id not in ids:
+        raise ImageDigestMismatch(
+            f"the bundle {bundle} holds {', '.join(ids) or 'no image'}, not the pinned "
+            f"image {image_id}",
+            hint="use the bundle made from the pinned image (`docker save` it on the issuer's "
+            "side), or re-pin the contract",
+        )
+    backend.load(bundle)
+
+
+def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Puller) -> None:
+    from runner import registry
+
+    if pin.name is None or pin.manifest_digest is None:
+        raise ImageUnavailable(f"{pin.reference} has no manifest digest to pull by")
+    ref = registry.parse_reference(pin.name, pin.manifest_digest)
+    config = registry.docker_config_path(settings.docker_config)
+    creds = registry.credentials_for(ref.registry, config)
+    insecure = registry.is_insecure(ref.registry, settings.insecure_registries)
+    progress.stage("image", f"asking {ref.registry} for {ref.repository}@{ref.digest[:19]}…")
+    tries = registry.probe(ref, creds, insecure=insecure, within_seconds=settings.retry_seconds)
+    if tries > 1:
+        progress.stage("registry", f"{ref.registry} answered after {tries} tries")
+    layers: dict[str, tuple[int, int]] = {}
+
+    def on_chunk(chunk: dict[str, Any]) -> None:
+        detail = chunk.get("progressDetail") or {}
+        layer = chunk.get("id")
+        if layer and detail.get("total"):
+            layers[str(layer)] = (int(detail.get("current") or 0), int(detail["total"]))
+            done = sum(c for c, _ in layers.values())
+            total = sum(t for _, t in layers.values())
+            progress.transfer(f"pulling {len(layers)} layer(s)", done, total)
+
+    auth = {"username": creds.username, "password": creds.password} if creds else None
+    backend.pull(ref.pull_name, auth, on_chunk)
+
+
+def acquire(
+    backend: Backend,
+    pin: ImagePin,
+    *,
+    bundle: Path | None,
+    settings: PullSettings,
+    progress: Puller,
+) -> Acquired:
+    """The pinned image, verified: local if present, else from the bundle, else pulled by
+    digest. Raises ImageUnavailable / ImageDigestMismatch; nothing runs unverified."""
+    info = backend.inspect_image(pin.lookup)
+    source: Literal["local", "pulled", "bundle"] = "local"
+    if info is None and bundle is not None:
+        progress.stage("image", f"loading {bundle}")
+        load_bundle(backend, bundle, pin.image_id)
+        source = "bundle"
+        info = backend.inspect_image(pin.image_id or pin.lookup)
+    elif info is None and pin.manifest_digest is not None:
+        _pull(backend, pin, settings, progress)
+        source = "pulled"
+        info = backend.inspect_image(pin.lookup)
+    if info is None:
+        raise ImageUnavailable(
+            f"the image {pin.reference} is not present on this host"
+            + (" and a bundle did not provide it" if bundle else ""),
+            hint="an image id pin needs the image here: build it, `runner image load` its "
+            "bundle, or pass --bundle; a name@sha256 pin is pulled from its registry",
+        )
+    repo_digest = verify(pin, info)
+    host = normalize_arch(backend.architecture())
+    if host and info.architecture and normalize_arch(info.architecture) != host:
+        raise ImageUnavailable(
+            f"the image {info.id} is built for {info.os}/{info.architecture}; this host is {host}",
+            hint=f"pin the image's {host} variant (its own manifest digest)",
+        )
+    return Acquired(info, source, repo_digest)

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from runner import container, evidence, plan, policy, staging
+from runner import container, evidence, gpus, images, plan, policy, staging
 from runner.backends.base import Backend, ContainerState
 from runner.container import Outcome, Progress, Watch
 from runner.contract import Trust, VerifiedContract, load_contract
@@ -29,6 +29,7 @@ from runner.envelope import (
     BudgetRecord,
     ContainerRecord,
     Failure,
+    GpuRecord,
     ImageRecord,
     MeasurementError,
     MeasurementResult,
@@ -39,13 +40,13 @@ from runner.envelope import (
     Timings,
 )
 from runner.errors import (
-    ImageUnavailable,
+    ContainerVanished,
+    GpuUnavailable,
     JobAlreadyFinished,
     JobBusy,
     ResourceExhausted,
     RunnerError,
 )
-from runner.images import verify as verify_image
 from runner.ledger import Ledger
 from runner.plan import ExecutionPlan
 from runner.policy import LoadedPolicy
@@ -58,6 +59,9 @@ class _Silent:
         pass
 
     def running(self, elapsed: float, budget: float) -> None:
+        pass
+
+    def transfer(self, label: str, done: int, total: int) -> None:
         pass
 
 
@@ -78,6 +82,12 @@ class RunOptions:
     """Run a finished job id again as a new attempt under the same budget."""
     stop_grace_seconds: float = 5.0
     tick_seconds: float = 1.0
+    gpu_detector: gpus.Detector | None = None
+    """How GPUs are found (NVML, else nvidia-smi); tests of pure logic pass their own."""
+    gpu_lock_dir: Path | None = None
+    """Where device locks live (default <state dir>/gpu-locks); share it across runners."""
+    bundle: Path | None = None
+    """A `docker save` tarball to load the pinned image from when it is not here."""
     heartbeat_seconds: float = 5.0
     """How often the ledger and runtime-budget.json are brought up to date while a job runs."""
 
@@ -102,6 +112,8 @@ class _Run:
     seconds: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     budget: BudgetRecord | None = None
+    gpus: list[GpuRecord] = field(default_factory=list)
+    gpu_fallback: str | None = None
     written: bool = False
     """The envelope is already in the job directory (or is the finished job's own)."""
 
@@ -183,6 +195,8 @@ class _Run:
                 ),
                 "warnings": self.warnings,
                 "budget": self.budget,
+                "gpus": self.gpus,
+                "gpuFallback": self.gpu_fallback,
                 "jobDir": str(self.job.root) if self.job else None,
                 "stdoutPath": p.stdout_path if p else None,
                 "stderrPath": p.stderr_path if p else None,
@@ -349,10 +363,16 @@ def _execute_locked(
         n = st.reruns + 1
         ledger.append(f"job.rerun-{n}", "job.rerun", {"rerun": n})
     _archive_envelope(job)
-    outcome = _resume(r, ledger, job, backend, limit, progress)
-    if outcome is None:
-        outcome = _new_attempt(r, ledger, contract, p, job, backend, limit, progress)
+    try:
+        outcome = _resume(r, ledger, job, backend, limit, progress)
+        if outcome is None:
+            outcome = _new_attempt(r, ledger, contract, p, job, backend, limit, progress)
+    finally:
+        if r.gpus:
+            _gpu_allocator(r, backend).release(str(job.root.resolve()))
     r.outcome = outcome
+    if r.gpu_fallback:
+        r.warnings.append(f"ran on CPU only: {r.gpu_fallback}")
     attempt = len(st.attempts)
     failure = _classify(outcome, limit)
     if outcome.how != "ledger":
@@ -427,11 +447,8 @@ def _resume(
     if last is None:
         return None
     n = last.number
-    r.image = ImageRecord(
-        reference=str(last.starting.get("imageReference", "")),
-        id=last.starting.get("imageId"),
-        repoDigest=last.starting.get("repoDigest"),
-    )
+    r.image = ImageRecord.model_validate(last.starting["image"])
+    r.gpus = [GpuRecord.model_validate(g) for g in last.starting.get("gpus", [])]
     if last.finished is not None:
         if ledger.events[-1].type == "job.rerun" or last.finished["classification"] not in FINAL:
             return None
@@ -529,6 +546,61 @@ def _watch(
     )
 
 
+def _gpu_allocator(r: _Run, backend: Backend) -> gpus.Allocator:
+    def alive(holder: dict[str, Any]) -> bool:
+        from runner.sweeper import runner_alive
+
+        if runner_alive(Path(str(holder.get("jobDir")))):
+            return True
+        try:
+            return backend.state(str(holder.get("containerName"))).running
+        except ContainerVanished:
+            return False
+
+    lock_dir = r.options.gpu_lock_dir or r.options.state_dir / "gpu-locks"
+    return gpus.Allocator(lock_dir, alive)
+
+
+def _allocate_gpus(
+    r: _Run,
+    contract: VerifiedContract,
+    p: ExecutionPlan,
+    job: staging.JobDir,
+    backend: Backend,
+    name: str,
+    progress: Progress,
+) -> tuple[str, ...]:
+    """Device ids for this attempt: specific GPUs, locked for this job; none for CPU jobs.
+    Without enough GPUs, a contract that allows it falls back to CPU (and says so)."""
+    if p.gpu_fallback:
+        r.gpu_fallback = p.gpu_fallback
+    want = p.limits.gpus
+    if want == "none":
+        return ()
+    detector = r.options.gpu_detector or gpus.HostDetector()
+    owner = {"jobDir": str(job.root.resolve()), "containerName": name}
+    try:
+        chosen = _gpu_allocator(r, backend).allocate(want, detector.detect(), owner)
+    except GpuUnavailable as exc:
+        if not policy.cpu_fallback_allowed(contract):
+            raise
+        r.gpu_fallback = f"{exc.message}; the contract allows a CPU fallback"
+        progress.stage("gpu", f"no GPU: running on CPU only ({exc.message})")
+        return ()
+    r.gpus = [
+        GpuRecord(
+            index=g.index,
+            uuid=g.uuid,
+            model=g.model,
+            memoryBytes=g.memory_bytes,
+            driverVersion=g.driver_version,
+        )
+        for g in chosen
+    ]
+    progress.stage("gpu", ", ".join(f"{g.index}: {g.model} ({g.uuid})" for g in chosen))
+    return tuple(g.uuid for g in chosen)
+
+
 def _new_attempt(
     r: _Run,
     ledger: Ledger,
@@ -561,25 +633,38 @@ def _new_attempt(
     size = sum(f.size for f in files)
     progress.stage("stage", f"{len(files)} input files ({size:,} bytes) in {job.root}")
     with r.timed("image", "image"):
-        info = backend.inspect_image(p.image.lookup)
-        if info is None:
-            raise ImageUnavailable(
-                f"the image {p.image.reference} is not present on this host",
-                hint="build or load it first (`scripts/setup.sh` builds runner-cpu:local)",
-            )
-        repo_digest = verify_image(p.image, info)
-        r.image = ImageRecord(reference=p.image.reference, id=info.id, repoDigest=repo_digest)
-    progress.stage("image", f"{info.id[:19]}… ({', '.join(info.repo_tags) or 'untagged'})")
-    spec = container.spec(p, job, info.id, n)
+        pol = r.options.policy.policy
+        settings = images.PullSettings(
+            docker_config=Path(pol.dockerConfig) if pol.dockerConfig else None,
+            insecure_registries=tuple(pol.insecureRegistries),
+            retry_seconds=pol.registryRetrySeconds,
+        )
+        got = images.acquire(
+            backend, p.image, bundle=r.options.bundle, settings=settings, progress=progress
+        )
+        info, repo_digest = got.info, got.repo_digest
+        r.image = ImageRecord(
+            reference=p.image.reference,
+            id=info.id,
+            repoDigest=repo_digest,
+            architecture=info.architecture or None,
+            os=info.os or None,
+            sizeBytes=info.size,
+            source=got.source,
+        )
+    names = ", ".join(info.repo_tags) or "untagged"
+    progress.stage("image", f"{info.id[:19]}… ({names}; {got.source}; {info.size:,} bytes)")
+    name = container.container_name(job.root, p.job_id, n)
+    gpu_ids = _allocate_gpus(r, contract, p, job, backend, name, progress)
+    spec = container.spec(p, job, info.id, n, gpu_ids)
     ledger.append(
         f"attempt-{n}.starting",
         "attempt.starting",
         {
             "attempt": n,
             "containerName": spec.name,
-            "imageReference": p.image.reference,
-            "imageId": info.id,
-            "repoDigest": repo_digest,
+            "image": r.image.model_dump(mode="json"),
+            "gpus": [g.model_dump(mode="json") for g in r.gpus],
         },
     )
 
@@ -643,7 +728,7 @@ def failure_exit_family(envelope: ResultEnvelope) -> str:
     category = envelope.failure.category
     if category in REFUSALS:
         return "refused"
-    if category in {"infrastructure", "image_unavailable"}:
+    if category in {"infrastructure", "image_unavailable", "gpu_unavailable"}:
         return "infrastructure"
     if category == "cancelled":
         return "cancelled"

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
+from typing import Literal
 
 from runner.contract import VerifiedContract
 from runner.errors import PolicyViolation, ProtocolAmbiguous
 from runner.images import ImagePin, parse_pin
-from runner.policy import HostPolicy
+from runner.policy import HostPolicy, gpus_over_policy
 
 OVERRIDABLE = ("cpus", "memoryGb", "shmGb", "pidsLimit", "timeoutMinutes", "tmpfsMb")
 """Limits the host operator may tighten from the command line (``--limit KEY=VALUE``)."""
@@ -38,7 +39,7 @@ class Limits:
     shm_bytes: int
     pids: int
     tmpfs_bytes: int
-    gpus: str | int
+    gpus: int | Literal["none", "all"]
     network: str
     timeout_seconds: float
     read_only_rootfs: bool = True
@@ -61,6 +62,9 @@ class ExecutionPlan:
     user: str
     limits: Limits
     labels: dict[str, str] = field(default_factory=dict)
+    gpu_fallback: str | None = None
+    """Why a contract asking for GPUs will run on CPU only (its policy allows fewer GPUs and
+    the contract allows a CPU fallback); None otherwise."""
     environment: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -131,6 +135,14 @@ def build(
     env = contract.model.environment
     pin = parse_pin(env.image, env.imageId, allow_unpinned=policy.allowUnpinnedImages)
     lim = tightened(contract, overrides or {})
+    gpus: int | Literal["none", "all"] = env.gpu
+    fallback = None
+    if gpus_over_policy(contract, policy):
+        gpus = "none"
+        fallback = (
+            f"this host's policy grants at most {policy.maxima.gpus} GPU(s) and the contract "
+            "allows a CPU fallback"
+        )
     memory = int(lim["memoryGb"] * GIB)
     limits = Limits(
         cpus=lim["cpus"],
@@ -139,7 +151,7 @@ def build(
         shm_bytes=int(lim["shmGb"] * GIB),
         pids=int(lim["pidsLimit"]),
         tmpfs_bytes=int(lim["tmpfsMb"]) * MIB,
-        gpus=env.gpu,
+        gpus=gpus,
         network="bridge" if env.networkAccess else "none",
         timeout_seconds=lim["timeoutMinutes"] * 60,
     )
@@ -161,6 +173,7 @@ def build(
         stderr_path=protocol.stderrPath,
         user=user,
         limits=limits,
+        gpu_fallback=fallback,
         labels=all_labels,
         environment={
             "HOME": "/tmp",  # noqa: S108 - the job's own tmpfs

@@ -32,7 +32,9 @@ class Maxima(BaseModel):
     memoryGb: float | None = Field(default=None, gt=0, description="null: the host's memory.")
     shmGb: float | None = Field(default=None, ge=0, description="null: half the host's memory.")
     pidsLimit: int = Field(default=32768, ge=16)
-    gpus: int | Literal["all"] = Field(default=0, description="GPUs a job may have; 0: none.")
+    gpus: int | Literal["all"] = Field(
+        default="all", description="GPUs a job may have ('all': as many as the host has)."
+    )
     timeoutMinutes: float = Field(default=1440, gt=0, description="Budget per job (24 h).")
     tmpfsMb: int = Field(default=4096, ge=1)
     diskGb: float = Field(default=100, gt=0, description="output/ + workspace/ a job may ask.")
@@ -67,6 +69,19 @@ class HostPolicy(BaseModel):
     )
     allowUnpinnedImages: bool = Field(
         default=False, description="Accept tag-only image references (local development)."
+    )
+    dockerConfig: str | None = Field(
+        default=None,
+        description="Docker config file with registry credentials (default: $DOCKER_CONFIG/"
+        "config.json, else ~/.docker/config.json).",
+    )
+    insecureRegistries: list[str] = Field(
+        default_factory=list,
+        description="Registries reached over plain HTTP besides loopback ones (as the engine's "
+        "own insecure-registries).",
+    )
+    registryRetrySeconds: float = Field(
+        default=120, gt=0, description="How long transient registry failures are retried."
     )
 
     def resolved(self) -> HostPolicy:
@@ -176,11 +191,8 @@ def check(contract: VerifiedContract, policy: HostPolicy, now: datetime) -> None
             raise _over(field, asked, maximum)
     if env.diskGb is not None and env.diskGb > mx.diskGb:
         raise _over("diskGb", env.diskGb, mx.diskGb)
-    if env.gpu != "none":
-        if mx.gpus == 0 or (env.gpu == "all" and mx.gpus != "all"):
-            raise _over("gpu", env.gpu, mx.gpus if mx.gpus else "none")
-        if isinstance(env.gpu, int) and isinstance(mx.gpus, int) and env.gpu > mx.gpus:
-            raise _over("gpu", env.gpu, mx.gpus)
+    if gpus_over_policy(contract, policy) and not cpu_fallback_allowed(contract):
+        raise _over("gpu", env.gpu, mx.gpus if mx.gpus else "none")
     if env.networkAccess and not policy.allowNetwork:
         raise PolicyViolation(
             "$.environment.networkAccess: the contract asks for network access (true) and this "
@@ -196,6 +208,19 @@ def check(contract: VerifiedContract, policy: HostPolicy, now: datetime) -> None
             f"host does not allow (allowed: {', '.join(allowed) or 'none'})",
             hint="use an image from an allowed registry, or add it to 'allowedRegistries'",
         )
+
+
+def cpu_fallback_allowed(contract: VerifiedContract) -> bool:
+    req = contract.model.computeRequirement
+    return bool(req and req.cpuFallbackAllowed)
+
+
+def gpus_over_policy(contract: VerifiedContract, policy: HostPolicy) -> bool:
+    """Whether the contract asks for more GPUs than the policy grants."""
+    asked, most = contract.model.environment.gpu, policy.maxima.gpus
+    if asked == "none" or most == "all":
+        return False
+    return most == 0 or asked == "all" or (isinstance(asked, int) and asked > most)
 
 
 def _resolved(value: float | None) -> float:

@@ -1,7 +1,8 @@
-"""Generate the JSON Schemas in ``contracts/`` from the pydantic models.
+"""Generate the JSON Schemas in ``contracts/`` from the pydantic models, and the README's
+parser catalog from the parser registry.
 
 ``python -m runner.schemas`` rewrites them; ``python -m runner.schemas --check`` exits 1 when a
-checked-in schema differs from the models (the test suite runs the check).
+checked-in file differs (the test suite runs the check).
 """
 
 from __future__ import annotations
@@ -17,6 +18,31 @@ from runner.ledger import LedgerEvent
 from runner.policy import HostPolicy
 
 CONTRACTS = Path(__file__).resolve().parent.parent / "contracts"
+README = CONTRACTS.parent / "README.md"
+BEGIN, END = "<!-- parser-catalog:begin -->", "<!-- parser-catalog:end -->"
+
+
+def parser_catalog_markdown() -> str:
+    """The README's parser catalog, from the registry (what `runner parsers` prints)."""
+    from runner.parsers import registry
+
+    out = []
+    for entry in registry.catalog():
+        schema = entry["configSchema"]
+        required = set(schema.get("required", []))
+        out.append(f"**`{entry['id']}`** version `{entry['version']}`: {entry['description']}")
+        out.append("")
+        for name, prop in schema.get("properties", {}).items():
+            flag = " (required)" if name in required else ""
+            out.append(f"- `{name}`{flag}: {prop.get('description', '')}")
+        out.append("")
+    return "\n".join(out)
+
+
+def _readme_with_catalog(text: str) -> str:
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    return f"{head}{BEGIN}\n{parser_catalog_markdown()}{END}{tail}"
 
 
 def schemas() -> dict[str, dict[str, Any]]:
@@ -53,6 +79,13 @@ def main(argv: list[str]) -> int:
                 stale.append(filename)
         else:
             path.write_text(text)
+    readme = README.read_text()
+    if BEGIN in readme:
+        wanted = _readme_with_catalog(readme)
+        if check and wanted != readme:
+            stale.append("README.md parser catalog")
+        elif not check:
+            README.write_text(wanted)
     if stale:
         print("stale schemas (run `python -m runner.schemas`): " + ", ".join(stale))
         return 1

@@ -171,6 +171,13 @@ def stage_inputs(job: JobDir, contract: VerifiedContract) -> list[StagedFile]:
         src = contract.base_dir / rel
         files.extend(_stage_tree(src, job.input, rel, field))
     atomic_write(job.input / "task.json", contract.raw)
+    from runner.parsers import registry
+
+    catalog = (json.dumps(registry.catalog(), indent=2) + "\n").encode()
+    atomic_write(job.input / "parser-catalog.json", catalog)
+    files.append(
+        StagedFile("parser-catalog.json", hashlib.sha256(catalog).hexdigest(), len(catalog))
+    )
     if contract.signature is not None:
         atomic_write(job.input / "task.dsse.json", contract.signature.envelope)
         files.append(

@@ -15,7 +15,8 @@ from runner import ledger
 from runner.backends.base import Backend, ContainerSummary
 
 
-def _runner_alive(job_root: Path) -> bool:
+def runner_alive(job_root: Path) -> bool:
+    """Whether a runner holds the job's lock right now."""
     lock = job_root / "record" / "lock"
     if not lock.exists():
         return False
@@ -34,7 +35,7 @@ def _verdict(c: ContainerSummary) -> tuple[bool, str]:
     if not job_dir or not Path(job_dir).is_dir():
         return False, f"its job folder {job_dir or '(unlabelled)'} is not here; remove it by hand"
     root = Path(job_dir)
-    if _runner_alive(root):
+    if runner_alive(root):
         return False, "a runner is watching it"
     path = root / "record" / "ledger.jsonl"
     if not path.exists():

@@ -4,7 +4,8 @@
 #   2. a Python venv at .venv with the project installed in editable mode ('.[dev]'),
 #   3. the base image runner-base:bookworm (built offline with debootstrap) or
 #      $RUNNER_BASE_IMAGE when set (a pinned public base, pulled if missing),
-#   4. the job image runner-cpu:local, built with no network.
+#   4. the job image runner-cpu:local, built with no network,
+#   5. docker-registry (Debian's), which the image tests run on 127.0.0.1.
 # Safe to run many times; reruns are fast (stamp file, existing images, layer cache).
 #
 # Environment:
@@ -173,9 +174,22 @@ build_job_image() {
   rm -f "$build_log"
 }
 
+# --------------------------------------------------------------------------- test tools
+# Debian's docker-registry: the tests run a real registry on 127.0.0.1 (they start it
+# themselves; the package's own service is not used).
+ensure_test_tools() {
+  if command -v docker-registry >/dev/null 2>&1; then
+    log "tools: reusing docker-registry"
+  else
+    log "tools: installing docker-registry (a real registry for the image tests)"
+    apt_install docker-registry
+  fi
+}
+
 # --------------------------------------------------------------------------- main
 start=$SECONDS
 ensure_engine
+ensure_test_tools
 ensure_venv
 ensure_base
 build_job_image

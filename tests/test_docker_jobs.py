@@ -86,7 +86,9 @@ def test_toy_evaluation_end_to_end(tmp_path: Path, image_id: str) -> None:
     assert json.loads((_job_dir(env) / "result.json").read_text()) == env
     manifest = json.loads((_job_dir(env) / "execution" / "input-manifest.json").read_text())
     paths = {f["path"] for f in manifest["files"]}
-    assert {"task.json", "paper.md", "repository/evaluate.py"} <= paths
+    assert {"task.json", "paper.md", "repository/evaluate.py", "parser-catalog.json"} <= paths
+    catalog = json.loads((_job_dir(env) / "input" / "parser-catalog.json").read_text())
+    assert any(c["id"] == "json.scalar" and c["version"] == "1" for c in catalog)
     staged_task = _job_dir(env) / "input" / "task.json"
     assert staged_task.read_bytes() == pinned.read_bytes()
     _no_leftovers(env)
@@ -359,6 +361,7 @@ def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id
             "10001:10001" if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
         )
         assert cfg["Image"] == image_id
+        assert "NVIDIA_VISIBLE_DEVICES=void" in cfg["Env"], "a CPU job sees no GPU"
         assert cfg["Labels"]["org.runner.managed"] == "true"
         mounts = {m["Destination"]: m["RW"] for m in info["Mounts"]}
         assert mounts == {

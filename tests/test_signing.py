@@ -263,7 +263,10 @@ def _case(name: str, issuer: Ed25519PrivateKey, host: Host) -> dict[str, Any] | 
         image = "registry.example.org/lab/eval@sha256:" + "cd" * 32
         return independent_envelope(contract_data(env_image=image), issuer)
     if name == "gpus on a host without":
-        return independent_envelope(contract_data(env_gpu=1), issuer)
+        host.set_policy(maxima={"gpus": 0})
+        data = contract_data(env_gpu=1)
+        data["computeRequirement"]["cpuFallbackAllowed"] = False
+        return independent_envelope(with_digest(data), issuer)
     raise AssertionError(name)
 
 

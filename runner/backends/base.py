@@ -7,6 +7,7 @@ the engine cannot be reached or fails, ``ContainerVanished`` when the container 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +38,8 @@ class ContainerSpec:
     labels: dict[str, str]
     mounts: list[Mount]
     limits: Limits
+    gpu_ids: tuple[str, ...] = ()
+    """Device ids (UUIDs) handed to the container; empty: no GPU at all."""
     log_max_bytes: int = 1024 * 1024
 
 
@@ -68,6 +71,20 @@ class Backend(Protocol):
 
     def inspect_image(self, reference: str) -> ImageInfo | None:
         """The local image for ``reference``, or None when it is not present."""
+
+    def pull(
+        self,
+        reference: str,
+        auth: dict[str, str] | None,
+        on_progress: Callable[[dict[str, Any]], None],
+    ) -> None:
+        """Pull ``reference``, streaming; every chunk is checked for an error (ImageUnavailable)."""
+
+    def load(self, bundle: Path) -> None:
+        """``docker load`` a ``docker save`` tarball, streaming; errors are ImageUnavailable."""
+
+    def architecture(self) -> str:
+        """The engine host's architecture as the engine names it (``x86_64``, ``aarch64``)."""
 
     def create(self, spec: ContainerSpec) -> str:
         """Create the container (not started); return its id."""

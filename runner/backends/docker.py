@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,12 @@ from docker.types import DeviceRequest, LogConfig
 from docker.types import Mount as DockerMount
 
 from runner.backends.base import ContainerSpec, ContainerState, ContainerSummary
-from runner.errors import ContainerVanished, EngineUnavailable, InfrastructureError
+from runner.errors import (
+    ContainerVanished,
+    EngineUnavailable,
+    ImageUnavailable,
+    InfrastructureError,
+)
 from runner.images import ImageInfo
 
 _CONNECTION_ERRORS = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
@@ -79,12 +84,41 @@ class DockerBackend:
             size=int(data.get("Size") or 0),
         )
 
+    def pull(
+        self,
+        reference: str,
+        auth: dict[str, str] | None,
+        on_progress: Callable[[dict[str, Any]], None],
+    ) -> None:
+        with _engine(f"pulling {reference}"):
+            stream = self._api.pull(reference, stream=True, decode=True, auth_config=auth)
+            for chunk in stream:
+                if "error" in chunk or "errorDetail" in chunk:
+                    detail = chunk.get("errorDetail") or {}
+                    message = detail.get("message") or chunk.get("error") or str(chunk)
+                    raise ImageUnavailable(
+                        f"the engine could not pull {reference}: {message}",
+                        hint="check the registry and the digest; `docker pull` shows the same",
+                    )
+                on_progress(chunk)
+
+    def load(self, bundle: Path) -> None:
+        with _engine(f"loading {bundle.name}"), bundle.open("rb") as data:
+            for chunk in self._api.load_image(data, quiet=True):
+                if "error" in chunk or "errorDetail" in chunk:
+                    detail = chunk.get("errorDetail") or {}
+                    message = detail.get("message") or chunk.get("error") or str(chunk)
+                    raise ImageUnavailable(f"the engine could not load {bundle}: {message}")
+
+    def architecture(self) -> str:
+        with _engine("asking the engine about its host"):
+            return str(self._api.info().get("Architecture", ""))
+
     def create(self, spec: ContainerSpec) -> str:
         lim = spec.limits
         device_requests = None
-        if lim.gpus != "none":
-            count = -1 if lim.gpus == "all" else int(lim.gpus)
-            device_requests = [DeviceRequest(count=count, capabilities=[["gpu"]])]
+        if spec.gpu_ids:
+            device_requests = [DeviceRequest(device_ids=list(spec.gpu_ids), capabilities=[["gpu"]])]
         host_config = self._api.create_host_config(
             mounts=[
                 DockerMount(m.target, str(m.source), type="bind", read_only=m.read_only)

@@ -1,0 +1,177 @@
+"""GPU allotment on a GPU-less machine: selection, locking and fallback with the detection
+layer faked; the engine's own behaviour without a GPU driver for real."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import orchestrator, policy
+from runner.contract import Trust
+from runner.errors import GpuUnavailable
+from runner.gpus import Allocator, Gpu, HostDetector, parse_smi
+from tests.conftest import SESSION_ID, SESSION_LABEL, _docker, write_contract
+
+FAKE = [
+    Gpu(0, "GPU-00000000-fake-0000-0000-000000000000", "Fake H100", 80 * 1024**3, "550.54"),
+    Gpu(1, "GPU-11111111-fake-1111-1111-111111111111", "Fake H100", 80 * 1024**3, "550.54"),
+]
+
+
+class FakeDetector:
+    def __init__(self, found: list[Gpu]) -> None:
+        self.found = found
+
+    def detect(self) -> list[Gpu]:
+        return list(self.found)
+
+
+def _owner(name: str) -> dict[str, Any]:
+    return {"jobDir": f"/jobs/{name}", "containerName": f"c-{name}"}
+
+
+def test_each_job_gets_its_own_devices(tmp_path: Path) -> None:
+    alive = Allocator(tmp_path, lambda holder: True)
+    a = alive.allocate(1, FAKE, _owner("a"))
+    b = alive.allocate(1, FAKE, _owner("b"))
+    assert {a[0].uuid, b[0].uuid} == {g.uuid for g in FAKE}
+    with pytest.raises(GpuUnavailable, match="0 of 2 free") as err:
+        alive.allocate(1, FAKE, _owner("c"))
+    assert err.value.retryable
+    alive.release("/jobs/a")
+    assert alive.allocate(1, FAKE, _owner("c")) == a
+
+
+def test_a_dead_holder_is_reclaimed_a_live_one_never(tmp_path: Path) -> None:
+    """A lock whose runner and container are both gone is reclaimed; one whose container
+    still runs (its runner crashed) is kept."""
+    dead = {"/jobs/a"}
+    allocator = Allocator(tmp_path, lambda holder: holder["jobDir"] not in dead)
+    allocator.allocate("all", FAKE, _owner("a"))
+    got = allocator.allocate(2, FAKE, _owner("b"))
+    assert len(got) == 2
+    dead.clear()
+    with pytest.raises(GpuUnavailable):
+        allocator.allocate(1, FAKE, _owner("c"))
+
+
+def test_no_gpu_and_too_many(tmp_path: Path) -> None:
+    allocator = Allocator(tmp_path, lambda holder: True)
+    with pytest.raises(GpuUnavailable, match="has none"):
+        allocator.allocate(1, [], _owner("a"))
+    with pytest.raises(GpuUnavailable, match="asks for 3 GPUs and this host has 2"):
+        allocator.allocate(3, FAKE, _owner("a"))
+
+
+def _grab(lock_dir: str, name: str, queue: Any) -> None:
+    allocator = Allocator(Path(lock_dir), lambda holder: True)
+    try:
+        queue.put([g.uuid for g in allocator.allocate(1, FAKE * 1, _owner(name))])
+    except GpuUnavailable:
+        queue.put([])
+
+
+def test_concurrent_runners_never_share_a_device(tmp_path: Path) -> None:
+    """Six processes race for two devices: exactly two win, each a different device."""
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_grab, args=(str(tmp_path), f"j{i}", queue)) for i in range(6)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=30)
+    won = [queue.get(timeout=5) for _ in procs]
+    devices = [d for w in won for d in w]
+    assert sorted(devices) == sorted(g.uuid for g in FAKE)
+
+
+def test_nvidia_smi_output_is_read() -> None:
+    text = "0, GPU-abc, NVIDIA H100 80GB HBM3, 81559, 550.54.15\n"
+    (gpu,) = parse_smi(text)
+    assert (gpu.index, gpu.uuid, gpu.model, gpu.driver_version) == (
+        0,
+        "GPU-abc",
+        "NVIDIA H100 80GB HBM3",
+        "550.54.15",
+    )
+    assert gpu.memory_bytes == 81559 * 1024**2
+
+
+def test_this_machine_has_no_gpu() -> None:
+    """Detection on this GPU-less machine answers zero GPUs rather than failing."""
+    assert HostDetector().detect() == []
+
+
+def _options(tmp_path: Path, found: list[Gpu], **policy_fields: Any) -> orchestrator.RunOptions:
+    loaded = policy.LoadedPolicy(
+        policy.HostPolicy(acceptUnsigned=True, **policy_fields).resolved(), "test"
+    )
+    return orchestrator.RunOptions(
+        state_dir=tmp_path / "state",
+        policy=loaded,
+        trust=Trust(keys=[]),
+        labels={SESSION_LABEL: SESSION_ID},
+        gpu_detector=FakeDetector(found),
+        gpu_lock_dir=tmp_path / "locks",
+    )
+
+
+def _gpu_contract(tmp_path: Path, image_id: str, *, fallback: bool) -> Path:
+    path = write_contract(tmp_path, image_id, environment={"gpu": 1})
+    data = json.loads(path.read_text())
+    data["computeRequirement"]["cpuFallbackAllowed"] = fallback
+    from runner.contract import with_digest
+
+    path.write_text(json.dumps(with_digest(data)))
+    return path
+
+
+@pytest.mark.docker
+def test_engine_without_driver_is_gpu_unavailable(tmp_path: Path, image_id: str) -> None:
+    """The engine accepts the device request and fails at start: the container is removed,
+    the failure is gpu_unavailable, and the device lock is released."""
+    contract = _gpu_contract(tmp_path, image_id, fallback=False)
+    env = orchestrator.run(contract, _options(tmp_path, FAKE[:1]))
+    assert env.failure is not None and env.failure.category == "gpu_unavailable"
+    assert FAKE[0].uuid in env.failure.reason
+    assert env.exitCode is None
+    assert orchestrator.failure_exit_family(env) == "infrastructure"
+    assert _docker("ps", "-aq", "--filter", f"label=org.runner.job-id={env.jobId}").stdout == ""
+    assert list((tmp_path / "locks").glob("*.json")) == []
+
+
+@pytest.mark.docker
+def test_no_gpu_without_fallback_fails_before_starting(tmp_path: Path, image_id: str) -> None:
+    contract = _gpu_contract(tmp_path, image_id, fallback=False)
+    env = orchestrator.run(contract, _options(tmp_path, []))
+    assert env.failure is not None and env.failure.category == "gpu_unavailable"
+    assert env.container is None
+
+
+@pytest.mark.docker
+def test_no_gpu_with_fallback_runs_on_cpu(tmp_path: Path, image_id: str) -> None:
+    contract = _gpu_contract(tmp_path, image_id, fallback=True)
+    env = orchestrator.run(contract, _options(tmp_path, []))
+    assert env.status == "succeeded", env.failure
+    assert env.gpus == [] and env.gpuFallback and "has none" in env.gpuFallback
+    assert any("ran on CPU only" in w for w in env.warnings)
+
+
+@pytest.mark.docker
+def test_policy_without_gpus_and_fallback_runs_on_cpu(tmp_path: Path, image_id: str) -> None:
+    contract = _gpu_contract(tmp_path, image_id, fallback=True)
+    env = orchestrator.run(contract, _options(tmp_path, FAKE, maxima={"gpus": 0}))
+    assert env.status == "succeeded", env.failure
+    assert env.gpuFallback and "policy grants at most 0" in env.gpuFallback
+    strict = (
+        _gpu_contract(tmp_path / "strict", image_id, fallback=False)
+        if ((tmp_path / "strict").mkdir() is None)
+        else None
+    )
+    assert strict is not None
+    refused = orchestrator.run(strict, _options(tmp_path / "strict", FAKE, maxima={"gpus": 0}))
+    assert refused.failure is not None and refused.failure.category == "policy_violation"
