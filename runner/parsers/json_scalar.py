@@ -1,78 +1,58 @@
-"""``json.scalar`` version 1: one number from a JSON document, found by a JSON Pointer.
+"""``json.scalar`` version 1: one value from a JSON document, found by a JSON Pointer.
 
 The evidence file holds one JSON document (a job printing ``{"accuracy": 0.819}`` to a log
-is the usual case). ``pointer`` is an RFC 6901 JSON Pointer into it; the value found must be a
-finite number. ``metric`` and ``unit`` restate what the number means, for the reader.
+is the usual case). ``pointer`` is an RFC 6901 JSON Pointer into it; by default the value found
+must be a finite number (``type`` may ask for an integer, a string or a boolean instead).
+``metric`` and ``unit`` restate what the number means, for the reader.
+
+The document is streamed (``ijson``): a pointer into a 1 GB document does not load it, and
+there is no size cap. The whole document is still read, so it must be exactly one well-formed
+JSON document (UTF-8; ``NaN`` and ``Infinity`` are not JSON). A key given twice on the way to
+the target is refused.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 from typing import Any
 
 from runner.errors import EvidenceParseError
+from runner.parsers._json import POINTER_SCHEMA, Container, find_in_stream, resolve_pointer
+from runner.parsers._values import Value, ValueType, from_json, type_schema
 
-MAX_BYTES = 64 * 1024 * 1024
+__all__ = ["JsonScalar", "read_pointer", "resolve_pointer"]
 
 
-def resolve_pointer(document: Any, pointer: str) -> Any:
-    """Resolve an RFC 6901 JSON Pointer; KeyError/IndexError/TypeError when it does not exist."""
-    if pointer == "":
-        return document
-    node = document
-    for raw in pointer[1:].split("/"):
-        key = raw.replace("~1", "/").replace("~0", "~")  # RFC 6901 escapes
-        if isinstance(node, list):
-            if not key.isdigit() or (key != "0" and key.startswith("0")):
-                raise KeyError(key)
-            node = node[int(key)]
-        elif isinstance(node, dict):
-            node = node[key]
-        else:
-            raise TypeError(f"cannot descend into {type(node).__name__} with {key!r}")
-    return node
+def read_pointer(evidence: Path, pointer: str, value_type: ValueType) -> Value:
+    """The value at ``pointer`` in the streamed JSON document ``evidence``, of ``value_type``."""
+    found = find_in_stream(evidence, [pointer])[0]
+    if not found.exists:
+        raise EvidenceParseError(found.missing(evidence.name))
+    where = f"{evidence.name}: pointer {pointer!r}"
+    if isinstance(found.value, Container):
+        raise EvidenceParseError(f"{where}: found {found.value.kind}, expected a single value")
+    return from_json(found.value, value_type, where)
 
 
 class JsonScalar:
     id = "json.scalar"
     version = "1"
-    description = "A finite number inside one JSON document, selected by an RFC 6901 pointer."
+    description = (
+        "A value inside one JSON document (streamed, any size), selected by an RFC 6901 "
+        "pointer; a finite number unless `type` says otherwise."
+    )
     config_schema: dict[str, Any] = {  # noqa: RUF012 - read-only by convention
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",
         "additionalProperties": False,
         "required": ["pointer"],
         "properties": {
-            "pointer": {"type": "string", "pattern": "^(/.*)?$", "description": "RFC 6901"},
-            "metric": {"type": "string"},
-            "unit": {"type": "string"},
+            "pointer": POINTER_SCHEMA,
+            "metric": {"type": "string", "description": "What the value measures, for readers."},
+            "unit": {"type": "string", "description": "The value's unit, for readers."},
+            "type": type_schema("number", source="json"),
         },
     }
 
     def parse(self, evidence: Path, config: dict[str, Any]) -> float | int | str | bool:
-        size = evidence.stat().st_size
-        if size > MAX_BYTES:
-            raise EvidenceParseError(
-                f"{evidence.name} is {size} bytes; json.scalar@1 reads documents up to 64 MiB"
-            )
-        try:
-            document = json.loads(evidence.read_bytes())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise EvidenceParseError(f"{evidence.name} is not one JSON document: {exc}") from exc
-        pointer = config["pointer"]
-        try:
-            value = resolve_pointer(document, pointer)
-        except (KeyError, IndexError, TypeError) as exc:
-            raise EvidenceParseError(
-                f"pointer {pointer!r} does not exist in {evidence.name}"
-            ) from exc
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise EvidenceParseError(
-                f"pointer {pointer!r} in {evidence.name} holds {json.dumps(value)[:60]}, "
-                "not a number"
-            )
-        if not math.isfinite(value):
-            raise EvidenceParseError(f"pointer {pointer!r} in {evidence.name} is not finite")
-        return value
+        return read_pointer(evidence, config["pointer"], config.get("type", "number"))

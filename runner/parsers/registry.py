@@ -1,11 +1,14 @@
 """The parser registry: parsers are looked up by ``(id, version)``, never by id alone.
 
 A parser declares a JSON Schema for its config; bindings are checked when the contract is
-loaded, so a bad binding refuses the job before any container starts.
+loaded, so a bad binding refuses the job before any container starts. A parser may also have a
+``check_config(config)`` method for what a schema cannot say (a regular expression compiles,
+the group it names exists); it raises :class:`ConfigError`, which refuses the contract too.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -13,6 +16,14 @@ from typing import Any, Protocol
 import jsonschema
 
 from runner.errors import ContractError
+
+
+class ConfigError(ValueError):
+    """A config the schema accepts but the parser cannot use; ``field`` names the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Parser(Protocol):
@@ -66,6 +77,23 @@ def get(parser_id: str, version: str) -> Parser:
     return _REGISTRY.parsers[(parser_id, version)]
 
 
+def catalog() -> list[dict[str, Any]]:
+    """Every registered parser as JSON-ready data, sorted by ``(id, version)``.
+
+    Each entry is ``{"id", "version", "description", "configSchema"}``; the runner writes this
+    list to ``/job/input/parser-catalog.json`` and ``runner parsers`` prints it.
+    """
+    return [
+        {
+            "id": parser.id,
+            "version": parser.version,
+            "description": parser.description,
+            "configSchema": copy.deepcopy(parser.config_schema),
+        }
+        for parser in (_REGISTRY.parsers[key] for key in available())
+    ]
+
+
 def check_binding(binding: _Binding, *, path: str) -> None:
     """Refuse a binding to an unknown parser or with a config its schema rejects."""
     key = (binding.id, binding.version)
@@ -91,3 +119,13 @@ def check_binding(binding: _Binding, *, path: str) -> None:
             hint=f"the config of {binding.id}@{binding.version} is described by its schema: "
             "`runner parsers` lists it",
         )
+    check = getattr(_REGISTRY.parsers[key], "check_config", None)
+    if check is not None:
+        try:
+            check(binding.config)
+        except ConfigError as exc:
+            raise ContractError(
+                str(exc),
+                path=f"{path}.config.{exc.field}",
+                hint=f"fix the config of {binding.id}@{binding.version}",
+            ) from exc

@@ -1,0 +1,133 @@
+"""``regex.scalar`` version 1: a value captured by a regular expression in a text log.
+
+``pattern`` is a Python regular expression (``re``), applied to each line on its own (without
+its line end; ``^`` and ``$`` are the line's start and end). Lines end at ``\\n``, ``\\r\\n`` or
+a lone ``\\r`` (a progress bar redrawn with ``\\r`` is many lines), and are read one at a time,
+up to 1 MiB each, as UTF-8. Every non-overlapping match on every line counts, in file order;
+``occurrence`` picks the ``last`` (default), the ``first`` (reading stops there), or the
+``only`` one (the file must match exactly once). ``group`` (default 1; 0 is the whole match; or
+a group name) is the text taken, then read as ``type``.
+
+A pattern that does not compile, or a group it does not have, is refused when the contract is
+checked, before anything runs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from runner.errors import EvidenceParseError
+from runner.parsers._lines import iter_line_batches
+from runner.parsers._values import from_text, type_schema
+from runner.parsers.registry import ConfigError
+
+
+def compile_config(config: dict[str, Any]) -> tuple[re.Pattern[str], int | str]:
+    """The compiled pattern and the group, or ConfigError naming the field that is wrong."""
+    try:
+        pattern = re.compile(config["pattern"])
+    except re.error as exc:
+        raise ConfigError(
+            "pattern", f"{config['pattern']!r} is not a valid Python regular expression: {exc}"
+        ) from exc
+    group: int | str = config.get("group", 1)
+    if isinstance(group, int):
+        if group > pattern.groups:
+            raise ConfigError(
+                "group",
+                f"group {group} does not exist: {config['pattern']!r} has "
+                f"{pattern.groups} capturing group{'s' if pattern.groups != 1 else ''}",
+            )
+    elif group not in pattern.groupindex:
+        names = ", ".join(pattern.groupindex) or "none"
+        raise ConfigError(
+            "group", f"group {group!r} is not named in {config['pattern']!r} (names: {names})"
+        )
+    return pattern, group
+
+
+class RegexScalar:
+    id = "regex.scalar"
+    version = "1"
+    description = (
+        "A value captured by a Python regular expression, matched line by line in a text log "
+        "(first, last or only match)."
+    )
+    config_schema: dict[str, Any] = {  # noqa: RUF012 - read-only by convention
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["pattern"],
+        "properties": {
+            "pattern": {
+                "type": "string",
+                "minLength": 1,
+                "format": "regex",
+                "description": "A Python `re` regular expression, matched against each line "
+                "separately (no line end; ^ and $ are the line's ends). Checked when the "
+                "contract is loaded.",
+            },
+            "group": {
+                "anyOf": [
+                    {"type": "integer", "minimum": 0},
+                    {"type": "string", "minLength": 1},
+                ],
+                "default": 1,
+                "description": "The capturing group whose text is the value: a number (0 is "
+                "the whole match) or a name from (?P<name>...). Default 1.",
+            },
+            "occurrence": {
+                "enum": ["first", "last", "only"],
+                "default": "last",
+                "description": "Which match, counting every non-overlapping match on every "
+                "line in file order: `first`, `last` (default), or `only` (the file must "
+                "match exactly once).",
+            },
+            "type": type_schema("number", source="text"),
+        },
+    }
+
+    def check_config(self, config: dict[str, Any]) -> None:
+        """Refuse a pattern that does not compile or a group it lacks, before the job runs."""
+        compile_config(config)
+
+    def parse(self, evidence: Path, config: dict[str, Any]) -> float | int | str | bool:
+        name = evidence.name
+        try:
+            pattern, group = compile_config(config)
+        except ConfigError as exc:
+            raise EvidenceParseError(f"{name}: config {exc.field}: {exc}") from exc
+        occurrence: str = config.get("occurrence", "last")
+        chosen: tuple[int, str | None] | None = None  # (line number, group text)
+        count = 0
+        lines: list[int] = []  # the first few lines that matched, for messages
+        search = pattern.search
+        for first, batch in iter_line_batches(evidence, universal=True):
+            for lineno, line in enumerate(batch, first):
+                if search(line) is None:  # the common case, and cheaper than finditer
+                    continue
+                for m in pattern.finditer(line):
+                    count += 1
+                    if len(lines) < 3:
+                        lines.append(lineno)
+                    if occurrence == "last" or count == 1:
+                        chosen = (lineno, m.group(group))
+                if occurrence == "first":
+                    break
+            if occurrence == "first" and chosen is not None:
+                break
+        looked = f"pattern {pattern.pattern!r}"
+        if chosen is None:
+            raise EvidenceParseError(f"{name}: looked for {looked}, found no match")
+        if occurrence == "only" and count != 1:
+            at = ", ".join(map(str, lines)) + (", ..." if count > 3 else "")
+            raise EvidenceParseError(
+                f"{name}: looked for exactly one match of {looked}, found {count} (lines {at})"
+            )
+        lineno, text = chosen
+        where = f"{name} line {lineno}: group {group!r} of {looked}"
+        if text is None:
+            raise EvidenceParseError(f"{where}: the group took no part in the match")
+        return from_text(text, config.get("type", "number"), where)
