@@ -254,6 +254,14 @@ def _overrides(values: list[str]) -> dict[str, float]:
     return out
 
 
+def _runner_key(loaded: LoadedPolicy) -> Path:
+    """The runner's own signing key: the policy's resultSigningKey, else
+    <config>/runner-key/runner.key (made on first use)."""
+    if loaded.policy.resultSigningKey:
+        return Path(loaded.policy.resultSigningKey)
+    return _config_dir() / "runner-key" / "runner.key"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from runner import orchestrator
 
@@ -267,6 +275,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides=_overrides(args.limit),
         rerun=args.rerun,
         bundle=Path(args.bundle) if args.bundle else None,
+        result_key=_runner_key(loaded),
         stop_grace_seconds=args.stop_grace,
         heartbeat_seconds=args.heartbeat,
     )
@@ -624,6 +633,58 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     return EXIT_SUCCEEDED
 
 
+def cmd_parse(args: argparse.Namespace) -> int:
+    from runner import orchestrator, policy
+    from runner.regrade import regrade
+
+    loaded = policy.load(_policy_path(args.policy))
+    envelope = regrade(
+        _job_root(args),
+        latest=args.latest,
+        max_bytes=int(loaded.policy.maxEvidenceMb * 1024 * 1024),
+        result_key=_runner_key(loaded),
+    )
+    data = orchestrator.as_json(envelope)
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(f"revision {envelope.revision} of {envelope.jobId}, re-read from stored evidence")
+        for change in envelope.regrade.changes if envelope.regrade else []:
+            print(f"  changed: {change}")
+        print(_summary(data, Path(envelope.jobDir) / "result.json" if envelope.jobDir else None))
+    return FAMILY_EXIT[orchestrator.failure_exit_family(envelope)]
+
+
+def cmd_verify_result(args: argparse.Namespace) -> int:
+    from runner import attest, signing
+
+    folder = Path(args.trusted_keys) if args.trusted_keys else _config_dir() / "trusted-runner-keys"
+    keys = signing.load_trusted_keys(folder)
+    output = Path(args.output_dir) if args.output_dir else None
+    verified = attest.verify_result(Path(args.statement), keys, output)
+    predicate = verified.statement["predicate"]
+    info = {
+        "valid": True,
+        "signedBy": list(verified.keyids),
+        "jobId": predicate.get("jobId"),
+        "status": predicate.get("status"),
+        "contractDigest": predicate.get("contractDigest"),
+        "subjects": len(verified.statement.get("subject", [])),
+        "subjectsChecked": verified.checked,
+        "measurements": {m["measurementId"]: m["value"] for m in predicate["measurements"]},
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(f"ok: {args.statement} is signed by {', '.join(verified.keyids)}")
+        print(f"  job {info['jobId']} ({info['status']}), contract {info['contractDigest']}")
+        for mid, value in info["measurements"].items():
+            print(f"  {mid} = {value}")
+        checked = f"{verified.checked} of {info['subjects']} files checked against {output}"
+        print(f"  {checked if output else 'files not checked (pass --output-dir)'}")
+    return EXIT_SUCCEEDED
+
+
 def cmd_image_load(args: argparse.Namespace) -> int:
     from runner import images
     from runner.backends.docker import DockerBackend
@@ -644,6 +705,8 @@ def cmd_parsers(args: argparse.Namespace) -> int:
     from runner.parsers import registry
 
     items = registry.catalog()
+    for name, why in registry.broken().items():
+        print(f"runner: parser plug-in {name} failed to load: {why}", file=sys.stderr)
     if args.json:
         print(json.dumps(items, indent=2))
         return EXIT_SUCCEEDED
@@ -872,6 +935,42 @@ def build_parser() -> argparse.ArgumentParser:
     sign.add_argument("--job-id", metavar="ID", help="stamp this job id into the contract")
     sign.add_argument("--json", action="store_true")
     sign.set_defaults(func=cmd_sign)
+
+    parse = sub.add_parser(
+        "parse",
+        help="re-grade a finished job from its stored evidence, running nothing",
+        description="Re-read the job's evidence with the parser versions its envelope records "
+        "(or, with --latest, the newest registered versions, listing what changed) and write a "
+        "new envelope revision. Refused if the evidence no longer hashes to what was recorded.",
+    )
+    parse.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
+    parse.add_argument("--state-dir", metavar="DIR")
+    parse.add_argument(
+        "--latest",
+        action="store_true",
+        help="use the newest registered parser versions, marking the changes",
+    )
+    parse.add_argument("--policy", metavar="FILE", help="host policy (evidence size cap, key)")
+    parse.add_argument("--json", action="store_true")
+    parse.set_defaults(func=cmd_parse)
+
+    vres = sub.add_parser(
+        "verify-result",
+        help="check a signed result (result.intoto.json) and, optionally, its files",
+        description="Verify the in-toto statement's DSSE signature against trusted runner keys "
+        "and, with --output-dir, the SHA-256 of every file it names.",
+        epilog="The runner's own public key is <config>/runner-key/runner.pub; an auditor "
+        "trusts it with: runner trust runner.pub --trusted-keys <config>/trusted-runner-keys",
+    )
+    vres.add_argument("statement", metavar="FILE", help="a job's result.intoto.json")
+    vres.add_argument("--output-dir", metavar="DIR", help="the job's output folder")
+    vres.add_argument(
+        "--trusted-keys",
+        metavar="DIR",
+        help="trusted runner keys (default <config>/trusted-runner-keys)",
+    )
+    vres.add_argument("--json", action="store_true")
+    vres.set_defaults(func=cmd_verify_result)
 
     image = sub.add_parser("image", help="offline image bundles")
     image_sub = image.add_subparsers(dest="image_command", required=True, metavar="ACTION")

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,6 +63,38 @@ class EvidenceRef(_Model):
     path: str = Field(description="Relative to the job's output folder.")
     sha256: str
     size: int
+
+
+class FileRef(_Model):
+    """A file under the job's output folder, hashed."""
+
+    path: str = Field(description="Relative to the job's output folder.")
+    exists: bool = True
+    sha256: str | None = None
+    size: int | None = None
+    problem: str | None = Field(default=None, description="Why it could not be hashed.")
+
+
+class AgentResultRecord(_Model):
+    """The job's own result.json: its claim, kept apart from the runner's verdict."""
+
+    valid: bool = Field(description="Schema-valid, and every file it lists exists.")
+    problems: list[str] = Field(default_factory=list)
+    claim: dict[str, Any] | None = Field(
+        default=None, description="The result.json content, when it parsed against its schema."
+    )
+    file: FileRef
+    listed: list[FileRef] = Field(
+        default_factory=list, description="The evidence and output files it lists, hashed."
+    )
+
+
+class Regrade(_Model):
+    """How this envelope revision re-read stored evidence without running anything."""
+
+    at: str
+    parserVersions: Literal["recorded", "latest"]
+    changes: list[str] = Field(default_factory=list, description="Parser versions that changed.")
 
 
 class MeasurementResult(_Model):
@@ -167,30 +199,64 @@ class BudgetRecord(_Model):
 class ResultEnvelope(_Model):
     """The runner's account of one job."""
 
-    schemaVersion: Literal["1.0"] = "1.0"
-    kind: Literal["runner.result-envelope"] = "runner.result-envelope"
-    runnerVersion: str
-    jobId: str | None
-    contractName: str | None = None
-    contractDigest: str | None
-    status: Literal["succeeded", "failed", "partial"]
-    failure: Failure | None
+    schemaVersion: Literal["1.0"] = Field(default="1.0", description="This format's version.")
+    kind: Literal["runner.result-envelope"] = Field(
+        default="runner.result-envelope", description="What this document is."
+    )
+    runnerVersion: str = Field(description="The runner that wrote it.")
+    jobId: str | None = Field(description="The job; null when refused before it had one.")
+    contractName: str | None = Field(default=None, description="The contract's `name`.")
+    contractDigest: str | None = Field(description="sha256 (RFC 8785) of the contract that ran.")
+    status: Literal["succeeded", "failed", "partial"] = Field(
+        description="partial: the job exited 0 and some, not all, measurements were read."
+    )
+    failure: Failure | None = Field(
+        description="null on success; else category, stage, retryable and a reason."
+    )
     exitCode: int | None = Field(description="The job's own exit code; null if it never ran.")
-    image: ImageRecord | None
-    measurements: list[MeasurementResult]
-    measurementErrors: list[MeasurementError] = Field(default_factory=list)
-    limits: AppliedLimits | None
-    container: ContainerRecord | None = None
-    timings: Timings
-    signature: SignatureRecord | None = None
-    policy: PolicyRecord | None = None
-    warnings: list[str] = Field(default_factory=list)
-    budget: BudgetRecord | None = None
+    image: ImageRecord | None = Field(
+        description="Reference, image id, repo digest, platform, size and where it came from."
+    )
+    measurements: list[MeasurementResult] = Field(
+        description="Each value with its parser (id, version) and its evidence (path, sha256)."
+    )
+    measurementErrors: list[MeasurementError] = Field(
+        default_factory=list, description="Measurements that could not be read, and why."
+    )
+    limits: AppliedLimits | None = Field(description="The caps applied to the container.")
+    container: ContainerRecord | None = Field(
+        default=None, description="The container of the attempt that produced this result."
+    )
+    timings: Timings = Field(description="Runner start and end; staging, image, run seconds.")
+    signature: SignatureRecord | None = Field(
+        default=None, description="Who signed the contract (or `none`), and its validity."
+    )
+    policy: PolicyRecord | None = Field(
+        default=None, description="The host policy that applied: source, digest, maxima."
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description="Things a reader must know (unsigned, CPU fallback...)."
+    )
+    budget: BudgetRecord | None = Field(
+        default=None, description="The runtime budget across every attempt, from the ledger."
+    )
+    logs: list[FileRef] = Field(default_factory=list, description="stdout and stderr, hashed.")
+    agentResult: AgentResultRecord | None = Field(
+        default=None, description="The job's own /job/output/result.json, if it wrote one."
+    )
+    revision: int = Field(default=1, description="1 from the run; +1 for each `runner parse`.")
+    regrade: Regrade | None = Field(
+        default=None, description="How a `runner parse` revision re-read the evidence."
+    )
     gpus: list[GpuRecord] = Field(default_factory=list, description="GPUs given to the job.")
     gpuFallback: str | None = Field(
         default=None,
         description="Why a contract asking for GPUs ran on CPU only (it allowed a CPU fallback).",
     )
     jobDir: str | None = Field(default=None, description="Host folder holding the job's files.")
-    stdoutPath: str | None = Field(default=None, description="Relative to the output folder.")
-    stderrPath: str | None = None
+    stdoutPath: str | None = Field(
+        default=None, description="The job's stdout file, relative to the output folder."
+    )
+    stderrPath: str | None = Field(
+        default=None, description="The job's stderr file, relative to the output folder."
+    )

@@ -20,15 +20,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from runner import container, evidence, gpus, images, plan, policy, staging
+from runner import agent_result, attest, container, evidence, gpus, images, plan, policy, staging
 from runner.backends.base import Backend, ContainerState
 from runner.container import Outcome, Progress, Watch
 from runner.contract import Trust, VerifiedContract, load_contract
 from runner.envelope import (
+    AgentResultRecord,
     AppliedLimits,
     BudgetRecord,
     ContainerRecord,
     Failure,
+    FileRef,
     GpuRecord,
     ImageRecord,
     MeasurementError,
@@ -86,6 +88,9 @@ class RunOptions:
     """How GPUs are found (NVML, else nvidia-smi); tests of pure logic pass their own."""
     gpu_lock_dir: Path | None = None
     """Where device locks live (default <state dir>/gpu-locks); share it across runners."""
+    result_key: Path | None = None
+    """The runner's own signing key; when set, result.intoto.json is written beside the
+    envelope (the key is made on first use)."""
     bundle: Path | None = None
     """A `docker save` tarball to load the pinned image from when it is not here."""
     heartbeat_seconds: float = 5.0
@@ -114,6 +119,8 @@ class _Run:
     budget: BudgetRecord | None = None
     gpus: list[GpuRecord] = field(default_factory=list)
     gpu_fallback: str | None = None
+    logs: list[FileRef] = field(default_factory=list)
+    agent_result: AgentResultRecord | None = None
     written: bool = False
     """The envelope is already in the job directory (or is the finished job's own)."""
 
@@ -196,6 +203,8 @@ class _Run:
                 "warnings": self.warnings,
                 "budget": self.budget,
                 "gpus": self.gpus,
+                "logs": self.logs,
+                "agentResult": self.agent_result,
                 "gpuFallback": self.gpu_fallback,
                 "jobDir": str(self.job.root) if self.job else None,
                 "stdoutPath": p.stdout_path if p else None,
@@ -226,7 +235,7 @@ def _failure(stage: Stage, exc: RunnerError) -> Failure:
 
 
 @contextlib.contextmanager
-def _job_lock(job: staging.JobDir) -> Iterator[None]:
+def job_lock(job: staging.JobDir) -> Iterator[None]:
     """One runner per job directory at a time: a second is refused, never run beside it."""
     handle: IO[str] = (job.record / "lock").open("a+")
     try:
@@ -314,7 +323,7 @@ def _execute(
         )
     r.stage = "stage"
     job = staging.prepare(opts.state_dir / "jobs" / p.job_id)
-    with _job_lock(job):
+    with job_lock(job):
         r.job = job
         if backend is None:
             from runner.backends.docker import DockerBackend
@@ -401,8 +410,16 @@ def _execute_locked(
         remainingSeconds=round(max(limit - st.consumed, 0.0), 3),
         attempts=attempt,
     )
+    pol = opts.policy.policy
+    max_bytes = int(pol.maxEvidenceMb * 1024 * 1024)
     with r.timed("parsers"):
-        results, errors = evidence.read_measurements(job.output, contract)
+        results, errors = evidence.read_measurements(job.output, contract, max_bytes)
+        r.logs = evidence.hash_logs(job.output, [p.stdout_path, p.stderr_path])
+        r.agent_result = agent_result.read(job.output, max_bytes)
+    if r.agent_result is not None and not r.agent_result.valid:
+        r.warnings.append(
+            "the job's result.json is not trustworthy: " + "; ".join(r.agent_result.problems)
+        )
     status = "failed" if failure else "succeeded"
     if failure is None and errors:
         first = errors[0]
@@ -413,6 +430,8 @@ def _execute_locked(
     envelope = r.envelope(failure, results, errors, status)
     write_envelope(job, envelope)
     r.written = True
+    if opts.result_key is not None:
+        attest.sign_result(envelope, job.root, opts.result_key)
     final = failure.category if failure and failure.stage == "container" else "succeeded"
     if final in FINAL:
         digest = hashlib.sha256(job.envelope.read_bytes()).hexdigest()

@@ -80,6 +80,14 @@ class HostPolicy(BaseModel):
         description="Registries reached over plain HTTP besides loopback ones (as the engine's "
         "own insecure-registries).",
     )
+    maxEvidenceMb: float = Field(
+        default=16384, gt=0, description="Evidence files larger than this are refused, not read."
+    )
+    resultSigningKey: str | None = Field(
+        default=None,
+        description="The runner's own Ed25519 key for signing results (default: "
+        "<config>/runner-key/runner.key, made on first use).",
+    )
     registryRetrySeconds: float = Field(
         default=120, gt=0, description="How long transient registry failures are retried."
     )

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.agent_result import AgentResult
 from runner.contract.models import ExecutionContract
 from runner.envelope import ResultEnvelope
 from runner.ledger import LedgerEvent
@@ -19,7 +21,32 @@ from runner.policy import HostPolicy
 
 CONTRACTS = Path(__file__).resolve().parent.parent / "contracts"
 README = CONTRACTS.parent / "README.md"
-BEGIN, END = "<!-- parser-catalog:begin -->", "<!-- parser-catalog:end -->"
+
+
+def envelope_fields_markdown() -> str:
+    """The README's table of result-envelope fields, from the envelope's JSON Schema."""
+    schema = ResultEnvelope.model_json_schema(mode="serialization")
+    required = set(schema.get("required", []))
+    rows = ["| field | type | meaning |", "|---|---|---|"]
+    for name, prop in schema["properties"].items():
+        kind = _type_name(prop)
+        flag = "" if name in required else " (optional)"
+        rows.append(f"| `{name}`{flag} | {kind} | {prop.get('description', '')} |")
+    return "\n".join(rows) + "\n"
+
+
+def _type_name(prop: dict[str, Any]) -> str:
+    if "$ref" in prop:
+        return f"`{prop['$ref'].rsplit('/', 1)[-1]}`"
+    if "anyOf" in prop:
+        return " or ".join(_type_name(p) for p in prop["anyOf"])
+    if prop.get("type") == "array":
+        return f"list of {_type_name(prop.get('items', {}))}"
+    if "enum" in prop:
+        return " \\| ".join(f"`{v}`" for v in prop["enum"])
+    if "const" in prop:
+        return f"`{prop['const']}`"
+    return str(prop.get("type", "any"))
 
 
 def parser_catalog_markdown() -> str:
@@ -39,10 +66,20 @@ def parser_catalog_markdown() -> str:
     return "\n".join(out)
 
 
-def _readme_with_catalog(text: str) -> str:
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{parser_catalog_markdown()}{END}{tail}"
+def readme_with_blocks(text: str) -> str:
+    """README text with every generated block (between its markers) brought up to date."""
+    blocks: dict[str, Callable[[], str]] = {
+        "parser-catalog": parser_catalog_markdown,
+        "envelope-fields": envelope_fields_markdown,
+    }
+    for name, render in blocks.items():
+        begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+        if begin not in text:
+            continue
+        head, _, rest = text.partition(begin)
+        _, _, tail = rest.partition(end)
+        text = f"{head}{begin}\n{render()}{end}{tail}"
+    return text
 
 
 def schemas() -> dict[str, dict[str, Any]]:
@@ -52,6 +89,7 @@ def schemas() -> dict[str, dict[str, Any]]:
         ("result-envelope.schema.json", ResultEnvelope, "Result envelope"),
         ("host-policy.schema.json", HostPolicy, "Host policy"),
         ("ledger-event.schema.json", LedgerEvent, "Budget ledger event"),
+        ("agent-result.schema.json", AgentResult, "The job's own result.json"),
     ):
         schema = model.model_json_schema(mode="validation")
         schema = {
@@ -80,12 +118,11 @@ def main(argv: list[str]) -> int:
         else:
             path.write_text(text)
     readme = README.read_text()
-    if BEGIN in readme:
-        wanted = _readme_with_catalog(readme)
-        if check and wanted != readme:
-            stale.append("README.md parser catalog")
-        elif not check:
-            README.write_text(wanted)
+    wanted = readme_with_blocks(readme)
+    if check and wanted != readme:
+        stale.append("README.md generated blocks (parser catalog, envelope fields)")
+    elif not check and wanted != readme:
+        README.write_text(wanted)
     if stale:
         print("stale schemas (run `python -m runner.schemas`): " + ", ".join(stale))
         return 1

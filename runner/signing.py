@@ -151,18 +151,22 @@ class VerifiedPayload:
 
 
 def verify_envelope(
-    envelope: dict[str, Any], trusted: list[TrustedKey], threshold: int
+    envelope: dict[str, Any],
+    trusted: list[TrustedKey],
+    threshold: int,
+    payload_type: str = PAYLOAD_TYPE,
 ) -> VerifiedPayload:
     """Verify a DSSE envelope; return the payload bytes that verified, or raise
     :class:`SignatureInvalid` saying why."""
     unknown = set(envelope) - {"payloadType", "payload", "signatures"}
     if unknown:
         raise SignatureInvalid(f"the envelope has unknown fields: {', '.join(sorted(unknown))}")
-    payload_type = envelope.get("payloadType")
-    if payload_type != PAYLOAD_TYPE:
+    found = envelope.get("payloadType")
+    if found != payload_type:
         raise SignatureInvalid(
-            f"payloadType is {payload_type!r}, expected {PAYLOAD_TYPE!r}",
-            hint="only execution contracts signed with `runner sign` are accepted",
+            f"payloadType is {found!r}, expected {payload_type!r}",
+            hint="only envelopes of that type (signed with `runner sign`, or by a runner) "
+            "are accepted",
         )
     payload = _b64(envelope.get("payload"), "payload")
     signatures = envelope.get("signatures")

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -263,16 +264,25 @@ def test_missing_image_is_image_unavailable(tmp_path: Path, image_id: str) -> No
     assert env["failure"]["category"] == "image_unavailable"
 
 
-def test_image_id_mismatch_is_refused(tmp_path: Path, image_id: str) -> None:
+def test_unreachable_registry_is_retried_within_its_bound(tmp_path: Path, image_id: str) -> None:
+    """A registry that never answers is retried for registryRetrySeconds, then the job fails
+    image_unavailable (retryable), with nothing started."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"registryRetrySeconds": 2}))
     contract = write_contract(
-        tmp_path,
-        "runner-cpu@sha256:" + "1" * 64,
-        command=["true"],
-        environment={"imageId": image_id},
+        tmp_path, f"127.0.0.1:{port}/runner/toy@sha256:" + "1" * 64, command=["true"]
     )
-    code, env, _ = run_job(contract, tmp_path / "state")
-    assert code in (3, 4), env
-    assert env["failure"]["category"] in ("image_unavailable", "image_digest_mismatch")
+    t0 = time.monotonic()
+    code, env, _ = run_job(contract, tmp_path / "state", "--policy", str(policy))
+    assert time.monotonic() - t0 < 30
+    assert code == 4
+    assert env["failure"]["category"] == "image_unavailable"
+    assert env["failure"]["retryable"] is True
+    assert "kept failing for 2 s" in env["failure"]["reason"]
+    assert env["container"] is None
 
 
 def test_unreachable_engine_is_infrastructure(tmp_path: Path, image_id: str) -> None:

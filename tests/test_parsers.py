@@ -262,3 +262,41 @@ def test_agent_result_refusals(
     path.write_text(json.dumps(doc))
     with pytest.raises(EvidenceParseError, match=message):
         AGENT.parse(path, config)
+
+
+def test_third_party_parsers_register_through_entry_points(tmp_path: Path) -> None:
+    """A package declaring a `runner.parsers` entry point shows up in `runner parsers`; a
+    broken one is reported, not silently dropped."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    (site / "lab_parsers-0.1.dist-info").mkdir(parents=True)
+    (site / "lab_parsers.py").write_text(
+        "class Const:\n"
+        "    id = 'lab.const'\n"
+        "    version = '3'\n"
+        "    description = 'always 42'\n"
+        "    config_schema = {'type': 'object', 'additionalProperties': False}\n"
+        "    def parse(self, evidence, config):\n"
+        "        return 42\n"
+    )
+    info = site / "lab_parsers-0.1.dist-info"
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-parsers\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[runner.parsers]\nconst = lab_parsers:Const\nbroken = lab_parsers:Missing\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner", "parsers", "list", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ids = {(p["id"], p["version"]) for p in json.loads(proc.stdout)}
+    assert ("lab.const", "3") in ids and ("json.scalar", "1") in ids
+    assert "plug-in broken failed to load" in proc.stderr

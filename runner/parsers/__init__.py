@@ -10,7 +10,14 @@ Every parser streams its evidence file: memory stays bounded whatever the file's
 - ``agent.result@1``: a value from the agent's own result file (default: its status).
 
 ``registry.catalog()`` lists them with their config schemas.
+
+Third-party parsers register through the ``runner.parsers`` entry-point group: each entry
+point names a parser class (instantiated without arguments) or object with ``id``,
+``version``, ``description``, ``config_schema`` and ``parse``. A broken plug-in is reported
+when the parsers are listed or a contract names it, never silently dropped.
 """
+
+from importlib.metadata import entry_points
 
 from runner.parsers import registry
 from runner.parsers.agent_result import AgentResult
@@ -30,4 +37,19 @@ for _parser in (
 ):
     registry.register(_parser)
 
-__all__ = ["registry"]
+ENTRY_POINT_GROUP = "runner.parsers"
+
+
+def _load_plugins() -> None:
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            loaded = point.load()
+            parser = loaded() if isinstance(loaded, type) else loaded
+            registry.register(parser)
+        except Exception as exc:  # noqa: BLE001 - a plug-in's failure is recorded, not fatal
+            registry.record_broken(point.name, f"{point.value}: {type(exc).__name__}: {exc}")
+
+
+_load_plugins()
+
+__all__ = ["ENTRY_POINT_GROUP", "registry"]

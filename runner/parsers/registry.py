@@ -67,6 +67,18 @@ def register(parser: Parser) -> Parser:
     return parser
 
 
+_BROKEN: dict[str, str] = {}
+
+
+def record_broken(name: str, why: str) -> None:
+    """A plug-in that failed to load; shown by ``runner parsers`` and in refusals."""
+    _BROKEN[name] = why
+
+
+def broken() -> dict[str, str]:
+    return dict(_BROKEN)
+
+
 def available() -> list[tuple[str, str]]:
     """Every registered ``(id, version)``, sorted."""
     return sorted(_REGISTRY.parsers)
@@ -99,10 +111,11 @@ def check_binding(binding: _Binding, *, path: str) -> None:
     key = (binding.id, binding.version)
     if key not in _REGISTRY.parsers:
         listing = ", ".join(f"{i}@{v}" for i, v in available()) or "none"
+        plugins = "".join(f"; plug-in {n} failed to load ({w})" for n, w in _BROKEN.items())
         raise ContractError(
             f"no parser {binding.id!r} version {binding.version!r} is registered",
             path=path,
-            hint=f"use one of: {listing}",
+            hint=f"use one of: {listing}{plugins}",
         )
     validator = jsonschema.Draft202012Validator(_REGISTRY.parsers[key].config_schema)
     errors = sorted(validator.iter_errors(binding.config), key=lambda e: list(e.absolute_path))

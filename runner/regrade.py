@@ -1,0 +1,120 @@
+"""``runner parse JOB``: re-read a finished job's stored evidence, running nothing.
+
+By default each measurement is parsed again with the parser version its envelope records, so
+the values must come out the same; ``latest`` uses the newest registered version of each
+parser instead and records which versions changed. The stored evidence must still hash to what
+the envelope recorded, or nothing is re-read. The result is a new envelope revision; the old
+one is kept under ``record/``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from runner import agent_result, attest, evidence, staging
+from runner.contract import parse_json, verify_data
+from runner.envelope import Failure, Regrade, ResultEnvelope
+from runner.errors import EvidenceError, RefusedError
+from runner.parsers import registry
+
+
+class EvidenceChanged(RefusedError):
+    """The stored evidence no longer hashes to what the envelope recorded."""
+
+    category = "parse_error"
+
+
+def _version_key(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (-1, version)
+
+
+def latest_version(parser_id: str) -> str:
+    versions = [v for pid, v in registry.available() if pid == parser_id]
+    return max(versions, key=_version_key)
+
+
+def regrade(
+    job_root: Path, *, latest: bool, max_bytes: int, result_key: Path | None
+) -> ResultEnvelope:
+    """Re-read the job's evidence into a new envelope revision (under the job's lock)."""
+    from runner.orchestrator import job_lock
+
+    job = staging.JobDir(job_root)
+    with job_lock(job):
+        return _regrade(job, latest=latest, max_bytes=max_bytes, result_key=result_key)
+
+
+def _regrade(
+    job: staging.JobDir, *, latest: bool, max_bytes: int, result_key: Path | None
+) -> ResultEnvelope:
+    job_root = job.root
+    if not job.envelope.exists():
+        raise RefusedError(
+            f"{job_root} has no result.json to re-grade",
+            hint="run the job first; `runner status JOB` shows where it stands",
+        )
+    old = ResultEnvelope.model_validate_json(job.envelope.read_bytes())
+    raw = (job.input / "task.json").read_bytes()
+    contract = verify_data(parse_json(raw, "input/task.json"), raw, job.input, "input/task.json")
+    if contract.digest != old.contractDigest:
+        raise RefusedError(
+            f"input/task.json hashes to {contract.digest}, the envelope says {old.contractDigest}",
+            hint="the staged contract was changed; re-grading needs the contract that ran",
+        )
+    for m in old.measurements:
+        try:
+            path = staging.resolve_inside(job.output, m.evidence.path)
+            digest, _ = staging.sha256_file(path)
+        except (EvidenceError, OSError) as exc:
+            raise EvidenceChanged(f"{m.evidence.path} cannot be read any more: {exc}") from exc
+        if f"sha256:{digest}" != m.evidence.sha256:
+            raise EvidenceChanged(
+                f"{m.evidence.path} now hashes to sha256:{digest}; the envelope recorded "
+                f"{m.evidence.sha256}",
+                hint="the evidence was changed after the run; nothing was re-read",
+            )
+    recorded = {m.measurementId: m.parser.version for m in old.measurements}
+    versions: dict[str, str] = {}
+    changes: list[str] = []
+    for binding in contract.model.measurements:
+        mid, pid = binding.measurementId, binding.parser.id
+        was = recorded.get(mid, binding.parser.version)
+        now = latest_version(pid) if latest else was
+        versions[mid] = now
+        if now != was:
+            changes.append(f"{mid}: {pid} version {was} -> {now}")
+    results, errors = evidence.read_measurements(job.output, contract, max_bytes, versions)
+    failure, status = old.failure, old.status
+    if old.failure is None or old.failure.stage == "parsers":
+        failure, status = None, "succeeded"
+        if errors:
+            failure = Failure(
+                category=errors[0].category,
+                stage="parsers",
+                retryable=False,
+                reason=errors[0].reason,
+            )
+            status = "partial" if results else "failed"
+    new = old.model_copy(
+        update={
+            "measurements": results,
+            "measurementErrors": errors,
+            "failure": failure,
+            "status": status,
+            "agentResult": agent_result.read(job.output, max_bytes),
+            "revision": old.revision + 1,
+            "regrade": Regrade(
+                at=datetime.now(UTC).isoformat(timespec="seconds"),
+                parserVersions="latest" if latest else "recorded",
+                changes=changes,
+            ),
+        }
+    )
+    new = ResultEnvelope.model_validate(new.model_dump())
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    job.envelope.replace(job.record / f"result-{stamp}.json")
+    staging.atomic_write(job.envelope, (new.model_dump_json(indent=2) + "\n").encode())
+    if result_key is not None:
+        attest.sign_result(new, job.root, result_key)
+    return new
