@@ -31,9 +31,11 @@ exit codes:
   1    the job ran and failed: non-zero exit, OOM, timeout, missing or unparseable evidence
        (also a 'partial' result, where some measurements were read)
   2    the command line was wrong
-  3    refused before anything ran: invalid contract, policy violation, ambiguous protocol,
-       image digest mismatch, job id already finished
-  4    infrastructure: the engine is unreachable, the image is not here, the runner failed
+  3    refused before anything ran: invalid contract, bad or missing signature, policy
+       violation, ambiguous protocol, image digest mismatch
+  4    infrastructure: the engine is unreachable, the image is not here, no GPU to give,
+       the host's policy or keys are broken, the runner failed
+  (a job that already finished prints its stored envelope and exits with its code)
   130  interrupted (Ctrl-C or SIGTERM); the container was stopped and an envelope written
 """
 
@@ -56,12 +58,20 @@ def _state_dir(arg: str | None) -> Path:
     return Path(platformdirs.user_state_dir("runner"))
 
 
+def _usage(message: str) -> NoReturn:
+    """A command-line mistake: say so and exit 2, as argparse does."""
+    print(f"runner: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
 def _labels(values: list[str]) -> dict[str, str]:
     out = {}
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"runner: --label wants KEY=VALUE, got {item!r}")
+            _usage(f"--label wants KEY=VALUE, got {item!r}")
+        if key.startswith("org.runner."):
+            _usage(f"--label {key}: the org.runner. labels are the runner's own")
         out[key] = value
     return out
 
@@ -248,9 +258,9 @@ def _overrides(values: list[str]) -> dict[str, float]:
         try:
             out[key] = float(value)
         except ValueError:
-            raise SystemExit(f"runner: --limit wants KEY=NUMBER, got {item!r}") from None
+            _usage(f"--limit wants KEY=NUMBER, got {item!r}")
         if not sep:
-            raise SystemExit(f"runner: --limit wants KEY=NUMBER, got {item!r}")
+            _usage(f"--limit wants KEY=NUMBER, got {item!r}")
     return out
 
 
@@ -265,7 +275,15 @@ def _runner_key(loaded: LoadedPolicy) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     from runner import orchestrator
 
-    loaded, trust = _host(args)
+    try:
+        loaded, trust = _host(args)
+    except RunnerError as exc:
+        # Even a host misconfiguration ends in an envelope under --json.
+        envelope = orchestrator.refused(exc, stage="policy")
+        if args.json:
+            print(json.dumps(orchestrator.as_json(envelope), indent=2))
+        print(f"runner: {exc.category}: {exc}", file=sys.stderr)
+        return FAMILY_EXIT[orchestrator.failure_exit_family(envelope)]
     options = orchestrator.RunOptions(
         state_dir=_state_dir(args.state_dir),
         job_id=args.job_id,
@@ -408,9 +426,7 @@ def _duration(text: str) -> float:
             return float(text[:-1]) * _UNITS[unit]
         return float(text)
     except ValueError:
-        raise SystemExit(
-            f"runner: a duration looks like 90s, 30m, 24h or 7d; got {text!r}"
-        ) from None
+        _usage(f"a duration looks like 90s, 30m, 24h or 7d; got {text!r}")
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
@@ -485,8 +501,10 @@ def cmd_pin(args: argparse.Namespace) -> int:
         from runner.errors import ContractError
 
         raise ContractError("must be an object to pin an image into", path="$.environment")
-    name = args.image.split("@", 1)[0]
-    digests = [d for d in info.repo_digests if d.split("@", 1)[0] == name.rsplit(":", 1)[0]]
+    from runner.images import repository_of
+
+    name = repository_of(args.image.split("@", 1)[0])
+    digests = [d for d in info.repo_digests if d.split("@", 1)[0] == name]
     env["image"] = digests[0] if digests else info.id
     env["imageId"] = info.id
     pinned = with_digest(data)
@@ -557,11 +575,13 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from runner.ledger import Ledger
+    from runner.ledger import read_state
 
     root = _job_root(args)
-    led = Ledger.open(root / "record" / "ledger.jsonl")
-    st = led.state
+    path = root / "record" / "ledger.jsonl"
+    if not path.exists():
+        raise RefusedError(f"{path} does not exist: the job never got past its refusal")
+    st = read_state(path)  # an onlooker: never repairs or locks a ledger a runner may be writing
     in_flight = st.in_flight
     if st.finished is not None:
         state = f"finished ({st.finished.get('status')})"
@@ -1067,4 +1087,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
         # The reader went away (`runner parsers | head`): not an error worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_SUCCEEDED
+    except Exception as exc:  # noqa: BLE001 - a bug is the runner's failure, never the job's
+        import traceback
+
+        traceback.print_exc()
+        print(
+            f"runner: infrastructure: internal error {type(exc).__name__}: {exc}", file=sys.stderr
+        )
+        code = EXIT_INFRASTRUCTURE
     sys.exit(code)

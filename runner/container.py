@@ -7,6 +7,7 @@ attempt's container by its deterministic name and reattaches to it, or records h
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Callable
@@ -17,7 +18,13 @@ from typing import Protocol
 
 from runner import staging
 from runner.backends.base import Backend, ContainerSpec, ContainerState, Mount
-from runner.errors import ContainerVanished, GpuUnavailable, InfrastructureError
+from runner.errors import (
+    ContainerVanished,
+    EngineUnavailable,
+    GpuUnavailable,
+    InfrastructureError,
+    RunnerError,
+)
 from runner.ledger import Attempt
 from runner.plan import ExecutionPlan
 
@@ -144,17 +151,26 @@ def finish(
     how: str = "observed",
     log_max_bytes: int = 1024 * 1024,
 ) -> Outcome:
-    """Make sure it is dead, keep its final state and engine log, remove it."""
-    try:
+    """Make sure it is dead and keep its final state and engine log. The container is left for
+    the caller to remove once the attempt's end is in the ledger: a runner dying in between
+    then finds the end recorded, not a vanished container to run again."""
+    state = backend.state(container_id)
+    if state.running:
+        backend.kill(container_id)
         state = backend.state(container_id)
-        if state.running:
-            backend.kill(container_id)
-            state = backend.state(container_id)
-        staging.write_json(record_dir / "container-state.json", state.raw)
+    staging.write_json(record_dir / "container-state.json", state.raw)
+    # The engine's log is a convenience; the job's own logs are in output/.
+    with contextlib.suppress(InfrastructureError):
         backend.save_logs(container_id, record_dir / "engine.log", log_max_bytes)
-    finally:
-        backend.remove(container_id)
     return Outcome(state, container_id, name, seconds, timed_out, cancelled, how)
+
+
+class NotStarted(Exception):
+    """An attempt whose container never started; ``cause`` is why. Its container is removed."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 def run_attempt(
@@ -165,26 +181,33 @@ def run_attempt(
     progress: Progress,
     on_created: Callable[[str], None],
 ) -> Outcome:
-    """A new attempt: create, record its id (``on_created``), start, watch, finish."""
-    container_id = backend.create(container)
-    seconds = 0.0
-    timed_out = cancelled = False
+    """A new attempt: create, record its id (``on_created``), start, watch, finish.
+
+    Raises :class:`NotStarted` when the container never ran (it is removed). Once it runs, an
+    unreachable engine leaves it in place and in flight: the next `runner run` reattaches."""
+    try:
+        container_id = backend.create(container)
+    except (RunnerError, KeyboardInterrupt) as exc:
+        raise NotStarted(exc) from exc
     try:
         on_created(container_id)
-        try:
-            backend.start(container_id)
-        except InfrastructureError as exc:
-            if not container.gpu_ids:
-                raise
+        backend.start(container_id)
+    except (RunnerError, KeyboardInterrupt) as exc:
+        backend.remove(container_id)
+        if container.gpu_ids and type(exc) is InfrastructureError:
             # Without a GPU driver the engine accepts the device request at create and fails
-            # at start: that is the host lacking GPUs, not the engine failing.
-            raise GpuUnavailable(
+            # at start (an engine error, not an unreachable engine): the host lacks GPUs.
+            exc = GpuUnavailable(
                 "the engine could not start the container with GPU(s) "
                 f"{', '.join(container.gpu_ids)}: {exc.message}",
                 hint="install the NVIDIA driver and container toolkit on this host, or run the "
                 "job on a GPU host",
-            ) from exc
+            )
+        raise NotStarted(exc) from exc
+    try:
         timed_out, cancelled, seconds = watch(backend, container_id, w, progress)
+    except EngineUnavailable:
+        raise  # the container may well run on; the ledger keeps it in flight for a reattach
     except BaseException:
         backend.remove(container_id)
         raise

@@ -19,6 +19,7 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
     ├── GpuUnavailable               gpu_unavailable: no GPU to give, and no CPU fallback  (exit 4)
     ├── InfrastructureError          infrastructure: the runner or the engine failed      (exit 4)
+    │   ├── HostConfigError          the host's policy file or trusted keys are broken
     │   ├── EngineUnavailable        the Docker engine cannot be reached
     │   └── ContainerVanished        the job's container disappeared under us
     └── EvidenceError                the job ran, its evidence could not be read          (exit 1)
@@ -121,7 +122,8 @@ class GpuUnavailable(RunnerError):
 
 
 class ImageUnavailable(RunnerError):
-    """The pinned image is not present locally (pulling comes with a later version)."""
+    """The pinned image is not here and could not be pulled or loaded, or it is built for
+    another platform."""
 
     category = "image_unavailable"
 
@@ -131,6 +133,12 @@ class InfrastructureError(RunnerError):
 
     category = "infrastructure"
     retryable = True
+
+
+class HostConfigError(InfrastructureError):
+    """This host's own configuration (policy file, trusted keys) is unreadable or invalid."""
+
+    retryable = False
 
 
 class EngineUnavailable(InfrastructureError):

@@ -54,7 +54,7 @@ class ImageInfo:
     size: int
 
 
-def _repository(name: str) -> str:
+def repository_of(name: str) -> str:
     """``registry:5000/x/y:tag`` → ``registry:5000/x/y`` (a port colon is not a tag)."""
     last = name.rsplit("/", 1)[-1]
     return name[: len(name) - len(last)] + last.split(":", 1)[0]
@@ -82,7 +82,7 @@ def parse_pin(reference: str, image_id: str | None, *, allow_unpinned: bool) -> 
     match = _DIGEST_REF.match(reference)
     if match:
         name = match.group("name")
-        return ImagePin(reference, _repository(name), match.group("digest"), image_id)
+        return ImagePin(reference, repository_of(name), match.group("digest"), image_id)
     if not _NAME.match(reference):
         raise PolicyViolation(
             f"$.environment.image: {reference!r} is not an image reference",
@@ -95,7 +95,7 @@ def parse_pin(reference: str, image_id: str | None, *, allow_unpinned: bool) -> 
             hint="pin it: `runner pin task.json --image "
             f"{reference}` writes its image id into the contract (or use name@sha256:<digest>)",
         )
-    return ImagePin(reference, _repository(reference), None, image_id)
+    return ImagePin(reference, repository_of(reference), None, image_id)
 
 
 def verify(pin: ImagePin, info: ImageInfo) -> str | None:
@@ -232,10 +232,17 @@ def acquire(
     info = backend.inspect_image(pin.lookup)
     source: Literal["local", "pulled", "bundle"] = "local"
     if info is None and bundle is not None:
+        if pin.image_id is None:
+            raise ImageDigestMismatch(
+                f"$.environment.image pins {pin.reference} by manifest digest, which a bundle "
+                "cannot prove (`docker load` drops repo digests)",
+                hint="pin the image id too ($.environment.imageId, `runner pin` writes it) to "
+                "run from a bundle",
+            )
         progress.stage("image", f"loading {bundle}")
         load_bundle(backend, bundle, pin.image_id)
         source = "bundle"
-        info = backend.inspect_image(pin.image_id or pin.lookup)
+        info = backend.inspect_image(pin.image_id)
     elif info is None and pin.manifest_digest is not None:
         _pull(backend, pin, settings, progress)
         source = "pulled"
@@ -247,7 +254,12 @@ def acquire(
             hint="an image id pin needs the image here: build it, `runner image load` its "
             "bundle, or pass --bundle; a name@sha256 pin is pulled from its registry",
         )
-    repo_digest = verify(pin, info)
+    if source == "bundle":
+        if info.id != pin.image_id:
+            raise ImageDigestMismatch(f"the bundle loaded {info.id}, not {pin.image_id}")
+        repo_digest = None  # a loaded bundle has no repo digest; the image id is the pin
+    else:
+        repo_digest = verify(pin, info)
     host = normalize_arch(backend.architecture())
     if host and info.architecture and normalize_arch(info.architecture) != host:
         raise ImageUnavailable(

@@ -49,7 +49,7 @@ from runner.errors import (
     ResourceExhausted,
     RunnerError,
 )
-from runner.ledger import Ledger
+from runner.ledger import Ledger, LedgerCorrupt, read_state
 from runner.plan import ExecutionPlan
 from runner.policy import LoadedPolicy
 
@@ -239,13 +239,19 @@ def job_lock(job: staging.JobDir) -> Iterator[None]:
     """One runner per job directory at a time: a second is refused, never run beside it."""
     handle: IO[str] = (job.record / "lock").open("a+")
     try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
+        # Onlookers (runner cleanup, the GPU allocator) probe the lock for an instant: wait
+        # out such a probe rather than mistake it for another runner.
+        for _ in range(20):
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.1)
+        else:
             raise JobBusy(
                 f"job {job.root.name} is being run by another runner on this host right now",
                 hint="wait for it to finish, or give this run another --job-id",
-            ) from exc
+            )
         yield
     finally:
         handle.close()
@@ -301,8 +307,14 @@ def _execute(
         else "UNSIGNED"
     )
     progress.stage("contract", f"{contract.model.name} ({contract.digest[:19]}…) {signer}")
+    job_id = plan.job_id_for(contract, opts.job_id)
     with r.timed("policy"):
-        policy.check(contract, opts.policy.policy, datetime.now(UTC))
+        # A job this host already accepted may be resumed (or shown) after its contract
+        # expires: validity times are checked when a job is accepted, not at every restart.
+        known = opts.state_dir / "jobs" / job_id / "record" / "ledger.jsonl"
+        accepted = read_state(known).accepted if known.exists() else None
+        resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
+        policy.check(contract, opts.policy.policy, datetime.now(UTC), check_times=not resuming)
     if contract.signature is None:
         r.warnings.append(
             "signature: none. The contract was not signed; it ran only because this host "
@@ -310,7 +322,6 @@ def _execute(
         )
         progress.stage("policy", "WARNING: unsigned contract accepted (local development)")
     with r.timed("plan"):
-        job_id = opts.job_id or plan.default_job_id(contract)
         uid, gid = os.getuid(), os.getgid()
         r.plan = p = plan.build(
             contract,
@@ -403,6 +414,8 @@ def _execute_locked(
             "budget.exhausted",
             {"consumedSeconds": round(st.consumed, 3), "limitSeconds": limit},
         )
+    # Only now, with its end in the ledger, may the container go (see container.finish).
+    backend.remove(outcome.container_id or outcome.name)
     staging.write_budget(job, limit, st.consumed)
     r.budget = BudgetRecord(
         limitSeconds=limit,
@@ -499,7 +512,7 @@ def _resume(
         backend.remove(last.container_name)
         ledger.append(f"attempt-{n}.finished", "attempt.finished", {**lost, "how": "never-started"})
         return None
-    cid = str(found.state.raw.get("Id") or last.container_id or last.container_name)
+    cid = found.state.id or last.container_id or last.container_name
     if last.container_id is None:
         ledger.append(f"attempt-{n}.started", "attempt.started", {"attempt": n, "containerId": cid})
     if not found.state.running:
@@ -633,6 +646,7 @@ def _new_attempt(
     st = ledger.state
     consumed = st.consumed
     n = len(st.attempts) + 1
+    r.gpus, r.image = [], None  # whatever an earlier attempt had is not this one's
     if consumed >= limit:
         ledger.append(
             f"budget.exhausted-{n - 1}",
@@ -694,7 +708,28 @@ def _new_attempt(
     progress.stage("container", f"attempt {n}: {spec.name}")
     w = _watch(r, ledger, job, n, limit, consumed, already=0.0)
     with r.timed("container"):
-        return container.run_attempt(backend, spec, w, job.record, progress, created)
+        try:
+            return container.run_attempt(backend, spec, w, job.record, progress, created)
+        except container.NotStarted as failed:
+            cause = failed.cause
+            category = (
+                "cancelled"
+                if isinstance(cause, KeyboardInterrupt)
+                else getattr(cause, "category", "infrastructure")
+            )
+            ledger.append(
+                f"attempt-{n}.finished",
+                "attempt.finished",
+                {
+                    "attempt": n,
+                    "exitCode": None,
+                    "oomKilled": False,
+                    "classification": category,
+                    "seconds": 0.0,
+                    "how": "not-started",
+                },
+            )
+            raise cause from None
 
 
 def run(
@@ -714,8 +749,16 @@ def run(
         envelope = _execute(r, contract_path, backend, progress or _Silent())
     except RunnerError as exc:
         envelope = r.envelope(_failure(r.stage, exc))
-        if isinstance(exc, JobAlreadyFinished | JobBusy):
+        if isinstance(exc, JobAlreadyFinished | JobBusy | LedgerCorrupt):
             return envelope  # that job's own envelope is not ours to overwrite
+    except Exception as exc:  # noqa: BLE001 - a bug must still end in an honest envelope
+        reason = (
+            f"the runner failed unexpectedly during the {r.stage} stage: "
+            f"{type(exc).__name__}: {exc} (a runner bug; the job is not to blame)"
+        )
+        envelope = r.envelope(
+            Failure(category="infrastructure", stage=r.stage, retryable=False, reason=reason)
+        )
     except KeyboardInterrupt:
         reason = f"the runner was interrupted during the {r.stage} stage"
         envelope = r.envelope(
@@ -724,6 +767,11 @@ def run(
     if r.job is not None and not r.written:
         write_envelope(r.job, envelope)
     return envelope
+
+
+def refused(exc: RunnerError, stage: Stage) -> ResultEnvelope:
+    """The envelope of a run that could not even begin (the host's own set-up failed)."""
+    return _Run(RunOptions(state_dir=Path("."))).envelope(_failure(stage, exc))
 
 
 def write_envelope(job: staging.JobDir, envelope: ResultEnvelope) -> None:

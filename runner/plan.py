@@ -6,12 +6,14 @@ is what is reported.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
 from runner.contract import VerifiedContract
+from runner.contract.models import JOB_ID_PATTERN
 from runner.errors import PolicyViolation, ProtocolAmbiguous
 from runner.images import ImagePin, parse_pin
 from runner.policy import HostPolicy, gpus_over_policy
@@ -80,6 +82,28 @@ def default_job_id(contract: VerifiedContract) -> str:
     return f"{name[:100]}-{contract.digest.removeprefix('sha256:')[:12]}"
 
 
+def job_id_for(contract: VerifiedContract, requested: str | None) -> str:
+    """The job id: ``--job-id`` if given (a valid id, and not another than the one the issuer
+    signed, which would give the signed contract a fresh ledger and budget), else the
+    default."""
+    if requested is None:
+        return default_job_id(contract)
+    if not re.fullmatch(JOB_ID_PATTERN, requested):
+        raise PolicyViolation(
+            f"--job-id {requested!r} is not a job id: letters, digits, '_', '.', '-' "
+            "(starting with a letter or digit), at most 128",
+            hint="pick an id such as toy-eval-2",
+        )
+    signed = contract.model.jobId
+    if signed and signed != requested and contract.signature is not None:
+        raise PolicyViolation(
+            f"--job-id {requested!r} differs from the signed $.jobId {signed!r}; the issuer "
+            "fixed this contract's job (and so its budget)",
+            hint=f"drop --job-id, or pass --job-id {signed}",
+        )
+    return requested
+
+
 def check_command(contract: VerifiedContract) -> tuple[str, ...]:
     """The argv to run; refuse when there is none or a required fragment is missing."""
     protocol = contract.model.protocol
@@ -110,7 +134,7 @@ def tightened(contract: VerifiedContract, overrides: dict[str, float]) -> dict[s
                 f"--limit {key}: not a limit that can be overridden",
                 hint=f"use one of {', '.join(OVERRIDABLE)}",
             )
-        if value > values[key] or value <= 0:
+        if not math.isfinite(value) or value > values[key] or value <= 0:
             raise PolicyViolation(
                 f"--limit {key}={value:g} would loosen the contract's {values[key]:g}; "
                 "an override can only tighten a limit",

@@ -19,7 +19,7 @@ import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runner.contract import VerifiedContract
-from runner.errors import ContractError, PolicyViolation, SignatureInvalid
+from runner.errors import ContractError, HostConfigError, PolicyViolation, SignatureInvalid
 from runner.images import registry_of
 
 
@@ -129,15 +129,17 @@ def load(path: Path | None) -> LoadedPolicy:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise ContractError(
+        raise HostConfigError(
             f"cannot read the host policy {path}: {exc.strerror}",
             hint="fix --policy / RUNNER_POLICY, or remove it to use the defaults",
         ) from exc
     try:
         policy = HostPolicy.model_validate(parse_json(raw, str(path)))
+    except ContractError as exc:
+        raise HostConfigError(f"host policy {path}: {exc.message}", hint=exc.hint) from exc
     except ValidationError as exc:
         err = validation_error(exc, "host policy")
-        raise ContractError(
+        raise HostConfigError(
             f"host policy {path}: {err.message}",
             hint="see contracts/host-policy.schema.json",
         ) from exc
@@ -168,8 +170,11 @@ def _over(field: str, asked: float | int | str, maximum: float | int | str) -> P
     )
 
 
-def check(contract: VerifiedContract, policy: HostPolicy, now: datetime) -> None:
-    """Refuse what the contract asks and the host does not grant."""
+def check(
+    contract: VerifiedContract, policy: HostPolicy, now: datetime, *, check_times: bool = True
+) -> None:
+    """Refuse what the contract asks and the host does not grant. ``check_times`` is False when
+    resuming a job this host already accepted (its contract may have expired since)."""
     m = contract.model
     if contract.signature is None and not policy.acceptUnsigned:
         raise SignatureInvalid(
@@ -177,7 +182,8 @@ def check(contract: VerifiedContract, policy: HostPolicy, now: datetime) -> None
             hint="sign it (`runner sign CONTRACT --key KEY`), or for local development pass "
             "--allow-unsigned (RUNNER_ALLOW_UNSIGNED=1)",
         )
-    _check_times(contract, policy, now)
+    if check_times:
+        _check_times(contract, policy, now)
     if m.audience and not set(m.audience) & set(policy.audiences):
         raise PolicyViolation(
             f"$.audience: the contract is for {', '.join(m.audience)}; this host serves "
@@ -256,8 +262,9 @@ def _check_times(contract: VerifiedContract, policy: HostPolicy, now: datetime) 
             "$.expiresAt: a signed contract must say when it expires",
             hint="sign it with `runner sign`, which stamps issuedAt and expiresAt",
         )
-    if m.issuedAt is not None and m.expiresAt is not None:
-        hours = (m.expiresAt - m.issuedAt).total_seconds() / 3600
+    if m.expiresAt is not None:
+        start = m.issuedAt if m.issuedAt is not None else now
+        hours = (m.expiresAt - start).total_seconds() / 3600
         if hours > policy.maxContractLifetimeHours:
             raise PolicyViolation(
                 f"$.expiresAt: the contract lives {hours:.1f} h, this host accepts at most "

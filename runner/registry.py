@@ -186,8 +186,10 @@ def probe_once(
                     auth = (creds.username, creds.password)
                     resp = session.head(url, headers=headers, timeout=timeout, auth=auth)
             if 400 <= resp.status_code < 500:
-                # A HEAD answer has no body: ask again for the registry's own error message.
-                resp = session.get(url, headers=headers, timeout=timeout, auth=auth_of(creds))
+                # A HEAD answer has no body: ask again for the registry's own error message,
+                # with the same credentials (a bearer token if one was obtained, else basic).
+                basic = None if "Authorization" in headers else auth_of(creds)
+                resp = session.get(url, headers=headers, timeout=timeout, auth=basic)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise TransientRegistryError(
                 f"{ref.registry} did not answer ({type(exc).__name__})"

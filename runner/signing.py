@@ -28,7 +28,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from runner.errors import RunnerError, SignatureInvalid
+from runner.errors import HostConfigError, RunnerError, SignatureInvalid
 
 PAYLOAD_TYPE = "application/vnd.citeark.execution-contract+json"
 
@@ -57,7 +57,7 @@ def load_public_key(path: Path) -> TrustedKey:
     try:
         loaded = serialization.load_pem_public_key(path.read_bytes())
     except (ValueError, OSError) as exc:
-        raise RunnerError(
+        raise HostConfigError(
             f"{path} is not a readable PEM public key: {exc}",
             hint="trusted keys are the .pub files that `runner keygen` writes",
         ) from exc

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "examples" / "toy-evaluation"
 SEED = ROOT / "tests" / "fixtures" / "seed-task.json"
 IMAGE = "runner-cpu:local"
-SESSION_LABEL = "org.runner.test-session"
+SESSION_LABEL = "runner-tests.session"
 SESSION_ID = uuid.uuid4().hex
 
 

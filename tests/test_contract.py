@@ -243,3 +243,55 @@ def test_seed_and_toy_contracts_validate_against_the_json_schema() -> None:
     bad = json.loads(SEED.read_text())
     bad["environment"]["cpus"] = -2
     assert list(validator.iter_errors(bad))
+
+
+def test_job_id_is_checked(tmp_path: Path) -> None:
+    """--job-id must be a plain id; it may not replace a signed jobId."""
+    import dataclasses
+
+    from runner.contract import SignatureInfo
+
+    data = _toy()
+    data["jobId"] = "signed-job"
+    contract = load_contract(_write(tmp_path, data))
+    with pytest.raises(PolicyViolation, match="is not a job id"):
+        plan.job_id_for(contract, "../../escape")
+    assert plan.job_id_for(contract, "other") == "other"  # unsigned: the operator decides
+    signed = dataclasses.replace(contract, signature=SignatureInfo(("k",), "t", b""))
+    with pytest.raises(PolicyViolation, match="differs from the signed"):
+        plan.job_id_for(signed, "other")
+    assert plan.job_id_for(signed, None) == "signed-job"
+
+
+def test_command_line_mistakes_exit_2(tmp_path: Path) -> None:
+    path = _write(tmp_path, _toy())
+    for extra in (
+        ["--label", "org.runner.managed=false"],
+        ["--label", "novalue"],
+        ["--limit", "cpus=lots"],
+    ):
+        proc = run_cli("run", str(path), "--state-dir", str(tmp_path / "s"), *extra)
+        assert proc.returncode == 2, (extra, proc.stderr)
+        assert "runner: error:" in proc.stderr
+    nan = run_cli(
+        "run",
+        str(path),
+        "--state-dir",
+        str(tmp_path / "s"),
+        "--json",
+        "--allow-unsigned",
+        "--limit",
+        "cpus=nan",
+    )
+    assert nan.returncode == 3
+    assert json.loads(nan.stdout)["failure"]["category"] == "policy_violation"
+
+
+def test_broken_host_policy_still_gives_an_envelope(tmp_path: Path) -> None:
+    bad = tmp_path / "policy.json"
+    bad.write_text("{not json")
+    proc = run_cli("run", str(_write(tmp_path, _toy())), "--json", "--policy", str(bad))
+    assert proc.returncode == 4
+    envelope = json.loads(proc.stdout)
+    assert envelope["failure"]["category"] == "infrastructure"
+    assert "host policy" in envelope["failure"]["reason"]

@@ -14,6 +14,7 @@ from runner import orchestrator, policy
 from runner.contract import Trust
 from runner.errors import GpuUnavailable
 from runner.gpus import Allocator, Gpu, HostDetector, parse_smi
+from runner.ledger import read_state
 from tests.conftest import SESSION_ID, SESSION_LABEL, _docker, write_contract
 
 FAKE = [
@@ -142,6 +143,13 @@ def test_engine_without_driver_is_gpu_unavailable(tmp_path: Path, image_id: str)
     assert orchestrator.failure_exit_family(env) == "infrastructure"
     assert _docker("ps", "-aq", "--filter", f"label=org.runner.job-id={env.jobId}").stdout == ""
     assert list((tmp_path / "locks").glob("*.json")) == []
+    # The attempt is recorded as never started: a later run is not charged for it.
+    assert env.jobDir is not None
+    ledger = read_state(Path(env.jobDir) / "record" / "ledger.jsonl")
+    (attempt,) = ledger.attempts
+    assert attempt.finished is not None and attempt.finished["how"] == "not-started"
+    assert attempt.finished["classification"] == "gpu_unavailable"
+    assert ledger.consumed == 0
 
 
 @pytest.mark.docker

@@ -255,7 +255,7 @@ def test_status_and_cleanup(tmp_path: Path, image_id: str) -> None:
     info = json.loads(status.stdout)
     assert info["container"]["state"] == "running"
     assert info["attempts"][0]["end"] == "in flight"
-    swept = json.loads(run_cli("cleanup", "--json").stdout)
+    swept = json.loads(run_cli("cleanup", "--dry-run", "--json").stdout)
     kept = {c["name"]: c["why"] for c in swept["kept"]}
     (name,) = [n for n in kept if job_id in n]
     assert "reattaches" in kept[name]
@@ -266,3 +266,80 @@ def test_status_and_cleanup(tmp_path: Path, image_id: str) -> None:
     code, env, _ = _finish(proc)
     assert code == 130 and env["failure"]["category"] == "cancelled"
     assert _containers(job_id) == []
+
+
+def test_corrupt_ledger_leaves_the_job_untouched(tmp_path: Path, image_id: str) -> None:
+    """A tampered ledger stops the runner (exit 4) without overwriting the job's envelope."""
+    contract = _contract(tmp_path, image_id, sleep=0)
+    state = tmp_path / "state"
+    code, env, _ = run_job(contract, state)
+    assert code == 0
+    ledger = _ledger(state)
+    lines = ledger.read_bytes().splitlines()
+    lines[1] = lines[1].replace(b'"attempt":1', b'"attempt":7')
+    ledger.write_bytes(b"\n".join(lines) + b"\n")
+    envelope = Path(env["jobDir"]) / "result.json"
+    before = envelope.read_bytes()
+    code, refused, _ = run_job(contract, state)
+    assert code == 4 and "corrupt" in refused["failure"]["reason"]
+    assert envelope.read_bytes() == before
+
+
+def test_status_never_repairs_a_ledger(tmp_path: Path, image_id: str) -> None:
+    """`runner status` reads a torn ledger without cutting it: only a runner repairs."""
+    contract = _contract(tmp_path, image_id, sleep=0)
+    state = tmp_path / "state"
+    assert run_job(contract, state)[0] == 0
+    ledger = _ledger(state)
+    with ledger.open("ab") as f:
+        f.write(b'{"schemaVersion":"1.0","se')
+    before = ledger.read_bytes()
+    status = run_cli("status", _job_id(state), "--state-dir", str(state), "--json")
+    assert status.returncode == 0, status.stderr
+    assert ledger.read_bytes() == before
+    assert list(ledger.parent.glob("ledger.jsonl.torn-*")) == []
+
+
+def test_resume_after_the_contract_expired(tmp_path: Path, image_id: str) -> None:
+    """A job accepted while its signed contract was valid is reattached after it expires."""
+    keys = tmp_path / "trusted"
+    assert run_cli("keygen", "--out", str(tmp_path / "issuer")).returncode == 0
+    assert (
+        run_cli("trust", str(tmp_path / "issuer.pub"), "--trusted-keys", str(keys)).returncode == 0
+    )
+    contract = _contract(tmp_path, image_id, sleep=8)
+    signed = run_cli(
+        "sign", str(contract), "--key", str(tmp_path / "issuer.key"), "--expires-in", "4s", "--json"
+    )
+    assert signed.returncode == 0, signed.stderr
+    envelope = Path(json.loads(signed.stdout)["envelope"])
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "run",
+            str(envelope),
+            "--state-dir",
+            str(state),
+            "--json",
+            "--heartbeat",
+            str(BEAT),
+            "--trusted-keys",
+            str(keys),
+            "--label",
+            f"{SESSION_LABEL}={SESSION_ID}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for(state, "heartbeat", 1)
+    _kill9(proc)
+    time.sleep(4.5)
+    fresh = run_cli("verify", str(envelope), "--trusted-keys", str(keys))
+    assert fresh.returncode == 3 and "expired" in fresh.stderr
+    code, env, stderr = run_job(envelope, state, "--trusted-keys", str(keys), unsigned=False)
+    assert code == 0, (env, stderr)
+    assert env["budget"]["attempts"] == 1

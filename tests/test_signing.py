@@ -359,5 +359,5 @@ def test_bad_policy_file_names_the_field(tmp_path: Path) -> None:
     path = tmp_path / "task.json"
     path.write_text(json.dumps(contract_data()))
     proc = run_cli("verify", str(path), "--policy", str(policy), "--allow-unsigned")
-    assert proc.returncode == 3
+    assert proc.returncode == 4  # the host's own configuration is broken: infrastructure
     assert "$.maxima.cpus" in proc.stderr

@@ -55,6 +55,8 @@ class ContainerState:
     started_at: str | None
     finished_at: str | None
     raw: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+    """The container's id (empty when the state was read back from the ledger)."""
 
 
 @dataclass(frozen=True)

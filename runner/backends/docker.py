@@ -196,6 +196,7 @@ class DockerBackend:
             started_at=st.get("StartedAt"),
             finished_at=st.get("FinishedAt"),
             raw=st,
+            id=str(data.get("Id", "")),
         )
 
     def save_logs(self, container_id: str, dest: Path, max_bytes: int) -> int:
