@@ -51,6 +51,8 @@ class Outcome:
     timed_out: bool
     cancelled: bool
     how: str = "observed"
+    stopped_for: str | None = None
+    """disk_quota_exceeded | log_limit_exceeded when the runner stopped it for a quota."""
     """observed | recovered (ended while the runner was away) | ledger (read back)."""
 
 
@@ -109,16 +111,27 @@ class Watch:
     heartbeat: float
     on_beat: Callable[[float], None]
     """Called with the attempt's running seconds at each heartbeat."""
+    guard: Callable[[], str | None] = lambda: None
+    """Checked every tick: a reason to stop the job (a quota), or None."""
 
 
-def watch(
-    backend: Backend, container_id: str, w: Watch, progress: Progress
-) -> tuple[bool, bool, float]:
-    """Wait for the container against the deadline; (timed out, cancelled, attempt seconds)."""
+@dataclass(frozen=True)
+class Watched:
+    timed_out: bool
+    cancelled: bool
+    seconds: float
+    """The attempt's running seconds (across reattaches)."""
+    stopped_for: str | None
+    """The guard's reason when the runner stopped it for a quota."""
+
+
+def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> Watched:
+    """Wait for the container against the deadline and the guards (quotas)."""
     origin = time.monotonic() - w.already
     deadline = time.monotonic() + w.budget_left
     next_beat = time.monotonic() + w.heartbeat
     timed_out = cancelled = False
+    stopped_for = None
     try:
         while True:
             now = time.monotonic()
@@ -129,6 +142,10 @@ def watch(
             wait_for = min(w.tick, deadline - now, max(next_beat - now, 0.01))
             if backend.wait(container_id, wait_for) is not None:
                 break
+            stopped_for = w.guard()
+            if stopped_for is not None:
+                backend.stop(container_id, w.grace)
+                break
             if time.monotonic() >= next_beat:
                 w.on_beat(time.monotonic() - origin)
                 next_beat = time.monotonic() + w.heartbeat
@@ -136,7 +153,7 @@ def watch(
     except KeyboardInterrupt:
         cancelled = True
         backend.stop(container_id, w.grace)
-    return timed_out, cancelled, round(time.monotonic() - origin, 3)
+    return Watched(timed_out, cancelled, round(time.monotonic() - origin, 3), stopped_for)
 
 
 def finish(
@@ -145,9 +162,7 @@ def finish(
     name: str,
     record_dir: Path,
     *,
-    seconds: float,
-    timed_out: bool,
-    cancelled: bool,
+    watched: Watched,
     how: str = "observed",
     log_max_bytes: int = 1024 * 1024,
 ) -> Outcome:
@@ -162,7 +177,16 @@ def finish(
     # The engine's log is a convenience; the job's own logs are in output/.
     with contextlib.suppress(InfrastructureError):
         backend.save_logs(container_id, record_dir / "engine.log", log_max_bytes)
-    return Outcome(state, container_id, name, seconds, timed_out, cancelled, how)
+    return Outcome(
+        state,
+        container_id,
+        name,
+        watched.seconds,
+        watched.timed_out,
+        watched.cancelled,
+        how,
+        watched.stopped_for,
+    )
 
 
 class NotStarted(Exception):
@@ -205,7 +229,7 @@ def run_attempt(
             )
         raise NotStarted(exc) from exc
     try:
-        timed_out, cancelled, seconds = watch(backend, container_id, w, progress)
+        watched = watch(backend, container_id, w, progress)
     except EngineUnavailable:
         raise  # the container may well run on; the ledger keeps it in flight for a reattach
     except BaseException:
@@ -216,9 +240,7 @@ def run_attempt(
         container_id,
         container.name,
         record_dir,
-        seconds=seconds,
-        timed_out=timed_out,
-        cancelled=cancelled,
+        watched=watched,
         log_max_bytes=container.log_max_bytes,
     )
 

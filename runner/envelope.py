@@ -25,6 +25,8 @@ Category = Literal[
     "infrastructure",
     "cancelled",
     "gpu_unavailable",
+    "disk_quota_exceeded",
+    "log_limit_exceeded",
 ]
 Stage = Literal["contract", "policy", "plan", "stage", "image", "container", "parsers", "envelope"]
 
@@ -73,6 +75,9 @@ class FileRef(_Model):
     sha256: str | None = None
     size: int | None = None
     problem: str | None = Field(default=None, description="Why it could not be hashed.")
+    droppedBytes: int = Field(
+        default=0, description="Bytes cut from the middle of a log past its cap."
+    )
 
 
 class AgentResultRecord(_Model):
@@ -121,7 +126,10 @@ class AppliedLimits(_Model):
     memoryBytes: int
     memorySwapBytes: int
     shmBytes: int
-    pidsLimit: int
+    pidsLimit: int | None = Field(
+        description="null under runsc, where the job's processes are gVisor tasks bounded by "
+        "the memory cap, not host processes."
+    )
     tmpfsBytes: int
     gpus: str | int
     network: str
@@ -131,6 +139,10 @@ class AppliedLimits(_Model):
     securityOpt: list[str]
     init: bool
     user: str
+    runtime: str = Field(default="runc", description="runc, or runsc (gVisor).")
+    diskQuotaBytes: int | None = None
+    logLimitBytes: int | None = None
+    logLimitAction: str | None = None
 
 
 class Timings(_Model):
@@ -185,6 +197,15 @@ class GpuRecord(_Model):
     model: str
     memoryBytes: int
     driverVersion: str
+
+
+class DiskRecord(_Model):
+    """What output/ and workspace/ held, against the quota."""
+
+    quotaBytes: int
+    usedBytes: int = Field(description="At the end (allocated bytes, sparse files as allocated).")
+    peakBytes: int = Field(description="The most measured while the job ran.")
+    measurements: int = Field(description="How many times usage was measured while it ran.")
 
 
 class BudgetRecord(_Model):
@@ -247,6 +268,9 @@ class ResultEnvelope(_Model):
     revision: int = Field(default=1, description="1 from the run; +1 for each `runner parse`.")
     regrade: Regrade | None = Field(
         default=None, description="How a `runner parse` revision re-read the evidence."
+    )
+    disk: DiskRecord | None = Field(
+        default=None, description="Disk used by output/ and workspace/ against the quota."
     )
     gpus: list[GpuRecord] = Field(default_factory=list, description="GPUs given to the job.")
     gpuFallback: str | None = Field(

@@ -20,7 +20,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from runner import agent_result, attest, container, evidence, gpus, images, plan, policy, staging
+from runner import (
+    agent_result,
+    attest,
+    container,
+    evidence,
+    gpus,
+    images,
+    plan,
+    policy,
+    quotas,
+    staging,
+)
 from runner.backends.base import Backend, ContainerState
 from runner.container import Outcome, Progress, Watch
 from runner.contract import Trust, VerifiedContract, load_contract
@@ -29,6 +40,7 @@ from runner.envelope import (
     AppliedLimits,
     BudgetRecord,
     ContainerRecord,
+    DiskRecord,
     Failure,
     FileRef,
     GpuRecord,
@@ -46,6 +58,7 @@ from runner.errors import (
     GpuUnavailable,
     JobAlreadyFinished,
     JobBusy,
+    PolicyViolation,
     ResourceExhausted,
     RunnerError,
 )
@@ -83,7 +96,8 @@ class RunOptions:
     rerun: bool = False
     """Run a finished job id again as a new attempt under the same budget."""
     stop_grace_seconds: float = 5.0
-    tick_seconds: float = 1.0
+    tick_seconds: float = 0.2
+    """How often the container, the deadline and the quotas are checked."""
     gpu_detector: gpus.Detector | None = None
     """How GPUs are found (NVML, else nvidia-smi); tests of pure logic pass their own."""
     gpu_lock_dir: Path | None = None
@@ -121,6 +135,8 @@ class _Run:
     gpu_fallback: str | None = None
     logs: list[FileRef] = field(default_factory=list)
     agent_result: AgentResultRecord | None = None
+    guards: quotas.Guards | None = None
+    disk: DiskRecord | None = None
     written: bool = False
     """The envelope is already in the job directory (or is the finished job's own)."""
 
@@ -160,6 +176,10 @@ class _Run:
                 securityOpt=list(lim.security_opt),
                 init=lim.init,
                 user=p.user,
+                runtime=lim.runtime,
+                diskQuotaBytes=lim.disk_quota_bytes,
+                logLimitBytes=lim.log_limit_bytes,
+                logLimitAction="stop" if lim.stop_on_log_limit else "truncate",
             )
         exit_code = o.state.exit_code if o else None
         return ResultEnvelope.model_validate(
@@ -204,6 +224,7 @@ class _Run:
                 "budget": self.budget,
                 "gpus": self.gpus,
                 "logs": self.logs,
+                "disk": self.disk,
                 "agentResult": self.agent_result,
                 "gpuFallback": self.gpu_fallback,
                 "jobDir": str(self.job.root) if self.job else None,
@@ -262,6 +283,22 @@ def _classify(outcome: Outcome, budget_seconds: float) -> Failure | None:
     if outcome.cancelled:
         reason = "the runner was interrupted (Ctrl-C or SIGTERM) and stopped the job"
         return Failure(category="cancelled", stage="container", retryable=True, reason=reason)
+    if outcome.stopped_for == "disk_quota_exceeded":
+        return Failure(
+            category="disk_quota_exceeded",
+            stage="container",
+            retryable=False,
+            reason="the job wrote more to output/ and workspace/ than its disk quota allows and "
+            "was stopped; its files are kept (the envelope's disk record says how much)",
+        )
+    if outcome.stopped_for == "log_limit_exceeded":
+        return Failure(
+            category="log_limit_exceeded",
+            stage="container",
+            retryable=False,
+            reason="the job wrote more to stdout or stderr than the cap allows and this host "
+            "stops such jobs; the first and last parts of the log are kept",
+        )
     if outcome.timed_out:
         return Failure(
             category="timeout",
@@ -343,7 +380,14 @@ def _execute(
         return _execute_locked(r, contract, p, job, backend, progress)
 
 
-FINAL = {"succeeded", "nonzero_exit", "oom", "timeout"}
+FINAL = {
+    "succeeded",
+    "nonzero_exit",
+    "oom",
+    "timeout",
+    "disk_quota_exceeded",
+    "log_limit_exceeded",
+}
 """Attempt classifications that end the job; after the others (cancelled, interrupted,
 infrastructure) the same contract may simply be run again and continues the budget."""
 
@@ -425,9 +469,26 @@ def _execute_locked(
     )
     pol = opts.policy.policy
     max_bytes = int(pol.maxEvidenceMb * 1024 * 1024)
+    guards = r.guards or _guards(r, job)
+    dropped = {str(cap.path.relative_to(job.output)): cap.compact() for cap in guards.logs}
+    used = guards.disk.measure()
+    r.disk = DiskRecord(
+        quotaBytes=guards.disk.quota,
+        usedBytes=used,
+        peakBytes=guards.disk.peak,
+        measurements=guards.disk.measurements,
+    )
     with r.timed("parsers"):
         results, errors = evidence.read_measurements(job.output, contract, max_bytes)
-        r.logs = evidence.hash_logs(job.output, [p.stdout_path, p.stderr_path])
+        r.logs = [
+            log.model_copy(update={"droppedBytes": dropped.get(log.path, 0)})
+            for log in evidence.hash_logs(job.output, [p.stdout_path, p.stderr_path])
+        ]
+        if any(dropped.values()):
+            r.warnings.append(
+                "logs past their cap kept their first and last parts: "
+                + ", ".join(f"{k} dropped {v:,} bytes" for k, v in dropped.items() if v)
+            )
         r.agent_result = agent_result.read(job.output, max_bytes)
     if r.agent_result is not None and not r.agent_result.valid:
         r.warnings.append(
@@ -522,25 +583,16 @@ def _resume(
             cid,
             last.container_name,
             job.record,
-            seconds=round(found.seconds, 3),
-            timed_out=False,
-            cancelled=False,
+            watched=container.Watched(False, False, round(found.seconds, 3), None),
             how="recovered",
         )
     progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
     before = st.consumed - last.seconds
     w = _watch(r, ledger, job, n, limit, before, already=found.seconds)
     with r.timed("container"):
-        timed_out, cancelled, seconds = container.watch(backend, cid, w, progress)
+        watched = container.watch(backend, cid, w, progress)
         return container.finish(
-            backend,
-            cid,
-            last.container_name,
-            job.record,
-            seconds=seconds,
-            timed_out=timed_out,
-            cancelled=cancelled,
-            how="reattached",
+            backend, cid, last.container_name, job.record, watched=watched, how="reattached"
         )
 
 
@@ -566,6 +618,7 @@ def _watch(
         staging.write_budget(job, limit, total)
 
     opts = r.options
+    r.guards = _guards(r, job)
     return Watch(
         budget_left=limit - before - already,
         already=already,
@@ -575,6 +628,23 @@ def _watch(
         tick=opts.tick_seconds,
         heartbeat=opts.heartbeat_seconds,
         on_beat=beat,
+        guard=r.guards.check,
+    )
+
+
+def _guards(r: _Run, job: staging.JobDir) -> quotas.Guards:
+    """The disk quota on output/ + workspace/ and the caps on stdout and stderr."""
+    p = r.plan
+    if p is None:
+        raise RuntimeError("the plan is made before any attempt is watched")
+    lim = p.limits
+    return quotas.Guards(
+        disk=quotas.DiskMeter([job.output, job.workspace], lim.disk_quota_bytes),
+        logs=[
+            quotas.LogCap(job.output / rel, lim.log_limit_bytes, job.output)
+            for rel in (p.stdout_path, p.stderr_path)
+        ],
+        stop_on_log_limit=lim.stop_on_log_limit,
     )
 
 
@@ -687,6 +757,12 @@ def _new_attempt(
         )
     names = ", ".join(info.repo_tags) or "untagged"
     progress.stage("image", f"{info.id[:19]}… ({names}; {got.source}; {info.size:,} bytes)")
+    if p.limits.runtime != "runc" and p.limits.runtime not in backend.runtimes():
+        raise PolicyViolation(
+            f"this host's policy demands the {p.limits.runtime} runtime (gVisor) and the engine "
+            f"has only {', '.join(backend.runtimes())}",
+            hint="install and register it (scripts/setup.sh does), or change the policy",
+        )
     name = container.container_name(job.root, p.job_id, n)
     gpu_ids = _allocate_gpus(r, contract, p, job, backend, name, progress)
     spec = container.spec(p, job, info.id, n, gpu_ids)

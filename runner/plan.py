@@ -16,7 +16,7 @@ from runner.contract import VerifiedContract
 from runner.contract.models import JOB_ID_PATTERN
 from runner.errors import PolicyViolation, ProtocolAmbiguous
 from runner.images import ImagePin, parse_pin
-from runner.policy import HostPolicy, gpus_over_policy
+from runner.policy import HostPolicy, gpus_over_policy, isolation
 
 OVERRIDABLE = ("cpus", "memoryGb", "shmGb", "pidsLimit", "timeoutMinutes", "tmpfsMb")
 """Limits the host operator may tighten from the command line (``--limit KEY=VALUE``)."""
@@ -39,11 +39,18 @@ class Limits:
     memory_bytes: int
     memory_swap_bytes: int
     shm_bytes: int
-    pids: int
+    pids: int | None
+    """None under runsc: gVisor's processes are tasks inside its sandbox, not host processes,
+    and a host pids cap there kills the sandbox instead of failing forks; the memory cap
+    bounds them."""
     tmpfs_bytes: int
     gpus: int | Literal["none", "all"]
     network: str
     timeout_seconds: float
+    runtime: Literal["runc", "runsc"] = "runc"
+    disk_quota_bytes: int = 100 * GIB
+    log_limit_bytes: int = GIB
+    stop_on_log_limit: bool = False
     read_only_rootfs: bool = True
     cap_drop: tuple[str, ...] = ("ALL",)
     security_opt: tuple[str, ...] = ("no-new-privileges",)
@@ -173,12 +180,22 @@ def build(
         memory_bytes=memory,
         memory_swap_bytes=memory,
         shm_bytes=int(lim["shmGb"] * GIB),
-        pids=int(lim["pidsLimit"]),
+        pids=None if isolation(contract, policy) == "runsc" else int(lim["pidsLimit"]),
         tmpfs_bytes=int(lim["tmpfsMb"]) * MIB,
         gpus=gpus,
         network="bridge" if env.networkAccess else "none",
         timeout_seconds=lim["timeoutMinutes"] * 60,
+        runtime=isolation(contract, policy),
+        disk_quota_bytes=int((env.diskGb or policy.maxima.diskGb) * GIB),
+        log_limit_bytes=int(min(env.logLimitMb or policy.logLimitMb, policy.logLimitMb) * MIB),
+        stop_on_log_limit=policy.logLimitAction == "stop",
     )
+    if limits.runtime == "runsc" and env.networkAccess:
+        raise PolicyViolation(
+            "$.environment.networkAccess: runsc (gVisor) runs jobs with no network here; a job "
+            "that needs network runs under runc",
+            hint="ask for isolation runc, or drop networkAccess",
+        )
     user = f"{JOB_UID}:{JOB_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"
     protocol = contract.model.protocol
     all_labels = {

@@ -23,6 +23,10 @@ from runner.errors import ContractError, HostConfigError, PolicyViolation, Signa
 from runner.images import registry_of
 
 
+def _both_runtimes() -> list[Literal["runc", "runsc"]]:
+    return ["runc", "runsc"]
+
+
 class Maxima(BaseModel):
     """The most any contract may be granted on this host."""
 
@@ -79,6 +83,23 @@ class HostPolicy(BaseModel):
         default_factory=list,
         description="Registries reached over plain HTTP besides loopback ones (as the engine's "
         "own insecure-registries).",
+    )
+    logLimitMb: float = Field(
+        default=1024, gt=0, description="Cap on each of a job's stdout and stderr files."
+    )
+    logLimitAction: Literal["truncate", "stop"] = Field(
+        default="truncate",
+        description="Past the cap: keep the first and last parts and let the job run "
+        "(truncate), or stop it with log_limit_exceeded (stop).",
+    )
+    isolation: Literal["runc", "runsc"] = Field(
+        default="runc",
+        description="The container runtime jobs get. runsc (gVisor) here is demanded: a "
+        "contract asking for runc is refused.",
+    )
+    allowedIsolation: list[Literal["runc", "runsc"]] = Field(
+        default_factory=_both_runtimes,
+        description="Runtimes a contract may ask for with environment.isolation.",
     )
     maxEvidenceMb: float = Field(
         default=16384, gt=0, description="Evidence files larger than this are refused, not read."
@@ -205,6 +226,9 @@ def check(
             raise _over(field, asked, maximum)
     if env.diskGb is not None and env.diskGb > mx.diskGb:
         raise _over("diskGb", env.diskGb, mx.diskGb)
+    if env.logLimitMb is not None and env.logLimitMb > policy.logLimitMb:
+        raise _over("logLimitMb", env.logLimitMb, policy.logLimitMb)
+    isolation(contract, policy)
     if gpus_over_policy(contract, policy) and not cpu_fallback_allowed(contract):
         raise _over("gpu", env.gpu, mx.gpus if mx.gpus else "none")
     if env.networkAccess and not policy.allowNetwork:
@@ -222,6 +246,25 @@ def check(
             f"host does not allow (allowed: {', '.join(allowed) or 'none'})",
             hint="use an image from an allowed registry, or add it to 'allowedRegistries'",
         )
+
+
+def isolation(contract: VerifiedContract, policy: HostPolicy) -> Literal["runc", "runsc"]:
+    """The runtime the job gets; refuses a request the policy does not allow."""
+    asked = contract.model.environment.isolation
+    if asked is None:
+        return policy.isolation
+    if policy.isolation == "runsc" and asked == "runc":
+        raise PolicyViolation(
+            "$.environment.isolation: the contract asks for runc; this host demands runsc (gVisor)",
+            hint="drop the request, or run it on a host whose policy allows runc",
+        )
+    if asked not in policy.allowedIsolation:
+        raise PolicyViolation(
+            f"$.environment.isolation: the contract asks for {asked}; this host allows "
+            f"{', '.join(policy.allowedIsolation)}",
+            hint="drop the request, or run it on a host that allows it",
+        )
+    return asked
 
 
 def cpu_fallback_allowed(contract: VerifiedContract) -> bool:

@@ -5,7 +5,8 @@
 #   3. the base image runner-base:bookworm (built offline with debootstrap) or
 #      $RUNNER_BASE_IMAGE when set (a pinned public base, pulled if missing),
 #   4. the job image runner-cpu:local, built with no network,
-#   5. docker-registry (Debian's), which the image tests run on 127.0.0.1.
+#   5. docker-registry (Debian's), which the image tests run on 127.0.0.1,
+#   6. gVisor's runsc (Debian's), registered with the engine as the runtime "runsc".
 # Safe to run many times; reruns are fast (stamp file, existing images, layer cache).
 #
 # Environment:
@@ -186,9 +187,43 @@ ensure_test_tools() {
   fi
 }
 
+# --------------------------------------------------------------------------- gVisor
+# Debian's runsc, registered with the engine as the runtime "runsc". Jobs without network run
+# under it with --network=none (gVisor's own network stack stays off).
+ensure_gvisor() {
+  if ! command -v runsc >/dev/null 2>&1; then
+    log "gvisor: installing runsc"
+    apt_install runsc
+  fi
+  if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; then
+    log "gvisor: runsc is registered with the engine"
+    return 0
+  fi
+  log "gvisor: registering runsc in /etc/docker/daemon.json and reloading the engine"
+  as_root mkdir -p /etc/docker
+  as_root python3 - "$(command -v runsc)" <<'PY'
+import json, pathlib, sys
+path = pathlib.Path("/etc/docker/daemon.json")
+config = json.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
+config.setdefault("runtimes", {})["runsc"] = {"path": sys.argv[1], "runtimeArgs": ["--network=none"]}
+path.write_text(json.dumps(config, indent=2) + "\n")
+PY
+  local pid
+  pid="$(dockerd_pid)"
+  [ -n "$pid" ] || die "gvisor: cannot find dockerd's pid to reload it; restart the engine"
+  as_root kill -HUP "$pid"
+  local waited=0
+  until docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; do
+    [ "$waited" -lt 20 ] || die "gvisor: the engine did not pick up runsc (see $DOCKERD_LOG)"
+    sleep 1
+    waited=$((waited + 1))
+  done
+}
+
 # --------------------------------------------------------------------------- main
 start=$SECONDS
 ensure_engine
+ensure_gvisor
 ensure_test_tools
 ensure_venv
 ensure_base

@@ -85,6 +85,9 @@ class Backend(Protocol):
     def load(self, bundle: Path) -> None:
         """``docker load`` a ``docker save`` tarball, streaming; errors are ImageUnavailable."""
 
+    def runtimes(self) -> list[str]:
+        """The container runtimes the engine knows (runc, runsc ...)."""
+
     def architecture(self) -> str:
         """The engine host's architecture as the engine names it (``x86_64``, ``aarch64``)."""
 

@@ -110,6 +110,10 @@ class DockerBackend:
                     message = detail.get("message") or chunk.get("error") or str(chunk)
                     raise ImageUnavailable(f"the engine could not load {bundle}: {message}")
 
+    def runtimes(self) -> list[str]:
+        with _engine("asking the engine for its runtimes"):
+            return sorted((self._api.info().get("Runtimes") or {}).keys())
+
     def architecture(self) -> str:
         with _engine("asking the engine about its host"):
             return str(self._api.info().get("Architecture", ""))
@@ -139,6 +143,7 @@ class DockerBackend:
                 type="json-file", config={"max-size": str(spec.log_max_bytes), "max-file": "1"}
             ),
             device_requests=device_requests,
+            runtime=lim.runtime,
         )
         with _engine("creating the job container"):
             created = self._api.create_container(

@@ -198,8 +198,20 @@ class Environment(_Strict):
         default=None,
         gt=0,
         le=1_000_000,
-        description="Runner addition. What output/ and workspace/ may hold together; checked "
-        "against the host policy's maximum.",
+        description="Runner addition. What output/ and workspace/ may hold together (default: "
+        "the host policy's maximum); the job is stopped past it.",
+    )
+    logLimitMb: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="Runner addition. Cap on each of stdout and stderr (default: the host "
+        "policy's); may only lower the policy's.",
+    )
+    isolation: Literal["runc", "runsc"] | None = Field(
+        default=None,
+        description="Runner addition. The container runtime asked for: runc, or gVisor's runsc "
+        "(the host policy decides).",
     )
     tmpfsMb: int = Field(
         default=256, ge=1, le=65536, description="Runner addition. Size of the /tmp tmpfs."
