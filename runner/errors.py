@@ -122,8 +122,7 @@ class GpuUnavailable(RunnerError):
 
 
 class ImageUnavailable(RunnerError):
-    """The pinned image is not here and could not be pulled or loaded, or it is built for
-    another platform."""
+    """The pinned image is not here and could not be pulled or loaded."""
 
     category = "image_unavailable"
 

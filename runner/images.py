@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import tarfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -216,7 +217,22 @@ def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Pul
             progress.transfer(f"pulling {len(layers)} layer(s)", done, total)
 
     auth = {"username": creds.username, "password": creds.password} if creds else None
-    backend.pull(ref.pull_name, auth, on_chunk)
+    for attempt in range(3):
+        try:
+            backend.pull(ref.pull_name, auth, on_chunk)
+            return
+        except ImageUnavailable:
+            # The engine reports a failed pull as text; the registry's status says whether it
+            # is worth another try (a 5xx or an outage midway through the layers).
+            try:
+                registry.probe_once(ref, creds, insecure=insecure, timeout=15)
+            except registry.TransientRegistryError:
+                if attempt == 2:
+                    raise
+                progress.stage("registry", f"{ref.registry} failed during the pull; retrying")
+                time.sleep(2 * (attempt + 1))
+                continue
+            raise
 
 
 def acquire(
@@ -262,7 +278,7 @@ def acquire(
         repo_digest = verify(pin, info)
     host = normalize_arch(backend.architecture())
     if host and info.architecture and normalize_arch(info.architecture) != host:
-        raise ImageUnavailable(
+        raise PolicyViolation(
             f"the image {info.id} is built for {info.os}/{info.architecture}; this host is {host}",
             hint=f"pin the image's {host} variant (its own manifest digest)",
         )

@@ -417,8 +417,14 @@ def _execute_locked(
             hint="give this contract its own --job-id",
         )
     limit = min(st.limit, p.limits.timeout_seconds)
+    if st.finished is not None and not opts.rerun and not job.envelope.exists():
+        raise JobAlreadyFinished(
+            f"job {p.job_id} finished on this host but its result.json is gone",
+            hint="restore it from record/ (earlier envelopes are kept there), or run the job "
+            "again on purpose with --rerun",
+        )
     if st.finished is not None:
-        if not opts.rerun and job.envelope.exists():
+        if not opts.rerun:
             r.written = True
             progress.stage(
                 "job", f"{p.job_id} already finished; this is its envelope (--rerun runs it again)"
