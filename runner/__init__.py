@@ -4,21 +4,43 @@ Public API::
 
     from runner import run, verify, RunOptions, ResultEnvelope, RunnerError
 
-Everything else is private and may change.
+Everything else is private and may change. The names are imported on first use, so that
+``runner --help`` and small commands do not pay for the whole package at start-up.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from runner.contract import VerifiedContract, load_contract
-from runner.envelope import ResultEnvelope
-from runner.errors import RunnerError
-from runner.orchestrator import RunOptions, __version__, run
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from runner.contract import VerifiedContract
+    from runner.envelope import ResultEnvelope
+    from runner.errors import RunnerError
+    from runner.orchestrator import RunOptions, run
+
+_LAZY = {
+    "ResultEnvelope": "runner.envelope",
+    "RunOptions": "runner.orchestrator",
+    "RunnerError": "runner.errors",
+    "VerifiedContract": "runner.contract",
+    "run": "runner.orchestrator",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'runner' has no attribute {name!r}")
 
 
 def verify(contract_path: str | Path) -> VerifiedContract:
     """Load and verify a contract (JSON, schema, digest, parser bindings); raise on refusal."""
+    from runner.contract import load_contract
+
     return load_contract(Path(contract_path))
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from runner import (
+    __version__,
     agent_result,
     attest,
     container,
@@ -65,8 +66,6 @@ from runner.errors import (
 from runner.ledger import Ledger, LedgerCorrupt, read_state
 from runner.plan import ExecutionPlan
 from runner.policy import LoadedPolicy
-
-__version__ = "0.1.0"
 
 
 class _Silent:

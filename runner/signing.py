@@ -123,11 +123,6 @@ def sign(
     }
 
 
-def is_envelope(data: dict[str, Any]) -> bool:
-    """Whether parsed JSON looks like a DSSE envelope rather than a bare contract."""
-    return "payloadType" in data or "signatures" in data or "payload" in data
-
-
 def _b64(value: Any, what: str) -> bytes:
     """Standard or URL-safe base64, padded or not (both are allowed by DSSE); strict."""
     if not isinstance(value, str) or not value:

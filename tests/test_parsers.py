@@ -300,3 +300,47 @@ def test_third_party_parsers_register_through_entry_points(tmp_path: Path) -> No
     ids = {(p["id"], p["version"]) for p in json.loads(proc.stdout)}
     assert ("lab.const", "3") in ids and ("json.scalar", "1") in ids
     assert "plug-in broken failed to load" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [r"acc=(\d+\.\d+)$", r"^step (\d+)", r"loss (\S+)", r"(?<=x)(\d)", r"(\d+)(?!\d)", r"^$()"],
+)
+@pytest.mark.parametrize("occurrence", ["first", "last"])
+def test_regex_chunk_prefilter_changes_no_answer(
+    tmp_path: Path, pattern: str, occurrence: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Skipping chunks with one C-level search gives exactly the line-by-line answer, line
+    numbers included, across \\n, \\r\\n and lone \\r line ends and chunk boundaries."""
+    from runner.parsers import _lines, regex_scalar
+
+    monkeypatch.setattr(_lines, "CHUNK_BYTES", 4096)
+    lines = []
+    for i in range(20000):
+        end = ("\n", "\r\n", "\r")[i % 3]
+        body = f"step {i} loss {i * 0.5}" if i % 997 == 0 else f"noise x{i % 10} line"
+        if i == 19990:
+            body = "acc=0.819"
+        lines.append(body + end)
+    path = tmp_path / "log.txt"
+    path.write_text("".join(lines), newline="")
+    parser = registry.get("regex.scalar", "1")
+    config = {"pattern": pattern, "occurrence": occurrence, "type": "string"}
+
+    def answer() -> object:
+        try:
+            return parser.parse(path, config)
+        except EvidenceParseError as exc:
+            return str(exc)
+
+    fast = answer()
+    monkeypatch.setattr(regex_scalar, "_prefilter", lambda pattern: None)
+    assert answer() == fast
+
+
+def test_every_registered_config_schema_is_valid() -> None:
+    """Config schemas are not re-checked at start-up (it costs every run); they are here."""
+    import jsonschema
+
+    for entry in registry.catalog():
+        jsonschema.Draft202012Validator.check_schema(entry["configSchema"])

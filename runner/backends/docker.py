@@ -115,8 +115,9 @@ class DockerBackend:
             return sorted((self._api.info().get("Runtimes") or {}).keys())
 
     def architecture(self) -> str:
+        # /version answers at once; /info walks every container and image first.
         with _engine("asking the engine about its host"):
-            return str(self._api.info().get("Architecture", ""))
+            return str(self._api.version().get("Arch", ""))
 
     def create(self, spec: ContainerSpec) -> str:
         lim = spec.limits

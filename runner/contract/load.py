@@ -11,24 +11,42 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import rfc8785
 from pydantic import ValidationError
 
-from runner import signing
 from runner.contract.models import ExecutionContract
 from runner.errors import ContractError, DigestMismatch, SignatureInvalid
+
+if TYPE_CHECKING:
+    from runner.signing import TrustedKey
+
+
+def is_envelope(data: dict[str, Any]) -> bool:
+    """Whether parsed JSON looks like a DSSE envelope rather than a bare contract."""
+    return "payloadType" in data or "signatures" in data or "payload" in data
+
 
 MAX_CONTRACT_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class Trust:
-    """The keys this host trusts and how many distinct ones must have signed."""
+    """The keys this host trusts and how many distinct ones must have signed. Keys are given,
+    or read from ``folder`` when a signed contract first needs them (so unsigned work never
+    loads the cryptography)."""
 
-    keys: list[signing.TrustedKey]
+    keys: list[TrustedKey] | None = None
     threshold: int = 1
+    folder: Path | None = None
+
+    def trusted(self) -> list[TrustedKey]:
+        if self.keys is not None:
+            return self.keys
+        from runner import signing
+
+        return signing.load_trusted_keys(self.folder) if self.folder else []
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,12 @@ def parse_json(raw: bytes, source: str) -> dict[str, Any]:
         raise ContractError(
             f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
             hint="check the file with `python3 -m json.tool FILE`",
+        ) from exc
+    except (ValueError, RecursionError) as exc:
+        # Python's own limits: integers of over 4300 digits, nesting deeper than its stack.
+        raise ContractError(
+            f"{source} is beyond what a contract may hold: {str(exc).split(';')[0]}",
+            hint="contracts hold ordinary numbers and shallow objects",
         ) from exc
     if not isinstance(data, dict):
         raise ContractError(f"must be a JSON object, got {type(data).__name__}", path="$")
@@ -185,14 +209,16 @@ def load_contract(path: Path, trust: Trust | None = None) -> VerifiedContract:
         raise ContractError(f"cannot read {path}: {exc.strerror}") from exc
     data = parse_json(raw, str(path))
     base_dir = path.resolve().parent
-    if not signing.is_envelope(data):
+    if not is_envelope(data):
         return verify_data(data, raw, base_dir, str(path))
     if trust is None:
         raise SignatureInvalid(
             f"{path} is a signed envelope and no trusted keys were given to check it",
             hint="configure trusted keys (--trusted-keys DIR or RUNNER_TRUSTED_KEYS)",
         )
-    verified = signing.verify_envelope(data, trust.keys, trust.threshold)
+    from runner import signing  # cryptography is imported only for signed contracts
+
+    verified = signing.verify_envelope(data, trust.trusted(), trust.threshold)
     info = SignatureInfo(verified.keyids, verified.payload_type, raw)
     payload = parse_json(verified.payload, f"{path} (signed payload)")
     return verify_data(payload, verified.payload, base_dir, str(path), signature=info)

@@ -8,7 +8,7 @@ error naming its number.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from runner.errors import EvidenceParseError
@@ -54,13 +54,19 @@ def _batch(name: str, first: int, raw: list[bytes]) -> tuple[list[str], Exceptio
         return lines, None
 
 
-def iter_line_batches(path: Path, *, universal: bool) -> Iterator[tuple[int, list[str]]]:
+def iter_line_batches(
+    path: Path, *, universal: bool, prefilter: Callable[[str], bool] | None = None
+) -> Iterator[tuple[int, list[str]]]:
     """``(number of the first line, lines)`` for each chunk's complete lines, without ends.
 
     With ``universal`` a line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (so that a progress
     bar redrawn with ``\\r`` is many short lines, not one endless one); without it only at
     ``\\n`` (a ``\\r`` just before it is dropped), as JSON lines and CSV define them. Lines are
     numbered from 1. Batches keep the per-line cost low on files of millions of lines.
+
+    ``prefilter``, when given, sees each chunk's complete lines as one text (line ends as
+    ``\n``); a chunk it rejects is skipped without being split into lines, so a caller that
+    can tell "nothing here" in one C-level search pays nothing per line there.
     """
     name = path.name
     lineno = 1  # the number of the next line
@@ -80,9 +86,17 @@ def iter_line_batches(path: Path, *, universal: bool) -> Iterator[tuple[int, lis
                 # A \r at the very end may be half of a \r\n: keep it for the next chunk.
                 limit = len(data) - 1 if data.endswith(b"\r") else len(data)
                 cut = max(data.rfind(b"\n", 0, limit), data.rfind(b"\r", 0, limit)) + 1
-                raw = data[:cut].splitlines()
             else:
                 cut = data.rfind(b"\n") + 1
+            pending = data[cut:]
+            if prefilter is not None and cut and _rejected(data[:cut], universal, prefilter):
+                lineno += _count_lines(data[:cut], universal)
+                if len(pending) > MAX_LINE_BYTES + 1:
+                    raise _too_long(name, lineno)
+                continue
+            if universal:
+                raw = data[:cut].splitlines()
+            else:
                 raw = (
                     [
                         line[:-1] if line.endswith(b"\r") else line
@@ -91,7 +105,6 @@ def iter_line_batches(path: Path, *, universal: bool) -> Iterator[tuple[int, lis
                     if cut
                     else []
                 )
-            pending = data[cut:]
             if raw:
                 lines, bad = _batch(name, lineno, raw)
                 yield lineno, lines
@@ -109,6 +122,25 @@ def iter_line_batches(path: Path, *, universal: bool) -> Iterator[tuple[int, lis
             yield lineno, lines
             if bad is not None:
                 raise bad
+
+
+def _rejected(region: bytes, universal: bool, prefilter: Callable[[str], bool]) -> bool:
+    """Whether ``prefilter`` rules out every line of ``region`` (False when it is not UTF-8:
+    the line-by-line path then says where)."""
+    try:
+        text = region.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    if universal and "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return not prefilter(text)
+
+
+def _count_lines(region: bytes, universal: bool) -> int:
+    """Lines in ``region``, which ends with a line end."""
+    if not universal or b"\r" not in region:
+        return region.count(b"\n")
+    return region.count(b"\n") + region.count(b"\r") - region.count(b"\r\n")
 
 
 def iter_lines(path: Path, *, universal: bool) -> Iterator[tuple[int, str]]:

@@ -15,6 +15,7 @@ checked, before anything runs.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,20 @@ def compile_config(config: dict[str, Any]) -> tuple[re.Pattern[str], int | str]:
             "group", f"group {group!r} is not named in {config['pattern']!r} (names: {names})"
         )
     return pattern, group
+
+
+_CONTEXT_SENSITIVE = ("(?<", "(?=", "(?!", "\\A", "\\Z", "\\z", "(?s")
+
+
+def _prefilter(pattern: re.Pattern[str]) -> Callable[[str], bool] | None:
+    """A C-speed "could any line here match?" test over a whole chunk, or None when the
+    pattern looks beyond its line (lookarounds, \\A, \\Z, DOTALL) and only per-line matching
+    is exact. Every per-line match is also a match in the chunk (with ^ and $ at line ends),
+    so a chunk without one is skipped safely; a chunk with one is matched line by line."""
+    if pattern.flags & re.DOTALL or any(s in pattern.pattern for s in _CONTEXT_SENSITIVE):
+        return None
+    chunk = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
+    return lambda text: chunk.search(text) is not None
 
 
 class RegexScalar:
@@ -104,7 +119,8 @@ class RegexScalar:
         count = 0
         lines: list[int] = []  # the first few lines that matched, for messages
         search = pattern.search
-        for first, batch in iter_line_batches(evidence, universal=True):
+        batches = iter_line_batches(evidence, universal=True, prefilter=_prefilter(pattern))
+        for first, batch in batches:
             for lineno, line in enumerate(batch, first):
                 if search(line) is None:  # the common case, and cheaper than finditer
                     continue

@@ -62,7 +62,6 @@ def register(parser: Parser) -> Parser:
     key = (parser.id, parser.version)
     if key in _REGISTRY.parsers:
         raise ValueError(f"parser {parser.id} version {parser.version} is already registered")
-    jsonschema.Draft202012Validator.check_schema(parser.config_schema)
     _REGISTRY.parsers[key] = parser
     return parser
 

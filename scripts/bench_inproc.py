@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""In-process measurements for scripts/benchmark.py, each in its own interpreter so that its
+peak RSS is its own.
+
+    bench_inproc.py stage CONTRACT JOB_DIR   time runner.staging.stage_inputs
+    bench_inproc.py parse LOG PATTERN         time regex.scalar (occurrence last) on LOG
+
+Prints one JSON object: the seconds of the call alone (imports excluded), the process's peak
+RSS (``ru_maxrss``) and its RSS just before the call.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * resource.getpagesize()
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def stage(contract_path: Path, job_root: Path) -> dict[str, Any]:
+    from runner import staging
+    from runner.contract import load_contract
+    from runner.parsers import registry  # imported by stage_inputs; keep it out of the timing
+
+    registry.catalog()
+    contract = load_contract(contract_path)
+    job = staging.prepare(job_root)
+    before = _rss_now()
+    t0 = time.perf_counter()
+    files = staging.stage_inputs(job, contract)
+    seconds = time.perf_counter() - t0
+    return {
+        "seconds": seconds,
+        "files": len(files),
+        "bytes": sum(f.size for f in files),
+        "rssBeforeBytes": before,
+        "peakRssBytes": _peak_rss(),
+    }
+
+
+def parse(log: Path, pattern: str) -> dict[str, Any]:
+    from runner.parsers import registry
+
+    parser = registry.get("regex.scalar", "1")
+    config = {"pattern": pattern, "occurrence": "last", "type": "number"}
+    before = _rss_now()
+    t0 = time.perf_counter()
+    value = parser.parse(log, config)
+    seconds = time.perf_counter() - t0
+    return {
+        "seconds": seconds,
+        "value": value,
+        "rssBeforeBytes": before,
+        "peakRssBytes": _peak_rss(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] not in {"stage", "parse"}:
+        print(__doc__, file=sys.stderr)
+        return 2
+    if argv[0] == "stage":
+        out = stage(Path(argv[1]), Path(argv[2]))
+    else:
+        out = parse(Path(argv[1]), argv[2])
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
