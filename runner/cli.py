@@ -429,19 +429,27 @@ def _duration(text: str) -> float:
         _usage(f"a duration looks like 90s, 30m, 24h or 7d; got {text!r}")
 
 
+def _read_contract(path: Path) -> dict[str, Any]:
+    """An issuer's contract as JSON, before its digest is (re)computed."""
+    from runner.contract import parse_json
+    from runner.errors import ContractError
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ContractError(f"cannot read {path}: {exc.strerror}", hint="check the path") from exc
+    return parse_json(raw, str(path))
+
+
 def cmd_sign(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime, timedelta
 
     from runner import signing
-    from runner.contract import parse_json, verify_data, with_digest
+    from runner.contract import verify_data, with_digest
     from runner.contract.load import is_envelope
 
     path = Path(args.contract)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise RefusedError(f"cannot read {path}: {exc.strerror}") from exc
-    data = parse_json(raw, str(path))
+    data = _read_contract(path)
     if is_envelope(data):
         raise RefusedError(f"{path} is already a signed envelope", hint="sign the bare contract")
     now = datetime.now(UTC).replace(microsecond=0)
@@ -481,14 +489,10 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 def cmd_pin(args: argparse.Namespace) -> int:
     from runner.backends.docker import DockerBackend
-    from runner.contract import parse_json, verify_data, with_digest
+    from runner.contract import verify_data, with_digest
 
     path = Path(args.contract)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise RefusedError(f"cannot read {path}: {exc.strerror}") from exc
-    data = parse_json(raw, str(path))
+    data = _read_contract(path)
     info = DockerBackend().inspect_image(args.image)
     if info is None:
         from runner.errors import ImageUnavailable
