@@ -687,7 +687,14 @@ def _allocate_gpus(
     detector = r.options.gpu_detector or gpus.HostDetector()
     owner = {"jobDir": str(job.root.resolve()), "containerName": name}
     try:
-        chosen = _gpu_allocator(r, backend).allocate(want, detector.detect(), owner)
+        host = detector.detect()
+        if host and not backend.gpu_capable():
+            raise GpuUnavailable(
+                f"this host has {len(host)} GPU(s) but the engine cannot hand them to "
+                "containers (no nvidia runtime, no NVIDIA container toolkit)",
+                hint="install the NVIDIA container toolkit and restart the engine",
+            )
+        chosen = _gpu_allocator(r, backend).allocate(want, host, owner)
     except GpuUnavailable as exc:
         if not policy.cpu_fallback_allowed(contract):
             raise

@@ -135,8 +135,17 @@ def _gpu_contract(tmp_path: Path, image_id: str, *, fallback: bool) -> Path:
 def test_engine_without_driver_is_gpu_unavailable(tmp_path: Path, image_id: str) -> None:
     """The engine accepts the device request and fails at start: the container is removed,
     the failure is gpu_unavailable, and the device lock is released."""
+    from runner.backends.docker import DockerBackend
+
+    class ClaimsGpus(DockerBackend):
+        """The real engine, except that it says it could hand out GPUs, so that its real
+        behaviour at create and start is what the test sees."""
+
+        def gpu_capable(self) -> bool:
+            return True
+
     contract = _gpu_contract(tmp_path, image_id, fallback=False)
-    env = orchestrator.run(contract, _options(tmp_path, FAKE[:1]))
+    env = orchestrator.run(contract, _options(tmp_path, FAKE[:1]), backend=ClaimsGpus())
     assert env.failure is not None and env.failure.category == "gpu_unavailable"
     assert FAKE[0].uuid in env.failure.reason
     assert env.exitCode is None
@@ -150,6 +159,17 @@ def test_engine_without_driver_is_gpu_unavailable(tmp_path: Path, image_id: str)
     assert attempt.finished is not None and attempt.finished["how"] == "not-started"
     assert attempt.finished["classification"] == "gpu_unavailable"
     assert ledger.consumed == 0
+
+
+@pytest.mark.docker
+def test_engine_that_cannot_hand_out_gpus_is_detected(tmp_path: Path, image_id: str) -> None:
+    """GPUs on the host but no NVIDIA toolkit in the engine (as here): refused before any
+    container is created."""
+    contract = _gpu_contract(tmp_path, image_id, fallback=False)
+    env = orchestrator.run(contract, _options(tmp_path, FAKE[:1]))
+    assert env.failure is not None and env.failure.category == "gpu_unavailable"
+    assert "cannot hand them to containers" in env.failure.reason
+    assert env.container is None
 
 
 @pytest.mark.docker

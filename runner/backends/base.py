@@ -88,6 +88,9 @@ class Backend(Protocol):
     def runtimes(self) -> list[str]:
         """The container runtimes the engine knows (runc, runsc ...)."""
 
+    def gpu_capable(self) -> bool:
+        """Whether the engine can hand GPUs to containers at all."""
+
     def architecture(self) -> str:
         """The engine host's architecture as the engine names it (``x86_64``, ``aarch64``)."""
 

@@ -110,6 +110,15 @@ class DockerBackend:
                     message = detail.get("message") or chunk.get("error") or str(chunk)
                     raise ImageUnavailable(f"the engine could not load {bundle}: {message}")
 
+    def gpu_capable(self) -> bool:
+        """Whether the engine can hand NVIDIA GPUs to containers: an ``nvidia`` runtime, or the
+        NVIDIA container toolkit's hook on the engine's host (this runner's engine is local)."""
+        import shutil
+
+        if "nvidia" in self.runtimes():
+            return True
+        return shutil.which("nvidia-container-runtime-hook") is not None
+
     def runtimes(self) -> list[str]:
         with _engine("asking the engine for its runtimes"):
             return sorted((self._api.info().get("Runtimes") or {}).keys())
