@@ -95,8 +95,6 @@ class HumanProgress:
     def stage(self, name: str, detail: str) -> None:
         self._end_live()
         print(f"==> {name:<9} {detail}", file=self.stream, flush=True)
-        if name == "image":
-            print("==> container starting", file=self.stream, flush=True)
 
     def running(self, elapsed: float, budget: float) -> None:
         text = f"    running  {_fmt_clock(elapsed)} of {_fmt_clock(budget)} budget"
