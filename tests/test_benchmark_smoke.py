@@ -1,0 +1,44 @@
+"""The benchmark script keeps working: its smoke mode (tiny sizes, one repeat) runs end to
+end against the real engine and writes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_benchmark_smoke_runs(image_id: str, tmp_path: Path) -> None:
+    """`scripts/benchmark.py --smoke` measures every figure and exits 0."""
+    before = sorted((ROOT / "benchmarks").glob("*"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "benchmark.py"),
+            "--smoke",
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for figure in (
+        "toy evaluation",
+        "start-up",
+        "stdout capture",
+        "staging",
+        "regex.scalar",
+        "toy jobs at once",
+    ):
+        assert figure in proc.stdout + proc.stderr, figure
+    assert sorted((ROOT / "benchmarks").glob("*")) == before
