@@ -123,6 +123,29 @@ def run_cli(
     )
 
 
+def start_job(contract: Path, state: Path, *extra: str) -> subprocess.Popen[str]:
+    """`runner run --json --allow-unsigned` with this session's label, in the background."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "run",
+            str(contract),
+            "--state-dir",
+            str(state),
+            "--json",
+            "--allow-unsigned",
+            "--label",
+            f"{SESSION_LABEL}={SESSION_ID}",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def run_job(
     contract: Path,
     state: Path,

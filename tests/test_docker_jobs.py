@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from tests.conftest import (
     run_cli,
     run_job,
     session_containers,
+    start_job,
     write_contract,
 )
 
@@ -318,26 +318,7 @@ def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id
         },
     )
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "runner",
-            "run",
-            str(contract),
-            "--state-dir",
-            str(state),
-            "--json",
-            "--label",
-            f"{SESSION_LABEL}={SESSION_ID}",
-            "--label",
-            "probe=caps",
-            "--allow-unsigned",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_job(contract, state, "--label", "probe=caps")
     try:
         deadline = time.monotonic() + 60
         found: list[str] = []

@@ -12,7 +12,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -22,7 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import SESSION_ID, SESSION_LABEL, _docker, write_contract
+from tests.conftest import SESSION_ID, SESSION_LABEL, _docker, start_job, write_contract
 
 pytestmark = [pytest.mark.docker, pytest.mark.hostile]
 
@@ -54,27 +53,7 @@ def _measured_run(
     """`runner run --json` under ``runtime``; also the runner process's peak RSS (bytes)."""
     policy_file = state.parent / f"policy-{runtime}.json"
     policy_file.write_text(json.dumps({"isolation": runtime, **(policy or {})}))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "runner",
-            "run",
-            str(contract),
-            "--state-dir",
-            str(state),
-            "--json",
-            "--allow-unsigned",
-            "--policy",
-            str(policy_file),
-            "--label",
-            f"{SESSION_LABEL}={SESSION_ID}",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_job(contract, state, "--policy", str(policy_file), *extra)
     peak = 0
     done = threading.Event()
 

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 
 from runner.ledger import parse_time, read_state
-from tests.conftest import SESSION_ID, SESSION_LABEL, _docker, run_cli, run_job, write_contract
+from tests.conftest import (
+    SESSION_ID,
+    SESSION_LABEL,
+    _docker,
+    run_cli,
+    run_job,
+    start_job,
+    write_contract,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -21,27 +29,7 @@ BEAT = 0.5
 
 
 def _start(contract: Path, state: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "runner",
-            "run",
-            str(contract),
-            "--state-dir",
-            str(state),
-            "--json",
-            "--allow-unsigned",
-            "--heartbeat",
-            str(BEAT),
-            "--label",
-            f"{SESSION_LABEL}={SESSION_ID}",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_job(contract, state, "--heartbeat", str(BEAT), *extra)
 
 
 def _ledger(state: Path) -> Path:
