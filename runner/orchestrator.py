@@ -444,6 +444,14 @@ def _execute_locked(
         r.warnings.append(f"ran on CPU only: {r.gpu_fallback}")
     attempt = len(st.attempts)
     failure = _classify(outcome, limit)
+    if failure is not None and failure.category in {"nonzero_exit", "oom"}:
+        tail = _tail(job.output, p.stderr_path)
+        where = f"{job.output / p.stderr_path}"
+        failure = failure.model_copy(
+            update={
+                "reason": f"{failure.reason} ({where}" + (f"; it ends: {tail})" if tail else ")")
+            }
+        )
     if outcome.how != "ledger":
         ledger.append(
             f"attempt-{attempt}.finished",
@@ -520,6 +528,20 @@ def _execute_locked(
             {"status": envelope.status, "envelopeSha256": f"sha256:{digest}"},
         )
     return envelope
+
+
+def _tail(output: Path, rel: str, limit: int = 300) -> str:
+    """The last line or so of a log, for a failure's reason; never through a link the job
+    planted (a log resolving outside output/ is not read)."""
+    try:
+        path = staging.resolve_inside(output, rel)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except (RunnerError, OSError):
+        return ""
+    with os.fdopen(fd, "rb") as f:
+        f.seek(max(f.seek(0, os.SEEK_END) - limit, 0))
+        text = f.read().decode("utf-8", "replace").strip()
+    return " | ".join(text.splitlines()[-3:])[-limit:]
 
 
 def _archive_envelope(job: staging.JobDir) -> None:

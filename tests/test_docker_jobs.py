@@ -103,12 +103,15 @@ def test_toy_evaluation_end_to_end(tmp_path: Path, image_id: str) -> None:
 
 
 def test_nonzero_exit_keeps_the_jobs_code(tmp_path: Path, image_id: str) -> None:
-    contract = write_contract(tmp_path, image_id, command=_py("import sys; sys.exit(3)"))
+    """exit 3 is nonzero_exit with exit code 3; the reason points at stderr and quotes its end."""
+    job = "import sys; print('checkpoint missing', file=sys.stderr); sys.exit(3)"
+    contract = write_contract(tmp_path, image_id, command=_py(job))
     code, env, _ = run_job(contract, tmp_path / "state")
     assert code == 1
     assert env["status"] == "failed"
     assert env["failure"]["category"] == "nonzero_exit" and env["failure"]["stage"] == "container"
     assert env["exitCode"] == 3
+    assert "logs/evaluation.err; it ends: checkpoint missing" in env["failure"]["reason"]
     _no_leftovers(env)
 
 
