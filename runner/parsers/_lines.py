@@ -54,6 +54,18 @@ def _batch(name: str, first: int, raw: list[bytes]) -> tuple[list[str], Exceptio
         return lines, None
 
 
+def _chunks(path: Path) -> Iterator[bytes]:
+    """The file in CHUNK_BYTES pieces, a leading UTF-8 byte-order mark dropped."""
+    with path.open("rb") as fh:
+        first = True
+        while chunk := fh.read(CHUNK_BYTES):
+            if first:
+                first = False
+                if chunk.startswith(_BOM):
+                    chunk = chunk[len(_BOM) :]
+            yield chunk
+
+
 def iter_line_batches(
     path: Path, *, universal: bool, prefilter: Callable[[str], bool] | None = None
 ) -> Iterator[tuple[int, list[str]]]:
@@ -71,57 +83,48 @@ def iter_line_batches(
     name = path.name
     lineno = 1  # the number of the next line
     pending = b""
-    with path.open("rb") as fh:
-        first = True
-        while True:
-            chunk = fh.read(CHUNK_BYTES)
-            if first:
-                first = False
-                if chunk.startswith(_BOM):
-                    chunk = chunk[len(_BOM) :]
-            if not chunk:
-                break
-            data = pending + chunk if pending else chunk
-            if universal:
-                # A \r at the very end may be half of a \r\n: keep it for the next chunk.
-                limit = len(data) - 1 if data.endswith(b"\r") else len(data)
-                cut = max(data.rfind(b"\n", 0, limit), data.rfind(b"\r", 0, limit)) + 1
-            else:
-                cut = data.rfind(b"\n") + 1
-            pending = data[cut:]
-            if prefilter is not None and cut and _rejected(data[:cut], universal, prefilter):
-                lineno += _count_lines(data[:cut], universal)
-                if len(pending) > MAX_LINE_BYTES + 1:
-                    raise _too_long(name, lineno)
-                continue
-            if universal:
-                raw = data[:cut].splitlines()
-            else:
-                raw = (
-                    [
-                        line[:-1] if line.endswith(b"\r") else line
-                        for line in data[: cut - 1].split(b"\n")
-                    ]
-                    if cut
-                    else []
-                )
-            if raw:
-                lines, bad = _batch(name, lineno, raw)
-                yield lineno, lines
-                if bad is not None:
-                    raise bad
-                lineno += len(raw)
+    for chunk in _chunks(path):
+        data = pending + chunk if pending else chunk
+        if universal:
+            # A \r at the very end may be half of a \r\n: keep it for the next chunk.
+            limit = len(data) - 1 if data.endswith(b"\r") else len(data)
+            cut = max(data.rfind(b"\n", 0, limit), data.rfind(b"\r", 0, limit)) + 1
+        else:
+            cut = data.rfind(b"\n") + 1
+        pending = data[cut:]
+        if prefilter is not None and cut and _rejected(data[:cut], universal, prefilter):
+            lineno += _count_lines(data[:cut], universal)
             if len(pending) > MAX_LINE_BYTES + 1:
                 raise _too_long(name, lineno)
-        if pending:
-            if universal:
-                line = pending.rstrip(b"\r")
-            else:
-                line = pending[:-1] if pending.endswith(b"\r") else pending
-            lines, bad = _batch(name, lineno, [line])
+            continue
+        if universal:
+            raw = data[:cut].splitlines()
+        else:
+            raw = (
+                [
+                    line[:-1] if line.endswith(b"\r") else line
+                    for line in data[: cut - 1].split(b"\n")
+                ]
+                if cut
+                else []
+            )
+        if raw:
+            lines, bad = _batch(name, lineno, raw)
             yield lineno, lines
             if bad is not None:
                 raise bad
+            lineno += len(raw)
+        if len(pending) > MAX_LINE_BYTES + 1:
+            raise _too_long(name, lineno)
+    if pending:
+        if universal:
+            line = pending.rstrip(b"\r")
+        else:
+            line = pending[:-1] if pending.endswith(b"\r") else pending
+        lines, bad = _batch(name, lineno, [line])
+        yield lineno, lines
+        if bad is not None:
+            raise bad
 
 
 def _rejected(region: bytes, universal: bool, prefilter: Callable[[str], bool]) -> bool:
@@ -154,26 +157,17 @@ def iter_raw_lines(path: Path) -> Iterator[tuple[int, str]]:
     name = path.name
     lineno = 0
     pending = b""
-    with path.open("rb") as fh:
-        first = True
-        while True:
-            chunk = fh.read(CHUNK_BYTES)
-            if first:
-                first = False
-                if chunk.startswith(_BOM):
-                    chunk = chunk[len(_BOM) :]
-            if not chunk:
-                break
-            data = pending + chunk if pending else chunk
-            parts = data.split(b"\n")
-            pending = parts.pop()
-            for part in parts:
-                lineno += 1
-                if len(part) > MAX_LINE_BYTES + 1:
-                    raise _too_long(name, lineno)
-                yield lineno, _decode(name, lineno, part + b"\n")
-            if len(pending) > MAX_LINE_BYTES + 1:
-                raise _too_long(name, lineno + 1)
-        if pending:
+    for chunk in _chunks(path):
+        data = pending + chunk if pending else chunk
+        parts = data.split(b"\n")
+        pending = parts.pop()
+        for part in parts:
             lineno += 1
-            yield lineno, _decode(name, lineno, pending)
+            if len(part) > MAX_LINE_BYTES + 1:
+                raise _too_long(name, lineno)
+            yield lineno, _decode(name, lineno, part + b"\n")
+        if len(pending) > MAX_LINE_BYTES + 1:
+            raise _too_long(name, lineno + 1)
+    if pending:
+        lineno += 1
+        yield lineno, _decode(name, lineno, pending)
