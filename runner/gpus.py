@@ -65,10 +65,10 @@ class HostDetector:
                 out.append(
                     Gpu(
                         index=i,
-                        uuid=str(pynvml.nvmlDeviceGetUUID(handle)),
-                        model=str(pynvml.nvmlDeviceGetName(handle)),
+                        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                        model=_text(pynvml.nvmlDeviceGetName(handle)),
                         memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
-                        driver_version=str(driver),
+                        driver_version=_text(driver),
                     )
                 )
             return out
@@ -97,6 +97,11 @@ class HostDetector:
         if proc.returncode != 0:
             return None
         return parse_smi(proc.stdout)
+
+
+def _text(value: object) -> str:
+    """NVML strings: ``str`` from nvidia-ml-py, ``bytes`` from older pynvml releases."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def parse_smi(text: str) -> list[Gpu]:

@@ -203,3 +203,11 @@ def test_policy_without_gpus_and_fallback_runs_on_cpu(tmp_path: Path, image_id: 
     assert strict is not None
     refused = orchestrator.run(strict, _options(tmp_path / "strict", FAKE, maxima={"gpus": 0}))
     assert refused.failure is not None and refused.failure.category == "policy_violation"
+
+
+def test_nvml_strings_are_text_from_either_binding() -> None:
+    """nvidia-ml-py answers str, older pynvml releases bytes; both become plain text."""
+    from runner.gpus import _text
+
+    assert _text(b"GPU-1234") == "GPU-1234"
+    assert _text("NVIDIA H200") == "NVIDIA H200"
