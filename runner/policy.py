@@ -115,9 +115,8 @@ class HostPolicy(BaseModel):
 
     def resolved(self) -> HostPolicy:
         """The same policy with host-sized maxima filled in."""
-        import psutil
-
-        memory_gb = psutil.virtual_memory().total / 1024**3
+        # The kernel's MemTotal, as psutil.virtual_memory().total reads it, without the import.
+        memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
         m = self.maxima
         maxima = m.model_copy(
             update={

@@ -103,12 +103,12 @@ def test_binding_schema_errors_name_the_field() -> None:
         registry.check_binding(
             _binding("jsonl.scalar", {"pointer": "/a", "select": "x"}), path="$.m"
         )
-    with pytest.raises(ContractError, match=r"\$\.m\.config\.select: 'match' was expected"):
+    with pytest.raises(ContractError, match=r'\$\.m\.config\.select: "match" was expected'):
         registry.check_binding(
             _binding("jsonl.scalar", {"pointer": "/a", "select": "last", "occurrence": "only"}),
             path="$.m",
         )
-    with pytest.raises(ContractError, match=r"\$\.m\.config: 'match' is a required property"):
+    with pytest.raises(ContractError, match=r'\$\.m\.config: "match" is a required property'):
         registry.check_binding(
             _binding("jsonl.scalar", {"pointer": "/a", "select": "match"}), path="$.m"
         )

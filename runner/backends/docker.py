@@ -1,17 +1,33 @@
-"""The Docker engine backend: the only module that imports the docker SDK."""
+"""The Docker engine backend: the only module that talks to Docker.
+
+Two transports, one module. Container work (create, start, wait, inspect, logs, remove, list)
+goes over the Engine API with the standard library's ``http.client`` on the engine's socket:
+it is the hot path of every job, and importing the docker SDK (with requests and urllib3) cost
+about 0.2 s of start-up per ``runner run``, more than the engine spends creating the container.
+Image transfers (pull with registry auth and progress, load of a bundle) go through the docker
+SDK, imported only when an image has to move, where its start-up is noise next to the transfer.
+
+The endpoint is ``DOCKER_HOST`` as the docker CLI reads it: ``unix://PATH`` (the default,
+``/var/run/docker.sock``) or ``tcp://HOST:PORT``, with TLS when ``DOCKER_TLS_VERIFY`` is set
+(``ca.pem``, ``cert.pem`` and ``key.pem`` from ``DOCKER_CERT_PATH``, default ``~/.docker``).
+The API version is negotiated once per backend from ``/_ping`` (the engine's own, capped at
+the newest this module was written against), as the docker CLI does.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
+import os
+import socket
+import ssl
+import struct
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
-
-import docker
-import docker.errors
-import requests
-from docker.types import DeviceRequest, LogConfig
-from docker.types import Mount as DockerMount
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode, urlsplit
 
 from runner.backends.base import ContainerSpec, ContainerState, ContainerSummary
 from runner.errors import (
@@ -22,59 +38,225 @@ from runner.errors import (
 )
 from runner.images import ImageInfo
 
-_CONNECTION_ERRORS = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
+if TYPE_CHECKING:
+    import docker
+
+_MAX_API = (1, 45)
+"""The newest Engine API version the requests below were written against."""
+_DEFAULT_SOCKET = "/var/run/docker.sock"
+_ENGINE_HINT = "start it (`scripts/setup.sh` does) and check DOCKER_HOST"
+
+
+class _NotFound(Exception):
+    """The engine answered 404 (turned into ContainerVanished or None by the caller)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float | None) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self._path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _endpoint(base_url: str | None) -> Callable[[float | None], http.client.HTTPConnection]:
+    """A connection factory for ``base_url`` (else DOCKER_HOST, else the default socket)."""
+    url = base_url or os.environ.get("DOCKER_HOST") or f"unix://{_DEFAULT_SOCKET}"
+    parts = urlsplit(url)
+    if parts.scheme in ("unix", "http+unix"):
+        path = parts.path or _DEFAULT_SOCKET
+        return lambda timeout: _UnixConnection(path, timeout)
+    if parts.scheme in ("tcp", "http", "https"):
+        host, port = parts.hostname or "localhost", parts.port
+        tls = parts.scheme == "https" or os.environ.get("DOCKER_TLS_VERIFY", "") not in ("", "0")
+        if not tls:
+            return lambda timeout: http.client.HTTPConnection(host, port or 2375, timeout=timeout)
+        certs = Path(os.environ.get("DOCKER_CERT_PATH") or Path.home() / ".docker")
+        context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        context.load_cert_chain(str(certs / "cert.pem"), str(certs / "key.pem"))
+        return lambda timeout: http.client.HTTPSConnection(
+            host, port or 2376, timeout=timeout, context=context
+        )
+    raise EngineUnavailable(
+        f"DOCKER_HOST {url!r}: only unix:// and tcp:// engines are supported",
+        hint="point DOCKER_HOST at the engine's socket (unix:///var/run/docker.sock) or a "
+        "tcp:// address; for ssh:// engines forward the socket with `ssh -L`",
+    )
 
 
 @contextlib.contextmanager
-def _engine(action: str, container_id: str | None = None) -> Iterator[None]:
-    """Translate SDK and transport errors into the runner's error tree."""
+def _sdk_errors(action: str) -> Iterator[None]:
+    """Translate the docker SDK's errors (image transfers) into the runner's error tree."""
+    import docker.errors
+    import requests
+
     try:
         yield
-    except docker.errors.NotFound as exc:
-        if container_id is None:
-            raise InfrastructureError(f"{action}: {exc.explanation or exc}") from exc
-        raise ContainerVanished(
-            f"{action}: container {container_id[:12]} no longer exists "
-            "(removed by someone else, or the engine lost it)",
-        ) from exc
     except docker.errors.APIError as exc:
         raise InfrastructureError(
             f"{action}: the engine answered {exc.status_code}: {exc.explanation or exc}"
         ) from exc
-    except _CONNECTION_ERRORS as exc:
+    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
         raise EngineUnavailable(
             f"{action}: the Docker engine cannot be reached ({type(exc).__name__})",
-            hint="start it (`scripts/setup.sh` does) and check DOCKER_HOST",
+            hint=_ENGINE_HINT,
         ) from exc
     except docker.errors.DockerException as exc:
-        raise EngineUnavailable(
-            f"{action}: {exc}",
-            hint="start the engine (`scripts/setup.sh` does) and check DOCKER_HOST",
-        ) from exc
+        raise EngineUnavailable(f"{action}: {exc}", hint=_ENGINE_HINT) from exc
 
 
 class DockerBackend:
-    """Talks to the engine through the low-level API client."""
+    """The runner's container engine: Engine API calls over ``http.client`` (a fresh
+    connection per call, so threads never share one), the docker SDK for image transfers."""
 
     def __init__(self, base_url: str | None = None, timeout: float = 60.0) -> None:
-        with _engine("connecting to the engine"):
-            if base_url:
-                self._api = docker.APIClient(base_url=base_url, timeout=timeout)
+        self._base_url = base_url
+        self._timeout = timeout
+        self._connect = _endpoint(base_url)
+        self._prefix: str | None = None
+        self._prefix_lock = threading.Lock()
+        self._sdk: docker.APIClient | None = None
+
+    # -- transport -------------------------------------------------------------------------
+
+    def _version_prefix(self, action: str) -> str:
+        with self._prefix_lock:
+            if self._prefix is None:
+                _, headers, _ = self._exchange("GET", "/_ping", None, self._timeout, action)
+                server = headers.get("API-Version") or "1.41"
+                try:
+                    have = tuple(int(x) for x in server.split(".")[:2])
+                except ValueError:
+                    have = (1, 41)
+                major, minor = min(have, _MAX_API)
+                self._prefix = f"/v{major}.{minor}"
+            return self._prefix
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        timeout: float | None,
+        action: str,
+        *,
+        stream_to: Callable[[http.client.HTTPResponse], None] | None = None,
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        conn = self._connect(timeout)
+        headers = {"Host": "docker"}
+        payload = None
+        if body is not None:
+            payload = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        try:
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            if stream_to is not None and response.status < 300:
+                stream_to(response)
+                data = b""
             else:
-                self._api = docker.from_env(timeout=timeout).api
+                data = response.read()
+            return response.status, response.msg, data
+        except (OSError, http.client.HTTPException) as exc:
+            hint = _ENGINE_HINT
+            if isinstance(exc, PermissionError):
+                hint = "run as a user in the docker group (or root); " + hint
+            raise EngineUnavailable(
+                f"{action}: the Docker engine cannot be reached ({type(exc).__name__}: {exc})",
+                hint=hint,
+            ) from exc
+        finally:
+            conn.close()
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        action: str,
+        *,
+        query: dict[str, Any] | None = None,
+        body: Any = None,
+        timeout: float | None = None,
+        ok: tuple[int, ...] = (),
+        stream_to: Callable[[http.client.HTTPResponse], None] | None = None,
+    ) -> Any:
+        """One Engine API call; the decoded JSON answer (None when empty). 404 raises
+        ``_NotFound``; other errors the runner's own, except the statuses in ``ok``."""
+        url = self._version_prefix(action) + path
+        if query:
+            url += "?" + urlencode(query)
+        status, _, data = self._exchange(
+            method,
+            url,
+            body,
+            self._timeout if timeout is None else timeout,
+            action,
+            stream_to=stream_to,
+        )
+        if status >= 400 and status not in ok:
+            try:
+                message = str(json.loads(data).get("message", ""))
+            except (ValueError, AttributeError):
+                message = data.decode(errors="replace").strip()
+            if status == 404:
+                raise _NotFound(message)
+            raise InfrastructureError(f"{action}: the engine answered {status}: {message}")
+        if not data:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise InfrastructureError(f"{action}: the engine's answer is not JSON") from exc
+
+    def _container_call(
+        self, method: str, container_id: str, tail: str, action: str, **kwargs: Any
+    ) -> Any:
+        try:
+            return self._call(method, f"/containers/{quote(container_id)}{tail}", action, **kwargs)
+        except _NotFound as exc:
+            raise ContainerVanished(
+                f"{action}: container {container_id[:12]} no longer exists "
+                "(removed by someone else, or the engine lost it)",
+            ) from exc
+
+    def _sdk_client(self) -> docker.APIClient:
+        """The docker SDK, for image transfers only (imported on first use)."""
+        if self._sdk is None:
+            import docker
+
+            with _sdk_errors("connecting to the engine"):
+                if self._base_url:
+                    self._sdk = docker.APIClient(base_url=self._base_url, timeout=self._timeout)
+                else:
+                    self._sdk = docker.from_env(timeout=self._timeout).api
+        return self._sdk
+
+    # -- the Backend interface ---------------------------------------------------------------
 
     def ping(self) -> None:
-        with _engine("pinging the engine"):
-            self._api.ping()
+        self._version_prefix("pinging the engine")
 
     def inspect_image(self, reference: str) -> ImageInfo | None:
         try:
-            with _engine(f"inspecting image {reference}"):
-                data: dict[str, Any] = self._api.inspect_image(reference)
-        except InfrastructureError as exc:
-            if isinstance(exc.__cause__, docker.errors.NotFound):
-                return None
-            raise
+            data: dict[str, Any] = self._call(
+                "GET",
+                f"/images/{quote(reference, safe='/:@')}/json",
+                f"inspecting image {reference}",
+            )
+        except _NotFound:
+            return None
         return ImageInfo(
             id=data["Id"],
             repo_digests=tuple(data.get("RepoDigests") or ()),
@@ -90,8 +272,9 @@ class DockerBackend:
         auth: dict[str, str] | None,
         on_progress: Callable[[dict[str, Any]], None],
     ) -> None:
-        with _engine(f"pulling {reference}"):
-            stream = self._api.pull(reference, stream=True, decode=True, auth_config=auth)
+        api = self._sdk_client()
+        with _sdk_errors(f"pulling {reference}"):
+            stream = api.pull(reference, stream=True, decode=True, auth_config=auth)
             for chunk in stream:
                 if "error" in chunk or "errorDetail" in chunk:
                     detail = chunk.get("errorDetail") or {}
@@ -103,8 +286,9 @@ class DockerBackend:
                 on_progress(chunk)
 
     def load(self, bundle: Path) -> None:
-        with _engine(f"loading {bundle.name}"), bundle.open("rb") as data:
-            for chunk in self._api.load_image(data, quiet=True):
+        api = self._sdk_client()
+        with _sdk_errors(f"loading {bundle.name}"), bundle.open("rb") as data:
+            for chunk in api.load_image(data, quiet=True):
                 if "error" in chunk or "errorDetail" in chunk:
                     detail = chunk.get("errorDetail") or {}
                     message = detail.get("message") or chunk.get("error") or str(chunk)
@@ -120,86 +304,119 @@ class DockerBackend:
         return shutil.which("nvidia-container-runtime-hook") is not None
 
     def runtimes(self) -> list[str]:
-        with _engine("asking the engine for its runtimes"):
-            return sorted((self._api.info().get("Runtimes") or {}).keys())
+        info = self._call("GET", "/info", "asking the engine for its runtimes") or {}
+        return sorted((info.get("Runtimes") or {}).keys())
 
     def architecture(self) -> str:
         # /version answers at once; /info walks every container and image first.
-        with _engine("asking the engine about its host"):
-            return str(self._api.version().get("Arch", ""))
+        version = self._call("GET", "/version", "asking the engine about its host") or {}
+        return str(version.get("Arch", ""))
 
     def create(self, spec: ContainerSpec) -> str:
         lim = spec.limits
-        device_requests = None
-        if spec.gpu_ids:
-            device_requests = [DeviceRequest(device_ids=list(spec.gpu_ids), capabilities=[["gpu"]])]
-        host_config = self._api.create_host_config(
-            mounts=[
-                DockerMount(m.target, str(m.source), type="bind", read_only=m.read_only)
+        host_config: dict[str, Any] = {
+            "Mounts": [
+                {
+                    "Target": m.target,
+                    "Source": str(m.source),
+                    "Type": "bind",
+                    "ReadOnly": m.read_only,
+                }
                 for m in spec.mounts
             ],
-            network_mode=lim.network,
-            read_only=lim.read_only_rootfs,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={lim.tmpfs_bytes}"},  # noqa: S108 - in the box
-            cap_drop=list(lim.cap_drop),
-            security_opt=list(lim.security_opt),
-            mem_limit=lim.memory_bytes,
-            memswap_limit=lim.memory_swap_bytes,
-            nano_cpus=int(lim.cpus * 1e9),
-            shm_size=lim.shm_bytes,
-            pids_limit=lim.pids,
-            init=lim.init,
-            log_config=LogConfig(
-                type="json-file", config={"max-size": str(spec.log_max_bytes), "max-file": "1"}
-            ),
-            device_requests=device_requests,
-            runtime=lim.runtime,
-        )
-        with _engine("creating the job container"):
-            created = self._api.create_container(
-                image=spec.image,
-                entrypoint=spec.entrypoint,
-                command=spec.command,
-                user=spec.user,
-                working_dir=spec.working_dir,
-                environment=spec.environment,
-                labels=spec.labels,
-                name=spec.name,
-                host_config=host_config,
-                stdin_open=False,
-                tty=False,
+            "NetworkMode": lim.network,
+            "ReadonlyRootfs": lim.read_only_rootfs,
+            "Tmpfs": {"/tmp": f"rw,nosuid,nodev,size={lim.tmpfs_bytes}"},  # noqa: S108 - in the box
+            "CapDrop": list(lim.cap_drop),
+            "SecurityOpt": list(lim.security_opt),
+            "Memory": lim.memory_bytes,
+            "MemorySwap": lim.memory_swap_bytes,
+            "NanoCpus": int(lim.cpus * 1e9),
+            "ShmSize": lim.shm_bytes,
+            "Init": lim.init,
+            "LogConfig": {
+                "Type": "json-file",
+                "Config": {"max-size": str(spec.log_max_bytes), "max-file": "1"},
+            },
+            "Runtime": lim.runtime,
+        }
+        if lim.pids is not None:
+            host_config["PidsLimit"] = lim.pids
+        if spec.gpu_ids:
+            host_config["DeviceRequests"] = [
+                {
+                    "Driver": "",
+                    "Count": 0,
+                    "DeviceIDs": list(spec.gpu_ids),
+                    "Capabilities": [["gpu"]],
+                    "Options": {},
+                }
+            ]
+        config = {
+            "Image": spec.image,
+            "Entrypoint": spec.entrypoint,
+            "Cmd": spec.command,
+            "User": spec.user,
+            "WorkingDir": spec.working_dir,
+            "Env": [f"{k}={v}" for k, v in spec.environment.items()],
+            "Labels": spec.labels,
+            "AttachStdin": False,
+            "AttachStdout": False,
+            "AttachStderr": False,
+            "OpenStdin": False,
+            "StdinOnce": False,
+            "Tty": False,
+            "HostConfig": host_config,
+        }
+        action = "creating the job container"
+        try:
+            created = self._call(
+                "POST", "/containers/create", action, query={"name": spec.name}, body=config
             )
+        except _NotFound as exc:
+            raise InfrastructureError(f"{action}: {exc.message}") from exc
         return str(created["Id"])
 
     def start(self, container_id: str) -> None:
-        with _engine("starting the job container", container_id):
-            self._api.start(container_id)
+        # 304: already started, which is the goal.
+        self._container_call("POST", container_id, "/start", "starting the job container")
 
     def wait(self, container_id: str, timeout: float) -> int | None:
         try:
-            with _engine("waiting for the job container", container_id):
-                result = self._api.wait(container_id, timeout=max(timeout, 0.01))
-        except EngineUnavailable:
-            # The SDK reports its own read timeout as a connection error; ask the engine.
+            result = self._container_call(
+                "POST",
+                container_id,
+                "/wait",
+                "waiting for the job container",
+                timeout=max(timeout, 0.01),
+            )
+        except EngineUnavailable as exc:
+            if not isinstance(exc.__cause__, TimeoutError):
+                raise
+            # Our own read timeout: the job still runs, or the answer crossed it.
             state = self.state(container_id)
             return None if state.running else state.exit_code
-        return int(result.get("StatusCode", -1))
+        return int((result or {}).get("StatusCode", -1))
 
     def stop(self, container_id: str, grace: float) -> None:
-        with _engine("stopping the job container", container_id):
-            self._api.stop(container_id, timeout=max(round(grace), 0))
+        seconds = max(round(grace), 0)
+        self._container_call(
+            "POST",
+            container_id,
+            "/stop",
+            "stopping the job container",
+            query={"t": seconds},
+            timeout=self._timeout + seconds,
+        )
 
     def kill(self, container_id: str) -> None:
-        with _engine("killing the job container", container_id):
-            try:
-                self._api.kill(container_id)
-            except docker.errors.APIError as exc:
-                if exc.status_code != 409:  # 409: not running any more, which is the goal
-                    raise
+        # 409: not running any more, which is the goal.
+        self._container_call("POST", container_id, "/kill", "killing the job container", ok=(409,))
 
     def state(self, container_id: str) -> ContainerState:
-        with _engine("inspecting the job container", container_id):
-            data: dict[str, Any] = self._api.inspect_container(container_id)
+        data: dict[str, Any] = self._container_call(
+            "GET", container_id, "/json", "inspecting the job container"
+        )
         st: dict[str, Any] = data.get("State") or {}
         running = bool(st.get("Running"))
         return ContainerState(
@@ -216,29 +433,55 @@ class DockerBackend:
 
     def save_logs(self, container_id: str, dest: Path, max_bytes: int) -> int:
         written = 0
-        with _engine("reading the container's engine log", container_id), dest.open("wb") as out:
-            for chunk in self._api.logs(container_id, stream=True, follow=False, timestamps=True):
-                room = max_bytes - written
-                if room <= 0:
-                    break
-                out.write(chunk[:room])
-                written += min(len(chunk), room)
+
+        def demultiplex(response: http.client.HTTPResponse) -> None:
+            # No TTY: frames of an 8-byte header (stream, 0, 0, 0, big-endian length), then
+            # the bytes; stdout and stderr interleaved in the order the engine logged them.
+            nonlocal written
+            with dest.open("wb") as out:
+                while written < max_bytes:
+                    header = response.read(8)
+                    if len(header) < 8:
+                        break
+                    (length,) = struct.unpack(">I", header[4:])
+                    chunk = response.read(length)
+                    room = max_bytes - written
+                    out.write(chunk[:room])
+                    written += min(len(chunk), room)
+
+        self._container_call(
+            "GET",
+            container_id,
+            "/logs",
+            "reading the container's engine log",
+            query={"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 0},
+            stream_to=demultiplex,
+        )
         return written
 
     def remove(self, container_id: str) -> None:
-        with _engine("removing the job container"):
-            try:
-                self._api.remove_container(container_id, force=True, v=True)
-            except docker.errors.NotFound:
-                return
-            except docker.errors.APIError as exc:
-                if exc.status_code != 409:  # 409: removal already in progress
-                    raise
+        # 404: already gone; 409: removal already in progress. Both are the goal.
+        with contextlib.suppress(ContainerVanished):
+            self._container_call(
+                "DELETE",
+                container_id,
+                "",
+                "removing the job container",
+                query={"force": 1, "v": 1},
+                ok=(409,),
+            )
 
     def find(self, labels: dict[str, str]) -> list[ContainerSummary]:
         filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-        with _engine("listing containers"):
-            found = self._api.containers(all=True, filters=filters)
+        found = (
+            self._call(
+                "GET",
+                "/containers/json",
+                "listing containers",
+                query={"all": 1, "filters": json.dumps(filters)},
+            )
+            or []
+        )
         return [
             ContainerSummary(
                 id=str(c["Id"]),

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
 
-import jsonschema
+import jsonschema_rs
 
 from runner.errors import ContractError
 
@@ -105,6 +106,25 @@ def catalog() -> list[dict[str, Any]]:
     ]
 
 
+@cache
+def _validator(parser_id: str, version: str) -> jsonschema_rs.Draft202012Validator:
+    """The parser's config schema, compiled once per process (Draft 2020-12, as declared).
+
+    ``jsonschema-rs`` rather than ``jsonschema``: the same draft and the same verdicts, and it
+    imports in about 0.02 s where ``jsonschema`` (with attrs, referencing and rpds) took about
+    0.1 s of every ``runner verify`` and ``runner run``.
+    """
+    parser = _REGISTRY.parsers[(parser_id, version)]
+    try:
+        return jsonschema_rs.Draft202012Validator(parser.config_schema)
+    except (jsonschema_rs.ValidationError, ValueError) as exc:
+        raise ContractError(
+            f"parser {parser_id}@{version} declares a config schema that is not valid JSON "
+            f"Schema: {exc}",
+            hint="fix the parser's config_schema (a plug-in's, most likely)",
+        ) from exc
+
+
 def check_binding(binding: _Binding, *, path: str) -> None:
     """Refuse a binding to an unknown parser or with a config its schema rejects."""
     key = (binding.id, binding.version)
@@ -116,14 +136,16 @@ def check_binding(binding: _Binding, *, path: str) -> None:
             path=path,
             hint=f"use one of: {listing}{plugins}",
         )
-    validator = jsonschema.Draft202012Validator(_REGISTRY.parsers[key].config_schema)
-    errors = sorted(validator.iter_errors(binding.config), key=lambda e: list(e.absolute_path))
+    errors = sorted(
+        _validator(*key).iter_errors(binding.config),
+        key=lambda e: [(isinstance(p, str), p) for p in e.instance_path],
+    )
     if errors:
         err = errors[0]
         where = (
             path
             + ".config"
-            + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+            + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.instance_path)
         )
         raise ContractError(
             f"{err.message}",
