@@ -142,6 +142,63 @@ def test_regex_finds_the_last_value_among_thousands_of_lines(tmp_path: Path) -> 
     )
 
 
+@pytest.mark.parametrize(
+    ("pattern", "literal"),
+    [
+        (r"final accuracy: ([0-9.]+)", b"final accuracy: "),
+        (r"ab*cde", b"cde"),  # the run after a repeat, not the optional b
+        (r"x(abc)?yz", None),  # literals in an optional group are not required
+        (r"acc|loss=(\S+)", None),  # an alternative at the top: nothing is required
+        (r"(?i)final (\S+)", None),  # the text's case may differ
+        (r"(?x) fin al \s (\S+)", b"final"),  # verbose: as the engine reads it
+        (r"\u00e9t\u00e9=(\d)", "\u00e9t\u00e9=".encode()),  # UTF-8 bytes of the text
+        (r"a=(\d)", None),  # too short to be worth a search
+    ],
+)
+def test_regex_required_literal_is_what_every_match_contains(
+    pattern: str, literal: bytes | None
+) -> None:
+    import re
+
+    from runner.parsers.regex_scalar import required_literal
+
+    assert required_literal(re.compile(pattern)) == literal
+
+
+def test_regex_literal_shortcut_changes_no_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks skipped for lacking the pattern's literal give the same values, line numbers and
+    refusals as reading every line: across 1 MiB chunks, with \\r, \\r\\n and non-ASCII text."""
+    from runner.parsers import regex_scalar
+
+    filler = "".join(f"step {i} loss={i % 7}.5 \u00e9t\u00e9\r\n" for i in range(60_000))
+    text = filler + "final accuracy: 0.7\r" + filler + "final accuracy: 0.8\n" + filler
+    path = _write(tmp_path, text)
+    configs: list[dict[str, Any]] = [
+        {"pattern": r"final accuracy: (\S+)"},
+        {"pattern": r"final accuracy: (\S+)", "occurrence": "first"},
+        {"pattern": r"^step 5\d{4} loss=(\S+)"},
+    ]
+    only = {"pattern": r"final accuracy: (\S+)", "occurrence": "only"}
+    with pytest.raises(EvidenceParseError) as shortcut_refusal:
+        REGEX.parse(path, only)
+    shortcut = [REGEX.parse(path, c) for c in configs]
+    monkeypatch.setattr(regex_scalar, "required_literal", lambda pattern: None)
+    with pytest.raises(EvidenceParseError) as full_refusal:
+        REGEX.parse(path, only)
+    assert shortcut == [REGEX.parse(path, c) for c in configs] == [0.8, 0.7, 2.5]
+    assert str(shortcut_refusal.value) == str(full_refusal.value)
+    assert "lines 60001, 120002" in str(full_refusal.value)
+
+
+def test_regex_literal_shortcut_still_refuses_invalid_utf8(tmp_path: Path) -> None:
+    """A chunk without the literal is skipped only when it is valid UTF-8."""
+    path = _write(tmp_path, b"loss=1\n" * 1000 + b"bad \xff byte\n" + b"acc: 0.8\n")
+    with pytest.raises(EvidenceParseError, match=r"line 1001 is not valid UTF-8"):
+        REGEX.parse(path, {"pattern": r"acc: (\S+)"})
+
+
 def test_regex_counts_every_match_on_a_line(tmp_path: Path) -> None:
     """Several matches on one line each count, in order."""
     path = _write(tmp_path, "acc=0.1 acc=0.2\nacc=0.3 acc=0.4\n")
@@ -269,3 +326,18 @@ def test_jsonl_refuses_an_over_long_line(tmp_path: Path) -> None:
     path = _write(tmp_path, '{"a": 0}\n' + big + "\n", "metrics.jsonl")
     with pytest.raises(EvidenceParseError, match="line 2 is longer than 1 MiB"):
         JSONL.parse(path, {"pointer": "/a"})
+
+
+def test_regex_lazy_line_numbers_are_true_ones(tmp_path: Path) -> None:
+    """Lines of skipped chunks are counted only when a message needs them, and then exactly:
+    also when a \\r\\n straddles two reads of the recount."""
+    from runner.parsers._lines import CHUNK_BYTES
+
+    head = "x" * (CHUNK_BYTES - 1) + "\r\n"  # the \r ends the first read, the \n starts the next
+    filler = "step loss=0.5\r" * 100_000
+    path = _write(tmp_path, head + filler + "final accuracy: n/a\n")
+    line = 1 + 100_000 + 1
+    with pytest.raises(EvidenceParseError, match=rf"evidence\.log line {line}: group 1 of"):
+        REGEX.parse(path, {"pattern": r"final accuracy: (\S+)"})
+    assert iter_lines(path, universal=True).__next__()[0] == 1
+    assert sum(1 for _ in iter_lines(path, universal=True)) == line

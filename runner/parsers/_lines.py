@@ -67,7 +67,12 @@ def _chunks(path: Path) -> Iterator[bytes]:
 
 
 def iter_line_batches(
-    path: Path, *, universal: bool, prefilter: Callable[[str], bool] | None = None
+    path: Path,
+    *,
+    universal: bool,
+    prefilter: Callable[[str], bool] | None = None,
+    required: bytes | None = None,
+    skipped: list[tuple[int, int]] | None = None,
 ) -> Iterator[tuple[int, list[str]]]:
     """``(number of the first line, lines)`` for each chunk's complete lines, without ends.
 
@@ -79,9 +84,21 @@ def iter_line_batches(
     ``prefilter``, when given, sees each chunk's complete lines as one text (line ends as
     ``\n``); a chunk it rejects is skipped without being split into lines, so a caller that
     can tell "nothing here" in one C-level search pays nothing per line there.
+
+    ``required``, when given, is bytes that any line the caller wants must contain: a chunk
+    whose complete lines hold none of it is skipped before it is even decoded (one
+    ``bytes.find``; UTF-8 is still checked, by ``isascii`` where it can be, so a bad line is
+    reported wherever it is).
+
+    ``skipped``, when given, makes line numbers lazy: the lines of skipped chunks are not
+    counted (counting newlines costs more than finding the literal); each skipped stretch is
+    appended to ``skipped`` as ``(start, end)`` offsets instead, and the numbers yielded leave
+    those lines out. :func:`line_numbers` turns such numbers into true ones, when a message
+    needs them.
     """
     name = path.name
-    lineno = 1  # the number of the next line
+    lineno = 1  # the number of the next line (leaving out skipped ones, when lazy)
+    offset = 0  # where ``data`` starts in the file (after a byte-order mark)
     pending = b""
     for chunk in _chunks(path):
         data = pending + chunk if pending else chunk
@@ -92,10 +109,23 @@ def iter_line_batches(
         else:
             cut = data.rfind(b"\n") + 1
         pending = data[cut:]
-        if prefilter is not None and cut and _rejected(data[:cut], universal, prefilter):
-            lineno += _count_lines(data[:cut], universal)
+        start, offset = offset, offset + cut
+        if cut and (
+            (
+                required is not None
+                and data.find(required, 0, cut) < 0
+                and (data.isascii() or _is_utf8(data[:cut]))
+            )
+            or (prefilter is not None and _rejected(data[:cut], universal, prefilter))
+        ):
+            if skipped is None:
+                lineno += _count_lines(data, cut, universal)
+            elif skipped and skipped[-1][1] == start:
+                skipped[-1] = (skipped[-1][0], start + cut)
+            else:
+                skipped.append((start, start + cut))
             if len(pending) > MAX_LINE_BYTES + 1:
-                raise _too_long(name, lineno)
+                raise _too_long(name, _true_number(path, universal, skipped, lineno))
             continue
         if universal:
             raw = data[:cut].splitlines()
@@ -110,21 +140,69 @@ def iter_line_batches(
             )
         if raw:
             lines, bad = _batch(name, lineno, raw)
+            if bad is not None and skipped:
+                lines, bad = _batch(name, _true_number(path, universal, skipped, lineno), raw)
             yield lineno, lines
             if bad is not None:
                 raise bad
             lineno += len(raw)
         if len(pending) > MAX_LINE_BYTES + 1:
-            raise _too_long(name, lineno)
+            raise _too_long(name, _true_number(path, universal, skipped, lineno))
     if pending:
         if universal:
             line = pending.rstrip(b"\r")
         else:
             line = pending[:-1] if pending.endswith(b"\r") else pending
         lines, bad = _batch(name, lineno, [line])
+        if bad is not None and skipped:
+            lines, bad = _batch(name, _true_number(path, universal, skipped, lineno), [line])
         yield lineno, lines
         if bad is not None:
             raise bad
+
+
+def line_numbers(
+    path: Path, universal: bool, skipped: list[tuple[int, int]], marks: list[tuple[int, int]]
+) -> list[int]:
+    """True line numbers for ``marks`` from a lazy :func:`iter_line_batches`: each mark is
+    ``(number yielded, len(skipped) when it was yielded)``. One more read of the skipped
+    stretches counts their lines (only they, and only up to the last one needed)."""
+    needed = max((n for _, n in marks), default=0)
+    counts = _lines_in(path, universal, skipped[:needed])
+    before = [0]
+    for count in counts:
+        before.append(before[-1] + count)
+    return [number + before[n] for number, n in marks]
+
+
+def _true_number(
+    path: Path, universal: bool, skipped: list[tuple[int, int]] | None, lineno: int
+) -> int:
+    if not skipped:
+        return lineno
+    return line_numbers(path, universal, skipped, [(lineno, len(skipped))])[0]
+
+
+def _lines_in(path: Path, universal: bool, stretches: list[tuple[int, int]]) -> list[int]:
+    """Lines in each ``(start, end)`` stretch of the file (offsets after a byte-order mark);
+    each stretch starts a line and ends with a line end, as the skipped ones do."""
+    counts = [0] * len(stretches)
+    offset = 0
+    chunk_ends_cr = False
+    for chunk in _chunks(path):
+        end = offset + len(chunk)
+        for i, (lo, hi) in enumerate(stretches):
+            a, b = max(lo, offset), min(hi, end)
+            if a < b:
+                piece = chunk[a - offset : b - offset]
+                counts[i] += _count_lines(piece, len(piece), universal)
+                if universal and a > lo and piece.startswith(b"\n") and chunk_ends_cr:
+                    counts[i] -= 1  # a \r\n split between two reads is one line end
+        chunk_ends_cr = chunk.endswith(b"\r")
+        offset = end
+        if stretches and offset >= stretches[-1][1]:
+            break
+    return counts
 
 
 def _rejected(region: bytes, universal: bool, prefilter: Callable[[str], bool]) -> bool:
@@ -139,11 +217,20 @@ def _rejected(region: bytes, universal: bool, prefilter: Callable[[str], bool]) 
     return not prefilter(text)
 
 
-def _count_lines(region: bytes, universal: bool) -> int:
-    """Lines in ``region``, which ends with a line end."""
-    if not universal or b"\r" not in region:
-        return region.count(b"\n")
-    return region.count(b"\n") + region.count(b"\r") - region.count(b"\r\n")
+def _is_utf8(region: bytes) -> bool:
+    try:
+        region.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _count_lines(data: bytes, end: int, universal: bool) -> int:
+    """Lines in ``data[:end]``, which ends with a line end (counted in place, no copy)."""
+    newlines = data.count(b"\n", 0, end)
+    if not universal or data.find(b"\r", 0, end) < 0:
+        return newlines
+    return newlines + data.count(b"\r", 0, end) - data.count(b"\r\n", 0, end)
 
 
 def iter_lines(path: Path, *, universal: bool) -> Iterator[tuple[int, str]]:

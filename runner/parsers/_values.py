@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -66,29 +67,42 @@ def show(raw: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def from_text(raw: str, value_type: ValueType, where: str) -> Value:
-    """``raw`` text as a value of ``value_type``; EvidenceParseError naming ``where`` otherwise."""
+def from_text(raw: str, value_type: ValueType, where: str | Callable[[], str]) -> Value:
+    """``raw`` text as a value of ``value_type``; EvidenceParseError naming ``where`` otherwise
+    (a callable ``where`` is called only for the message)."""
+    try:
+        return _from_text(raw, value_type)
+    except _Unfit as exc:
+        place = where() if callable(where) else where
+        raise EvidenceParseError(f"{place}: {exc}") from exc.__cause__
+
+
+class _Unfit(Exception):
+    """The text is not a value of the type asked for (the message lacks the place)."""
+
+
+def _from_text(raw: str, value_type: ValueType) -> Value:
     if value_type == "string":
         if raw == "":
-            raise EvidenceParseError(f"{where}: found empty text, expected a non-empty string")
+            raise _Unfit("found empty text, expected a non-empty string")
         return raw
     text = raw.strip()
     if value_type == "boolean":
         if text.lower() in ("true", "false"):
             return text.lower() == "true"
-        raise EvidenceParseError(f"{where}: found {show(raw)}, expected true or false")
+        raise _Unfit(f"found {show(raw)}, expected true or false")
     if _INT.fullmatch(text):
         try:
             return int(text)
         except ValueError as exc:  # more digits than Python converts
-            raise EvidenceParseError(f"{where}: found an integer of {len(text)} digits") from exc
+            raise _Unfit(f"found an integer of {len(text)} digits") from exc
     if value_type == "integer":
-        raise EvidenceParseError(f"{where}: found {show(raw)}, expected an integer")
+        raise _Unfit(f"found {show(raw)}, expected an integer")
     if not _FLOAT.fullmatch(text):
-        raise EvidenceParseError(f"{where}: found {show(raw)}, expected a finite number")
+        raise _Unfit(f"found {show(raw)}, expected a finite number")
     value = float(text)
     if not math.isfinite(value):
-        raise EvidenceParseError(f"{where}: found {show(raw)}, which overflows a float")
+        raise _Unfit(f"found {show(raw)}, which overflows a float")
     return value
 
 

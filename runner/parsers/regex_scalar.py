@@ -14,13 +14,14 @@ checked, before anything runs.
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from runner.errors import EvidenceParseError
-from runner.parsers._lines import iter_line_batches
+from runner.parsers._lines import iter_line_batches, line_numbers
 from runner.parsers._values import from_text, type_schema
 from runner.parsers.registry import ConfigError
 
@@ -61,6 +62,34 @@ def _prefilter(pattern: re.Pattern[str]) -> Callable[[str], bool] | None:
         return None
     chunk = re.compile(pattern.pattern, pattern.flags | re.MULTILINE)
     return lambda text: chunk.search(text) is not None
+
+
+def required_literal(pattern: re.Pattern[str]) -> bytes | None:
+    """The longest run of plain characters that every match contains, as UTF-8; or None.
+
+    Read from CPython's own parse of the pattern (``re._parser``, the tree its engine
+    compiles), at the top level only, where each literal is a required part of any match;
+    literals inside groups, alternatives or repeats may be absent. None under IGNORECASE (the
+    text's case may differ), for runs shorter than 3 characters (too common to skip anything),
+    or when the parser is unavailable. A chunk of the log without these bytes has no match."""
+    if pattern.flags & re.IGNORECASE:
+        return None
+    try:
+        parser: Any = importlib.import_module("re._parser")
+        literal_op: Any = importlib.import_module("re._constants").LITERAL
+        tree = parser.parse(pattern.pattern, pattern.flags)
+        runs, run = [], ""
+        for op, arg in tree:
+            if op == literal_op:
+                run += chr(arg)
+            else:
+                runs.append(run)
+                run = ""
+        runs.append(run)
+    except Exception:  # noqa: BLE001 - an internal parser that changed: no shortcut, same result
+        return None
+    best = max(runs, key=len)
+    return best.encode() if len(best) >= 3 else None
 
 
 class RegexScalar:
@@ -115,21 +144,29 @@ class RegexScalar:
         except ConfigError as exc:
             raise EvidenceParseError(f"{name}: config {exc.field}: {exc}") from exc
         occurrence: str = config.get("occurrence", "last")
-        chosen: tuple[int, str | None] | None = None  # (line number, group text)
+        # Line numbers are lazy (see iter_line_batches): (number yielded, skips before it).
+        chosen: tuple[tuple[int, int], str | None] | None = None  # (line mark, group text)
         count = 0
-        lines: list[int] = []  # the first few lines that matched, for messages
+        marks: list[tuple[int, int]] = []  # the first few lines that matched, for messages
         search = pattern.search
-        batches = iter_line_batches(evidence, universal=True, prefilter=_prefilter(pattern))
+        skipped: list[tuple[int, int]] = []
+        batches = iter_line_batches(
+            evidence,
+            universal=True,
+            prefilter=_prefilter(pattern),
+            required=required_literal(pattern),
+            skipped=skipped,
+        )
         for first, batch in batches:
             for lineno, line in enumerate(batch, first):
                 if search(line) is None:  # the common case, and cheaper than finditer
                     continue
                 for m in pattern.finditer(line):
                     count += 1
-                    if len(lines) < 3:
-                        lines.append(lineno)
+                    if len(marks) < 3:
+                        marks.append((lineno, len(skipped)))
                     if occurrence == "last" or count == 1:
-                        chosen = (lineno, m.group(group))
+                        chosen = ((lineno, len(skipped)), m.group(group))
                 if occurrence == "first":
                     break
             if occurrence == "first" and chosen is not None:
@@ -138,12 +175,17 @@ class RegexScalar:
         if chosen is None:
             raise EvidenceParseError(f"{name}: looked for {looked}, found no match")
         if occurrence == "only" and count != 1:
+            lines = line_numbers(evidence, True, skipped, marks)
             at = ", ".join(map(str, lines)) + (", ..." if count > 3 else "")
             raise EvidenceParseError(
                 f"{name}: looked for exactly one match of {looked}, found {count} (lines {at})"
             )
-        lineno, text = chosen
-        where = f"{name} line {lineno}: group {group!r} of {looked}"
+        mark, text = chosen
+
+        def where() -> str:
+            (lineno,) = line_numbers(evidence, True, skipped, [mark])
+            return f"{name} line {lineno}: group {group!r} of {looked}"
+
         if text is None:
-            raise EvidenceParseError(f"{where}: the group took no part in the match")
+            raise EvidenceParseError(f"{where()}: the group took no part in the match")
         return from_text(text, config.get("type", "number"), where)
