@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from runner.errors import RefusedError, RunnerError
 
 if TYPE_CHECKING:
+    from runner import orchestrator
     from runner.contract import Trust
     from runner.policy import LoadedPolicy
 
@@ -270,19 +271,12 @@ def _runner_key(loaded: LoadedPolicy) -> Path:
     return _config_dir() / "runner-key" / "runner.key"
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _run_options(
+    args: argparse.Namespace, loaded: LoadedPolicy, trust: Trust
+) -> orchestrator.RunOptions:
     from runner import orchestrator
 
-    try:
-        loaded, trust = _host(args)
-    except RunnerError as exc:
-        # Even a host misconfiguration ends in an envelope under --json.
-        envelope = orchestrator.refused(exc, stage="policy")
-        if args.json:
-            print(json.dumps(orchestrator.as_json(envelope), indent=2))
-        print(f"runner: {exc.category}: {exc}", file=sys.stderr)
-        return FAMILY_EXIT[orchestrator.failure_exit_family(envelope)]
-    options = orchestrator.RunOptions(
+    return orchestrator.RunOptions(
         state_dir=_state_dir(args.state_dir),
         job_id=args.job_id,
         policy=loaded,
@@ -295,9 +289,77 @@ def cmd_run(args: argparse.Namespace) -> int:
         stop_grace_seconds=args.stop_grace,
         heartbeat_seconds=args.heartbeat,
     )
+
+
+_BATCH_EXIT_ORDER = ("cancelled", "infrastructure", "refused", "job_failed", "succeeded")
+"""A batch exits with the first of these families that any of its jobs ended in."""
+
+
+def _run_batch(args: argparse.Namespace, options: orchestrator.RunOptions) -> int:
+    from runner import batch, orchestrator
+
+    paths = [Path(c) for c in args.contract]
+    parallel = args.parallel or os.cpu_count() or 1
+    if parallel < 1:
+        _usage(f"--parallel wants a number of jobs of at least 1, got {parallel}")
+    finished = 0
+    if not args.json:
+        print(f"==> batch     {len(paths)} contracts, {parallel} at a time", file=sys.stderr)
+
+    def done(index: int, path: Path, data: dict[str, Any]) -> None:
+        nonlocal finished
+        finished += 1
+        if args.json:
+            return
+        values = ", ".join(
+            f"{m['measurementId']} = {m['value']}" for m in data.get("measurements") or []
+        )
+        failure = data.get("failure") or {}
+        outcome = data["status"]
+        if failure:
+            reason = str(failure.get("reason") or "").splitlines()[0][:120]
+            outcome += f" ({failure['category']}: {reason})"
+        print(
+            f"[{finished}/{len(paths)}] {path}: {outcome}{': ' + values if values else ''}"
+            f"  job {data.get('jobId')}",
+            flush=True,
+        )
+
+    results = batch.run_many(paths, options, parallel=parallel, on_done=done)
+    families = {orchestrator.failure_exit_family_of(data) for data in results}
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        tally = ", ".join(
+            f"{sum(1 for d in results if d['status'] == status)} {status}"
+            for status in sorted({d["status"] for d in results})
+        )
+        print(f"{len(results)} jobs: {tally}")
+    return FAMILY_EXIT[next(f for f in _BATCH_EXIT_ORDER if f in families)]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runner import orchestrator
+
+    if len(args.contract) > 1 and args.job_id:
+        _usage("--job-id names one job: give it with a single CONTRACT")
+    try:
+        loaded, trust = _host(args)
+    except RunnerError as exc:
+        # Even a host misconfiguration ends in an envelope under --json.
+        envelope = orchestrator.refused(exc, stage="policy")
+        if args.json:
+            data = orchestrator.as_json(envelope)
+            batch = [data] * len(args.contract)
+            print(json.dumps(data if len(args.contract) == 1 else batch, indent=2))
+        print(f"runner: {exc.category}: {exc}", file=sys.stderr)
+        return FAMILY_EXIT[orchestrator.failure_exit_family(envelope)]
+    options = _run_options(args, loaded, trust)
+    if len(args.contract) > 1:
+        return _run_batch(args, options)
     progress = NotesOnly() if args.json else HumanProgress()
     _install_signal_handlers()
-    envelope = orchestrator.run(Path(args.contract), options, progress=progress)
+    envelope = orchestrator.run(Path(args.contract[0]), options, progress=progress)
     if isinstance(progress, HumanProgress):
         progress.done()
     data = orchestrator.as_json(envelope)
@@ -802,7 +864,20 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES_HELP + "\n" + HOST_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("contract", metavar="CONTRACT", help="task.json, or a signed .dsse.json")
+    run.add_argument(
+        "contract",
+        metavar="CONTRACT",
+        nargs="+",
+        help="task.json, or a signed .dsse.json; several run as a batch (see --parallel)",
+    )
+    run.add_argument(
+        "--parallel",
+        type=int,
+        metavar="N",
+        help="with several CONTRACTs: how many run at once (default: the number of CPUs). "
+        "Each job runs in its own process forked from this one, so the runner's start-up is "
+        "paid once for the whole batch",
+    )
     run.add_argument(
         "--state-dir",
         metavar="DIR",

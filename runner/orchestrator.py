@@ -884,6 +884,12 @@ def refused(exc: RunnerError, stage: Stage) -> ResultEnvelope:
     return _Run(RunOptions(state_dir=Path("."))).envelope(_failure(stage, exc))
 
 
+def ended_early(failure: Failure) -> ResultEnvelope:
+    """The envelope of a job whose runner ended before it could say more (a batch's child
+    that died, or a contract a stopped batch never started)."""
+    return _Run(RunOptions(state_dir=Path("."))).envelope(failure)
+
+
 def write_envelope(job: staging.JobDir, envelope: ResultEnvelope) -> None:
     staging.atomic_write(job.envelope, (envelope.model_dump_json(indent=2) + "\n").encode())
 
@@ -900,9 +906,18 @@ REFUSALS = {
 
 def failure_exit_family(envelope: ResultEnvelope) -> str:
     """``succeeded`` | ``job_failed`` | ``refused`` | ``infrastructure`` | ``cancelled``."""
-    if envelope.failure is None:
+    return _family(envelope.failure.category if envelope.failure else None)
+
+
+def failure_exit_family_of(data: dict[str, Any]) -> str:
+    """The same, for an envelope already turned into JSON data (a batch's)."""
+    failure = data.get("failure")
+    return _family(str(failure["category"]) if failure else None)
+
+
+def _family(category: str | None) -> str:
+    if category is None:
         return "succeeded"
-    category = envelope.failure.category
     if category in REFUSALS:
         return "refused"
     if category in {"infrastructure", "image_unavailable", "gpu_unavailable"}:

@@ -21,7 +21,6 @@ import http.client
 import json
 import os
 import socket
-import ssl
 import struct
 import threading
 from collections.abc import Callable, Iterator
@@ -83,6 +82,8 @@ def _endpoint(base_url: str | None) -> Callable[[float | None], http.client.HTTP
         tls = parts.scheme == "https" or os.environ.get("DOCKER_TLS_VERIFY", "") not in ("", "0")
         if not tls:
             return lambda timeout: http.client.HTTPConnection(host, port or 2375, timeout=timeout)
+        import ssl  # only for a TLS engine
+
         certs = Path(os.environ.get("DOCKER_CERT_PATH") or Path.home() / ".docker")
         context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
         context.load_cert_chain(str(certs / "cert.pem"), str(certs / "key.pem"))
