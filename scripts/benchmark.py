@@ -960,7 +960,7 @@ def fig_parse(b: Bench, reps: int, size: int) -> Row:
     return row
 
 
-def fig_concurrent(b: Bench, reps: int, jobs: int) -> Row:
+def fig_concurrent(b: Bench, reps: int, jobs: int) -> list[Row]:
     command = json.loads(b.toy.read_text())["protocol"]["command"]
 
     def runner() -> float:
@@ -1007,10 +1007,49 @@ def fig_concurrent(b: Bench, reps: int, jobs: int) -> Row:
             raise RuntimeError(f"{len(bad)} of {jobs} concurrent docker runs failed: {bad}")
         return jobs / seconds
 
+    contracts = batch_contracts(b, jobs)
+
+    def batch() -> float:
+        state = b.s.tmp / "many" / b.job_id("batch")
+        out = b.s.tmp / "many" / f"{state.name}.json"
+        state.mkdir(parents=True)
+        argv = [*b.runner, "run", *map(str, contracts), "--parallel", str(jobs),
+                "--allow-unsigned", "--json", "--state-dir", str(state),
+                "--label", f"bench={b.s.id}", "--label", "bench.role=runner"]  # fmt: skip
+        with out.open("wb") as sink:
+            t0 = time.perf_counter()
+            code, _ = b.s.reap(b.s.spawn(argv, stdout=sink, stderr=subprocess.DEVNULL))
+            seconds = time.perf_counter() - t0
+        ok = sum(e.get("status") == "succeeded" for e in json.loads(out.read_text()))
+        shutil.rmtree(state)
+        if code != 0 or ok != jobs:
+            raise RuntimeError(f"the batch of {jobs} exited {code}; {ok} succeeded")
+        return jobs / seconds
+
     xs, ys = interleave(reps, runner, baseline)
+    bx, by = interleave(reps, batch, baseline)
     ratio = statistics.median(xs) / statistics.median(ys)
+    batch_ratio = statistics.median(bx) / statistics.median(by)
+    batch_row = Row(
+        f"{jobs} toy jobs at once, one `runner run` of {jobs} contracts (`--parallel {jobs}`)",
+        "concurrentBatch",
+        "jobs/s",
+        f"{jobs} concurrent `docker run --rm` of the same",
+        summary(by),
+        summary(bx),
+        batch_ratio,
+        f"≥ 0.8{X} the baseline's throughput",
+        batch_ratio >= 0.8,
+        ratio_rows(bx, by),
+        extra={"jobs": jobs,
+               "runnerWallSeconds": jobs / statistics.median(bx),
+               "baselineWallSeconds": jobs / statistics.median(by)},
+        notes=[f"wall for all {jobs}: runner batch {jobs / statistics.median(bx):.1f} s, "
+               f"docker run {jobs / statistics.median(by):.1f} s; each job is a process forked "
+               "from the warm batch process (imports paid once)"],
+    )  # fmt: skip
     row = Row(
-        f"{jobs} toy jobs at once (throughput)",
+        f"{jobs} toy jobs at once, {jobs} separate `runner run` processes (throughput)",
         "concurrent",
         "jobs/s",
         f"{jobs} concurrent `docker run --rm` of the same",
@@ -1028,13 +1067,29 @@ def fig_concurrent(b: Bench, reps: int, jobs: int) -> Row:
         f"wall for all {jobs}: runner {jobs / statistics.median(xs):.1f} s, "
         f"docker run {jobs / statistics.median(ys):.1f} s"
     )
-    return row
+    return [row, batch_row]
 
 
-def import_profile(b: Bench, top: int = 15) -> dict[str, Any]:
-    """``python -X importtime -m runner --help``: the heaviest imports, cumulative and self."""
+def batch_contracts(b: Bench, jobs: int) -> list[Path]:
+    """``jobs`` copies of the pinned toy contract, each under its own name (so its own job),
+    beside it (its inputs resolve from the same folder)."""
+    from runner.contract import with_digest
+
+    data = json.loads(b.toy.read_text())
+    out = []
+    for i in range(jobs):
+        copy = {**data, "name": f"{data['name']}-batch-{i:02d}"}
+        copy.pop("jobId", None)
+        path = b.toy.with_name(f"batch-{i:02d}.json")
+        path.write_text(json.dumps(with_digest(copy)))
+        out.append(path)
+    return out
+
+
+def import_profile(b: Bench, args: Sequence[str] = ("--help",), top: int = 15) -> dict[str, Any]:
+    """``python -X importtime -m runner ARGS``: the heaviest imports, cumulative and self."""
     proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "runner", "--help"],
+        [sys.executable, "-X", "importtime", "-m", "runner", *args],
         capture_output=True,
         text=True,
         env=b.s.env,
@@ -1067,6 +1122,24 @@ def import_profile(b: Bench, top: int = 15) -> dict[str, Any]:
         "bySelf": [{"module": r[3], "selfSeconds": r[0] / 1e6}
                    for r in sorted(rows, key=lambda r: -r[0])[:top]],
     }  # fmt: skip
+
+
+def run_profile(b: Bench) -> dict[str, Any]:
+    """Where one toy ``runner run`` spends its time: pyinstrument's call tree (wall clock,
+    library frames folded) and ``-X importtime`` of the same command."""
+    argv = b.run_argv(b.toy, b.job_id("profile"))[len(b.runner) :]
+    out = b.s.tmp / "profile.txt"
+    subprocess.run(
+        [sys.executable, "-m", "pyinstrument", "-r", "text", "--no-color", "--unicode",
+         "-i", "0.001", "-o", str(out), "-m", "runner", *argv],
+        env=b.s.env, capture_output=True, check=True,
+    )  # fmt: skip
+    tree = [line.rstrip() for line in out.read_text().splitlines() if line.strip()]
+    return {
+        "command": shlex.join(["runner", *argv]),
+        "pyinstrument": tree[:70],
+        "imports": import_profile(b, b.run_argv(b.toy, b.job_id("imports"))[len(b.runner) :]),
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -1149,6 +1222,30 @@ def markdown(report: dict[str, Any], rows: list[Row]) -> str:
             "- third-party imports made by `runner.*` (cumulative): "
             + ", ".join(f"{x['module']} {x['cumulativeSeconds'] * 1000:.0f} ms"
                         for x in imp["importedByRunner"][:10]),
+        ]  # fmt: skip
+    prof = report.get("runProfile")
+    if prof:
+        imp = prof["imports"]
+        lines += [
+            "",
+            "## Where one toy `runner run` spends its time",
+            "",
+            f"`{prof['command']}` under pyinstrument (wall clock, 1 ms samples; library "
+            "frames folded):",
+            "",
+            "```",
+            *prof["pyinstrument"],
+            "```",
+            "",
+            f"Its imports (`-X importtime`): {imp['modules']} modules, "
+            f"{imp['totalImportSeconds']:.3f} s in all (inflated by importtime):",
+            "",
+            "- by package (own time, summed): "
+            + ", ".join(f"{x['package']} {x['selfSeconds'] * 1000:.0f} ms"
+                        for x in imp["byPackage"][:12]),
+            "- third-party imports made by `runner.*` (cumulative): "
+            + ", ".join(f"{x['module']} {x['cumulativeSeconds'] * 1000:.0f} ms"
+                        for x in imp["importedByRunner"][:12]),
         ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -1250,7 +1347,7 @@ def main(argv: list[str] | None = None) -> int:
             ("stdout", lambda: [fig_stdout(b, cfg["stdout"], cfg["stdoutBytes"])]),
             ("staging", lambda: [fig_staging(b, cfg["staging"], cfg["stageBytes"])]),
             ("parse", lambda: [fig_parse(b, cfg["parse"], cfg["logBytes"])]),
-            ("concurrent", lambda: [fig_concurrent(b, cfg["concurrent"], cfg["jobs"])]),
+            ("concurrent", lambda: fig_concurrent(b, cfg["concurrent"], cfg["jobs"])),
         ]
         if "toy" in only:
             progress("same box: docker inspect of a runner container and a baseline one")
@@ -1274,6 +1371,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.extend(new)
         if "startup" in only:
             report["importProfile"] = import_profile(b)
+        if "toy" in only:
+            progress("profile of one toy run (pyinstrument, -X importtime)")
+            report["runProfile"] = run_profile(b)
     except KeyboardInterrupt:
         interrupted = True
         progress("interrupted: stopping children, removing containers and temporary files")
