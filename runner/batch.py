@@ -16,6 +16,7 @@ without running.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -36,10 +37,17 @@ def _warm_up(options: orchestrator.RunOptions) -> None:
     """Import what a job imports lazily, and make the runner's key, before forking, so that no
     child pays for either (and no two children race to make the key)."""
     from runner import attest, evidence, sweeper  # noqa: F401
-    from runner.backends import docker  # noqa: F401
+    from runner.backends.docker import DockerBackend
+    from runner.errors import RunnerError
 
+    with contextlib.suppress(RunnerError):  # an engine that is down: each job will say so
+        DockerBackend().architecture()  # the API version and host, asked once for all jobs
     if options.result_key is not None:
         attest.runner_key(options.result_key)
+    # Move everything imported so far out of the collector's sight: a child's collections
+    # then never write to these pages, so they stay shared instead of being copied (the
+    # documented use of gc.freeze before fork).
+    gc.freeze()
 
 
 def _child(path: Path, options: orchestrator.RunOptions, out: Path) -> None:

@@ -70,9 +70,17 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def _endpoint(base_url: str | None) -> Callable[[float | None], http.client.HTTPConnection]:
-    """A connection factory for ``base_url`` (else DOCKER_HOST, else the default socket)."""
-    url = base_url or os.environ.get("DOCKER_HOST") or f"unix://{_DEFAULT_SOCKET}"
+_KNOWN: dict[tuple[str, str], str] = {}
+"""(endpoint, fact) -> value, for what an engine does not change while it runs (the API
+version agreed, its architecture): asked once per process, and inherited by a batch's jobs."""
+
+
+def _engine_url(base_url: str | None) -> str:
+    return base_url or os.environ.get("DOCKER_HOST") or f"unix://{_DEFAULT_SOCKET}"
+
+
+def _endpoint(url: str) -> Callable[[float | None], http.client.HTTPConnection]:
+    """A connection factory for the engine at ``url``."""
     parts = urlsplit(url)
     if parts.scheme in ("unix", "http+unix"):
         path = parts.path or _DEFAULT_SOCKET
@@ -125,25 +133,29 @@ class DockerBackend:
     def __init__(self, base_url: str | None = None, timeout: float = 60.0) -> None:
         self._base_url = base_url
         self._timeout = timeout
-        self._connect = _endpoint(base_url)
-        self._prefix: str | None = None
+        self._url = _engine_url(base_url)
+        self._connect = _endpoint(self._url)
         self._prefix_lock = threading.Lock()
         self._sdk: docker.APIClient | None = None
 
     # -- transport -------------------------------------------------------------------------
 
+    def _negotiate(self, action: str) -> str:
+        """Ping the engine and agree on the API version (its own, capped at ours)."""
+        _, headers, _ = self._exchange("GET", "/_ping", None, self._timeout, action)
+        server = headers.get("API-Version") or "1.41"
+        try:
+            have = tuple(int(x) for x in server.split(".")[:2])
+        except ValueError:
+            have = (1, 41)
+        major, minor = min(have, _MAX_API)
+        prefix = _KNOWN[(self._url, "prefix")] = f"/v{major}.{minor}"
+        return prefix
+
     def _version_prefix(self, action: str) -> str:
         with self._prefix_lock:
-            if self._prefix is None:
-                _, headers, _ = self._exchange("GET", "/_ping", None, self._timeout, action)
-                server = headers.get("API-Version") or "1.41"
-                try:
-                    have = tuple(int(x) for x in server.split(".")[:2])
-                except ValueError:
-                    have = (1, 41)
-                major, minor = min(have, _MAX_API)
-                self._prefix = f"/v{major}.{minor}"
-            return self._prefix
+            known = _KNOWN.get((self._url, "prefix"))
+            return known if known is not None else self._negotiate(action)
 
     def _exchange(
         self,
@@ -247,7 +259,8 @@ class DockerBackend:
     # -- the Backend interface ---------------------------------------------------------------
 
     def ping(self) -> None:
-        self._version_prefix("pinging the engine")
+        with self._prefix_lock:
+            self._negotiate("pinging the engine")
 
     def inspect_image(self, reference: str) -> ImageInfo | None:
         try:
@@ -309,9 +322,12 @@ class DockerBackend:
         return sorted((info.get("Runtimes") or {}).keys())
 
     def architecture(self) -> str:
-        # /version answers at once; /info walks every container and image first.
-        version = self._call("GET", "/version", "asking the engine about its host") or {}
-        return str(version.get("Arch", ""))
+        known = _KNOWN.get((self._url, "arch"))
+        if known is None:
+            # /version answers at once; /info walks every container and image first.
+            version = self._call("GET", "/version", "asking the engine about its host") or {}
+            known = _KNOWN[(self._url, "arch")] = str(version.get("Arch", ""))
+        return known
 
     def create(self, spec: ContainerSpec) -> str:
         lim = spec.limits
