@@ -832,7 +832,20 @@ def _host_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+COMMANDS = frozenset(
+    {"run", "verify", "pin", "keygen", "trust", "sign", "parse", "verify-result", "image",
+     "status", "ledger", "cleanup", "parsers"}
+)  # fmt: skip
+"""The top-level commands (a test keeps this in step with build_parser)."""
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The CLI; with ``only``, just that command's parser (building all fifteen costs about
+    10 ms of every start-up, mostly argparse's message lookups)."""
+
+    def want(name: str) -> bool:
+        return only is None or only == name
+
     parser = argparse.ArgumentParser(
         prog="runner",
         description=(
@@ -852,282 +865,298 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser(
-        "run",
-        help="run a contract's job in a container and write its result envelope",
-        description=(
-            "Verify the contract (signature, digest, schema) and the host policy, stage its "
-            "inputs into <state>/jobs/<job id>/, run the pinned image with no network and hard "
-            "caps, then read every measurement through its parser. The envelope is written to "
-            "<state>/jobs/<job id>/result.json."
-        ),
-        epilog=EXIT_CODES_HELP + "\n" + HOST_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    run.add_argument(
-        "contract",
-        metavar="CONTRACT",
-        nargs="+",
-        help="task.json, or a signed .dsse.json; several run as a batch (see --parallel)",
-    )
-    run.add_argument(
-        "--parallel",
-        type=int,
-        metavar="N",
-        help="with several CONTRACTs: how many run at once (default: the number of CPUs). "
-        "Each job runs in its own process forked from this one, so the runner's start-up is "
-        "paid once for the whole batch",
-    )
-    run.add_argument(
-        "--state-dir",
-        metavar="DIR",
-        help="where job folders live (default: $RUNNER_STATE_DIR, else the user's state dir, "
-        "e.g. ~/.local/state/runner)",
-    )
-    run.add_argument(
-        "--job-id",
-        metavar="ID",
-        help="job id (default: the contract's jobId, else <name>-<digest prefix>)",
-    )
-    run.add_argument(
-        "--json",
-        action="store_true",
-        help="print only the result envelope (JSON) on stdout; no progress",
-    )
-    run.add_argument(
-        "--label",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra label on the job's container (repeatable)",
-    )
-    run.add_argument(
-        "--limit",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="tighten one of the contract's limits (cpus, memoryGb, shmGb, pidsLimit, "
-        "timeoutMinutes, tmpfsMb); never loosens it (repeatable)",
-    )
-    run.add_argument(
-        "--rerun",
-        action="store_true",
-        help="run a job id that already ran to an end again, as a new attempt under the same "
-        "budget",
-    )
-    run.add_argument(
-        "--bundle",
-        metavar="BUNDLE.tar",
-        help="a `docker save` tarball to load the pinned image from when it is not here "
-        "(checked to hold the pinned image id before it is loaded)",
-    )
-    run.add_argument(
-        "--heartbeat",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="how often the budget ledger and runtime-budget.json are updated (default 5)",
-    )
-    run.add_argument(
-        "--stop-grace",
-        type=float,
-        default=5.0,
-        metavar="SECONDS",
-        help="seconds between SIGTERM and SIGKILL when stopping the job (default 5)",
-    )
-    _host_options(run)
-    run.set_defaults(func=cmd_run)
+    if want("run"):
+        run = sub.add_parser(
+            "run",
+            help="run a contract's job in a container and write its result envelope",
+            description=(
+                "Verify the contract (signature, digest, schema) and the host policy, stage its "
+                "inputs into <state>/jobs/<job id>/, run the pinned image with no network and hard "
+                "caps, then read every measurement through its parser. The envelope is written to "
+                "<state>/jobs/<job id>/result.json."
+            ),
+            epilog=EXIT_CODES_HELP + "\n" + HOST_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        run.add_argument(
+            "contract",
+            metavar="CONTRACT",
+            nargs="+",
+            help="task.json, or a signed .dsse.json; several run as a batch (see --parallel)",
+        )
+        run.add_argument(
+            "--parallel",
+            type=int,
+            metavar="N",
+            help="with several CONTRACTs: how many run at once (default: the number of CPUs). "
+            "Each job runs in its own process forked from this one, so the runner's start-up is "
+            "paid once for the whole batch",
+        )
+        run.add_argument(
+            "--state-dir",
+            metavar="DIR",
+            help="where job folders live (default: $RUNNER_STATE_DIR, else the user's state dir, "
+            "e.g. ~/.local/state/runner)",
+        )
+        run.add_argument(
+            "--job-id",
+            metavar="ID",
+            help="job id (default: the contract's jobId, else <name>-<digest prefix>)",
+        )
+        run.add_argument(
+            "--json",
+            action="store_true",
+            help="print only the result envelope (JSON) on stdout; no progress",
+        )
+        run.add_argument(
+            "--label",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="extra label on the job's container (repeatable)",
+        )
+        run.add_argument(
+            "--limit",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="tighten one of the contract's limits (cpus, memoryGb, shmGb, pidsLimit, "
+            "timeoutMinutes, tmpfsMb); never loosens it (repeatable)",
+        )
+        run.add_argument(
+            "--rerun",
+            action="store_true",
+            help="run a job id that already ran to an end again, as a new attempt under the same "
+            "budget",
+        )
+        run.add_argument(
+            "--bundle",
+            metavar="BUNDLE.tar",
+            help="a `docker save` tarball to load the pinned image from when it is not here "
+            "(checked to hold the pinned image id before it is loaded)",
+        )
+        run.add_argument(
+            "--heartbeat",
+            type=float,
+            default=5.0,
+            metavar="SECONDS",
+            help="how often the budget ledger and runtime-budget.json are updated (default 5)",
+        )
+        run.add_argument(
+            "--stop-grace",
+            type=float,
+            default=5.0,
+            metavar="SECONDS",
+            help="seconds between SIGTERM and SIGKILL when stopping the job (default 5)",
+        )
+        _host_options(run)
+        run.set_defaults(func=cmd_run)
 
-    verify = sub.add_parser(
-        "verify",
-        help="check a contract and this host's policy without running it",
-        description="Check a contract (signature, digest, schema, parsers, command, host "
-        "policy) without running anything; exit 0 when this host would run it, 3 if refused.",
-        epilog=HOST_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    verify.add_argument("contract", metavar="CONTRACT", help="task.json, or a signed .dsse.json")
-    verify.add_argument("--job-id", metavar="ID")
-    verify.add_argument("--json", action="store_true", help="print the findings as JSON")
-    _host_options(verify)
-    verify.set_defaults(func=cmd_verify)
+    if want("verify"):
+        verify = sub.add_parser(
+            "verify",
+            help="check a contract and this host's policy without running it",
+            description="Check a contract (signature, digest, schema, parsers, command, host "
+            "policy) without running anything; exit 0 when this host would run it, 3 if refused.",
+            epilog=HOST_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        verify.add_argument(
+            "contract", metavar="CONTRACT", help="task.json, or a signed .dsse.json"
+        )
+        verify.add_argument("--job-id", metavar="ID")
+        verify.add_argument("--json", action="store_true", help="print the findings as JSON")
+        _host_options(verify)
+        verify.set_defaults(func=cmd_verify)
 
-    pin = sub.add_parser(
-        "pin",
-        help="issuer side: pin a local image into a contract and recompute contractDigest",
-        description=(
-            "Look up a local image, write its manifest digest (when it has one) or image id into "
-            "environment.image and its id into environment.imageId, then recompute "
-            "contractDigest."
-        ),
-    )
-    pin.add_argument("contract", metavar="CONTRACT")
-    pin.add_argument(
-        "--image",
-        required=True,
-        metavar="REF",
-        help="a local image: name:tag, name@sha256:… or sha256:<id>",
-    )
-    pin.add_argument(
-        "-o",
-        "--output",
-        metavar="FILE",
-        help="write the pinned contract here (default: overwrite CONTRACT)",
-    )
-    pin.add_argument("--json", action="store_true")
-    pin.set_defaults(func=cmd_pin)
+    if want("pin"):
+        pin = sub.add_parser(
+            "pin",
+            help="issuer side: pin a local image into a contract and recompute contractDigest",
+            description=(
+                "Look up a local image, write its manifest digest (when it has one) or image id "
+                "into environment.image and its id into environment.imageId, then recompute "
+                "contractDigest."
+            ),
+        )
+        pin.add_argument("contract", metavar="CONTRACT")
+        pin.add_argument(
+            "--image",
+            required=True,
+            metavar="REF",
+            help="a local image: name:tag, name@sha256:… or sha256:<id>",
+        )
+        pin.add_argument(
+            "-o",
+            "--output",
+            metavar="FILE",
+            help="write the pinned contract here (default: overwrite CONTRACT)",
+        )
+        pin.add_argument("--json", action="store_true")
+        pin.set_defaults(func=cmd_pin)
 
-    keygen = sub.add_parser(
-        "keygen",
-        help="issuer side: make an Ed25519 key pair for signing contracts",
-        description="Write PREFIX.key (private, mode 0600) and PREFIX.pub (public). The key id "
-        "is sha256 of the raw public key; hosts compute it themselves from PREFIX.pub.",
-    )
-    keygen.add_argument("--out", required=True, metavar="PREFIX", help="e.g. ~/keys/issuer")
-    keygen.add_argument("--json", action="store_true")
-    keygen.set_defaults(func=cmd_keygen)
+    if want("keygen"):
+        keygen = sub.add_parser(
+            "keygen",
+            help="issuer side: make an Ed25519 key pair for signing contracts",
+            description="Write PREFIX.key (private, mode 0600) and PREFIX.pub (public). The key id "
+            "is sha256 of the raw public key; hosts compute it themselves from PREFIX.pub.",
+        )
+        keygen.add_argument("--out", required=True, metavar="PREFIX", help="e.g. ~/keys/issuer")
+        keygen.add_argument("--json", action="store_true")
+        keygen.set_defaults(func=cmd_keygen)
 
-    trust = sub.add_parser(
-        "trust",
-        help="host side: trust an issuer's public key",
-        description="Copy a .pub key into the trusted-keys folder, named by its key id.",
-        epilog=HOST_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    trust.add_argument("public_key", metavar="KEY.pub")
-    trust.add_argument("--trusted-keys", metavar="DIR", help="folder of trusted keys")
-    trust.add_argument("--json", action="store_true")
-    trust.set_defaults(func=cmd_trust)
+    if want("trust"):
+        trust = sub.add_parser(
+            "trust",
+            help="host side: trust an issuer's public key",
+            description="Copy a .pub key into the trusted-keys folder, named by its key id.",
+            epilog=HOST_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        trust.add_argument("public_key", metavar="KEY.pub")
+        trust.add_argument("--trusted-keys", metavar="DIR", help="folder of trusted keys")
+        trust.add_argument("--json", action="store_true")
+        trust.set_defaults(func=cmd_trust)
 
-    sign = sub.add_parser(
-        "sign",
-        help="issuer side: stamp and sign a contract into a DSSE envelope",
-        description="Stamp issuedAt (now) and expiresAt (now + --expires-in), optionally "
-        "audience and jobId, recompute contractDigest, and sign the exact contract bytes with "
-        "Ed25519 into a DSSE envelope (payloadType "
-        "application/vnd.citeark.execution-contract+json).",
-    )
-    sign.add_argument("contract", metavar="CONTRACT")
-    sign.add_argument("--key", required=True, metavar="KEY", help="private key from keygen")
-    sign.add_argument(
-        "-o", "--output", metavar="FILE", help="default: CONTRACT with .dsse.json suffix"
-    )
-    sign.add_argument(
-        "--expires-in",
-        default="24h",
-        metavar="DURATION",
-        help="lifetime from now: 90s, 30m, 24h, 7d (default 24h)",
-    )
-    sign.add_argument(
-        "--keep-times",
-        action="store_true",
-        help="keep the contract's own issuedAt/expiresAt instead of stamping new ones",
-    )
-    sign.add_argument(
-        "--audience",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a host audience the contract is for (repeatable)",
-    )
-    sign.add_argument("--job-id", metavar="ID", help="stamp this job id into the contract")
-    sign.add_argument("--json", action="store_true")
-    sign.set_defaults(func=cmd_sign)
+    if want("sign"):
+        sign = sub.add_parser(
+            "sign",
+            help="issuer side: stamp and sign a contract into a DSSE envelope",
+            description="Stamp issuedAt (now) and expiresAt (now + --expires-in), optionally "
+            "audience and jobId, recompute contractDigest, and sign the exact contract bytes with "
+            "Ed25519 into a DSSE envelope (payloadType "
+            "application/vnd.citeark.execution-contract+json).",
+        )
+        sign.add_argument("contract", metavar="CONTRACT")
+        sign.add_argument("--key", required=True, metavar="KEY", help="private key from keygen")
+        sign.add_argument(
+            "-o", "--output", metavar="FILE", help="default: CONTRACT with .dsse.json suffix"
+        )
+        sign.add_argument(
+            "--expires-in",
+            default="24h",
+            metavar="DURATION",
+            help="lifetime from now: 90s, 30m, 24h, 7d (default 24h)",
+        )
+        sign.add_argument(
+            "--keep-times",
+            action="store_true",
+            help="keep the contract's own issuedAt/expiresAt instead of stamping new ones",
+        )
+        sign.add_argument(
+            "--audience",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="a host audience the contract is for (repeatable)",
+        )
+        sign.add_argument("--job-id", metavar="ID", help="stamp this job id into the contract")
+        sign.add_argument("--json", action="store_true")
+        sign.set_defaults(func=cmd_sign)
 
-    parse = sub.add_parser(
-        "parse",
-        help="re-grade a finished job from its stored evidence, running nothing",
-        description="Re-read the job's evidence with the parser versions its envelope records "
-        "(or, with --latest, the newest registered versions, listing what changed) and write a "
-        "new envelope revision. Refused if the evidence no longer hashes to what was recorded.",
-    )
-    parse.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
-    parse.add_argument("--state-dir", metavar="DIR")
-    parse.add_argument(
-        "--latest",
-        action="store_true",
-        help="use the newest registered parser versions, marking the changes",
-    )
-    parse.add_argument("--policy", metavar="FILE", help="host policy (evidence size cap, key)")
-    parse.add_argument("--json", action="store_true")
-    parse.set_defaults(func=cmd_parse)
+    if want("parse"):
+        parse = sub.add_parser(
+            "parse",
+            help="re-grade a finished job from its stored evidence, running nothing",
+            description="Re-read the job's evidence with the parser versions its envelope records "
+            "(or, with --latest, the newest registered versions, listing what changed) and write a "
+            "new envelope revision. Refused if the evidence no longer hashes to what was recorded.",
+        )
+        parse.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
+        parse.add_argument("--state-dir", metavar="DIR")
+        parse.add_argument(
+            "--latest",
+            action="store_true",
+            help="use the newest registered parser versions, marking the changes",
+        )
+        parse.add_argument("--policy", metavar="FILE", help="host policy (evidence size cap, key)")
+        parse.add_argument("--json", action="store_true")
+        parse.set_defaults(func=cmd_parse)
 
-    vres = sub.add_parser(
-        "verify-result",
-        help="check a signed result (result.intoto.json) and, optionally, its files",
-        description="Verify the in-toto statement's DSSE signature against trusted runner keys "
-        "and, with --output-dir, the SHA-256 of every file it names.",
-        epilog="The runner's own public key is <config>/runner-key/runner.pub; an auditor "
-        "trusts it with: runner trust runner.pub --trusted-keys <config>/trusted-runner-keys",
-    )
-    vres.add_argument("statement", metavar="FILE", help="a job's result.intoto.json")
-    vres.add_argument("--output-dir", metavar="DIR", help="the job's output folder")
-    vres.add_argument(
-        "--trusted-keys",
-        metavar="DIR",
-        help="trusted runner keys (default <config>/trusted-runner-keys)",
-    )
-    vres.add_argument("--json", action="store_true")
-    vres.set_defaults(func=cmd_verify_result)
+    if want("verify-result"):
+        vres = sub.add_parser(
+            "verify-result",
+            help="check a signed result (result.intoto.json) and, optionally, its files",
+            description="Verify the in-toto statement's DSSE signature against trusted runner keys "
+            "and, with --output-dir, the SHA-256 of every file it names.",
+            epilog="The runner's own public key is <config>/runner-key/runner.pub; an auditor "
+            "trusts it with: runner trust runner.pub --trusted-keys <config>/trusted-runner-keys",
+        )
+        vres.add_argument("statement", metavar="FILE", help="a job's result.intoto.json")
+        vres.add_argument("--output-dir", metavar="DIR", help="the job's output folder")
+        vres.add_argument(
+            "--trusted-keys",
+            metavar="DIR",
+            help="trusted runner keys (default <config>/trusted-runner-keys)",
+        )
+        vres.add_argument("--json", action="store_true")
+        vres.set_defaults(func=cmd_verify_result)
 
-    image = sub.add_parser("image", help="offline image bundles")
-    image_sub = image.add_subparsers(dest="image_command", required=True, metavar="ACTION")
-    load = image_sub.add_parser(
-        "load",
-        help="load a `docker save` bundle, checking the image ids it holds",
-        description="Read the bundle's manifest, check each config's SHA-256 (the image id), "
-        "refuse it when --expect names an id it lacks, then load it. `docker load` drops repo "
-        "digests, so for bundles the image id is the pin.",
-    )
-    load.add_argument("bundle", metavar="BUNDLE.tar")
-    load.add_argument("--expect", metavar="sha256:ID", help="refuse unless it holds this id")
-    load.add_argument("--json", action="store_true")
-    load.set_defaults(func=cmd_image_load)
+    if want("image"):
+        image = sub.add_parser("image", help="offline image bundles")
+        image_sub = image.add_subparsers(dest="image_command", required=True, metavar="ACTION")
+        load = image_sub.add_parser(
+            "load",
+            help="load a `docker save` bundle, checking the image ids it holds",
+            description="Read the bundle's manifest, check each config's SHA-256 (the image id), "
+            "refuse it when --expect names an id it lacks, then load it. `docker load` drops repo "
+            "digests, so for bundles the image id is the pin.",
+        )
+        load.add_argument("bundle", metavar="BUNDLE.tar")
+        load.add_argument("--expect", metavar="sha256:ID", help="refuse unless it holds this id")
+        load.add_argument("--json", action="store_true")
+        load.set_defaults(func=cmd_image_load)
 
-    status = sub.add_parser(
-        "status",
-        help="a job's attempts, budget used and left, and its container",
-        description="Read a job's ledger: attempts, consumed and remaining budget, the current "
-        "state, and (for an attempt in flight) its container as the engine sees it.",
-    )
-    status.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
-    status.add_argument("--state-dir", metavar="DIR")
-    status.add_argument("--json", action="store_true")
-    status.set_defaults(func=cmd_status)
+    if want("status"):
+        status = sub.add_parser(
+            "status",
+            help="a job's attempts, budget used and left, and its container",
+            description="Read a job's ledger: attempts, consumed and remaining budget, the current "
+            "state, and (for an attempt in flight) its container as the engine sees it.",
+        )
+        status.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
+        status.add_argument("--state-dir", metavar="DIR")
+        status.add_argument("--json", action="store_true")
+        status.set_defaults(func=cmd_status)
 
-    ledger = sub.add_parser("ledger", help="inspect a job's budget ledger")
-    ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
-    lverify = ledger_sub.add_parser(
-        "verify",
-        help="check the ledger's hash chain, event order and pairing",
-        description="Exit 0 when the ledger is intact, 1 naming each broken line otherwise "
-        "(a torn last line included). Changes nothing.",
-    )
-    lverify.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
-    lverify.add_argument("--state-dir", metavar="DIR")
-    lverify.add_argument("--json", action="store_true")
-    lverify.set_defaults(func=cmd_ledger_verify)
+    if want("ledger"):
+        ledger = sub.add_parser("ledger", help="inspect a job's budget ledger")
+        ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
+        lverify = ledger_sub.add_parser(
+            "verify",
+            help="check the ledger's hash chain, event order and pairing",
+            description="Exit 0 when the ledger is intact, 1 naming each broken line otherwise "
+            "(a torn last line included). Changes nothing.",
+        )
+        lverify.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
+        lverify.add_argument("--state-dir", metavar="DIR")
+        lverify.add_argument("--json", action="store_true")
+        lverify.set_defaults(func=cmd_ledger_verify)
 
-    cleanup = sub.add_parser(
-        "cleanup",
-        help="remove containers of finished jobs that no runner watches",
-        description="Remove containers labelled by this runner whose job has no live runner and "
-        "whose ledger says the attempt finished; list (never touch) those whose ledger says "
-        "they still run: `runner run` reattaches to them.",
-    )
-    cleanup.add_argument("--dry-run", action="store_true", help="only list what would go")
-    cleanup.add_argument("--json", action="store_true")
-    cleanup.set_defaults(func=cmd_cleanup)
+    if want("cleanup"):
+        cleanup = sub.add_parser(
+            "cleanup",
+            help="remove containers of finished jobs that no runner watches",
+            description="Remove containers labelled by this runner whose job has no live runner "
+            "and whose ledger says the attempt finished; list (never touch) those whose ledger "
+            "says they still run: `runner run` reattaches to them.",
+        )
+        cleanup.add_argument("--dry-run", action="store_true", help="only list what would go")
+        cleanup.add_argument("--json", action="store_true")
+        cleanup.set_defaults(func=cmd_cleanup)
 
-    parsers = sub.add_parser(
-        "parsers",
-        help="list the registered evidence parsers (id, version, config schema)",
-        description="The parser catalog: every registered (id, version), what it reads and its "
-        "config fields; --json prints the full config schemas (as /job/input/parser-catalog.json).",
-    )
-    parsers.add_argument("action", nargs="?", choices=["list"], default="list")
-    parsers.add_argument("--json", action="store_true")
-    parsers.set_defaults(func=cmd_parsers)
+    if want("parsers"):
+        parsers = sub.add_parser(
+            "parsers",
+            help="list the registered evidence parsers (id, version, config schema)",
+            description="The parser catalog: every registered (id, version), what it reads and "
+            "its config fields; --json prints the full config schemas (as "
+            "/job/input/parser-catalog.json).",
+        )
+        parsers.add_argument("action", nargs="?", choices=["list"], default="list")
+        parsers.add_argument("--json", action="store_true")
+        parsers.set_defaults(func=cmd_parsers)
     return parser
 
 
@@ -1143,7 +1172,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     # pydantic scans every installed package's entry points for its plug-ins on first use
     # (about 20 ms of each start); the runner uses none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    command = given[0] if given and given[0] in COMMANDS else None
+    args = build_parser(only=command).parse_args(given)
     try:
         code = args.func(args)
     except RunnerError as exc:

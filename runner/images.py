@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +132,8 @@ def normalize_arch(name: str) -> str:
 def bundle_image_ids(bundle: Path) -> list[str]:
     """Image ids (config digests) a ``docker save`` tarball holds, each checked against the
     SHA-256 of its config file in the tarball. Read before anything is loaded."""
+    import tarfile  # only for bundles
+
     try:
         with tarfile.open(bundle) as tar:
             manifest_member = tar.extractfile("manifest.json")

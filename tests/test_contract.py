@@ -295,3 +295,15 @@ def test_broken_host_policy_still_gives_an_envelope(tmp_path: Path) -> None:
     envelope = json.loads(proc.stdout)
     assert envelope["failure"]["category"] == "infrastructure"
     assert "host policy" in envelope["failure"]["reason"]
+
+
+def test_cli_command_list_matches_the_parser() -> None:
+    """main() builds only the command it is given; COMMANDS must name every command."""
+    from runner import cli
+
+    full = cli.build_parser()
+    (sub,) = [a for a in full._actions if a.__class__.__name__ == "_SubParsersAction"]
+    assert set(sub.choices) == cli.COMMANDS  # type: ignore[attr-defined]
+    for name in cli.COMMANDS:
+        (one,) = [a for a in cli.build_parser(only=name)._actions if a.dest == "command"]
+        assert list(one.choices) == [name]  # type: ignore[attr-defined]
