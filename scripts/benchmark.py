@@ -1028,29 +1028,26 @@ def fig_concurrent(b: Bench, reps: int, jobs: int) -> list[Row]:
 
     xs, ys = interleave(reps, runner, baseline)
     bx, by = interleave(reps, batch, baseline)
-    ratio = statistics.median(xs) / statistics.median(ys)
-    batch_ratio = statistics.median(bx) / statistics.median(by)
-    batch_row = Row(
-        f"{jobs} toy jobs at once, one `runner run` of {jobs} contracts (`--parallel {jobs}`)",
-        "concurrentBatch",
-        "jobs/s",
-        f"{jobs} concurrent `docker run --rm` of the same",
-        summary(by),
-        summary(bx),
-        batch_ratio,
-        f"≥ 0.8{X} the baseline's throughput",
-        batch_ratio >= 0.8,
-        ratio_rows(bx, by),
-        extra={"jobs": jobs,
-               "runnerWallSeconds": jobs / statistics.median(bx),
-               "baselineWallSeconds": jobs / statistics.median(by)},
-        notes=[f"wall for all {jobs}: runner batch {jobs / statistics.median(bx):.1f} s, "
-               f"docker run {jobs / statistics.median(by):.1f} s; each job is a process forked "
-               "from the warm batch process (imports paid once)"],
-    )  # fmt: skip
-    row = Row(
+    separate = _throughput_row(
         f"{jobs} toy jobs at once, {jobs} separate `runner run` processes (throughput)",
-        "concurrent",
+        "concurrent", jobs, xs, ys, "",
+    )  # fmt: skip
+    batched = _throughput_row(
+        f"{jobs} toy jobs at once, one `runner run` of {jobs} contracts (`--parallel {jobs}`)",
+        "concurrentBatch", jobs, bx, by,
+        "; each job is a process forked from the warm batch process (imports paid once)",
+    )  # fmt: skip
+    return [separate, batched]
+
+
+def _throughput_row(
+    figure: str, key: str, jobs: int, xs: list[float], ys: list[float], note: str
+) -> Row:
+    """A row for ``jobs`` toy jobs at once: runner throughputs ``xs`` against ``ys``."""
+    ratio = statistics.median(xs) / statistics.median(ys)
+    return Row(
+        figure,
+        key,
         "jobs/s",
         f"{jobs} concurrent `docker run --rm` of the same",
         summary(ys),
@@ -1062,12 +1059,9 @@ def fig_concurrent(b: Bench, reps: int, jobs: int) -> list[Row]:
         extra={"jobs": jobs,
                "runnerWallSeconds": jobs / statistics.median(xs),
                "baselineWallSeconds": jobs / statistics.median(ys)},
+        notes=[f"wall for all {jobs}: runner {jobs / statistics.median(xs):.1f} s, "
+               f"docker run {jobs / statistics.median(ys):.1f} s{note}"],
     )  # fmt: skip
-    row.notes.append(
-        f"wall for all {jobs}: runner {jobs / statistics.median(xs):.1f} s, "
-        f"docker run {jobs / statistics.median(ys):.1f} s"
-    )
-    return [row, batch_row]
 
 
 def batch_contracts(b: Bench, jobs: int) -> list[Path]:

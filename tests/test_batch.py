@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from runner.contract import with_digest
 from tests.conftest import SESSION_ID, SESSION_LABEL, run_cli, session_containers, write_contract
 
 pytestmark = pytest.mark.docker
@@ -46,23 +47,30 @@ def _running(name: str = "") -> list[str]:
     ).stdout.split()
 
 
-def _contract(tmp_path: Path, name: str, image_id: str, **kwargs: object) -> Path:
-    folder = tmp_path / name
-    folder.mkdir()
-    return write_contract(folder, image_id, **kwargs)  # type: ignore[arg-type]
+def _contract(
+    tmp_path: Path, folder: str, image_id: str, name: str | None = None, **kwargs: object
+) -> Path:
+    """The toy contract in its own folder; under its own ``name`` (so its own job id)."""
+    (tmp_path / folder).mkdir()
+    path = write_contract(tmp_path / folder, image_id, **kwargs)  # type: ignore[arg-type]
+    if name is not None:
+        data = json.loads(path.read_text())
+        data["name"] = name
+        path.write_text(json.dumps(with_digest(data)))
+    return path
+
+
+def _start(state: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        _batch(state, "--json", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_a_batch_runs_each_contract_and_answers_in_order(tmp_path: Path, image_id: str) -> None:
     """Three toy contracts and one with a broken digest: one JSON array in argument order,
     each job with its own folder and ledger, and the exit code of the worst family (3)."""
-    good = [_contract(tmp_path, f"toy{i}", image_id, command=None) for i in range(3)]
-    # Distinct jobs: the same contract would be one job id, run once and then reported.
-    for i, path in enumerate(good):
-        data = json.loads(path.read_text())
-        data["name"] = f"batch-toy-{i}"
-        from runner.contract import with_digest
-
-        path.write_text(json.dumps(with_digest(data)))
+    # Distinct names, so distinct jobs: one contract is one job id, run once.
+    good = [_contract(tmp_path, f"toy{i}", image_id, f"batch-toy-{i}") for i in range(3)]
     broken = _contract(tmp_path, "broken", image_id)
     data = json.loads(broken.read_text())
     data["contractDigest"] = "sha256:" + "0" * 64
@@ -104,12 +112,7 @@ def test_sigterm_stops_the_running_jobs_and_starts_no_more(tmp_path: Path, image
         _contract(tmp_path, f"sleep{i}", image_id, command=[*SLEEP, str(i)]) for i in (1, 2)
     ]
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        _batch(state, "--json", "--parallel", "1", *map(str, contracts)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start(state, "--parallel", "1", *map(str, contracts))
     try:
         deadline = time.monotonic() + 120
         while not _running() and time.monotonic() < deadline:
@@ -136,20 +139,10 @@ def test_a_job_process_killed_outright_still_gets_an_envelope(
     """A child killed with SIGKILL says nothing: the batch answers `infrastructure` for it,
     naming the signal, and the other job's result stands. Its container is left running, as
     after any runner crash, for the next run of that job to recover (tests/test_restarts.py)."""
-    sleeper = _contract(tmp_path, "sleep", image_id, command=SLEEP)
-    data = json.loads(sleeper.read_text())
-    data["name"] = "batch-sleeper"
-    from runner.contract import with_digest
-
-    sleeper.write_text(json.dumps(with_digest(data)))
+    sleeper = _contract(tmp_path, "sleep", image_id, "batch-sleeper", command=SLEEP)
     toy = _contract(tmp_path, "toy", image_id)
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        _batch(state, "--json", "--parallel", "2", str(sleeper), str(toy)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start(state, "--parallel", "2", str(sleeper), str(toy))
     try:
         victim = _child_holding(proc.pid, "batch-sleeper", deadline=time.monotonic() + 120)
         while not _running("batch-sleeper"):
