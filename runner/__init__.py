@@ -10,13 +10,13 @@ Everything else is private and may change. The names are imported on first use, 
 
 from __future__ import annotations
 
-from importlib import import_module
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
 __version__ = "0.1.0"
 
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at start-up
 if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
     from runner.contract import VerifiedContract
     from runner.envelope import ResultEnvelope
     from runner.errors import RunnerError
@@ -33,12 +33,16 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        from importlib import import_module
+
         return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'runner' has no attribute {name!r}")
 
 
 def verify(contract_path: str | Path) -> VerifiedContract:
     """Load and verify a contract (JSON, schema, digest, parser bindings); raise on refusal."""
+    from pathlib import Path
+
     from runner.contract import load_contract
 
     return load_contract(Path(contract_path))

@@ -16,7 +16,6 @@ without running.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import shutil
@@ -34,20 +33,14 @@ from runner.envelope import Failure
 
 
 def _warm_up(options: orchestrator.RunOptions) -> None:
-    """Import what a job imports lazily, and make the runner's key, before forking, so that no
-    child pays for either (and no two children race to make the key)."""
-    from runner import attest, evidence, sweeper  # noqa: F401
-    from runner.backends.docker import DockerBackend
-    from runner.errors import RunnerError
+    """Warm this process for forking (runner.server.warm_up), with the runner's key made
+    first so that no two jobs race to make it."""
+    from runner import attest
+    from runner.server import warm_up
 
-    with contextlib.suppress(RunnerError):  # an engine that is down: each job will say so
-        DockerBackend().architecture()  # the API version and host, asked once for all jobs
     if options.result_key is not None:
         attest.runner_key(options.result_key)
-    # Move everything imported so far out of the collector's sight: a child's collections
-    # then never write to these pages, so they stay shared instead of being copied (the
-    # documented use of gc.freeze before fork).
-    gc.freeze()
+    warm_up()
 
 
 def _child(path: Path, options: orchestrator.RunOptions, out: Path) -> None:

@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,6 +68,7 @@ class Session:
         self.config_dir.mkdir()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
         self.env["RUNNER_CONFIG_DIR"] = str(self.config_dir)  # no host policy or keys leak in
+        self.env["RUNNER_SERVER"] = "off"  # in-process, except in the rows that start a server
         self.env_as_given = dict(self.env)
         if bytecode_cache:
             # Steady state, as after `pip install` or any earlier run: bytecode is cached. Here
@@ -412,7 +413,12 @@ class Bench:
         ]
 
     def runner_job(
-        self, contract: Path, tag: str, state: Path | None = None, sample_rss: bool = False
+        self,
+        contract: Path,
+        tag: str,
+        state: Path | None = None,
+        sample_rss: bool = False,
+        env: dict[str, str] | None = None,
     ) -> tuple[float, dict[str, Any], int, str]:
         """One ``runner run``: (wall seconds, envelope, peak RSS of its process tree, job id)."""
         job_id = self.job_id(tag)
@@ -420,7 +426,12 @@ class Bench:
         log.parent.mkdir(exist_ok=True)
         with log.open("wb") as out, (log.with_suffix(".err")).open("wb") as err:
             t0 = time.perf_counter()
-            proc = self.s.spawn(self.run_argv(contract, job_id, state), stdout=out, stderr=err)
+            proc = self.s.spawn(
+                self.run_argv(contract, job_id, state),
+                stdout=out,
+                stderr=err,
+                env=env or self.s.env,
+            )
             sampler = TreeRss(proc.pid) if sample_rss else None
             rc, maxrss = self.s.reap(proc)
             seconds = time.perf_counter() - t0
@@ -656,6 +667,64 @@ def fig_toy(b: Bench, reps: int) -> Row:
     )
 
 
+@contextlib.contextmanager
+def served(b: Bench, name: str) -> Iterator[tuple[dict[str, str], Callable[[], int]]]:
+    """A `runner serve` for the duration: the environment that sends `runner run` and
+    `runner verify` to it, and a count of the commands it has served so far."""
+    env = {**b.s.env, "RUNNER_SERVER": str(b.s.tmp / f"{name}.sock")}
+    log = b.s.tmp / f"{name}.log"
+    with log.open("wb") as sink:
+        server = b.s.spawn([*b.runner, "serve"], stdout=sink, stderr=sink, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while "listening on" not in log.read_text():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"runner serve did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield env, lambda: log.read_text().count(": runner ")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        b.s.reap(server)
+
+
+def fig_toy_served(b: Bench, reps: int) -> Row:
+    """The toy run again, with a `runner serve` running that `runner run` hands it to."""
+    command = json.loads(b.toy.read_text())["protocol"]["command"]
+    with served(b, "toy-server") as (env, count):
+
+        def runner() -> float:
+            return b.runner_job(b.toy, "toy-served", env=env)[0]
+
+        def baseline() -> float:
+            i = b.job_id("toy-docker")
+            out, ws = b.s.tmp / "toy-docker" / i / "output", b.s.tmp / "toy-docker" / i / "ws"
+            b.writable(out / "logs", ws)
+            argv = b.docker_argv(b.baseline_mounts(out, ws), command)
+            return b.docker_job(argv, out / "logs" / "evaluation.log")[0]
+
+        runner()  # warm-up: the server's first fork
+        xs, ys = interleave(reps, runner, baseline)
+        handed = count()
+    if handed < len(xs) + 1:
+        raise RuntimeError(f"only {handed} of {len(xs) + 1} runs went through the server")
+    ratio = statistics.median(xs) / statistics.median(ys)
+    return Row(
+        "toy evaluation, whole `runner run` wall time, with `runner serve` running",
+        "toyServed",
+        "s",
+        "`docker run --rm`, same image id, command, mounts and caps, stdout `> file`",
+        summary(ys),
+        summary(xs),
+        ratio,
+        f"≤ 1.25{X}",
+        ratio <= 1.25,
+        ratio_rows(xs, ys),
+        notes=[f"{handed} runs went through the server (its log counts them); the client is "
+               "`runner run` itself, which hands its command line, directory, environment "
+               "and terminal to a fork of the server"],
+    )  # fmt: skip
+
+
 def _timed(b: Bench, argv: list[str], env: dict[str, str] | None = None) -> float:
     t0 = time.perf_counter()
     proc = b.s.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env or b.s.env)
@@ -672,24 +741,33 @@ def fig_startup(b: Bench, reps: int) -> list[Row]:
         "help": [*b.runner, "--help"],
         "verify": [*b.runner, "verify", str(b.toy), "--allow-unsigned"],
     }
-    nocache = {**b.s.env_as_given, "PYTHONDONTWRITEBYTECODE": "1"}
-
-    def timed(name: str) -> float:
-        if name == "pass":
-            return _timed(b, pass_)
-        if name == "help-no-bytecode":
-            return _timed(b, cases["help"], nocache)
-        return _timed(b, cases[name])
-
-    names = ["pass", "help", "verify", "help-no-bytecode"]
-    for name in names:  # warm the page cache and the bytecode cache
-        timed(name)
+    nocache = {**b.s.env_as_given, "PYTHONDONTWRITEBYTECODE": "1", "RUNNER_SERVER": "off"}
+    names = ["pass", "help", "verify", "help-no-bytecode", "verify-served"]
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(reps):
-        for name in reversed(names) if i % 2 else names:
-            samples[name].append(timed(name))
+    with served(b, "startup-server") as (served_env, count):
+
+        def timed(name: str) -> float:
+            if name == "pass":
+                return _timed(b, pass_)
+            if name == "help-no-bytecode":
+                return _timed(b, cases["help"], nocache)
+            if name == "verify-served":
+                return _timed(b, cases["verify"], served_env)
+            return _timed(b, cases[name])
+
+        for name in names:  # warm the page cache and the bytecode cache
+            timed(name)
+        for i in range(reps):
+            for name in reversed(names) if i % 2 else names:
+                samples[name].append(timed(name))
+        if count() < reps + 1:
+            raise RuntimeError(f"only {count()} of {reps + 1} verifies went to the server")
     rows = []
-    for name, label in (("help", "`runner --help`"), ("verify", "`runner verify` (toy)")):
+    for name, label in (
+        ("help", "`runner --help`"),
+        ("verify", "`runner verify` (toy)"),
+        ("verify-served", "`runner verify` (toy) with `runner serve` running"),
+    ):
         xs, ys = samples[name], samples["pass"]
         diff = statistics.median(xs) - statistics.median(ys)
         row = Row(
@@ -963,7 +1041,7 @@ def fig_parse(b: Bench, reps: int, size: int) -> Row:
 def fig_concurrent(b: Bench, reps: int, jobs: int) -> list[Row]:
     command = json.loads(b.toy.read_text())["protocol"]["command"]
 
-    def runner() -> float:
+    def runner(env: dict[str, str] | None = None) -> float:
         state = b.s.tmp / "many" / b.job_id("state")
         ids = [b.job_id("many") for _ in range(jobs)]
         outs = [b.s.tmp / "many" / f"{i}.json" for i in ids]
@@ -972,7 +1050,12 @@ def fig_concurrent(b: Bench, reps: int, jobs: int) -> list[Row]:
             sinks = [files.enter_context(o.open("wb")) for o in outs]
             t0 = time.perf_counter()
             procs = [
-                b.s.spawn(b.run_argv(b.toy, i, state), stdout=f, stderr=subprocess.DEVNULL)
+                b.s.spawn(
+                    b.run_argv(b.toy, i, state),
+                    stdout=f,
+                    stderr=subprocess.DEVNULL,
+                    env=env or b.s.env,
+                )
                 for i, f in zip(ids, sinks, strict=True)
             ]
             codes = [b.s.reap(p)[0] for p in procs]
@@ -1028,6 +1111,10 @@ def fig_concurrent(b: Bench, reps: int, jobs: int) -> list[Row]:
 
     xs, ys = interleave(reps, runner, baseline)
     bx, by = interleave(reps, batch, baseline)
+    with served(b, "many-server") as (env, count):
+        sx, sy = interleave(reps, lambda: runner(env), baseline)
+        if count() < jobs * reps:
+            raise RuntimeError(f"only {count()} of {jobs * reps} runs went to the server")
     separate = _throughput_row(
         f"{jobs} toy jobs at once, {jobs} separate `runner run` processes (throughput)",
         "concurrent", jobs, xs, ys, "",
@@ -1037,7 +1124,12 @@ def fig_concurrent(b: Bench, reps: int, jobs: int) -> list[Row]:
         "concurrentBatch", jobs, bx, by,
         "; each job is a process forked from the warm batch process (imports paid once)",
     )  # fmt: skip
-    return [separate, batched]
+    with_server = _throughput_row(
+        f"{jobs} toy jobs at once, {jobs} `runner run` processes with `runner serve` running",
+        "concurrentServed", jobs, sx, sy,
+        "; each `runner run` hands its job to a fork of the server",
+    )  # fmt: skip
+    return [separate, batched, with_server]
 
 
 def _throughput_row(
@@ -1336,7 +1428,7 @@ def main(argv: list[str] | None = None) -> int:
         progress("pinning the toy contract, warm-up run, reading the caps it applied")
         setup_toy(b)
         steps: list[tuple[str, Callable[[], list[Row]]]] = [
-            ("toy", lambda: [fig_toy(b, cfg["toy"])]),
+            ("toy", lambda: [fig_toy(b, cfg["toy"]), fig_toy_served(b, cfg["toy"])]),
             ("startup", lambda: fig_startup(b, cfg["startup"])),
             ("stdout", lambda: [fig_stdout(b, cfg["stdout"], cfg["stdoutBytes"])]),
             ("staging", lambda: [fig_staging(b, cfg["staging"], cfg["stageBytes"])]),

@@ -107,7 +107,7 @@ def catalog() -> list[dict[str, Any]]:
 
 
 @cache
-def _validator(parser_id: str, version: str) -> jsonschema_rs.Draft202012Validator:
+def compiled_validator(parser_id: str, version: str) -> jsonschema_rs.Draft202012Validator:
     """The parser's config schema, compiled once per process (Draft 2020-12, as declared).
 
     ``jsonschema-rs`` rather than ``jsonschema``: the same draft and the same verdicts, and it
@@ -137,7 +137,7 @@ def check_binding(binding: _Binding, *, path: str) -> None:
             hint=f"use one of: {listing}{plugins}",
         )
     errors = sorted(
-        _validator(*key).iter_errors(binding.config),
+        compiled_validator(*key).iter_errors(binding.config),
         key=lambda e: [(isinstance(p, str), p) for p in e.instance_path],
     )
     if errors:

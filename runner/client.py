@@ -1,0 +1,123 @@
+"""The client half of ``runner serve`` (see runner/server.py): hand a command to a running
+server, or say that it must run here.
+
+Kept to the standard library's lightest modules, since it is on the path of every ``runner``
+start-up: ``main`` decides before ``runner.cli`` (argparse and the rest) is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at start-up
+if TYPE_CHECKING:
+    from types import FrameType
+    from typing import NoReturn
+
+SERVED = frozenset({"run", "verify"})
+"""The commands a client hands to a server (the others start fast on their own)."""
+
+
+def socket_path() -> str | None:
+    """Where the server listens (``$RUNNER_SERVER``, else ``<config dir>/server.sock``), or
+    None when serving is switched off."""
+    configured = os.environ.get("RUNNER_SERVER", "")
+    if configured.lower() in {"off", "0", "no", "false"}:
+        return None
+    if configured:
+        return configured
+    config = os.environ.get("RUNNER_CONFIG_DIR")
+    if not config:
+        import platformdirs
+
+        config = platformdirs.user_config_dir("runner")
+    return os.path.join(config, "server.sock")
+
+
+def code_fingerprint() -> str:
+    """What the running code is: the interpreter, and the runner's source files (count and
+    newest modification). A client and a server agree only when both run the same code."""
+    newest, count = 0, 0
+    for folder, _, files in os.walk(os.path.dirname(os.path.abspath(__file__))):
+        for name in files:
+            if name.endswith(".py"):
+                newest = max(newest, os.stat(os.path.join(folder, name)).st_mtime_ns)
+                count += 1
+    return f"{sys.executable}|{count}|{newest}"
+
+
+def try_client(path: str, argv: list[str]) -> int | None:
+    """Hand ``argv`` to the server at ``path``; its exit code, or None to run it here."""
+    if not os.path.exists(path):
+        return None
+    import contextlib
+    import json
+    import signal
+    import socket
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        return None  # a socket left by a server that is gone
+    request = {
+        "argv": argv,
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "code": code_fingerprint(),
+    }
+    try:
+        socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+    except OSError:
+        conn.close()
+        return None
+
+    def cancel(signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(b"cancel\n")
+
+    signal.signal(signal.SIGINT, cancel)
+    signal.signal(signal.SIGTERM, cancel)
+    reply = b""
+    while not reply.endswith(b"\n"):
+        try:
+            chunk = conn.recv(4096)
+        except InterruptedError:
+            continue
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        reply += chunk
+    conn.close()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        answer = json.loads(reply)
+    except ValueError:
+        print(f"runner: the runner server at {path} stopped answering", file=sys.stderr)
+        return 4
+    if "stale" in answer:
+        print(
+            f"runner: the runner server at {path} runs other code ({answer['stale']}); "
+            "running in this process (restart `runner serve` to use it again)",
+            file=sys.stderr,
+        )
+        return None
+    return int(answer["exit"])
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """The ``runner`` command: a served command goes to the server when one answers;
+    everything else (and a served command without a server) runs in this process."""
+    given = sys.argv[1:] if argv is None else argv
+    if given and given[0] in SERVED and "-h" not in given and "--help" not in given:
+        path = socket_path()
+        code = try_client(path, given) if path is not None else None
+        if code is not None:
+            sys.exit(code)
+    from runner.cli import dispatch
+
+    sys.exit(dispatch(given))
