@@ -81,8 +81,10 @@ def _handle(
     code = 4
     try:
         os.setsid()  # the server's terminal signals are not the job's
-        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # Until the command installs its own: a cancel is a KeyboardInterrupt, as in `runner`.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 3)
         while not data.endswith(b"\n") and len(data) < _MAX_REQUEST:
             more = conn.recv(_MAX_REQUEST)

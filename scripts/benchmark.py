@@ -64,6 +64,8 @@ class Session:
         self.tmp = Path(tempfile.mkdtemp(prefix=f"runner-bench-{self.id}-", dir=workdir))
         self.children: set[subprocess.Popen[bytes]] = set()
         self.lock = threading.Lock()
+        # Unix socket paths must stay short (108 bytes), whatever --workdir is.
+        self.sockets = Path(tempfile.mkdtemp(prefix=f"runner-bench-{self.id}-sock-"))
         self.config_dir = self.tmp / "config"
         self.config_dir.mkdir()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RUNNER_")}
@@ -120,6 +122,7 @@ class Session:
         if left:
             subprocess.run(["docker", "rm", "-f", *left], capture_output=True, check=False)
         shutil.rmtree(self.tmp, ignore_errors=True)
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -671,7 +674,7 @@ def fig_toy(b: Bench, reps: int) -> Row:
 def served(b: Bench, name: str) -> Iterator[tuple[dict[str, str], Callable[[], int]]]:
     """A `runner serve` for the duration: the environment that sends `runner run` and
     `runner verify` to it, and a count of the commands it has served so far."""
-    env = {**b.s.env, "RUNNER_SERVER": str(b.s.tmp / f"{name}.sock")}
+    env = {**b.s.env, "RUNNER_SERVER": str(b.s.sockets / f"{name}.sock")}
     log = b.s.tmp / f"{name}.log"
     with log.open("wb") as sink:
         server = b.s.spawn([*b.runner, "serve"], stdout=sink, stderr=sink, env=env)
@@ -683,8 +686,9 @@ def served(b: Bench, name: str) -> Iterator[tuple[dict[str, str], Callable[[], i
             time.sleep(0.05)
         yield env, lambda: log.read_text().count(": runner ")
     finally:
-        server.send_signal(signal.SIGTERM)
-        b.s.reap(server)
+        if server.returncode is None:  # not reaped by poll() above
+            server.send_signal(signal.SIGTERM)
+            b.s.reap(server)
 
 
 def fig_toy_served(b: Bench, reps: int) -> Row:
