@@ -632,17 +632,10 @@ def fig_toy(b: Bench, reps: int) -> Row:
         return seconds
 
     def baseline() -> float:
-        i = b.job_id("toy-docker")
-        out, ws = b.s.tmp / "toy-docker" / i / "output", b.s.tmp / "toy-docker" / i / "ws"
-        b.writable(out / "logs", ws)
-        log = out / "logs" / "evaluation.log"
-        seconds, _ = b.docker_job(b.docker_argv(b.baseline_mounts(out, ws), command), log)
-        evidence.append(log.read_text())
-        return seconds
+        return toy_baseline(b, command, evidence)
 
     baseline()  # warm-up (the runner's was setup_toy)
     xs, ys = interleave(reps, runner, baseline)
-    ratio = statistics.median(xs) / statistics.median(ys)
     notes = []
     if len(set(evidence)) != 1:
         notes.append("WARNING: runner and baseline evidence differ")
@@ -654,9 +647,28 @@ def fig_toy(b: Bench, reps: int) -> Row:
         f"container {med['container']:.3f} s, the rest inside the runner "
         f"{med['otherInRunner']:.3f} s (engine calls, ledger fsyncs, parse, envelope)"
     )
+    row = toy_row("toy evaluation, whole `runner run` wall time", "toy", xs, ys, notes)
+    row.extra["runnerBreakdownMedianSeconds"] = med
+    return row
+
+
+def toy_baseline(b: Bench, command: list[str], evidence: list[str] | None = None) -> float:
+    """One `docker run --rm` of the toy job with the runner's caps; its wall seconds."""
+    i = b.job_id("toy-docker")
+    out, ws = b.s.tmp / "toy-docker" / i / "output", b.s.tmp / "toy-docker" / i / "ws"
+    b.writable(out / "logs", ws)
+    log = out / "logs" / "evaluation.log"
+    seconds, _ = b.docker_job(b.docker_argv(b.baseline_mounts(out, ws), command), log)
+    if evidence is not None:
+        evidence.append(log.read_text())
+    return seconds
+
+
+def toy_row(figure: str, key: str, xs: list[float], ys: list[float], notes: list[str]) -> Row:
+    ratio = statistics.median(xs) / statistics.median(ys)
     return Row(
-        "toy evaluation, whole `runner run` wall time",
-        "toy",
+        figure,
+        key,
         "s",
         "`docker run --rm`, same image id, command, mounts and caps, stdout `> file`",
         summary(ys),
@@ -665,7 +677,6 @@ def fig_toy(b: Bench, reps: int) -> Row:
         f"≤ 1.25{X}",
         ratio <= 1.25,
         ratio_rows(xs, ys),
-        extra={"runnerBreakdownMedianSeconds": med},
         notes=notes,
     )
 
@@ -699,33 +710,19 @@ def fig_toy_served(b: Bench, reps: int) -> Row:
         def runner() -> float:
             return b.runner_job(b.toy, "toy-served", env=env)[0]
 
-        def baseline() -> float:
-            i = b.job_id("toy-docker")
-            out, ws = b.s.tmp / "toy-docker" / i / "output", b.s.tmp / "toy-docker" / i / "ws"
-            b.writable(out / "logs", ws)
-            argv = b.docker_argv(b.baseline_mounts(out, ws), command)
-            return b.docker_job(argv, out / "logs" / "evaluation.log")[0]
-
         runner()  # warm-up: the server's first fork
-        xs, ys = interleave(reps, runner, baseline)
+        xs, ys = interleave(reps, runner, lambda: toy_baseline(b, command))
         handed = count()
     if handed < len(xs) + 1:
         raise RuntimeError(f"only {handed} of {len(xs) + 1} runs went through the server")
-    ratio = statistics.median(xs) / statistics.median(ys)
-    return Row(
+    return toy_row(
         "toy evaluation, whole `runner run` wall time, with `runner serve` running",
         "toyServed",
-        "s",
-        "`docker run --rm`, same image id, command, mounts and caps, stdout `> file`",
-        summary(ys),
-        summary(xs),
-        ratio,
-        f"≤ 1.25{X}",
-        ratio <= 1.25,
-        ratio_rows(xs, ys),
-        notes=[f"{handed} runs went through the server (its log counts them); the client is "
-               "`runner run` itself, which hands its command line, directory, environment "
-               "and terminal to a fork of the server"],
+        xs,
+        ys,
+        [f"{handed} runs went through the server (its log counts them); the client is "
+         "`runner run` itself, which hands its command line, directory, environment and "
+         "terminal to a fork of the server"],
     )  # fmt: skip
 
 
@@ -1303,16 +1300,8 @@ def markdown(report: dict[str, Any], rows: list[Row]) -> str:
             f"{imp['totalImportSeconds']:.3f} s of imports in all (importtime inflates them "
             "somewhat):",
             "",
-            "- by package (own time, summed): "
-            + ", ".join(f"{x['package']} {x['selfSeconds'] * 1000:.0f} ms"
-                        for x in imp["byPackage"][:10]),
-            "- modules by own time: "
-            + ", ".join(f"{x['module']} {x['selfSeconds'] * 1000:.0f} ms"
-                        for x in imp["bySelf"][:10]),
-            "- third-party imports made by `runner.*` (cumulative): "
-            + ", ".join(f"{x['module']} {x['cumulativeSeconds'] * 1000:.0f} ms"
-                        for x in imp["importedByRunner"][:10]),
-        ]  # fmt: skip
+            *import_lines(imp, 10, with_self=True),
+        ]
     prof = report.get("runProfile")
     if prof:
         imp = prof["imports"]
@@ -1330,14 +1319,25 @@ def markdown(report: dict[str, Any], rows: list[Row]) -> str:
             f"Its imports (`-X importtime`): {imp['modules']} modules, "
             f"{imp['totalImportSeconds']:.3f} s in all (inflated by importtime):",
             "",
-            "- by package (own time, summed): "
-            + ", ".join(f"{x['package']} {x['selfSeconds'] * 1000:.0f} ms"
-                        for x in imp["byPackage"][:12]),
-            "- third-party imports made by `runner.*` (cumulative): "
-            + ", ".join(f"{x['module']} {x['cumulativeSeconds'] * 1000:.0f} ms"
-                        for x in imp["importedByRunner"][:12]),
-        ]  # fmt: skip
+            *import_lines(imp, 12, with_self=False),
+        ]
     return "\n".join(lines) + "\n"
+
+
+def import_lines(imp: dict[str, Any], top: int, *, with_self: bool) -> list[str]:
+    """An import profile as markdown bullets: by package, (by module,) imported by runner.*."""
+
+    def ms(items: list[dict[str, Any]], name: str, key: str) -> str:
+        return ", ".join(f"{x[name]} {x[key] * 1000:.0f} ms" for x in items[:top])
+
+    lines = ["- by package (own time, summed): " + ms(imp["byPackage"], "package", "selfSeconds")]
+    if with_self:
+        lines.append("- modules by own time: " + ms(imp["bySelf"], "module", "selfSeconds"))
+    lines.append(
+        "- third-party imports made by `runner.*` (cumulative): "
+        + ms(imp["importedByRunner"], "module", "cumulativeSeconds")
+    )
+    return lines
 
 
 def row_json(r: Row) -> dict[str, Any]:

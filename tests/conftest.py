@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,7 +124,41 @@ def run_cli(
     )
 
 
-def start_job(contract: Path, state: Path, *extra: str) -> subprocess.Popen[str]:
+def running_containers(name: str = "") -> list[str]:
+    """This session's containers that are running (not merely created), by name fragment."""
+    return _docker(
+        "ps", "-q", "--filter", f"label={SESSION_LABEL}={SESSION_ID}",
+        *(["--filter", f"name={name}"] if name else []),
+    ).stdout.split()  # fmt: skip
+
+
+def wait_running(proc: subprocess.Popen[str], name: str = "", timeout: float = 120) -> None:
+    """Wait until a container of this session (``name`` fragment) runs; fail if ``proc`` ends
+    first or none starts in time."""
+    deadline = time.monotonic() + timeout
+    while not running_containers(name):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no container of the job started"
+        time.sleep(0.2)
+
+
+def signal_when_running(
+    proc: subprocess.Popen[str], sig: int, timeout: float = 120
+) -> tuple[str, str]:
+    """Send ``sig`` to ``proc`` once a container of this session runs; its stdout, stderr."""
+    try:
+        wait_running(proc, timeout=timeout)
+        proc.send_signal(sig)
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def start_job(
+    contract: Path, state: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     """`runner run --json --allow-unsigned` with this session's label, in the background."""
     return subprocess.Popen(
         [
@@ -143,6 +178,7 @@ def start_job(contract: Path, state: Path, *extra: str) -> subprocess.Popen[str]
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
 
 

@@ -14,7 +14,15 @@ import psutil
 import pytest
 
 from runner.contract import with_digest
-from tests.conftest import SESSION_ID, SESSION_LABEL, run_cli, session_containers, write_contract
+from tests.conftest import (
+    SESSION_ID,
+    SESSION_LABEL,
+    run_cli,
+    session_containers,
+    signal_when_running,
+    wait_running,
+    write_contract,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -34,17 +42,6 @@ def _batch(state: Path, *args: str) -> list[str]:
         f"{SESSION_LABEL}={SESSION_ID}",
         *args,
     ]
-
-
-def _running(name: str = "") -> list[str]:
-    """This session's containers that are running (not merely created), by name fragment."""
-    return subprocess.run(
-        ["docker", "ps", "-q", "--filter", f"label={SESSION_LABEL}={SESSION_ID}"]
-        + (["--filter", f"name={name}"] if name else []),
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
 
 
 def _contract(
@@ -113,17 +110,7 @@ def test_sigterm_stops_the_running_jobs_and_starts_no_more(tmp_path: Path, image
     ]
     state = tmp_path / "state"
     proc = _start(state, "--parallel", "1", *map(str, contracts))
-    try:
-        deadline = time.monotonic() + 120
-        while not _running() and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
-        assert _running(), "the first job's container never started"
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out, err = signal_when_running(proc, signal.SIGTERM)
     assert proc.returncode == 130, err[-3000:]
     first, second = json.loads(out)
     assert first["failure"]["category"] == "cancelled"
@@ -145,8 +132,7 @@ def test_a_job_process_killed_outright_still_gets_an_envelope(
     proc = _start(state, "--parallel", "2", str(sleeper), str(toy))
     try:
         victim = _child_holding(proc.pid, "batch-sleeper", deadline=time.monotonic() + 120)
-        while not _running("batch-sleeper"):
-            time.sleep(0.2)
+        wait_running(proc, "batch-sleeper")
         victim.kill()
         out, err = proc.communicate(timeout=180)
     finally:

@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SESSION_ID, SESSION_LABEL, session_containers, write_contract
+from tests.conftest import (
+    SESSION_ID,
+    SESSION_LABEL,
+    session_containers,
+    signal_when_running,
+    start_job,
+    wait_running,
+    write_contract,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -100,31 +108,8 @@ def test_ctrl_c_on_a_client_cancels_its_job(
 ) -> None:
     env, _ = served
     contract = write_contract(tmp_path, image_id, command=["sleep", "120"])
-    client = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "runner",
-            "run",
-            str(contract),
-            "--json",
-            *_job_args(tmp_path / "s"),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not _running() and time.monotonic() < deadline:
-            assert client.poll() is None, client.communicate()
-            time.sleep(0.2)
-        client.send_signal(signal.SIGINT)
-        out, err = client.communicate(timeout=120)
-    finally:
-        if client.poll() is None:
-            client.kill()
+    client = start_job(contract, tmp_path / "s", env=env)
+    out, err = signal_when_running(client, signal.SIGINT)
     assert client.returncode == 130, err[-3000:]
     envelope = json.loads(out)
     assert envelope["failure"]["category"] == "cancelled"
@@ -140,17 +125,11 @@ def test_a_killed_client_leaves_its_job_to_finish(
     env, _ = served
     contract = write_contract(tmp_path, image_id, command=["sh", "-c", f"sleep 3; {EVALUATE}"])
     state = tmp_path / "state"
-    client = subprocess.Popen(
-        [sys.executable, "-m", "runner", "run", str(contract), "--json", *_job_args(state)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while not _running() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    client = start_job(contract, state, env=env)
+    wait_running(client)
     client.kill()
     client.wait()
+    deadline = time.monotonic() + 120
     while session_containers() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert session_containers() == []
@@ -186,12 +165,3 @@ def test_no_server_or_a_dead_one_means_in_process(tmp_path: Path, image_id: str)
         env = {**os.environ, "RUNNER_SERVER": value}
         proc = _run(env, "verify", str(contract), "--allow-unsigned")
         assert proc.returncode == 0 and proc.stdout.startswith("ok: "), (value, proc.stderr)
-
-
-def _running() -> list[str]:
-    return subprocess.run(
-        ["docker", "ps", "-q", "--filter", f"label={SESSION_LABEL}={SESSION_ID}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
