@@ -449,22 +449,21 @@ class DockerBackend:
         )
 
     def save_logs(self, container_id: str, dest: Path, max_bytes: int) -> int:
+        pieces: list[bytes] = []
         written = 0
 
         def demultiplex(response: http.client.HTTPResponse) -> None:
             # No TTY: frames of an 8-byte header (stream, 0, 0, 0, big-endian length), then
             # the bytes; stdout and stderr interleaved in the order the engine logged them.
             nonlocal written
-            with dest.open("wb") as out:
-                while written < max_bytes:
-                    header = response.read(8)
-                    if len(header) < 8:
-                        break
-                    (length,) = struct.unpack(">I", header[4:])
-                    chunk = response.read(length)
-                    room = max_bytes - written
-                    out.write(chunk[:room])
-                    written += min(len(chunk), room)
+            while written < max_bytes:
+                header = response.read(8)
+                if len(header) < 8:
+                    break
+                (length,) = struct.unpack(">I", header[4:])
+                chunk = response.read(length)[: max_bytes - written]
+                pieces.append(chunk)
+                written += len(chunk)
 
         self._container_call(
             "GET",
@@ -474,6 +473,14 @@ class DockerBackend:
             query={"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 0},
             stream_to=demultiplex,
         )
+        # Written after the transfer, so that a local write error is not taken for the
+        # engine's (it is at most max_bytes, the runner's cap on the engine log).
+        try:
+            dest.write_bytes(b"".join(pieces))
+        except OSError as exc:
+            raise InfrastructureError(
+                f"saving the container's engine log to {dest}: {exc}"
+            ) from exc
         return written
 
     def remove(self, container_id: str) -> None:
