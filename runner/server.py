@@ -108,6 +108,9 @@ def _handle(
         code = dispatch(argv)
     except SystemExit as exc:  # argparse's usage errors exit 2
         code = exc.code if isinstance(exc.code, int) else 2
+    except KeyboardInterrupt:  # cancelled before the command could install its own handling
+        print("runner: interrupted", file=sys.stderr)
+        code = 130
     except BaseException as exc:  # noqa: BLE001 - reported to the client as an exit code
         print(f"runner: infrastructure: the server failed: {exc!r}", file=sys.stderr)
     finally:
