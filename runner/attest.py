@@ -13,7 +13,6 @@ keys and, given the output folder, every subject's hash.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +86,8 @@ def verify_result(
     path: Path, trusted: list[signing.TrustedKey], output_dir: Path | None
 ) -> Verified:
     """Check the signature (and, given ``output_dir``, every subject); raise on any mismatch."""
+    from runner.staging import sha256_file
+
     try:
         envelope = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
@@ -109,12 +110,9 @@ def verify_result(
             if not target.is_relative_to(output_dir.resolve()) or not target.is_file():
                 bad.append(f"{rel}: missing")
                 continue
-            digest = hashlib.sha256()
-            with target.open("rb") as f:
-                while chunk := f.read(1024 * 1024):
-                    digest.update(chunk)
-            if digest.hexdigest() != subject["digest"]["sha256"]:
-                bad.append(f"{rel}: sha256 {digest.hexdigest()} is not the signed one")
+            digest, _ = sha256_file(target)
+            if digest != subject["digest"]["sha256"]:
+                bad.append(f"{rel}: sha256 {digest} is not the signed one")
             checked += 1
         if bad:
             raise SignatureInvalid(

@@ -47,16 +47,9 @@ def _child(path: Path, options: orchestrator.RunOptions, out: Path) -> None:
     """Run one job and leave its envelope at ``out``; never returns."""
     code = 70  # EX_SOFTWARE, when even the envelope could not be written
     try:
-        fired = False
+        from runner.cli import install_signal_handlers
 
-        def stop(signum: int, frame: FrameType | None) -> None:
-            nonlocal fired
-            if not fired:  # the first stops the job cleanly; later ones must not cut that short
-                fired = True
-                raise KeyboardInterrupt
-
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
+        install_signal_handlers()  # as a single run: the first signal stops the job cleanly
         envelope = orchestrator.run(path, options)
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(orchestrator.as_json(envelope)))

@@ -187,7 +187,7 @@ def _summary(env: dict[str, Any], path: Path | None) -> str:
     return "\n".join(lines)
 
 
-def _install_signal_handlers() -> None:
+def install_signal_handlers() -> None:
     """SIGTERM behaves as Ctrl-C: the first stops the job cleanly; later ones are ignored so
     the clean-up is not cut short."""
     fired = False
@@ -208,11 +208,9 @@ def _env_flag(name: str) -> bool:
 
 
 def _config_dir() -> Path:
-    if os.environ.get("RUNNER_CONFIG_DIR"):
-        return Path(os.environ["RUNNER_CONFIG_DIR"])
-    import platformdirs
+    from runner.client import config_dir
 
-    return Path(platformdirs.user_config_dir("runner"))
+    return Path(config_dir())
 
 
 def _trusted_keys_dir(arg: str | None) -> Path:
@@ -358,7 +356,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(args.contract) > 1:
         return _run_batch(args, options)
     progress = NotesOnly() if args.json else HumanProgress()
-    _install_signal_handlers()
+    install_signal_handlers()
     envelope = orchestrator.run(Path(args.contract[0]), options, progress=progress)
     if isinstance(progress, HumanProgress):
         progress.done()
@@ -856,7 +854,7 @@ COMMANDS = frozenset(
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The CLI; with ``only``, just that command's parser (building all fifteen costs about
+    """The CLI; with ``only``, just that command's parser (building all of them costs about
     10 ms of every start-up, mostly argparse's message lookups)."""
 
     def want(name: str) -> bool:
@@ -1190,11 +1188,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def _refusal_exit(exc: RunnerError) -> int:
-    if isinstance(exc, RefusedError):
-        return EXIT_REFUSED
-    if exc.category in {"missing_evidence", "parse_error"}:
-        return EXIT_JOB_FAILED
-    return EXIT_INFRASTRUCTURE
+    from runner.errors import exit_family
+
+    return FAMILY_EXIT[exit_family(exc.category)]
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

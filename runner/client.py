@@ -27,12 +27,17 @@ def socket_path() -> str | None:
         return None
     if configured:
         return configured
-    config = os.environ.get("RUNNER_CONFIG_DIR")
-    if not config:
-        import platformdirs
+    return os.path.join(config_dir(), "server.sock")
 
-        config = platformdirs.user_config_dir("runner")
-    return os.path.join(config, "server.sock")
+
+def config_dir() -> str:
+    """The runner's config folder: ``$RUNNER_CONFIG_DIR``, else the user's (XDG on Linux)."""
+    configured = os.environ.get("RUNNER_CONFIG_DIR")
+    if configured:
+        return configured
+    import platformdirs
+
+    return str(platformdirs.user_config_dir("runner"))
 
 
 def code_fingerprint() -> str:

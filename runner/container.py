@@ -136,6 +136,8 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
         while True:
             now = time.monotonic()
             if now >= deadline:
+                if backend.wait(container_id, 0.01) is not None:
+                    break  # it ended within the last tick: not a timeout
                 timed_out = True
                 backend.stop(container_id, w.grace)
                 break
@@ -218,14 +220,11 @@ def run_attempt(
         backend.start(container_id)
     except (RunnerError, KeyboardInterrupt) as exc:
         backend.remove(container_id)
-        if container.gpu_ids and type(exc) is InfrastructureError:
-            # Without a GPU driver the engine accepts the device request at create and fails
-            # at start (an engine error, not an unreachable engine): the host lacks GPUs.
+        if isinstance(exc, GpuUnavailable) and container.gpu_ids:  # name the devices asked for
             exc = GpuUnavailable(
                 "the engine could not start the container with GPU(s) "
                 f"{', '.join(container.gpu_ids)}: {exc.message}",
-                hint="install the NVIDIA driver and container toolkit on this host, or run the "
-                "job on a GPU host",
+                hint=exc.hint,
             )
         raise NotStarted(exc) from exc
     try:

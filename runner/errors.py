@@ -14,7 +14,8 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   ├── ProtocolAmbiguous        protocol_ambiguous: no command, or a required fragment missing
     │   ├── ImageDigestMismatch      image_digest_mismatch: the local image is not the pinned one
     │   ├── JobAlreadyFinished       the job id already ran to an end on this host
-    │   └── JobBusy                  another runner holds this job id right now
+    │   └── JobBusy                  another runner holds this job id right now (exit 4:
+    │                                its category is infrastructure; retry later)
     ├── ResourceExhausted            resource_exhausted: earlier attempts spent the budget (exit 1)
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
     ├── GpuUnavailable               gpu_unavailable: no GPU to give, and no CPU fallback  (exit 4)
@@ -52,6 +53,8 @@ class RunnerError(Exception):
 
 class RefusedError(RunnerError):
     """The contract or the host refused the job before anything ran."""
+
+    category = "policy_violation"  # subclasses name theirs; exit 3 either way (exit_family)
 
 
 class ContractError(RefusedError):
@@ -162,3 +165,28 @@ class EvidenceParseError(EvidenceError):
     """The evidence file exists but the parser could not extract a valid value."""
 
     category = "parse_error"
+
+
+REFUSALS = {
+    "invalid_contract",
+    "signature_invalid",
+    "policy_violation",
+    "protocol_ambiguous",
+    "image_digest_mismatch",
+}
+"""Categories meaning nothing ran because the contract or the host said no (exit 3)."""
+
+
+def exit_family(category: str | None) -> str:
+    """The exit-code family of a failure category (None: no failure): ``succeeded``,
+    ``job_failed``, ``refused``, ``infrastructure`` or ``cancelled``. One mapping for the
+    envelope's exit code and for errors raised outside a run."""
+    if category is None:
+        return "succeeded"
+    if category in REFUSALS:
+        return "refused"
+    if category in {"infrastructure", "image_unavailable", "gpu_unavailable"}:
+        return "infrastructure"
+    if category == "cancelled":
+        return "cancelled"
+    return "job_failed"

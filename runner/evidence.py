@@ -18,7 +18,12 @@ from runner.staging import resolve_inside, sha256_file
 
 
 def _read_one(
-    output: Path, contract: VerifiedContract, index: int, max_bytes: int, version: str | None
+    output: Path,
+    contract: VerifiedContract,
+    index: int,
+    max_bytes: int,
+    version: str | None,
+    hashed: dict[Path, tuple[str, int]],
 ) -> MeasurementResult:
     m = contract.model.measurements[index]
     rel = m.parser.evidencePath
@@ -36,7 +41,9 @@ def _read_one(
             f"{max_bytes:,} byte cap for evidence; it was not read",
             hint="raise maxEvidenceMb in the host policy, or have the job write a smaller file",
         )
-    sha256, size = sha256_file(path)
+    if path not in hashed:  # several measurements often read one log: hash it once
+        hashed[path] = sha256_file(path)
+    sha256, size = hashed[path]
     version = version or m.parser.version
     parser = registry.get(m.parser.id, version)
     value = parser.parse(path, dict(m.parser.config))
@@ -60,10 +67,11 @@ def read_measurements(
     another parser version per measurement id (re-grading); by default the contract's."""
     results: list[MeasurementResult] = []
     errors: list[MeasurementError] = []
+    hashed: dict[Path, tuple[str, int]] = {}
     for i, m in enumerate(contract.model.measurements):
         try:
             version = (versions or {}).get(m.measurementId)
-            results.append(_read_one(output, contract, i, max_bytes, version))
+            results.append(_read_one(output, contract, i, max_bytes, version, hashed))
         except EvidenceError as exc:
             reason = exc.message
             if not reason.startswith("measurement"):

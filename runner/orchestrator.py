@@ -25,6 +25,7 @@ from runner import (
     agent_result,
     attest,
     container,
+    errors,
     evidence,
     gpus,
     images,
@@ -791,10 +792,11 @@ def _new_attempt(
         )
     names = ", ".join(info.repo_tags) or "untagged"
     progress.stage("image", f"{info.id[:19]}… ({names}; {got.source}; {info.size:,} bytes)")
-    if p.limits.runtime != "runc" and p.limits.runtime not in backend.runtimes():
+    runtimes = backend.runtimes() if p.limits.runtime != "runc" else []
+    if p.limits.runtime != "runc" and p.limits.runtime not in runtimes:
         raise PolicyViolation(
             f"this host's policy demands the {p.limits.runtime} runtime (gVisor) and the engine "
-            f"has only {', '.join(backend.runtimes())}",
+            f"has only {', '.join(runtimes)}",
             hint="install and register it (scripts/setup.sh does), or change the policy",
         )
     name = container.container_name(job.root, p.job_id, n)
@@ -894,37 +896,18 @@ def write_envelope(job: staging.JobDir, envelope: ResultEnvelope) -> None:
     staging.atomic_write(job.envelope, (envelope.model_dump_json(indent=2) + "\n").encode())
 
 
-REFUSALS = {
-    "invalid_contract",
-    "signature_invalid",
-    "policy_violation",
-    "protocol_ambiguous",
-    "image_digest_mismatch",
-}
-"""Categories meaning nothing ran because the contract or the host said no (exit 3)."""
+REFUSALS = errors.REFUSALS
 
 
 def failure_exit_family(envelope: ResultEnvelope) -> str:
     """``succeeded`` | ``job_failed`` | ``refused`` | ``infrastructure`` | ``cancelled``."""
-    return _family(envelope.failure.category if envelope.failure else None)
+    return errors.exit_family(envelope.failure.category if envelope.failure else None)
 
 
 def failure_exit_family_of(data: dict[str, Any]) -> str:
     """The same, for an envelope already turned into JSON data (a batch's)."""
     failure = data.get("failure")
-    return _family(str(failure["category"]) if failure else None)
-
-
-def _family(category: str | None) -> str:
-    if category is None:
-        return "succeeded"
-    if category in REFUSALS:
-        return "refused"
-    if category in {"infrastructure", "image_unavailable", "gpu_unavailable"}:
-        return "infrastructure"
-    if category == "cancelled":
-        return "cancelled"
-    return "job_failed"
+    return errors.exit_family(str(failure["category"]) if failure else None)
 
 
 def as_json(envelope: ResultEnvelope) -> dict[str, Any]:

@@ -93,8 +93,12 @@ def _handle(
             data += more
         request = json.loads(data)
         if request.get("code") != fingerprint or len(fds) != 3:
-            conn.sendall(json.dumps({"stale": "a different checkout or interpreter"}).encode())
-            conn.sendall(b"\n")
+            why = (
+                "a different checkout or interpreter"
+                if len(fds) == 3
+                else f"{len(fds)} file descriptors passed, not stdin, stdout and stderr"
+            )
+            conn.sendall(json.dumps({"stale": why}).encode() + b"\n")
             os._exit(0)
         argv = [str(a) for a in request["argv"]]
         os.write(2, f"{log}: runner {' '.join(argv)}\n".encode())  # still the server's log
@@ -152,7 +156,6 @@ def serve(path: Path, dispatch: Callable[[list[str]], int], announce: Callable[[
         except OSError:
             path.unlink()  # left by a server that is gone
         else:
-            probe.close()
             announce(f"a runner server already listens on {path}")
             return 2
         finally:

@@ -62,7 +62,11 @@ def load_public_key(path: Path) -> TrustedKey:
             hint="trusted keys are the .pub files that `runner keygen` writes",
         ) from exc
     if not isinstance(loaded, Ed25519PublicKey):
-        raise RunnerError(f"{path} holds a {type(loaded).__name__}; only Ed25519 keys are used")
+        raise HostConfigError(
+            f"{path} holds a {type(loaded).__name__}; only Ed25519 keys are trusted",
+            hint="remove it from the trusted-keys folder, or trust an Ed25519 key that "
+            "`runner keygen` made",
+        )
     return TrustedKey(key_id(loaded), loaded, str(path))
 
 
@@ -81,9 +85,15 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     try:
         loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except (ValueError, TypeError, OSError) as exc:
-        raise RunnerError(f"{path} is not a readable unencrypted PEM private key: {exc}") from exc
+        raise RunnerError(
+            f"{path} is not a readable unencrypted PEM private key: {exc}",
+            hint="use the .key file that `runner keygen` wrote (PEM, unencrypted)",
+        ) from exc
     if not isinstance(loaded, Ed25519PrivateKey):
-        raise RunnerError(f"{path} holds a {type(loaded).__name__}; only Ed25519 keys are used")
+        raise RunnerError(
+            f"{path} holds a {type(loaded).__name__}; only Ed25519 keys are used",
+            hint="make one with `runner keygen --out NAME`",
+        )
     return loaded
 
 

@@ -1459,11 +1459,15 @@ def main(argv: list[str] | None = None) -> int:
             for r in new:
                 progress(f"  {r.figure}: ratio {r.ratio:.2f}, {'met' if r.met else 'NOT met'}")
             rows.extend(new)
-        if "startup" in only:
-            report["importProfile"] = import_profile(b)
-        if "toy" in only:
-            progress("profile of one toy run (pyinstrument, -X importtime)")
-            report["runProfile"] = run_profile(b)
+        try:  # a failed profile must not cost the figures already measured
+            if "startup" in only:
+                report["importProfile"] = import_profile(b)
+            if "toy" in only:
+                progress("profile of one toy run (pyinstrument, -X importtime)")
+                report["runProfile"] = run_profile(b)
+        except (RuntimeError, subprocess.CalledProcessError, OSError) as exc:
+            detail = getattr(exc, "stderr", None)
+            errors.append({"figure": "profiles", "error": f"{exc} {detail or ''}".strip()})
     except KeyboardInterrupt:
         interrupted = True
         progress("interrupted: stopping children, removing containers and temporary files")

@@ -11,7 +11,8 @@ strings are text rather than ``b'...'`` reprs of bytes, and that the allocator h
 out once and refuses a second job while the first holds them.
 
 Only the standard library and ``runner.gpus`` are imported (NVML through ``nvidia-ml-py`` when it
-is installed), so it runs from a checkout with ``PYTHONPATH=.`` and no virtual environment.
+is installed), so it runs from a checkout with no virtual environment. ``detect()`` is asked
+as well as NVML and nvidia-smi on their own: the check is that it answers what they do.
 """
 
 from __future__ import annotations

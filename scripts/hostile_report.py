@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "hostile"
 
@@ -112,7 +114,6 @@ def main(argv: list[str]) -> int:
         records = [json.loads(line) for line in report.read_text().splitlines() if line]
     finally:
         report.unlink(missing_ok=True)
-    import psutil
 
     meta = {
         "at": datetime.now(UTC).isoformat(timespec="seconds"),

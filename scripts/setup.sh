@@ -81,9 +81,13 @@ ensure_engine() {
 
   local waited=0
   until engine_up; do
+    if [ "$(id -u)" -ne 0 ] && as_root docker info >/dev/null 2>&1; then
+      # The engine answers root (apt's package may have started it), not this user.
+      die "engine: dockerd runs but user $(id -un) cannot reach it ($(docker info 2>&1 | tail -n 1)); add it to the 'docker' group (then log in again) or run as root"
+    fi
     if [ "$waited" -ge "$DOCKERD_WAIT" ]; then
       show_dockerd_log
-      die "engine: dockerd did not answer 'docker info' within ${DOCKERD_WAIT}s"
+      die "engine: dockerd did not answer 'docker info' within ${DOCKERD_WAIT}s ($(docker info 2>&1 | tail -n 1))"
     fi
     # Fail fast when dockerd already died (bad storage driver, iptables, cgroups, ...).
     if [ "$waited" -ge 2 ] && ! dockerd_running; then
@@ -228,6 +232,8 @@ PY
 # --------------------------------------------------------------------------- main
 start=$SECONDS
 ensure_engine
+# python3 edits /etc/docker/daemon.json in the gVisor step, before the venv step needs it too.
+command -v python3 >/dev/null 2>&1 || apt_install python3
 ensure_gvisor
 ensure_test_tools
 ensure_venv

@@ -20,6 +20,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import socket
 import struct
 import threading
@@ -32,6 +33,7 @@ from runner.backends.base import ContainerSpec, ContainerState, ContainerSummary
 from runner.errors import (
     ContainerVanished,
     EngineUnavailable,
+    GpuUnavailable,
     ImageUnavailable,
     InfrastructureError,
 )
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 _MAX_API = (1, 45)
 """The newest Engine API version the requests below were written against."""
 _DEFAULT_SOCKET = "/var/run/docker.sock"
+_GPU_START_ERROR = re.compile(r"device driver|nvidia-container|nvidia", re.IGNORECASE)
 _ENGINE_HINT = "start it (`scripts/setup.sh` does) and check DOCKER_HOST"
 
 
@@ -396,7 +399,18 @@ class DockerBackend:
 
     def start(self, container_id: str) -> None:
         # 304: already started, which is the goal.
-        self._container_call("POST", container_id, "/start", "starting the job container")
+        try:
+            self._container_call("POST", container_id, "/start", "starting the job container")
+        except InfrastructureError as exc:
+            # A device request the engine accepted at create but cannot honour: no NVIDIA
+            # runtime or driver ("could not select device driver", nvidia-container-cli).
+            if type(exc) is InfrastructureError and _GPU_START_ERROR.search(exc.message):
+                raise GpuUnavailable(
+                    exc.message,
+                    hint="install the NVIDIA driver and container toolkit on this host, or run "
+                    "the job on a GPU host",
+                ) from exc
+            raise
 
     def wait(self, container_id: str, timeout: float) -> int | None:
         try:
@@ -410,9 +424,9 @@ class DockerBackend:
         except EngineUnavailable as exc:
             if not isinstance(exc.__cause__, TimeoutError):
                 raise
-            # Our own read timeout: the job still runs, or the answer crossed it.
-            state = self.state(container_id)
-            return None if state.running else state.exit_code
+            # Our own read timeout: the job still runs (if it ended just now, the next call's
+            # /wait answers at once), so no inspect on every tick of a running job.
+            return None
         return int((result or {}).get("StatusCode", -1))
 
     def stop(self, container_id: str, grace: float) -> None:
