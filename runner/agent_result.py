@@ -10,15 +10,18 @@ beside (never instead of) the runner's own verdict.
 from __future__ import annotations
 
 import json
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runner import safefs
 from runner.contract.models import RelativePath
 from runner.envelope import AgentResultRecord, FileRef
-from runner.errors import EvidenceError
-from runner.staging import resolve_inside, sha256_file
+from runner.safefs import UnsafePath
+from runner.staging import job_file_problem, sha256_under
 
 RESULT_FILE = "result.json"
 
@@ -53,35 +56,62 @@ class AgentResult(BaseModel):
     outputs: list[OutputItem] = Field(default_factory=list)
 
 
-def _hash(output: Path, rel: str) -> FileRef:
-    try:
-        path = resolve_inside(output, rel)
-    except EvidenceError:
-        return FileRef(path=rel, exists=False, problem="leads outside /job/output")
-    if not path.is_file():
-        return FileRef(path=rel, exists=False, problem="does not exist")
-    sha256, size = sha256_file(path)
-    return FileRef(path=rel, exists=True, sha256=f"sha256:{sha256}", size=size)
+MAX_LISTED = 1000
+"""At most this many files listed in result.json are checked and hashed."""
 
 
-def read(output: Path, max_bytes: int) -> AgentResultRecord | None:
-    """The job's result.json, checked; None when the job wrote none."""
-    path = output / RESULT_FILE
-    if not path.exists() and not path.is_symlink():
+@dataclass
+class _Hasher:
+    """Hashes the files result.json lists, within one budget of bytes for all of them."""
+
+    output: Path
+    budget: int
+
+    def ref(self, rel: str) -> FileRef:
+        try:
+            st = safefs.lstat_under(self.output, rel)
+            if stat.S_ISREG(st.st_mode) and st.st_size > self.budget:
+                return FileRef(
+                    path=rel,
+                    size=st.st_size,
+                    problem=f"is {st.st_size:,} bytes, past what is left of the "
+                    f"{self.budget:,} byte cap on hashing a job's files; not hashed",
+                )
+            sha256, size = sha256_under(self.output, rel, self.budget)
+        except UnsafePath as exc:
+            return FileRef(path=rel, exists=False, problem=job_file_problem(exc))
+        except OSError as exc:
+            return FileRef(path=rel, problem=f"cannot be read: {exc.strerror}")
+        if sha256 is None:  # it grew since the lstat
+            return FileRef(path=rel, size=size, problem="grew past the hashing cap; not hashed")
+        self.budget -= size
+        return FileRef(path=rel, exists=True, sha256=f"sha256:{sha256}", size=size)
+
+
+def read(output: Path, max_bytes: int, max_result_bytes: int) -> AgentResultRecord | None:
+    """The job's result.json, checked; None when the job wrote none. result.json itself is
+    read only up to ``max_result_bytes`` (it is copied into the envelope); the files it lists
+    are hashed within ``max_bytes`` all together. Nothing in it can fail the run: whatever is
+    wrong with it is a recorded problem."""
+    hasher = _Hasher(output, max_bytes)
+    own = hasher.ref(RESULT_FILE)
+    if not own.exists and own.problem == "does not exist":
         return None
-    own = _hash(output, RESULT_FILE)
     if not own.exists:
         return AgentResultRecord(valid=False, problems=[f"result.json {own.problem}"], file=own)
-    if (own.size or 0) > max_bytes:
-        problem = f"result.json is {own.size} bytes, over the {max_bytes} byte cap: not read"
+    if (own.size or 0) > max_result_bytes:
+        problem = (
+            f"result.json is {own.size:,} bytes, over the {max_result_bytes:,} byte cap on what "
+            "is copied into the envelope: not read (maxResultKb in the host policy)"
+        )
         return AgentResultRecord(valid=False, problems=[problem], file=own)
     try:
-        data: Any = json.loads(path.read_bytes())
+        with safefs.open_under(output, RESULT_FILE) as f:
+            raw = f.read(max_result_bytes + 1)
+        if len(raw) > max_result_bytes:
+            raise ValueError(f"it grew past the {max_result_bytes:,} byte cap while read")
+        data: Any = json.loads(raw)
         result = AgentResult.model_validate(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return AgentResultRecord(
-            valid=False, problems=[f"result.json is not JSON: {exc}"], file=own
-        )
     except ValidationError as exc:
         from runner.contract.load import json_path
 
@@ -89,10 +119,22 @@ def read(output: Path, max_bytes: int) -> AgentResultRecord | None:
             f"result.json {json_path(tuple(e['loc']))}: {e['msg']}"
             for e in exc.errors(include_url=False)
         ]
-        return AgentResultRecord(valid=False, problems=problems, file=own)
-    listed = [e.path for e in result.evidence] + [o.path for o in result.outputs]
-    files = [_hash(output, rel) for rel in dict.fromkeys(listed)]
-    problems = [f"result.json lists {f.path}, which {f.problem}" for f in files if not f.exists]
+        return AgentResultRecord(valid=False, problems=problems[:50], file=own)
+    except RecursionError:
+        problem = "result.json is nested too deeply to read"
+        return AgentResultRecord(valid=False, problems=[problem], file=own)
+    except (OSError, ValueError, UnsafePath) as exc:  # JSON and UTF-8 errors are ValueErrors
+        problem = f"result.json is not JSON: {exc}"[:1000]
+        return AgentResultRecord(valid=False, problems=[problem], file=own)
+    paths = [e.path for e in result.evidence] + [o.path for o in result.outputs]
+    listed = list(dict.fromkeys(paths))
+    problems = []
+    if len(listed) > MAX_LISTED:
+        problems.append(
+            f"result.json lists {len(listed):,} files; the first {MAX_LISTED:,} were checked"
+        )
+    files = [hasher.ref(rel) for rel in listed[:MAX_LISTED]]
+    problems += [f"result.json lists {f.path}, which {f.problem}" for f in files if not f.exists]
     return AgentResultRecord(
         valid=not problems,
         problems=problems,

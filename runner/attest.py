@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,8 @@ def verify_result(
     path: Path, trusted: list[signing.TrustedKey], output_dir: Path | None
 ) -> Verified:
     """Check the signature (and, given ``output_dir``, every subject); raise on any mismatch."""
-    from runner.staging import sha256_file
+    from runner.safefs import UnsafePath
+    from runner.staging import sha256_under
 
     try:
         envelope = json.loads(path.read_bytes())
@@ -106,11 +108,11 @@ def verify_result(
         bad = []
         for subject in stmt.get("subject", []):
             rel = str(subject["name"]).removeprefix("output/")
-            target = (output_dir / rel).resolve()
-            if not target.is_relative_to(output_dir.resolve()) or not target.is_file():
-                bad.append(f"{rel}: missing")
+            try:
+                digest, _ = sha256_under(output_dir, rel, sys.maxsize)
+            except UnsafePath as exc:
+                bad.append(f"{rel}: {exc.problem}")
                 continue
-            digest, _ = sha256_file(target)
             if digest != subject["digest"]["sha256"]:
                 bad.append(f"{rel}: sha256 {digest} is not the signed one")
             checked += 1

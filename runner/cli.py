@@ -286,6 +286,7 @@ def _run_options(
         result_key=_runner_key(loaded),
         stop_grace_seconds=args.stop_grace,
         heartbeat_seconds=args.heartbeat,
+        protected=(_config_dir(),),
     )
 
 
@@ -742,6 +743,7 @@ def cmd_parse(args: argparse.Namespace) -> int:
         latest=args.latest,
         max_bytes=int(loaded.policy.maxEvidenceMb * 1024 * 1024),
         result_key=_runner_key(loaded),
+        max_result_bytes=int(loaded.policy.maxResultKb * 1024),
     )
     data = orchestrator.as_json(envelope)
     if args.json:

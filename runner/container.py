@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from runner import staging
-from runner.backends.base import Backend, ContainerSpec, ContainerState, Mount
+from runner.backends.base import Backend, Backstop, ContainerSpec, ContainerState, Mount
 from runner.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -62,16 +63,27 @@ def container_name(job_root: Path, job_id: str, attempt: int) -> str:
     return f"runner-{job_id[:100]}-{where}-a{attempt}"
 
 
+def backstop(budget_left: float, grace: float) -> Backstop:
+    """The engine's own deadline for an attempt that may run ``budget_left`` seconds: past
+    the runner's (which stops the job at the budget's end, then kills it after ``grace``),
+    checked every tenth of the budget (1 s to 60 s), so that while no runner watches a job
+    overruns its budget by at most ``grace`` + 2 s + that interval."""
+    after = math.ceil(max(budget_left, 0.0) + grace) + 2
+    return Backstop(after, min(max(math.ceil(budget_left / 10), 1), 60))
+
+
 def spec(
     p: ExecutionPlan,
     job: staging.JobDir,
     image_id: str,
     attempt: int,
     gpu_ids: tuple[str, ...] = (),
+    deadline: Backstop | None = None,
 ) -> ContainerSpec:
     """The attempt's container. Without GPUs, NVIDIA_VISIBLE_DEVICES=void keeps a GPU-aware
     runtime from exposing devices even when the image asks for them."""
     return ContainerSpec(
+        backstop=deadline,
         name=container_name(job.root, p.job_id, attempt),
         image=image_id,
         entrypoint=p.entrypoint,
@@ -113,6 +125,8 @@ class Watch:
     """Called with the attempt's running seconds at each heartbeat."""
     guard: Callable[[], str | None] = lambda: None
     """Checked every tick: a reason to stop the job (a quota), or None."""
+    breached: Callable[[], str | None] = lambda: None
+    """Checked once at the deadline: a quota already broken, measured at once."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +152,9 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
             if now >= deadline:
                 if backend.wait(container_id, 0.01) is not None:
                     break  # it ended within the last tick: not a timeout
+                # A quota broken before the deadline (while no runner watched, say) is what
+                # happened first; the budget's end is recorded as the stop either way.
+                stopped_for = w.breached()
                 timed_out = True
                 backend.stop(container_id, w.grace)
                 break

@@ -14,7 +14,8 @@ from runner.envelope import (
 )
 from runner.errors import EvidenceError, EvidenceParseError, MissingEvidence
 from runner.parsers import registry
-from runner.staging import resolve_inside, sha256_file
+from runner.safefs import UnsafePath
+from runner.staging import job_file_problem, sha256_under
 
 
 def _read_one(
@@ -23,30 +24,40 @@ def _read_one(
     index: int,
     max_bytes: int,
     version: str | None,
-    hashed: dict[Path, tuple[str, int]],
+    hashed: dict[str, tuple[str | None, int]],
 ) -> MeasurementResult:
     m = contract.model.measurements[index]
     rel = m.parser.evidencePath
-    if not (output / rel).is_file() and not (output / rel).is_symlink():
-        raise MissingEvidence(
-            f"measurement {m.measurementId!r}: the job did not write {rel} under /job/output"
-        )
-    path = resolve_inside(output, rel)
-    if not path.is_file():
-        raise MissingEvidence(f"measurement {m.measurementId!r}: {rel} is not a regular file")
-    size = path.stat().st_size
-    if size > max_bytes:
+    where = f"measurement {m.measurementId!r}"
+    if rel not in hashed:  # several measurements often read one log: hash it once
+        try:
+            hashed[rel] = sha256_under(output, rel, max_bytes)
+        except UnsafePath as exc:
+            if exc.missing:
+                raise MissingEvidence(
+                    f"{where}: the job did not write {rel} under /job/output"
+                ) from None
+            raise EvidenceParseError(f"{where}: {rel} {job_file_problem(exc)}") from None
+        except OSError as exc:
+            raise EvidenceParseError(f"{where}: {rel} cannot be read: {exc.strerror}") from exc
+    sha256, size = hashed[rel]
+    if sha256 is None:
         raise EvidenceParseError(
-            f"measurement {m.measurementId!r}: {rel} is {size:,} bytes, over the host's "
-            f"{max_bytes:,} byte cap for evidence; it was not read",
+            f"{where}: {rel} is {size:,} bytes, over the host's {max_bytes:,} byte cap for "
+            "evidence; it was not read",
             hint="raise maxEvidenceMb in the host policy, or have the job write a smaller file",
         )
-    if path not in hashed:  # several measurements often read one log: hash it once
-        hashed[path] = sha256_file(path)
-    sha256, size = hashed[path]
     version = version or m.parser.version
     parser = registry.get(m.parser.id, version)
-    value = parser.parse(path, dict(m.parser.config))
+    try:
+        value = parser.parse(output / rel, dict(m.parser.config))
+    except EvidenceError:
+        raise
+    except Exception as exc:  # a job's file is the job's problem, never a runner crash
+        raise EvidenceParseError(
+            f"{where}: {m.parser.id} version {version} could not read {rel}: "
+            f"{type(exc).__name__}: {exc}"[:2000]
+        ) from exc
     return MeasurementResult(
         measurementId=m.measurementId,
         metric=m.metric,
@@ -67,7 +78,7 @@ def read_measurements(
     another parser version per measurement id (re-grading); by default the contract's."""
     results: list[MeasurementResult] = []
     errors: list[MeasurementError] = []
-    hashed: dict[Path, tuple[str, int]] = {}
+    hashed: dict[str, tuple[str | None, int]] = {}
     for i, m in enumerate(contract.model.measurements):
         try:
             version = (versions or {}).get(m.measurementId)
@@ -88,14 +99,22 @@ def read_measurements(
     return results, errors
 
 
-def hash_logs(output: Path, paths: list[str]) -> list[FileRef]:
-    """The job's stdout and stderr files, hashed (a missing one is recorded as missing)."""
+def hash_logs(output: Path, paths: list[str], max_bytes: int) -> list[FileRef]:
+    """The job's stdout and stderr files, hashed; one that is missing, a link (anywhere on
+    its path), not a regular file or over ``max_bytes`` is recorded with the reason."""
     out = []
     for rel in paths:
-        target = output / rel
-        if target.is_file() and not target.is_symlink():
-            sha256, size = sha256_file(target)
-            out.append(FileRef(path=rel, sha256=f"sha256:{sha256}", size=size))
+        try:
+            sha256, size = sha256_under(output, rel, max_bytes)
+        except UnsafePath as exc:
+            out.append(FileRef(path=rel, exists=False, problem=job_file_problem(exc)))
+            continue
+        except OSError as exc:
+            out.append(FileRef(path=rel, problem=f"cannot be read: {exc.strerror}"))
+            continue
+        if sha256 is None:
+            problem = f"is {size:,} bytes, over the {max_bytes:,} byte cap; not hashed"
+            out.append(FileRef(path=rel, size=size, problem=problem))
         else:
-            out.append(FileRef(path=rel, exists=False, problem="does not exist"))
+            out.append(FileRef(path=rel, sha256=f"sha256:{sha256}", size=size))
     return out

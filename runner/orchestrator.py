@@ -32,6 +32,7 @@ from runner import (
     plan,
     policy,
     quotas,
+    safefs,
     staging,
 )
 from runner.backends.base import Backend, ContainerState
@@ -109,6 +110,8 @@ class RunOptions:
     """A `docker save` tarball to load the pinned image from when it is not here."""
     heartbeat_seconds: float = 5.0
     """How often the ledger and runtime-budget.json are brought up to date while a job runs."""
+    protected: tuple[Path, ...] = ()
+    """The runner's own folders besides the state dir (config, keys): never staged."""
 
 
 def _now() -> str:
@@ -344,7 +347,9 @@ def _execute(
         else "UNSIGNED"
     )
     progress.stage("contract", f"{contract.model.name} ({contract.digest[:19]}…) {signer}")
-    job_id = plan.job_id_for(contract, opts.job_id)
+    job_id = plan.job_id_for(
+        contract, opts.job_id, allow_override=opts.policy.policy.allowJobIdOverride
+    )
     with r.timed("policy"):
         # A job this host already accepted may be resumed (or shown) after its contract
         # expires: validity times are checked when a job is accepted, not at every restart.
@@ -379,6 +384,11 @@ def _execute(
             backend = DockerBackend()
         return _execute_locked(r, contract, p, job, backend, progress)
 
+
+_NO_NEW_ATTEMPT = (
+    "; a job accepted before then may be reattached to or recovered, but no new attempt "
+    "starts under an expired contract"
+)
 
 FINAL = {
     "succeeded",
@@ -430,6 +440,10 @@ def _execute_locked(
                 "job", f"{p.job_id} already finished; this is its envelope (--rerun runs it again)"
             )
             return ResultEnvelope.model_validate_json(job.envelope.read_bytes())
+        try:
+            policy.refuse_expired(contract, datetime.now(UTC), what=_NO_NEW_ATTEMPT)
+        except PolicyViolation as exc:  # refused; the finished job's envelope stays as it is
+            raise JobAlreadyFinished(exc.message, hint=exc.hint) from None
         n = st.reruns + 1
         ledger.append(f"job.rerun-{n}", "job.rerun", {"rerun": n})
     _archive_envelope(job)
@@ -496,14 +510,14 @@ def _execute_locked(
         results, errors = evidence.read_measurements(job.output, contract, max_bytes)
         r.logs = [
             log.model_copy(update={"droppedBytes": dropped.get(log.path, 0)})
-            for log in evidence.hash_logs(job.output, [p.stdout_path, p.stderr_path])
+            for log in evidence.hash_logs(job.output, [p.stdout_path, p.stderr_path], max_bytes)
         ]
         if any(dropped.values()):
             r.warnings.append(
                 "logs past their cap kept their first and last parts: "
                 + ", ".join(f"{k} dropped {v:,} bytes" for k, v in dropped.items() if v)
             )
-        r.agent_result = agent_result.read(job.output, max_bytes)
+        r.agent_result = agent_result.read(job.output, max_bytes, int(pol.maxResultKb * 1024))
     if r.agent_result is not None and not r.agent_result.valid:
         r.warnings.append(
             "the job's result.json is not trustworthy: " + "; ".join(r.agent_result.problems)
@@ -532,16 +546,14 @@ def _execute_locked(
 
 
 def _tail(output: Path, rel: str, limit: int = 300) -> str:
-    """The last line or so of a log, for a failure's reason; never through a link the job
-    planted (a log resolving outside output/ is not read)."""
+    """The last line or so of a log, for a failure's reason; only a regular file reached
+    without following a link (never a FIFO, never through a link the job planted)."""
     try:
-        path = staging.resolve_inside(output, rel)
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except (RunnerError, OSError):
+        with safefs.open_under(output, rel) as f:
+            f.seek(max(os.fstat(f.fileno()).st_size - limit, 0))
+            text = f.read(limit).decode("utf-8", "replace").strip()
+    except (safefs.UnsafePath, OSError):
         return ""
-    with os.fdopen(fd, "rb") as f:
-        f.seek(max(f.seek(0, os.SEEK_END) - limit, 0))
-        text = f.read().decode("utf-8", "replace").strip()
     return " | ".join(text.splitlines()[-3:])[-limit:]
 
 
@@ -606,13 +618,15 @@ def _resume(
         ledger.append(f"attempt-{n}.started", "attempt.started", {"attempt": n, "containerId": cid})
     if not found.state.running:
         progress.stage("recover", f"attempt {n} ended while no runner watched it")
+        # What happened first: a quota broken while no runner watched (the job's files
+        # say so now), then the budget (the engine's backstop killed it past its end).
+        r.guards = _guards(r, job)
+        left = limit - (st.consumed - last.seconds)
+        watched = container.Watched(
+            found.seconds >= left, False, round(found.seconds, 3), r.guards.breached()
+        )
         return container.finish(
-            backend,
-            cid,
-            last.container_name,
-            job.record,
-            watched=container.Watched(False, False, round(found.seconds, 3), None),
-            how="recovered",
+            backend, cid, last.container_name, job.record, watched=watched, how="recovered"
         )
     progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
     before = st.consumed - last.seconds
@@ -657,6 +671,7 @@ def _watch(
         heartbeat=opts.heartbeat_seconds,
         on_beat=beat,
         guard=r.guards.check,
+        breached=r.guards.breached,
     )
 
 
@@ -738,6 +753,18 @@ def _allocate_gpus(
     return tuple(g.uuid for g in chosen)
 
 
+def _input_rules(opts: RunOptions) -> staging.InputRules:
+    """The policy's caps on inputs; the runner's own folders (its state, its key's folder and
+    the folders the caller names) are never staged."""
+    pol = opts.policy.policy
+    own = [opts.state_dir, *opts.protected]
+    if opts.result_key is not None:
+        own.append(opts.result_key.parent)
+    return staging.InputRules.protecting(
+        own, max_bytes=int(pol.maxInputMb * 1024 * 1024), max_files=pol.maxInputFiles
+    )
+
+
 def _new_attempt(
     r: _Run,
     ledger: Ledger,
@@ -752,6 +779,7 @@ def _new_attempt(
     consumed = st.consumed
     n = len(st.attempts) + 1
     r.gpus, r.image = [], None  # whatever an earlier attempt had is not this one's
+    policy.refuse_expired(contract, datetime.now(UTC), what=_NO_NEW_ATTEMPT)
     if consumed >= limit:
         ledger.append(
             f"budget.exhausted-{n - 1}",
@@ -764,7 +792,7 @@ def _new_attempt(
             hint="the budget spans every attempt; a larger budget needs a new contract",
         )
     with r.timed("stage", "stage"):
-        files = staging.stage_inputs(job, contract)
+        files = staging.stage_inputs(job, contract, _input_rules(r.options))
         uid, gid = (int(x) for x in p.user.split(":"))
         staging.prepare_writable(job, uid, gid, [p.stdout_path, p.stderr_path])
         staging.write_budget(job, limit, consumed)
@@ -801,13 +829,15 @@ def _new_attempt(
         )
     name = container.container_name(job.root, p.job_id, n)
     gpu_ids = _allocate_gpus(r, contract, p, job, backend, name, progress)
-    spec = container.spec(p, job, info.id, n, gpu_ids)
+    deadline = container.backstop(limit - consumed, r.options.stop_grace_seconds)
+    spec = container.spec(p, job, info.id, n, gpu_ids, deadline)
     ledger.append(
         f"attempt-{n}.starting",
         "attempt.starting",
         {
             "attempt": n,
             "containerName": spec.name,
+            "engineDeadlineSeconds": deadline.after_seconds,
             "image": r.image.model_dump(mode="json"),
             "gpus": [g.model_dump(mode="json") for g in r.gpus],
         },

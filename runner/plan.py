@@ -56,6 +56,16 @@ class Limits:
     security_opt: tuple[str, ...] = ("no-new-privileges",)
     init: bool = True
 
+    def __post_init__(self) -> None:
+        """The last line: no cap reaches the engine as 0 (which it reads as "no cap")."""
+        caps = ("cpus", "memory_bytes", "memory_swap_bytes", "shm_bytes", "tmpfs_bytes")
+        for name in (*caps, "disk_quota_bytes", "log_limit_bytes", "timeout_seconds"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
+        if self.pids is not None and self.pids < 1:
+            raise ValueError(f"Limits.pids must be at least 1 or None, got {self.pids!r}")
+
 
 @dataclass(frozen=True)
 class ExecutionPlan:
@@ -89,10 +99,14 @@ def default_job_id(contract: VerifiedContract) -> str:
     return f"{name[:100]}-{contract.digest.removeprefix('sha256:')[:12]}"
 
 
-def job_id_for(contract: VerifiedContract, requested: str | None) -> str:
-    """The job id: ``--job-id`` if given (a valid id, and not another than the one the issuer
-    signed, which would give the signed contract a fresh ledger and budget), else the
-    default."""
+def job_id_for(
+    contract: VerifiedContract, requested: str | None, *, allow_override: bool = False
+) -> str:
+    """The job id, and so the ledger and the budget: ``--job-id`` if given, else the default.
+
+    A signed contract's budget belongs to the contract: its job id is the one the issuer
+    signed, else derived from its digest, and another ``--job-id`` (which would open a fresh
+    ledger with a fresh budget) is refused unless the host policy allows overrides."""
     if requested is None:
         return default_job_id(contract)
     if not re.fullmatch(JOB_ID_PATTERN, requested):
@@ -101,33 +115,70 @@ def job_id_for(contract: VerifiedContract, requested: str | None) -> str:
             "(starting with a letter or digit), at most 128",
             hint="pick an id such as toy-eval-2",
         )
-    signed = contract.model.jobId
-    if signed and signed != requested and contract.signature is not None:
+    own = default_job_id(contract)
+    if contract.signature is not None and requested != own and not allow_override:
+        whose = (
+            f"the signed $.jobId {own!r}"
+            if contract.model.jobId
+            else f"its own job id {own!r} (derived from the contract's digest)"
+        )
         raise PolicyViolation(
-            f"--job-id {requested!r} differs from the signed $.jobId {signed!r}; the issuer "
-            "fixed this contract's job (and so its budget)",
-            hint=f"drop --job-id, or pass --job-id {signed}",
+            f"--job-id {requested!r}: a signed contract runs under {whose}; another id would "
+            "give it a fresh ledger and a fresh budget",
+            hint=f"drop --job-id (or pass --job-id {own}); to run the same contract again "
+            "use --rerun, which shares its budget; a host that wants overrides sets "
+            "allowJobIdOverride in its policy",
         )
     return requested
 
 
+def _fragment_matches(fragment: list[str], argv: tuple[str, ...]) -> bool:
+    """Whether the fragment's words are consecutive argv elements (see check_command)."""
+
+    def same(word: str, element: str) -> bool:
+        return element == word or element.endswith("/" + word) or element.startswith(word + "=")
+
+    n = len(fragment)
+    return any(
+        all(same(w, e) for w, e in zip(fragment, argv[i : i + n], strict=True))
+        for i in range(len(argv) - n + 1)
+    )
+
+
 def check_command(contract: VerifiedContract) -> tuple[str, ...]:
-    """The argv to run; refuse when there is none or a required fragment is missing."""
+    """The argv to run; refuse when there is none or a required fragment is missing.
+
+    Fragments are matched against argv elements, never against the joined command: a
+    fragment's words (split as a shell would) must be consecutive elements of the argv, each
+    equal to its element, a path ending in it (``evaluate.py`` matches
+    ``/job/input/repository/evaluate.py``), or an option given with ``=`` (``--checkpoint``
+    matches ``--checkpoint=x``). A shell script (``sh -c "..."``) is one opaque element: text
+    inside it does not satisfy a fragment; a contract that runs a script names the whole
+    script element as its fragment."""
     protocol = contract.model.protocol
     if not protocol.command:
         raise ProtocolAmbiguous(
             "$.protocol.command: the contract names no command to run",
             hint='add "command": ["python3", "/job/input/repository/evaluate.py", ...] to protocol',
         )
-    joined = shlex.join(protocol.command)
-    missing = [f for f in protocol.requiredCommandFragments if f not in joined]
+    argv = tuple(protocol.command)
+    missing = []
+    for fragment in protocol.requiredCommandFragments:
+        try:
+            words = shlex.split(fragment) or [fragment]
+        except ValueError:  # unbalanced quotes: one word as written
+            words = [fragment]
+        if not (_fragment_matches(words, argv) or _fragment_matches([fragment], argv)):
+            missing.append(fragment)
     if missing:
         raise ProtocolAmbiguous(
-            f"$.protocol.command: {joined!r} lacks the required fragment(s) "
+            f"$.protocol.command: {shlex.join(argv)!r} lacks the required fragment(s) "
             + ", ".join(repr(f) for f in missing),
-            hint="the command must contain every entry of $.protocol.requiredCommandFragments",
+            hint="each entry of $.protocol.requiredCommandFragments must be whole argv "
+            "elements of the command (a path may end in it; text inside a shell script does "
+            "not count)",
         )
-    return tuple(protocol.command)
+    return argv
 
 
 def tightened(contract: VerifiedContract, overrides: dict[str, float]) -> dict[str, float]:
@@ -149,6 +200,45 @@ def tightened(contract: VerifiedContract, overrides: dict[str, float]) -> dict[s
             )
         values[key] = value
     return values
+
+
+@dataclass(frozen=True)
+class _Floor:
+    """How one limit reaches the engine: its unit in bytes (or nanoseconds of CPU, or pids),
+    and the least the engine may be given. Values are rounded down (the tighter side); one
+    that rounds below the minimum is refused, since the engine reads 0 as "unlimited"."""
+
+    unit: float
+    minimum: int
+    shown: str
+
+
+_FLOORS = {
+    "cpus": _Floor(1e9, 10_000_000, "0.01 CPU"),
+    "memoryGb": _Floor(GIB, 16 * MIB, "16 MiB"),
+    "shmGb": _Floor(GIB, MIB, "1 MiB"),
+    "pidsLimit": _Floor(1, 16, "16 processes"),
+    "tmpfsMb": _Floor(MIB, MIB, "1 MiB"),
+    "diskGb": _Floor(GIB, MIB, "1 MiB"),
+    "logLimitMb": _Floor(MIB, 1024, "1 KiB"),
+    "timeoutMinutes": _Floor(60, 1, "1 second"),
+}
+"""Every limit the plan turns into a number for the engine or the runner's own guards."""
+
+
+def engine_value(key: str, value: float, overrides: dict[str, float]) -> int:
+    """``value`` of limit ``key`` in engine units, rounded down; refuses what would reach the
+    engine (or a guard) as 0 or below the limit's minimum."""
+    floor = _FLOORS[key]
+    units = math.floor(value * floor.unit) if math.isfinite(value) else 0
+    if units < floor.minimum:
+        where = f"--limit {key}" if key in overrides else f"$.environment.{key}"
+        raise PolicyViolation(
+            f"{where}: {value:g} is below the least this runner applies ({floor.shown}); "
+            "a cap that small would reach the engine as 0, which it reads as no cap at all",
+            hint=f"ask for at least {floor.shown}",
+        )
+    return units
 
 
 def build(
@@ -174,20 +264,25 @@ def build(
             f"this host's policy grants at most {policy.maxima.gpus} GPU(s) and the contract "
             "allows a CPU fallback"
         )
-    memory = int(lim["memoryGb"] * GIB)
+    ov = overrides or {}
+    engine_value("timeoutMinutes", lim["timeoutMinutes"], ov)  # at least a second
+    memory = engine_value("memoryGb", lim["memoryGb"], ov)
+    runtime = isolation(contract, policy)
     limits = Limits(
-        cpus=lim["cpus"],
+        cpus=engine_value("cpus", lim["cpus"], ov) / 1e9,
         memory_bytes=memory,
         memory_swap_bytes=memory,
-        shm_bytes=int(lim["shmGb"] * GIB),
-        pids=None if isolation(contract, policy) == "runsc" else int(lim["pidsLimit"]),
-        tmpfs_bytes=int(lim["tmpfsMb"]) * MIB,
+        shm_bytes=engine_value("shmGb", lim["shmGb"], ov),
+        pids=None if runtime == "runsc" else engine_value("pidsLimit", lim["pidsLimit"], ov),
+        tmpfs_bytes=engine_value("tmpfsMb", lim["tmpfsMb"], ov),
         gpus=gpus,
         network="bridge" if env.networkAccess else "none",
         timeout_seconds=lim["timeoutMinutes"] * 60,
-        runtime=isolation(contract, policy),
-        disk_quota_bytes=int((env.diskGb or policy.maxima.diskGb) * GIB),
-        log_limit_bytes=int(min(env.logLimitMb or policy.logLimitMb, policy.logLimitMb) * MIB),
+        runtime=runtime,
+        disk_quota_bytes=engine_value("diskGb", env.diskGb or policy.maxima.diskGb, ov),
+        log_limit_bytes=engine_value(
+            "logLimitMb", min(env.logLimitMb or policy.logLimitMb, policy.logLimitMb), ov
+        ),
         stop_on_log_limit=policy.logLimitAction == "stop",
     )
     if limits.runtime == "runsc" and env.networkAccess:

@@ -102,7 +102,28 @@ class HostPolicy(BaseModel):
         description="Runtimes a contract may ask for with environment.isolation.",
     )
     maxEvidenceMb: float = Field(
-        default=16384, gt=0, description="Evidence files larger than this are refused, not read."
+        default=16384,
+        gt=0,
+        description="Evidence files larger than this are refused, not read; also what is hashed "
+        "of the files a job's result.json lists, all together.",
+    )
+    maxResultKb: float = Field(
+        default=1024,
+        gt=0,
+        description="A job's result.json larger than this is not read (it is copied into the "
+        "envelope); the envelope records why.",
+    )
+    maxInputMb: float = Field(
+        default=65536, gt=0, description="What a contract's inputs may hold together."
+    )
+    maxInputFiles: int = Field(
+        default=100_000, ge=1, description="Files and folders a contract's inputs may hold."
+    )
+    allowJobIdOverride: bool = Field(
+        default=False,
+        description="Let --job-id give a signed contract another job id than its own (and so "
+        "another budget). Off: a signed contract's job id is its jobId, else derived from its "
+        "digest.",
     )
     resultSigningKey: str | None = Field(
         default=None,
@@ -145,12 +166,14 @@ def load(path: Path | None) -> LoadedPolicy:
     if path is None:
         return LoadedPolicy(HostPolicy().resolved(), "defaults")
     from runner.contract.load import parse_json, validation_error
+    from runner.safefs import UnsafePath, read_named
 
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
+        raw = read_named(path, 1024 * 1024)
+    except (OSError, UnsafePath) as exc:
+        why = exc.problem if isinstance(exc, UnsafePath) else exc.strerror
         raise HostConfigError(
-            f"cannot read the host policy {path}: {exc.strerror}",
+            f"cannot read the host policy {path}: {why}",
             hint="fix --policy / RUNNER_POLICY, or remove it to use the defaults",
         ) from exc
     try:
@@ -285,6 +308,18 @@ def _resolved(value: float | None) -> float:
     return value
 
 
+def refuse_expired(contract: VerifiedContract, now: datetime, *, what: str = "") -> None:
+    """Refuse a contract past its ``expiresAt``: nothing new starts under it (a job this host
+    accepted earlier may still be reattached to, recovered or shown)."""
+    m = contract.model
+    if m.expiresAt is not None and m.expiresAt <= now:
+        raise PolicyViolation(
+            f"$.expiresAt: the contract expired at {m.expiresAt.isoformat()} "
+            f"(now {now.isoformat(timespec='seconds')}){what}",
+            hint="ask the issuer for a fresh contract (`runner sign` stamps a new expiry)",
+        )
+
+
 def _check_times(contract: VerifiedContract, policy: HostPolicy, now: datetime) -> None:
     m = contract.model
     if m.issuedAt is not None and m.issuedAt > now + timedelta(minutes=5):
@@ -293,12 +328,7 @@ def _check_times(contract: VerifiedContract, policy: HostPolicy, now: datetime) 
             f"(now {now.isoformat(timespec='seconds')})",
             hint="check the clocks of the issuer and this host",
         )
-    if m.expiresAt is not None and m.expiresAt <= now:
-        raise PolicyViolation(
-            f"$.expiresAt: the contract expired at {m.expiresAt.isoformat()} "
-            f"(now {now.isoformat(timespec='seconds')})",
-            hint="ask the issuer for a fresh contract (`runner sign` stamps a new expiry)",
-        )
+    refuse_expired(contract, now)
     if contract.signature is not None and m.expiresAt is None:
         raise PolicyViolation(
             "$.expiresAt: a signed contract must say when it expires",

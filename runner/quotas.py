@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from runner import safefs
+
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 _BLOCK = 4096
@@ -34,24 +36,31 @@ CHUNK = 1024 * 1024
 
 
 def allocated_bytes(roots: list[Path]) -> int:
-    """Bytes allocated under ``roots`` (st_blocks), without following links."""
+    """Bytes allocated under ``roots`` (st_blocks), never following a link: each folder is
+    opened from its parent's descriptor with ``O_NOFOLLOW``, so a folder the job swaps for a
+    link while it is measured is skipped, not walked."""
     total = 0
-    stack = [str(r) for r in roots]
+    stack: list[int] = []
+    for root in roots:
+        with contextlib.suppress(OSError):
+            stack.append(os.open(root, safefs.DIR_FLAGS & ~os.O_NOFOLLOW))
     while stack:
-        top = stack.pop()
+        fd = stack.pop()
         try:
-            entries = os.scandir(top)
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        with contextlib.suppress(OSError):
+                            stack.append(os.open(entry.name, safefs.DIR_FLAGS, dir_fd=fd))
         except OSError:
-            continue
-        with entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                total += st.st_blocks * 512
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
+            pass
+        finally:
+            os.close(fd)
     return total
 
 
@@ -92,32 +101,28 @@ def _libc_fallocate() -> Callable[..., int] | None:
 _FALLOCATE = _libc_fallocate()
 
 
-def punch_hole(path: Path, offset: int, length: int) -> bool:
-    """Free ``length`` bytes at ``offset`` without changing the file's size; False when the
-    filesystem cannot."""
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free ``length`` bytes at ``offset`` of the open file ``fd`` without changing its size;
+    False when the filesystem cannot."""
     if _FALLOCATE is None or length <= 0:
         return False
-    try:
-        # Never through a link: the job owns output/ and could aim the log at a host file.
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
-        return bool(_FALLOCATE(fd, mode, offset, length) == 0)
-    finally:
-        os.close(fd)
+    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+    return bool(_FALLOCATE(fd, mode, offset, length) == 0)
 
 
 @dataclass
 class LogCap:
-    """One capped log file: the first and last ``limit // 2`` bytes are kept."""
+    """One capped log file: the first and last ``limit // 2`` bytes are kept.
+
+    The job owns ``output/`` and may swap any folder on the log's path for a link while it
+    runs: every access walks the path from ``root`` without following links
+    (:mod:`runner.safefs`) and touches only a regular file, so a hole is never punched, nor a
+    file rewritten, anywhere but in the job's own log."""
 
     path: Path
     limit: int
     root: Path
-    """The output folder: a log that resolves outside it (through a link the job planted) is
-    never touched."""
+    """The output folder the log's path is relative to."""
     punched_to: int = field(default=0)
     """The hole so far covers [head, punched_to)."""
 
@@ -125,13 +130,15 @@ class LogCap:
     def head(self) -> int:
         return (self.limit // 2) // _BLOCK * _BLOCK
 
+    @property
+    def rel(self) -> str:
+        return str(self.path.relative_to(self.root))
+
     def size(self) -> int:
-        """The log's size; 0 when it is missing or not a plain file (a link the job made)."""
+        """The log's size; 0 when it is missing or not a plain file reached without links."""
         try:
-            if not self.path.resolve().is_relative_to(self.root.resolve()):
-                return 0
-            st = self.path.lstat()
-        except OSError:
+            st = safefs.lstat_under(self.root, self.rel)
+        except (safefs.UnsafePath, OSError):
             return 0
         return st.st_size if stat.S_ISREG(st.st_mode) else 0
 
@@ -140,34 +147,53 @@ class LogCap:
 
     def trim(self) -> None:
         """Punch the middle out (block-aligned), keeping the head and about limit/2 of tail."""
-        end = (self.size() - self.limit // 2) // _BLOCK * _BLOCK
-        start = max(self.head, self.punched_to)
-        if end > start and punch_hole(self.path, start, end - start):
-            self.punched_to = end
+        try:
+            with safefs.parent_fd(self.root, self.rel) as (parent, name):
+                fd = safefs.open_at(parent, name, self.rel, write=True)
+        except (safefs.UnsafePath, OSError):
+            return
+        try:
+            end = (os.fstat(fd).st_size - self.limit // 2) // _BLOCK * _BLOCK
+            start = max(self.head, self.punched_to)
+            if end > start and punch_hole(fd, start, end - start):
+                self.punched_to = end
+        finally:
+            os.close(fd)
 
     def compact(self) -> int:
         """After the job: rewrite as head + marker + tail; return the bytes dropped."""
-        size = self.size()
-        if size <= self.limit:
-            return 0
-        tail = self.limit - self.head
-        dropped = size - self.head - tail
-        marker = f"\n[runner: {dropped} bytes of this log were dropped past its cap]\n".encode()
-        tmp = self.path.with_name(f".{self.path.name}.compact.tmp")
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as src, tmp.open("xb") as dst:
-                _copy(src, dst, self.head)
-                dst.write(marker)
-                src.seek(size - tail)
-                _copy(src, dst, tail)
-            st = self.path.lstat()
-            os.chown(tmp, st.st_uid, st.st_gid)
-            os.chmod(tmp, st.st_mode & 0o777)
-            os.replace(tmp, self.path)
-        finally:
+            with safefs.parent_fd(self.root, self.rel) as (parent, name):
+                return self._compact_at(parent, name)
+        except (safefs.UnsafePath, FileNotFoundError):
+            return 0
+
+    def _compact_at(self, parent: int, name: str) -> int:
+        src_fd = safefs.open_at(parent, name, self.rel)
+        with os.fdopen(src_fd, "rb") as src:
+            st = os.fstat(src_fd)
+            size = st.st_size
+            if size <= self.limit:
+                return 0
+            tail = self.limit - self.head
+            dropped = size - self.head - tail
+            marker = f"\n[runner: {dropped} bytes of this log were dropped past its cap]\n"
+            tmp = f".{name}.compact.tmp"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+                os.unlink(tmp, dir_fd=parent)
+            try:
+                with os.fdopen(os.open(tmp, flags, 0o600, dir_fd=parent), "wb") as dst:
+                    _copy(src, dst, self.head)
+                    dst.write(marker.encode())
+                    src.seek(size - tail)
+                    _copy(src, dst, tail)
+                    os.fchown(dst.fileno(), st.st_uid, st.st_gid)
+                    os.fchmod(dst.fileno(), st.st_mode & 0o777)
+                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=parent)
         return dropped
 
 
@@ -196,4 +222,13 @@ class Guards:
                 log.trim()
         if self.disk.due() and self.disk.measure() > self.disk.quota:
             return "disk_quota_exceeded"
+        return None
+
+    def breached(self) -> str | None:
+        """What the job's files show now, measured at once and changing nothing: a quota the
+        job broke while no runner watched it (or at the very end)."""
+        if self.disk.measure() > self.disk.quota:
+            return "disk_quota_exceeded"
+        if self.stop_on_log_limit and any(log.over() for log in self.logs):
+            return "log_limit_exceeded"
         return None

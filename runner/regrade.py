@@ -15,8 +15,9 @@ from pathlib import Path
 from runner import agent_result, attest, evidence, staging
 from runner.contract import parse_json, verify_data
 from runner.envelope import Failure, Regrade, ResultEnvelope
-from runner.errors import EvidenceError, RefusedError
+from runner.errors import RefusedError
 from runner.parsers import registry
+from runner.safefs import UnsafePath
 
 
 class EvidenceChanged(RefusedError):
@@ -35,18 +36,34 @@ def latest_version(parser_id: str) -> str:
 
 
 def regrade(
-    job_root: Path, *, latest: bool, max_bytes: int, result_key: Path | None
+    job_root: Path,
+    *,
+    latest: bool,
+    max_bytes: int,
+    result_key: Path | None,
+    max_result_bytes: int = 1024 * 1024,
 ) -> ResultEnvelope:
     """Re-read the job's evidence into a new envelope revision (under the job's lock)."""
     from runner.orchestrator import job_lock
 
     job = staging.JobDir(job_root)
     with job_lock(job):
-        return _regrade(job, latest=latest, max_bytes=max_bytes, result_key=result_key)
+        return _regrade(
+            job,
+            latest=latest,
+            max_bytes=max_bytes,
+            result_key=result_key,
+            max_result_bytes=max_result_bytes,
+        )
 
 
 def _regrade(
-    job: staging.JobDir, *, latest: bool, max_bytes: int, result_key: Path | None
+    job: staging.JobDir,
+    *,
+    latest: bool,
+    max_bytes: int,
+    result_key: Path | None,
+    max_result_bytes: int,
 ) -> ResultEnvelope:
     job_root = job.root
     if not job.envelope.exists():
@@ -64,10 +81,14 @@ def _regrade(
         )
     for m in old.measurements:
         try:
-            path = staging.resolve_inside(job.output, m.evidence.path)
-            digest, _ = staging.sha256_file(path)
-        except (EvidenceError, OSError) as exc:
+            digest, _ = staging.sha256_under(job.output, m.evidence.path, max_bytes)
+        except (UnsafePath, OSError) as exc:
             raise EvidenceChanged(f"{m.evidence.path} cannot be read any more: {exc}") from exc
+        if digest is None:
+            raise EvidenceChanged(
+                f"{m.evidence.path} is now over the {max_bytes:,} byte cap for evidence",
+                hint="the evidence was changed after the run; nothing was re-read",
+            )
         if f"sha256:{digest}" != m.evidence.sha256:
             raise EvidenceChanged(
                 f"{m.evidence.path} now hashes to sha256:{digest}; the envelope recorded "
@@ -102,7 +123,7 @@ def _regrade(
             "measurementErrors": errors,
             "failure": failure,
             "status": status,
-            "agentResult": agent_result.read(job.output, max_bytes),
+            "agentResult": agent_result.read(job.output, max_bytes, max_result_bytes),
             "revision": old.revision + 1,
             "regrade": Regrade(
                 at=datetime.now(UTC).isoformat(timespec="seconds"),

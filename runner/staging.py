@@ -13,6 +13,7 @@ Layout of ``<state>/jobs/<job id>/``::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,10 +22,11 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from runner import safefs
 from runner.contract import VerifiedContract
-from runner.errors import ContractError, EvidenceParseError
+from runner.errors import ContractError, PolicyViolation
 
 CHUNK = 1024 * 1024
 
@@ -84,52 +86,175 @@ def write_json(path: Path, value: Any) -> None:
     atomic_write(path, (json.dumps(value, indent=2, sort_keys=False) + "\n").encode())
 
 
-def _copy_hashed(src: Path, dst: Path) -> StagedFile:
+@dataclass(frozen=True)
+class InputRules:
+    """What the host lets a contract stage (the policy's ``maxInputMb``, ``maxInputFiles``) and
+    what it never stages: the runner's own folders (config with its keys, state), as
+    ``(st_dev, st_ino)`` of each."""
+
+    max_bytes: int = 64 * 1024**3
+    max_files: int = 100_000
+    protected: frozenset[tuple[int, int]] = frozenset()
+
+    @staticmethod
+    def protecting(paths: list[Path], **caps: int) -> InputRules:
+        ids = set()
+        for path in paths:
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            ids.add((st.st_dev, st.st_ino))
+        return InputRules(protected=frozenset(ids), **caps)
+
+
+@dataclass
+class _Tally:
+    rules: InputRules
+    field: str
+    files: int = 0
+    bytes: int = 0
+
+    def refuse(self, rel: str, problem: str, hint: str) -> ContractError:
+        return ContractError(f"{rel} {problem}", path=self.field, hint=hint)
+
+    def over(self, rel: str, problem: str, hint: str) -> PolicyViolation:
+        return PolicyViolation(f"{self.field}: {rel} {problem}", hint=hint)
+
+    def visit(self, rel: str, st: os.stat_result) -> None:
+        """Count one entry; refuse the runner's own folders, links and special files."""
+        if (st.st_dev, st.st_ino) in self.rules.protected:
+            raise self.refuse(
+                rel,
+                "is one of the runner's own folders (its configuration and keys, or its state); "
+                "it is never staged into a job",
+                "name the paper or repository itself, not a folder that holds the runner's",
+            )
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise self.refuse(
+                rel,
+                f"is {safefs.kind(st.st_mode)}; inputs are copied as plain files and folders",
+                "replace it with the file it stands for, or remove it",
+            )
+        self.files += 1
+        if self.files > self.rules.max_files:
+            raise self.over(
+                rel,
+                f"is entry {self.files:,} of the inputs; this host stages at most "
+                f"{self.rules.max_files:,} files and folders",
+                "pack the inputs (a tar file), or raise maxInputFiles in the host policy",
+            )
+
+    def take(self, rel: str, size: int) -> None:
+        self.bytes += size
+        if self.bytes > self.rules.max_bytes:
+            raise self.over(
+                rel,
+                f"brings the inputs to {self.bytes:,} bytes; this host stages at most "
+                f"{self.rules.max_bytes:,} bytes",
+                "stage less (datasets belong in assets), or raise maxInputMb in the host policy",
+            )
+
+
+_ZEROS = bytes(CHUNK)
+
+
+def _copy_fd(fd: int, dst: Path, rel: str, tally: _Tally) -> StagedFile:
+    """Copy and hash the open regular file ``fd``; runs of zeros stay holes (sparse files stay
+    sparse); never more than the size the file had when opened, nor past the inputs' cap."""
+    st = os.fstat(fd)
+    tally.take(rel, st.st_size)
     digest = hashlib.sha256()
-    size = 0
-    with src.open("rb") as fin, dst.open("wb") as fout:
-        while chunk := fin.read(CHUNK):
+    left = st.st_size
+    with os.fdopen(fd, "rb") as fin, dst.open("wb") as fout:
+        while left > 0 and (chunk := fin.read(min(CHUNK, left))):
             digest.update(chunk)
-            fout.write(chunk)
-            size += len(chunk)
-    os.chmod(dst, 0o755 if os.stat(src).st_mode & stat.S_IXUSR else 0o644)
-    return StagedFile(path="", sha256=digest.hexdigest(), size=size)
+            left -= len(chunk)
+            if chunk == _ZEROS[: len(chunk)]:
+                fout.seek(len(chunk), os.SEEK_CUR)
+            else:
+                fout.write(chunk)
+        size = st.st_size - left
+        fout.truncate(size)
+    os.chmod(dst, 0o755 if st.st_mode & stat.S_IXUSR else 0o644)
+    return StagedFile(rel, digest.hexdigest(), size)
 
 
-def _stage_tree(src: Path, dst_root: Path, rel: str, field: str) -> list[StagedFile]:
-    """Copy ``src`` (file or folder) to ``dst_root/rel``, hashing every file on the way."""
-    if src.is_symlink():
-        raise ContractError(
-            f"{src} is a symbolic link; inputs are copied as plain files and folders",
-            path=field,
-            hint="replace the link with the file it points to",
-        )
-    target = dst_root / rel
-    if src.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staged = _copy_hashed(src, target)
-        return [StagedFile(rel, staged.sha256, staged.size)]
-    if not src.is_dir():
-        raise ContractError(
-            f"{src} does not exist", path=field, hint="fix the path or add the file"
-        )
+def _stage_dir(fd: int, target: Path, rel: str, tally: _Tally) -> list[StagedFile]:
+    """Copy the folder open as ``fd`` (closed here) to ``target``, walking by descriptors:
+    nothing below it is reached through a link."""
     out: list[StagedFile] = []
-    for dirpath, dirnames, filenames in os.walk(src):
-        dirnames.sort()
-        here = Path(dirpath)
-        sub = here.relative_to(src)
-        (target / sub).mkdir(parents=True, exist_ok=True)
-        for name in [*sorted(filenames), *(d for d in dirnames if (here / d).is_symlink())]:
-            path = here / name
-            if path.is_symlink():
-                raise ContractError(
-                    f"{path} is a symbolic link; inputs are copied as plain files and folders",
-                    path=field,
-                    hint="replace the link with the file it points to, or remove it",
-                )
-            staged = _copy_hashed(path, target / sub / name)
-            out.append(StagedFile(str(Path(rel) / sub / name), staged.sha256, staged.size))
+    stack = [(fd, target, rel)]
+    try:
+        while stack:
+            here_fd, here, here_rel = stack.pop()
+            try:
+                here.mkdir(parents=True, exist_ok=True)
+                with os.scandir(here_fd) as listing:
+                    entries = sorted(listing, key=lambda e: e.name)
+                for entry in entries:
+                    sub = f"{here_rel}/{entry.name}"
+                    st = entry.stat(follow_symlinks=False)
+                    tally.visit(sub, st)
+                    if stat.S_ISDIR(st.st_mode):
+                        child = safefs.open_folder_at(here_fd, entry.name, sub)
+                        stack.append((child, here / entry.name, sub))
+                    else:
+                        file_fd = safefs.open_at(here_fd, entry.name, sub)
+                        out.append(_copy_fd(file_fd, here / entry.name, sub, tally))
+            finally:
+                os.close(here_fd)
+    except safefs.UnsafePath as exc:
+        raise tally.refuse(exc.rel, exc.problem, "inputs are plain files and folders") from None
+    finally:
+        for left_fd, _, _ in stack:
+            os.close(left_fd)
     return out
+
+
+def _stage_tree(base: Path, rel: str, dst_root: Path, tally: _Tally) -> list[StagedFile]:
+    """Copy ``base/rel`` (a file or a folder) to ``dst_root/rel``, hashing every file: no
+    link is followed anywhere below ``base``, and only regular files and folders are read."""
+    try:
+        with safefs.parent_fd(base, rel, on_folder=tally.visit) as (parent, name):
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                raise tally.refuse(
+                    f"{base / rel}", "does not exist", "fix the path or add the file"
+                ) from None
+            tally.visit(rel, st)
+            target = dst_root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if stat.S_ISDIR(st.st_mode):
+                folder = safefs.open_folder_at(parent, name, rel)
+                return _stage_dir(folder, target, rel, tally)
+            return [_copy_fd(safefs.open_at(parent, name, rel), target, rel, tally)]
+    except safefs.UnsafePath as exc:
+        hint = (
+            "fix the path or add the file"
+            if exc.missing
+            else "replace each link on the way with the file or folder it points to"
+        )
+        raise tally.refuse(f"{base / exc.rel}", exc.problem, hint) from None
+    except OSError as exc:  # unreadable, or changed while staged: the contract's inputs
+        where = f"{base / rel}" + (f" ({exc.filename})" if exc.filename else "")
+        raise tally.refuse(where, f"cannot be staged: {exc.strerror or exc}", "check it") from exc
+
+
+def _refuse_inside_protected(base: Path, rules: InputRules) -> None:
+    """A contract kept inside the runner's own folders stages nothing from there."""
+    for folder in (base.resolve(), *base.resolve().parents):
+        try:
+            st = folder.stat()
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in rules.protected:
+            raise ContractError(
+                f"the contract's folder {base} is inside the runner's own folder {folder} "
+                "(its configuration and keys, or its state); nothing is staged from there",
+                hint="keep contracts and their inputs in a folder of their own",
+            )
 
 
 def _normalized(rel: str) -> str:
@@ -144,9 +269,16 @@ def prepare(root: Path) -> JobDir:
     return job
 
 
-def stage_inputs(job: JobDir, contract: VerifiedContract) -> list[StagedFile]:
+def stage_inputs(
+    job: JobDir, contract: VerifiedContract, rules: InputRules | None = None
+) -> list[StagedFile]:
     """Copy the contract's inputs into ``input/`` (replacing what was there), hash them, and
-    place the verified contract bytes at ``input/task.json``. Returns the input manifest."""
+    place the verified contract bytes at ``input/task.json``. Returns the input manifest.
+
+    Inputs are walked without following any link (:mod:`runner.safefs`), special files are
+    refused, and ``rules`` caps their count and size and names folders never staged."""
+    rules = rules or InputRules()
+    _refuse_inside_protected(contract.base_dir, rules)
     if job.input.exists():
         shutil.rmtree(job.input)
     job.input.mkdir()
@@ -158,6 +290,7 @@ def stage_inputs(job: JobDir, contract: VerifiedContract) -> list[StagedFile]:
             contract.model.repository.path if contract.model.repository else None,
         ),
     ]
+    tally = _Tally(rules, "")
     for field, rel in sources:
         if rel is None:
             continue
@@ -168,8 +301,8 @@ def stage_inputs(job: JobDir, contract: VerifiedContract) -> list[StagedFile]:
                 path=field,
                 hint="name a file or folder beside the contract",
             )
-        src = contract.base_dir / rel
-        files.extend(_stage_tree(src, job.input, rel, field))
+        tally.field = field
+        files.extend(_stage_tree(contract.base_dir, rel, job.input, tally))
     atomic_write(job.input / "task.json", contract.raw)
     from runner.parsers import registry
 
@@ -205,7 +338,12 @@ def prepare_writable(job: JobDir, uid: int, gid: int, stream_paths: list[str]) -
     """Make ``output/`` and ``workspace/`` writable by the job's user; pre-create the folders
     of its stdout and stderr files."""
     for rel in stream_paths:
-        (job.output / rel).parent.mkdir(parents=True, exist_ok=True)
+        folder = os.path.dirname(rel)
+        # Never through a link an earlier attempt left in output/: that is the job's own
+        # doing, and its log then cannot be written, which it will see.
+        if folder:
+            with contextlib.suppress(safefs.UnsafePath):
+                safefs.makedirs_under(job.output, folder)
     if os.geteuid() != 0:
         return  # the job runs as the caller's own uid, which owns these folders already
     for base in (job.output, job.workspace):
@@ -228,23 +366,31 @@ def write_budget(job: JobDir, limit_seconds: float, consumed_seconds: float) -> 
     )
 
 
-def sha256_file(path: Path) -> tuple[str, int]:
-    """Hex sha256 and size of ``path``, read in chunks."""
+def _sha256_stream(f: BinaryIO, limit: int) -> tuple[str, int]:
     digest = hashlib.sha256()
     size = 0
-    with path.open("rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
+    while size < limit and (chunk := f.read(min(CHUNK, limit - size))):
+        digest.update(chunk)
+        size += len(chunk)
     return digest.hexdigest(), size
 
 
-def resolve_inside(base: Path, rel: str) -> Path:
-    """``base/rel``, refusing a result that escapes ``base`` through a symlink the job made."""
-    candidate = (base / rel).resolve()
-    if not candidate.is_relative_to(base.resolve()):
-        raise EvidenceParseError(
-            f"{rel} resolves outside {base.name}/ through a symbolic link; evidence must be a "
-            "plain file the job wrote"
-        )
-    return candidate
+def sha256_under(base: Path, rel: str, max_bytes: int) -> tuple[str | None, int]:
+    """Hex sha256 and size of ``base/rel``, a file a job or a contract author controls: a
+    regular file reached without following any link (:mod:`runner.safefs`). A file over
+    ``max_bytes`` is not read: ``(None, its size)``. Raises :class:`safefs.UnsafePath`."""
+    with safefs.open_under(base, rel) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            return None, size
+        return _sha256_stream(f, size)
+
+
+def job_file_problem(exc: safefs.UnsafePath) -> str:
+    """Why a job's file was not read, for an envelope: links are never followed."""
+    if exc.missing:
+        return "does not exist"
+    return (
+        f"{exc.problem}; it was not read (the runner follows no link in a job's files, so "
+        "nothing outside /job/output is ever read)"
+    )

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Run the hostile-workload suite (tests/test_hostile.py) under runc and runsc and publish what
-held: reports/hostile/latest.json and reports/hostile/latest.md.
+"""Run the hostile suite (tests/test_hostile.py: hostile jobs under runc and runsc;
+tests/test_hostile_review.py: the holes a security review found, as a hostile contract author
+or job) and publish what held: reports/hostile/latest.json and reports/hostile/latest.md.
 
     .venv/bin/python scripts/hostile_report.py [pytest args]
 
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "hostile"
 
 MIB = 1024 * 1024
+SUITE = (ROOT / "tests" / "test_hostile.py", ROOT / "tests" / "test_hostile_review.py")
 
 
 def _engine() -> dict[str, Any]:
@@ -71,7 +73,7 @@ def _detail(rec: dict[str, Any]) -> str:
 
 def render(records: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
-        "# Hostile-workload suite",
+        "# Hostile suite",
         "",
         f"Run {meta['at']} on {meta['host']['cpus']} CPUs, {meta['host']['memoryGiB']} GiB, "
         f"Docker {meta['engine']['serverVersion']} ({meta['engine']['storageDriver']}, "
@@ -106,7 +108,7 @@ def main(argv: list[str]) -> int:
     try:
         env = {**os.environ, "HOSTILE_REPORT_FILE": str(report)}
         code = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", str(ROOT / "tests" / "test_hostile.py"), *argv],
+            [sys.executable, "-m", "pytest", "-q", *map(str, SUITE), *argv],
             cwd=ROOT,
             env=env,
             check=False,

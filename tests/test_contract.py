@@ -258,9 +258,29 @@ def test_job_id_is_checked(tmp_path: Path) -> None:
         plan.job_id_for(contract, "../../escape")
     assert plan.job_id_for(contract, "other") == "other"  # unsigned: the operator decides
     signed = dataclasses.replace(contract, signature=SignatureInfo(("k",), "t", b""))
-    with pytest.raises(PolicyViolation, match="differs from the signed"):
+    with pytest.raises(PolicyViolation, match=r"runs under the signed .* fresh budget"):
         plan.job_id_for(signed, "other")
     assert plan.job_id_for(signed, None) == "signed-job"
+    assert plan.job_id_for(signed, "signed-job") == "signed-job"
+    assert plan.job_id_for(signed, "other", allow_override=True) == "other"
+
+
+def test_signed_contract_without_job_id_keeps_one_budget(tmp_path: Path) -> None:
+    """Hostile-review item 8: a signed contract without $.jobId (what `runner sign` writes by
+    default) used to get a fresh ledger, so a fresh budget, for every --job-id. Its job id is
+    now derived from its digest and another one is refused unless the policy allows it."""
+    import dataclasses
+
+    from runner.contract import SignatureInfo
+
+    contract = load_contract(_write(tmp_path, _toy()))
+    signed = dataclasses.replace(contract, signature=SignatureInfo(("k",), "t", b""))
+    own = plan.job_id_for(signed, None)
+    assert own.endswith(contract.digest.removeprefix("sha256:")[:12])
+    assert plan.job_id_for(signed, own) == own
+    for other in ("again-1", "again-2"):
+        with pytest.raises(PolicyViolation, match="derived from the contract's digest"):
+            plan.job_id_for(signed, other)
 
 
 def test_command_line_mistakes_exit_2(tmp_path: Path) -> None:

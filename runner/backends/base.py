@@ -41,6 +41,34 @@ class ContainerSpec:
     gpu_ids: tuple[str, ...] = ()
     """Device ids (UUIDs) handed to the container; empty: no GPU at all."""
     log_max_bytes: int = 1024 * 1024
+    backstop: Backstop | None = None
+    """A deadline the engine enforces on its own, should the runner be down at the end."""
+
+
+@dataclass(frozen=True)
+class Backstop:
+    """Kill every process of the job once it has run ``after_seconds`` (counted from its
+    container's start), checked by the engine every ``interval_seconds``: the deadline that
+    holds while no runner watches. The engine runs :data:`BACKSTOP_SCRIPT` in the container
+    as its health check, as the job's user: it reads the container's age from
+    ``/proc/uptime`` and ``/proc/1/stat`` (the init process's start) and, past the deadline,
+    sends SIGKILL to every process but init, which then ends the container. The job cannot
+    stop the engine from running it; it needs only ``/bin/sh``, as the job's own wrapper does."""
+
+    after_seconds: int
+    interval_seconds: int
+
+    @property
+    def script(self) -> str:
+        return BACKSTOP_SCRIPT.replace("DEADLINE", str(self.after_seconds))
+
+
+BACKSTOP_SCRIPT = (
+    "read -r up _ </proc/uptime; read -r st </proc/1/stat; set -- ${st##*) }; "
+    "[ $(( ${up%.*} - ${20} / 100 )) -lt DEADLINE ] || kill -s KILL -- -1"
+)
+"""Field 22 of /proc/1/stat is init's start in clock ticks since boot (100 a second on Linux
+and under gVisor); ``set --`` after the command name leaves it in ``$20``."""
 
 
 @dataclass(frozen=True)

@@ -351,7 +351,7 @@ class DockerBackend:
             "SecurityOpt": list(lim.security_opt),
             "Memory": lim.memory_bytes,
             "MemorySwap": lim.memory_swap_bytes,
-            "NanoCpus": int(lim.cpus * 1e9),
+            "NanoCpus": round(lim.cpus * 1e9),
             "ShmSize": lim.shm_bytes,
             "Init": lim.init,
             "LogConfig": {
@@ -372,7 +372,7 @@ class DockerBackend:
                     "Options": {},
                 }
             ]
-        config = {
+        config: dict[str, Any] = {
             "Image": spec.image,
             "Entrypoint": spec.entrypoint,
             "Cmd": spec.command,
@@ -388,6 +388,14 @@ class DockerBackend:
             "Tty": False,
             "HostConfig": host_config,
         }
+        if spec.backstop is not None:
+            config["Healthcheck"] = {
+                "Test": ["CMD-SHELL", spec.backstop.script],
+                "Interval": spec.backstop.interval_seconds * 1_000_000_000,
+                "Timeout": 10 * 1_000_000_000,
+                "Retries": 1,
+                "StartPeriod": 0,
+            }
         action = "creating the job container"
         try:
             created = self._call(

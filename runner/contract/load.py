@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from runner.contract.models import ExecutionContract
 from runner.errors import ContractError, DigestMismatch, SignatureInvalid
+from runner.safefs import UnsafePath, read_named
 
 if TYPE_CHECKING:
     from runner.signing import TrustedKey
@@ -197,12 +198,14 @@ def load_contract(path: Path, trust: Trust | None = None) -> VerifiedContract:
     """Read and verify the contract at ``path``: a bare contract, or a DSSE envelope whose
     signatures are checked against ``trust`` before its payload is parsed."""
     try:
-        size = path.stat().st_size
-        if size > MAX_CONTRACT_BYTES:
-            raise ContractError(f"{path} is {size} bytes; contracts are at most 4 MiB")
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise ContractError(f"no contract at {path}", hint="check the path") from exc
+        raw = read_named(path, MAX_CONTRACT_BYTES)
+    except UnsafePath as exc:
+        if exc.missing:
+            raise ContractError(f"no contract at {path}", hint="check the path") from None
+        raise ContractError(
+            f"{path} {exc.problem}; a contract is a JSON file of at most 4 MiB",
+            hint="pass the task.json (or task.dsse.json) file",
+        ) from None
     except IsADirectoryError as exc:
         raise ContractError(f"{path} is a directory", hint="pass the task.json file") from exc
     except OSError as exc:

@@ -24,10 +24,19 @@ SHA256_PATTERN = r"^sha256:[0-9a-f]{64}$"
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 
 
+def _no_control(value: str) -> None:
+    bad = next((c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
+    if bad is not None:
+        raise ValueError(
+            f"must not contain control characters (newline, tab, escape ...); found {bad!r}"
+        )
+
+
 def _relative_path(value: str) -> str:
     """A POSIX path relative to its base that cannot escape it."""
     if not value or "\x00" in value or "\\" in value:
         raise ValueError("must be a non-empty POSIX path without NUL or backslash")
+    _no_control(value)
     if value.startswith("/"):
         raise ValueError(f"must be relative to its base, got the absolute path {value!r}")
     normalized = posixpath.normpath(value)
@@ -41,6 +50,7 @@ def _absolute_container_path(value: str) -> str:
         raise ValueError(
             f"must be an absolute path inside the container without '..', got {value!r}"
         )
+    _no_control(value)
     return value
 
 

@@ -7,6 +7,17 @@ token (one string or number), whatever the document's size. The whole document i
 so a file that is not exactly one well-formed JSON document is refused even when the value was
 found early.
 
+Single tokens are capped at :data:`MAX_TOKEN_BYTES` (1 MiB): a string (its bytes between the
+quotes, escapes as written) or a number or literal longer than that is refused. yajl re-lexes a
+token from its start each time it spans another read, so one long token costs time quadratic in
+its length (a 2 GiB string took over ten minutes). An integer part of more than 4300 digits is
+refused too: ijson converts integers with ``int``, which refuses them, and ijson 3.x then hands
+on a NULL value (a SystemError at best, a crash at worst). :class:`TokenGuard` sits between the
+file and ijson, scans each chunk before yajl sees it, and refuses as soon as a token passes
+either limit: yajl never holds more of one token than the cap. Anything else ijson or yajl
+raises on a hostile document (a malformed one, an exponent ``Decimal`` cannot hold) becomes an
+:class:`~runner.errors.EvidenceParseError` naming the file; MemoryError is not caught.
+
 A key given twice is tolerated where it does not matter, and refused where it does: on the way
 to a pointer's target (``{"a": 1, "a": 2}`` with pointer ``/a``) there is no single answer, and
 a parser does not guess which one was meant.
@@ -19,7 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from runner import safefs
 from runner.errors import EvidenceParseError
+from runner.parsers._json_guard import MAX_TOKEN_BYTES, TokenGuard
+
+__all__ = ["MAX_TOKEN_BYTES", "TokenGuard"]  # with the names defined below
 
 POINTER_SCHEMA: dict[str, Any] = {
     "type": "string",
@@ -31,7 +46,9 @@ POINTER_SCHEMA: dict[str, Any] = {
 }
 
 _BOM = b"\xef\xbb\xbf"
-_READ_BYTES = 1024 * 1024
+_READ_BYTES = 64 * 1024
+"""What ijson is handed at a time: its events for one buffer are held at once (a buffer of
+brackets is 64k events), and smaller buffers measured faster here than 1 MiB ones."""
 
 
 class DuplicateKey(Exception):
@@ -170,7 +187,7 @@ class _Target:
         return True
 
 
-def _detail(exc: Exception) -> str:
+def _detail(exc: BaseException) -> str:
     """The first line of an ijson error (yajl sometimes reports it as bytes)."""
     raw = exc.args[0] if exc.args else ""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
@@ -182,12 +199,54 @@ def _detail(exc: Exception) -> str:
     return lines[0]
 
 
+def _unreadable(exc: BaseException) -> str:
+    """Why ijson failed on a value, from an exception outside its JSONError family.
+
+    A MemoryError behind it (ijson may wrap one in SystemError) is raised again, not hidden.
+    """
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, MemoryError):
+            raise cause
+        text = str(cause)
+        if "integer string conversion" in text:
+            return "an integer has more digits than Python converts (4300)"
+        if isinstance(cause, ArithmeticError):
+            return "a number's exponent is out of the range a decimal can hold"
+        if isinstance(cause, RecursionError):
+            return "it is nested too deeply"
+        if not isinstance(cause, SystemError):
+            return f"{type(cause).__name__}: {_detail(cause)}"
+        cause = cause.__cause__ or cause.__context__
+    return f"{type(exc).__name__}: {_detail(exc)}"
+
+
 def open_json(path: Path) -> BinaryIO:
-    """``path`` opened for ijson, past a UTF-8 byte order mark if there is one."""
-    fh = path.open("rb")
+    """``path`` opened for ijson, past a UTF-8 byte order mark if there is one.
+
+    Only a regular file is opened (no link, FIFO or device: :func:`runner.safefs.open_regular`);
+    anything else is an EvidenceParseError saying what it is.
+    """
+    try:
+        fh = safefs.open_regular(path)
+    except safefs.UnsafePath as exc:
+        raise EvidenceParseError(f"{path.name} {exc.problem}") from exc
     if fh.read(len(_BOM)) != _BOM:
         fh.seek(0)
     return fh
+
+
+MAX_DEPTH = 1000
+"""Objects and arrays nested deeper than this are refused (a pointer is never that deep; a
+document that is holds nothing a measurement needs, and would make yajl keep one byte per
+level)."""
+
+
+def _too_deep(name: str) -> EvidenceParseError:
+    return EvidenceParseError(
+        f"{name} nests objects and arrays more than {MAX_DEPTH} deep; the parsers read "
+        "documents up to that depth"
+    )
 
 
 def find_in_stream(path: Path, pointers: Sequence[str]) -> list[Found]:
@@ -195,8 +254,10 @@ def find_in_stream(path: Path, pointers: Sequence[str]) -> list[Found]:
 
     A target that is an object or an array comes back as :class:`Container`, never built.
     Numbers with a fraction or exponent come back as ``Decimal`` (exact), integers as ``int``.
-    Raises EvidenceParseError when the file is not one well-formed JSON document, or when a
-    key on the way to a target is given twice.
+    Raises EvidenceParseError when the file is not a regular file or not one well-formed JSON
+    document, when a token is longer than :data:`MAX_TOKEN_BYTES` or an integer has more digits
+    than Python converts (:class:`TokenGuard`), or when a key on the way to a target is given
+    twice. MemoryError is not caught.
     """
     import ijson  # type: ignore[import-untyped]  # ~15 ms: only when a document is read
 
@@ -207,12 +268,16 @@ def find_in_stream(path: Path, pointers: Sequence[str]) -> list[Found]:
     is_array: list[bool] = []
     seen: set[tuple[Any, ...]] = set()
     skip = 0  # nesting depth inside a subtree that holds no target
+    guard: TokenGuard | None = None
     try:
         with open_json(path) as fh:
-            for event, value in ijson.basic_parse(fh, buf_size=_READ_BYTES):
+            guard = TokenGuard(fh, name, offset=fh.tell())
+            for event, value in ijson.basic_parse(guard, buf_size=_READ_BYTES):
                 if skip:
                     if event == "start_map" or event == "start_array":
                         skip += 1
+                        if skip + len(steps) > MAX_DEPTH:
+                            raise _too_deep(name)
                     elif event == "end_map" or event == "end_array":
                         skip -= 1
                     continue
@@ -250,6 +315,8 @@ def find_in_stream(path: Path, pointers: Sequence[str]) -> list[Found]:
                     seen.add(where)
                 if event == "start_map" or event == "start_array":
                     if descend:
+                        if len(steps) >= MAX_DEPTH:
+                            raise _too_deep(name)
                         steps.append(-1 if event == "start_array" else None)
                         is_array.append(event == "start_array")
                     else:
@@ -258,4 +325,13 @@ def find_in_stream(path: Path, pointers: Sequence[str]) -> list[Found]:
         raise EvidenceParseError(f"{name}: {exc}, so the pointer has no single answer") from exc
     except ijson.JSONError as exc:
         raise EvidenceParseError(f"{name} is not one JSON document: {_detail(exc)}") from exc
+    except EvidenceParseError:
+        raise
+    except (SystemError, ValueError, ArithmeticError, RecursionError) as exc:
+        # A refusal from the guard, or a value yajl or ijson could not convert (an integer
+        # of more digits than int() takes, an exponent Decimal cannot hold); ijson sometimes
+        # reports an error in its callbacks as SystemError, with the cause as its context.
+        if guard is not None and guard.refusal is not None:
+            raise guard.refusal from exc
+        raise EvidenceParseError(f"{name} is not one JSON document: {_unreadable(exc)}") from exc
     return [t.found for t in targets]

@@ -3,7 +3,8 @@
 The file is read in 1 MiB chunks; no line longer than :data:`MAX_LINE_BYTES` is ever held, so
 a 1 GB file with no newline is refused (``line N is longer than 1 MiB``) instead of loaded.
 Text is UTF-8 (a leading byte order mark is skipped); a line that is not valid UTF-8 is a parse
-error naming its number.
+error naming its number. Only a regular file is opened (:func:`runner.safefs.open_regular`: no
+link, FIFO or device).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from runner import safefs
 from runner.errors import EvidenceParseError
 
 MAX_LINE_BYTES = 1024 * 1024
@@ -55,8 +57,13 @@ def _batch(name: str, first: int, raw: list[bytes]) -> tuple[list[str], Exceptio
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
-    """The file in CHUNK_BYTES pieces, a leading UTF-8 byte-order mark dropped."""
-    with path.open("rb") as fh:
+    """The file in CHUNK_BYTES pieces, a leading UTF-8 byte-order mark dropped. Only a regular
+    file is read: a link, a FIFO or a device is an EvidenceParseError saying what it is."""
+    try:
+        opened = safefs.open_regular(path)
+    except safefs.UnsafePath as exc:
+        raise EvidenceParseError(f"{path.name} {exc.problem}") from exc
+    with opened as fh:
         first = True
         while chunk := fh.read(CHUNK_BYTES):
             if first:

@@ -7,9 +7,10 @@ The file has the seed's shape::
 
 ``pointer`` (default ``/status``) selects the value, ``type`` (default ``string``) the type it
 must have. The document is streamed like ``json.scalar`` (any size, one well-formed JSON
-document, a key given twice on the way refused). It must say ``schemaVersion`` ``2.<minor>``
-(a string), and a ``/status`` read must be one of ``completed``, ``partial``, ``failed``:
-another file, or another version of the shape, is a parse error rather than a guess.
+document, single strings and numbers up to 1 MiB, a key given twice on the way refused). It
+must say ``schemaVersion`` ``2.<minor>`` (a string), and a ``/status`` read must be one of
+``completed``, ``partial``, ``failed``: another file, or another version of the shape, is a
+parse error rather than a guess.
 """
 
 from __future__ import annotations
@@ -58,9 +59,8 @@ class AgentResult:
                 f"{name} is not an agent result: expected a string schemaVersion 2.x, found {got}"
             )
         if not _VERSION.fullmatch(version.value):
-            raise EvidenceParseError(
-                f"{name} has schemaVersion {version.value!r}; agent.result@1 reads 2.x"
-            )
+            said = version.value if len(version.value) <= 60 else version.value[:57] + "..."
+            raise EvidenceParseError(f"{name} has schemaVersion {said!r}; agent.result@1 reads 2.x")
         if not found.exists:
             raise EvidenceParseError(found.missing(name))
         where = f"{name}: pointer {pointer!r}"

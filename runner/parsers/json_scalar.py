@@ -6,9 +6,14 @@ must be a finite number (``type`` may ask for an integer, a string or a boolean 
 ``metric`` and ``unit`` restate what the number means, for the reader.
 
 The document is streamed (``ijson``): a pointer into a 1 GB document does not load it, and
-there is no size cap. The whole document is still read, so it must be exactly one well-formed
-JSON document (UTF-8; ``NaN`` and ``Infinity`` are not JSON). A key given twice on the way to
-the target is refused.
+the document has no size cap. Single tokens do: a string longer than 1 MiB (its bytes between
+the quotes, escapes as written) or a number or literal longer than 1 MiB is refused, and so is
+an integer part of more than 4300 digits (more than Python converts), wherever they are in the
+document (see :class:`runner.parsers._json.TokenGuard`; a long token would cost yajl time
+quadratic in its length). The whole document is still read, so it must be exactly one
+well-formed JSON document (UTF-8; ``NaN`` and ``Infinity`` are not JSON). A key given twice on
+the way to the target is refused. Whatever goes wrong reading it is a parse error naming the
+file; only a regular file is read (not a link, a FIFO or a device).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 Each non-blank line is one JSON value (a *record*); blank lines are skipped. Every line is
 read and must be valid JSON (``NaN``/``Infinity`` are not), else the file is refused naming
-the line: a log that is malformed anywhere is not trusted anywhere. Lines are read one at a
-time, up to 1 MiB each.
+the line: a log that is malformed anywhere is not trusted anywhere (that includes a line nested
+deeper than ``json`` reads, about 1000 levels, and an integer of more than 4300 digits). Lines
+are read one at a time, up to 1 MiB each.
 
 Which record: ``select`` is ``last`` (default) or ``first`` of all records, or ``match``: the
 records whose value at ``match.pointer`` equals ``match.value`` (JSON equality: ``1`` equals
@@ -32,6 +33,24 @@ from runner.parsers._values import from_json, type_schema
 
 def _clip(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+def _why(exc: Exception) -> str:
+    """Why ``json.loads`` refused a line, in words that fit a parse error."""
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
+    if "integer string conversion" in str(exc):
+        return "an integer has more digits than Python converts (4300)"
+    return str(exc)
+
+
+def _shown(record: Any) -> str:
+    """``record`` as short JSON text for a message (a record nested near the limit that
+    ``json.loads`` took may be too deep for ``json.dumps`` here)."""
+    try:
+        return _clip(json.dumps(record))
+    except (ValueError, RecursionError):
+        return "a record nested too deeply to show"
 
 
 def _not_json(constant: str) -> Any:
@@ -128,9 +147,9 @@ class JsonlScalar:
                 continue
             try:
                 record = json.loads(line, object_pairs_hook=object_pairs, parse_constant=_not_json)
-            except ValueError as exc:  # JSONDecodeError is a ValueError
+            except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
                 raise EvidenceParseError(
-                    f"{name} line {lineno} is not valid JSON: {exc}; found {_clip(line)}"
+                    f"{name} line {lineno} is not valid JSON: {_why(exc)}; found {_clip(line)}"
                 ) from exc
             if match is not None:
                 try:
@@ -164,8 +183,7 @@ class JsonlScalar:
             value = resolve_pointer(record, pointer)
         except (KeyError, IndexError, TypeError) as exc:
             raise EvidenceParseError(
-                f"{where} does not exist in the {occurrence} of the {what} "
-                f"(found {_clip(json.dumps(record))})"
+                f"{where} does not exist in the {occurrence} of the {what} (found {_shown(record)})"
             ) from exc
         except DuplicateKey as exc:
             raise EvidenceParseError(f"{name} line {lineno}: {exc}") from exc

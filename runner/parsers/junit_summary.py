@@ -20,7 +20,12 @@ handlers only for element starts and ends: no tree is built and no text is kept,
 not grow with the file (a 1 GB ``<system-out>`` costs nothing). Any ``<!DOCTYPE>`` is refused as
 soon as it starts, so no entity can be declared (no "billion laughs", no external entity, no
 external DTD: parameter entity parsing is off and nothing is ever fetched). Nesting deeper than
-256 elements is refused.
+256 elements is refused. Text and CDATA of any length stream through, but expat holds a piece of
+markup (a start tag with its attributes, a comment, a processing instruction) until it is
+complete, and scans it again from its start on every chunk: one longer than 1 MiB is refused
+as soon as expat holds more than that, so time stays linear and memory bounded. A file that is
+not a regular file (a link, a FIFO, a device), an encoding declaration expat cannot use, and a
+count of more digits than ``int`` converts are parse errors too.
 """
 
 from __future__ import annotations
@@ -30,12 +35,23 @@ from pathlib import Path
 from typing import Any
 from xml.parsers import expat
 
+from runner import safefs
 from runner.errors import EvidenceParseError
 
 FIELDS = ("tests", "failures", "errors", "skipped")
 MAX_DEPTH = 256
+MAX_TOKEN_BYTES = 1024 * 1024
 _CHUNK = 1024 * 1024
 _COUNT = re.compile(r"\s*[0-9]+\s*")
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters for a message (attributes may be 1 MiB long)."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _clip(text: str) -> str:
+    return repr(_short(text))
 
 
 class _Refused(Exception):
@@ -66,8 +82,12 @@ class _Report:
         for f in FIELDS:
             if f in attrs:
                 if not _COUNT.fullmatch(attrs[f]):
-                    raise _Refused(f"{what} has {f}={attrs[f]!r}, not a whole number")
-                found[f] = int(attrs[f])
+                    raise _Refused(f"{what} has {f}={_clip(attrs[f])}, not a whole number")
+                try:
+                    found[f] = int(attrs[f])
+                except ValueError:  # more digits than int() converts (4300)
+                    digits = len(attrs[f].strip())
+                    raise _Refused(f"{what} has a {f} count of {digits} digits") from None
         return found
 
     def start(self, tag: str, attrs: dict[str, str]) -> None:
@@ -77,12 +97,14 @@ class _Report:
         self.elements.append(tag)
         if parent is None:
             if tag not in ("testsuites", "testsuite"):
-                raise _Refused(f"the root element is <{tag}>, not <testsuites> or <testsuite>")
+                raise _Refused(
+                    f"the root element is <{_short(tag)}>, not <testsuites> or <testsuite>"
+                )
             if tag == "testsuites":
                 self.totals = self._counts(attrs, "the root <testsuites>")
         if tag == "testsuite":
             name = attrs.get("name", "")
-            what = f"<testsuite name={name!r}>" if name else "a <testsuite>"
+            what = f"<testsuite name={_clip(name)}>" if name else "a <testsuite>"
             if self.suites:
                 self.suites[-1].grouping = True
             self.suites.append(_Suite(what, self._counts(attrs, what)))
@@ -127,9 +149,24 @@ def summarize(evidence: Path) -> dict[str, int]:
     parser.StartElementHandler = report.start
     parser.EndElementHandler = report.end
     try:
-        with evidence.open("rb") as fh:
+        fh = safefs.open_regular(evidence)
+    except safefs.UnsafePath as exc:
+        raise EvidenceParseError(f"{name} {exc.problem}") from exc
+    try:
+        with fh:
+            fed = 0
             while chunk := fh.read(_CHUNK):
                 parser.Parse(chunk, False)
+                fed += len(chunk)
+                # What expat holds unparsed is one unfinished piece of markup: past the cap,
+                # refuse it rather than re-scan it from its start on every chunk.
+                if fed - parser.CurrentByteIndex > MAX_TOKEN_BYTES:
+                    raise _Refused(
+                        f"one piece of markup (a tag with its attributes, a comment, a "
+                        f"processing instruction) starting at byte {parser.CurrentByteIndex} "
+                        f"is longer than {MAX_TOKEN_BYTES // (1024 * 1024)} MiB "
+                        f"({MAX_TOKEN_BYTES} bytes), the most this parser reads"
+                    )
             parser.Parse(b"", True)
     except _Refused as exc:
         raise EvidenceParseError(
@@ -137,6 +174,12 @@ def summarize(evidence: Path) -> dict[str, int]:
         ) from exc
     except expat.ExpatError as exc:
         raise EvidenceParseError(f"{name} is not well-formed XML: {exc}") from exc
+    except (LookupError, ValueError) as exc:  # UnicodeError is a ValueError
+        # The XML declaration names an encoding expat cannot use: unknown to Python
+        # (LookupError), not a text encoding, or a multi-byte one (ValueError).
+        raise EvidenceParseError(
+            f"{name} declares an encoding that cannot be read: {str(exc)[:120]}"
+        ) from exc
     if report.suite_count == 0:
         raise EvidenceParseError(f"{name}: looked for <testsuite> elements, found none")
     for f, total in (report.totals or {}).items():

@@ -1,0 +1,197 @@
+"""Opening files that a contract author or a job controls, without being led astray.
+
+Every path the runner reads below a folder it does not fully own (the contract's folder, a
+job's ``output/``) is walked one component at a time from an open folder descriptor: each
+folder with ``O_DIRECTORY | O_NOFOLLOW``, the last component with ``O_NOFOLLOW | O_NONBLOCK``
+and an ``fstat`` check that it is a regular file. So no symbolic link anywhere on the way is
+followed (not just the last component), a link swapped in after a check is refused by the
+kernel rather than by a racy test, and a FIFO or a device node is refused without blocking
+(opening a FIFO for reading with ``O_NONBLOCK`` returns at once). The folder at the base is
+trusted: it is the caller's choice, not the hostile party's.
+
+Callers turn :class:`UnsafePath` into their own category (an invalid contract for an input, a
+missing or unreadable piece of evidence for a job's file) with :attr:`UnsafePath.problem`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFDIR: "a folder",
+}
+
+
+class UnsafePath(Exception):
+    """``rel`` (below its base) cannot be opened as asked; ``problem`` says why, in words that
+    complete the sentence "<rel> ..." (``does not exist``, ``is a FIFO``, ...)."""
+
+    def __init__(self, rel: str, problem: str, *, missing: bool = False) -> None:
+        super().__init__(f"{rel} {problem}")
+        self.rel = rel
+        self.problem = problem
+        self.missing = missing
+        """True when nothing is there at all (as opposed to something of the wrong kind)."""
+
+
+def kind(mode: int) -> str:
+    """``a regular file``, ``a folder``, ``a FIFO``, ... for an ``st_mode``."""
+    return _KINDS.get(stat.S_IFMT(mode), "a regular file" if stat.S_ISREG(mode) else "special")
+
+
+def parts(rel: str) -> list[str]:
+    """The components of a relative POSIX path; ``.`` and empty ones dropped, ``..`` refused
+    (the contract models refuse it already; this is the last line)."""
+    out = [p for p in rel.split("/") if p not in ("", ".")]
+    if ".." in out or rel.startswith("/"):
+        raise UnsafePath(rel, "leaves its folder ('..' or an absolute path)")
+    return out
+
+
+def _problem(rel: str, where: str, exc: OSError) -> UnsafePath:
+    if exc.errno == errno.ENOENT:
+        return UnsafePath(rel, "does not exist", missing=True)
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        here = f" at {where!r}" if where and where != rel else ""
+        return UnsafePath(rel, f"passes through a symbolic link or a non-folder{here}")
+    return UnsafePath(rel, f"cannot be opened: {exc.strerror or exc}")
+
+
+@contextmanager
+def parent_fd(
+    base: Path, rel: str, on_folder: Callable[[str, os.stat_result], None] | None = None
+) -> Iterator[tuple[int, str]]:
+    """``(descriptor of the folder holding rel's last component, that component)``, every
+    folder on the way opened without following links (and shown to ``on_folder`` with its
+    path so far and ``fstat``). The descriptor is closed on exit."""
+    names = parts(rel)
+    if not names:
+        raise UnsafePath(rel or ".", "names the folder itself, not something in it")
+    fd = os.open(base, DIR_FLAGS & ~os.O_NOFOLLOW)
+    try:
+        done: list[str] = []
+        for name in names[:-1]:
+            done.append(name)
+            try:
+                nxt = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise _problem(rel, "/".join(done), exc) from None
+            os.close(fd)
+            fd = nxt
+            if on_folder is not None:
+                on_folder("/".join(done), os.fstat(fd))
+        yield fd, names[-1]
+    finally:
+        os.close(fd)
+
+
+def open_folder_at(dir_fd: int, name: str, rel: str) -> int:
+    """A descriptor of the folder ``name`` in ``dir_fd``, never through a link (one swapped
+    in since it was listed is refused)."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise _problem(rel, rel, exc) from None
+
+
+def lstat_under(base: Path, rel: str) -> os.stat_result:
+    """The ``lstat`` of ``base/rel`` reached without following any link on the way."""
+    with parent_fd(base, rel) as (fd, name):
+        try:
+            return os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError as exc:
+            raise _problem(rel, rel, exc) from None
+
+
+def open_at(dir_fd: int, name: str, rel: str, *, write: bool = False) -> int:
+    """A descriptor of the regular file ``name`` in ``dir_fd`` (for reading, or for writing
+    in place): never a link, never a FIFO or device (refused, without blocking), blocking
+    mode restored."""
+    flags = (_FILE_FLAGS & ~os.O_RDONLY) | os.O_WRONLY if write else _FILE_FLAGS
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(rel, "is a symbolic link") from None
+        raise _problem(rel, rel, exc) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(rel, f"is {kind(st.st_mode)}, not a regular file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_under(base: Path, rel: str) -> BinaryIO:
+    """``base/rel`` opened for reading: a regular file, no link anywhere below ``base``."""
+    with parent_fd(base, rel) as (fd, name):
+        return os.fdopen(open_at(fd, name, rel), "rb")
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for reading when its last component is a regular file (not a link, a
+    FIFO or a device). For files whose folders were already walked with :func:`open_under`
+    or :func:`lstat_under`; parsers open their evidence through it."""
+    parent = path.parent
+    fd = os.open(parent, DIR_FLAGS & ~os.O_NOFOLLOW)
+    try:
+        return os.fdopen(open_at(fd, path.name, path.name), "rb")
+    finally:
+        os.close(fd)
+
+
+def makedirs_under(base: Path, rel: str) -> None:
+    """Create the folder ``base/rel`` and its parents, never through a link: a component
+    that exists as anything but a real folder is refused (:class:`UnsafePath`)."""
+    fd = os.open(base, DIR_FLAGS & ~os.O_NOFOLLOW)
+    try:
+        for name in parts(rel):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=fd)
+            try:
+                nxt = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise _problem(rel, name, exc) from None
+            os.close(fd)
+            fd = nxt
+    finally:
+        os.close(fd)
+
+
+def read_named(path: Path, cap: int) -> bytes:
+    """The bytes of ``path``, a file the operator named (links in it are the operator's and
+    are followed), when it is a regular file of at most ``cap`` bytes: a FIFO or a device is
+    refused without blocking, and never more than ``cap`` bytes are read. Raises
+    :class:`UnsafePath` (``missing`` when there is nothing there) or OSError."""
+    try:
+        fd = os.open(path, _FILE_FLAGS & ~os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise UnsafePath(str(path), "does not exist", missing=True) from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(str(path), f"is {kind(st.st_mode)}, not a regular file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise UnsafePath(str(path), f"is larger than {cap:,} bytes")
+    return data
