@@ -10,7 +10,7 @@ Everything else is private and may change. The names are imported on first use, 
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from runner._version import __version__
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at start-up
 if TYPE_CHECKING:

@@ -563,12 +563,12 @@ def cmd_sign(args: argparse.Namespace) -> int:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    from runner.backends.docker import DockerBackend
+    from runner import backends
     from runner.contract import verify_data, with_digest
 
     path = Path(args.contract)
     data = _read_contract(path)
-    info = DockerBackend().inspect_image(args.image)
+    info = backends.default().inspect_image(args.image)
     if info is None:
         from runner.errors import ImageUnavailable
 
@@ -671,11 +671,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         state = "not running"
     container_state = None
     if in_flight is not None:
-        from runner.backends.docker import DockerBackend
+        from runner import backends
         from runner.errors import ContainerVanished
 
         try:
-            container_state = DockerBackend().state(in_flight.container_name).status
+            container_state = backends.default().state(in_flight.container_name).status
         except ContainerVanished:
             container_state = "gone"
     info: dict[str, Any] = {
@@ -787,12 +787,11 @@ def cmd_verify_result(args: argparse.Namespace) -> int:
 
 
 def cmd_image_load(args: argparse.Namespace) -> int:
-    from runner import images
-    from runner.backends.docker import DockerBackend
+    from runner import backends, images
 
     bundle = Path(args.bundle)
     ids = images.bundle_image_ids(bundle)
-    images.load_bundle(DockerBackend(), bundle, args.expect)
+    images.load_bundle(backends.default(), bundle, args.expect)
     if args.json:
         print(json.dumps({"bundle": str(bundle), "imageIds": ids}, indent=2))
     else:

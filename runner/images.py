@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from runner.backends.types import ImageInfo
 from runner.errors import ImageDigestMismatch, ImageUnavailable, PolicyViolation
 
 if TYPE_CHECKING:
@@ -40,18 +41,6 @@ class ImagePin:
     def lookup(self) -> str:
         """What to ask the engine for."""
         return self.reference
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    """What the engine says about a local image."""
-
-    id: str
-    repo_digests: tuple[str, ...]
-    repo_tags: tuple[str, ...]
-    architecture: str
-    os: str
-    size: int
 
 
 def repository_of(name: str) -> str:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from runner import (
-    __version__,
     agent_result,
     attest,
     container,
@@ -35,6 +34,7 @@ from runner import (
     safefs,
     staging,
 )
+from runner._version import __version__
 from runner.backends.base import Backend, ContainerState
 from runner.container import Outcome, Progress, Watch
 from runner.contract import Trust, VerifiedContract, load_contract
@@ -379,9 +379,9 @@ def _execute(
     with job_lock(job):
         r.job = job
         if backend is None:
-            from runner.backends.docker import DockerBackend
+            from runner import backends
 
-            backend = DockerBackend()
+            backend = backends.default()
         return _execute_locked(r, contract, p, job, backend, progress)
 
 

@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
+from runner.backends.types import GIB, MIB, Limits
 from runner.contract import VerifiedContract
 from runner.contract.models import JOB_ID_PATTERN
 from runner.errors import PolicyViolation, ProtocolAmbiguous
@@ -21,50 +22,12 @@ from runner.policy import HostPolicy, gpus_over_policy, isolation
 OVERRIDABLE = ("cpus", "memoryGb", "shmGb", "pidsLimit", "timeoutMinutes", "tmpfsMb")
 """Limits the host operator may tighten from the command line (``--limit KEY=VALUE``)."""
 
-GIB = 1024**3
-MIB = 1024**2
 JOB_UID = 10001
 """The uid jobs run as when the runner itself runs as root (the image's ``job`` user)."""
 
 # The job's stdout and stderr go straight to files under /job/output: no bytes pass through the
 # daemon or the runner, so capture costs nothing and memory stays bounded whatever the size.
 STREAM_WRAPPER = 'exec "$@" >"$RUNNER_STDOUT" 2>"$RUNNER_STDERR"'
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Caps applied to the container, exactly as passed to the engine."""
-
-    cpus: float
-    memory_bytes: int
-    memory_swap_bytes: int
-    shm_bytes: int
-    pids: int | None
-    """None under runsc: gVisor's processes are tasks inside its sandbox, not host processes,
-    and a host pids cap there kills the sandbox instead of failing forks; the memory cap
-    bounds them."""
-    tmpfs_bytes: int
-    gpus: int | Literal["none", "all"]
-    network: str
-    timeout_seconds: float
-    runtime: Literal["runc", "runsc"] = "runc"
-    disk_quota_bytes: int = 100 * GIB
-    log_limit_bytes: int = GIB
-    stop_on_log_limit: bool = False
-    read_only_rootfs: bool = True
-    cap_drop: tuple[str, ...] = ("ALL",)
-    security_opt: tuple[str, ...] = ("no-new-privileges",)
-    init: bool = True
-
-    def __post_init__(self) -> None:
-        """The last line: no cap reaches the engine as 0 (which it reads as "no cap")."""
-        caps = ("cpus", "memory_bytes", "memory_swap_bytes", "shm_bytes", "tmpfs_bytes")
-        for name in (*caps, "disk_quota_bytes", "log_limit_bytes", "timeout_seconds"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
-                raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
-        if self.pids is not None and self.pids < 1:
-            raise ValueError(f"Limits.pids must be at least 1 or None, got {self.pids!r}")
 
 
 @dataclass(frozen=True)

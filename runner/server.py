@@ -60,8 +60,7 @@ def warm_up() -> None:
     import ijson  # type: ignore[import-untyped]  # noqa: F401
     import platformdirs  # noqa: F401
 
-    from runner import attest, batch, evidence, orchestrator, plan, policy, sweeper  # noqa: F401
-    from runner.backends.docker import DockerBackend
+    from runner import attest, backends, batch, evidence, orchestrator, plan, policy, sweeper  # noqa: F401
     from runner.contract import load  # noqa: F401
     from runner.errors import RunnerError
     from runner.parsers import registry
@@ -70,7 +69,7 @@ def warm_up() -> None:
         with contextlib.suppress(RunnerError):  # a broken plug-in schema: its binding says so
             registry.compiled_validator(parser_id, version)
     with contextlib.suppress(RunnerError):  # an engine that is down: each command says so
-        DockerBackend().architecture()  # the engine's API version and host, asked once
+        backends.default().architecture()  # the engine's API version and host, asked once
     gc.freeze()
 
 

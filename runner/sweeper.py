@@ -50,9 +50,9 @@ def _verdict(c: ContainerSummary) -> tuple[bool, str]:
 
 def sweep(backend: Backend | None = None, *, dry_run: bool = False) -> dict[str, Any]:
     if backend is None:
-        from runner.backends.docker import DockerBackend
+        from runner import backends
 
-        backend = DockerBackend()
+        backend = backends.default()
     removed: list[dict[str, str]] = []
     kept: list[dict[str, str]] = []
     for c in backend.find({"org.runner.managed": "true"}):

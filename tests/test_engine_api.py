@@ -14,8 +14,8 @@ import pytest
 
 from runner.backends.base import ContainerSpec
 from runner.backends.docker import DockerBackend
+from runner.backends.types import Limits
 from runner.errors import ContainerVanished, EngineUnavailable
-from runner.plan import Limits
 from tests.conftest import SESSION_ID, SESSION_LABEL
 
 MIB = 1024 * 1024

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from runner import plan, policy
+from runner.backends.types import Limits
 from runner.contract import load_contract, with_digest
 from runner.errors import PolicyViolation, ProtocolAmbiguous
 from tests.test_contract import _toy
@@ -17,7 +18,7 @@ from tests.test_contract import _toy
 POLICY = policy.HostPolicy(acceptUnsigned=True).resolved()
 
 
-def _plan(tmp_path: Path, overrides: dict[str, float] | None = None, **env: Any) -> plan.Limits:
+def _plan(tmp_path: Path, overrides: dict[str, float] | None = None, **env: Any) -> Limits:
     data = _toy()
     data["environment"].update(env)
     path = tmp_path / "task.json"
@@ -72,10 +73,10 @@ def test_limits_never_hold_a_zero() -> None:
         "network": "none",
         "timeout_seconds": 60.0,
     }
-    plan.Limits(**good)
+    Limits(**good)
     for key in ("cpus", "memory_bytes", "shm_bytes", "tmpfs_bytes", "timeout_seconds", "pids"):
         with pytest.raises(ValueError, match=f"Limits.{key.split('_')[0]}"):
-            plan.Limits(**{**good, key: 0})
+            Limits(**{**good, key: 0})
 
 
 def _command(tmp_path: Path, argv: list[str], fragments: list[str]) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from runner.backends.base import ContainerSpec, ContainerState, ContainerSummary
+from runner.backends.types import ContainerSpec, ContainerState, ContainerSummary, ImageInfo
 from runner.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -37,7 +37,6 @@ from runner.errors import (
     ImageUnavailable,
     InfrastructureError,
 )
-from runner.images import ImageInfo
 
 if TYPE_CHECKING:
     import docker
