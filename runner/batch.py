@@ -30,6 +30,7 @@ from typing import Any
 
 from runner import orchestrator
 from runner.envelope import Failure
+from runner.errors import Category
 
 
 def _warm_up(options: orchestrator.RunOptions) -> None:
@@ -68,13 +69,15 @@ def _lost(path: Path, how: str) -> dict[str, Any]:
         f"the runner process for {path} {how} before writing an envelope (a runner bug or "
         "an outside kill); its job folder and ledger say what became of the job"
     )
-    failure = Failure(category="infrastructure", stage="container", retryable=True, reason=reason)
+    failure = Failure(
+        category=Category.INFRASTRUCTURE, stage="container", retryable=True, reason=reason
+    )
     return orchestrator.as_json(orchestrator.ended_early(failure))
 
 
 def _cancelled(path: Path) -> dict[str, Any]:
     reason = f"the batch was stopped before {path} started; nothing ran"
-    failure = Failure(category="cancelled", stage="contract", retryable=True, reason=reason)
+    failure = Failure(category=Category.CANCELLED, stage="contract", retryable=True, reason=reason)
     return orchestrator.as_json(orchestrator.ended_early(failure))
 
 

@@ -9,25 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Category = Literal[
-    "invalid_contract",
-    "signature_invalid",
-    "policy_violation",
-    "image_unavailable",
-    "image_digest_mismatch",
-    "protocol_ambiguous",
-    "nonzero_exit",
-    "oom",
-    "timeout",
-    "resource_exhausted",
-    "missing_evidence",
-    "parse_error",
-    "infrastructure",
-    "cancelled",
-    "gpu_unavailable",
-    "disk_quota_exceeded",
-    "log_limit_exceeded",
-]
+from runner.errors import Category
+
 Stage = Literal["contract", "policy", "plan", "stage", "image", "container", "parsers", "envelope"]
 
 
@@ -115,7 +98,7 @@ class MeasurementResult(_Model):
 
 class MeasurementError(_Model):
     measurementId: str
-    category: Literal["missing_evidence", "parse_error"]
+    category: Category = Field(description="missing_evidence or parse_error.")
     reason: str
 
 

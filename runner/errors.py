@@ -13,13 +13,12 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   ├── PolicyViolation          policy_violation: asks for what the host does not grant
     │   ├── ProtocolAmbiguous        protocol_ambiguous: no command, or a required fragment missing
     │   ├── ImageDigestMismatch      image_digest_mismatch: the local image is not the pinned one
-    │   ├── JobAlreadyFinished       the job id already ran to an end on this host
-    │   └── JobBusy                  another runner holds this job id right now (exit 4:
-    │                                its category is infrastructure; retry later)
+    │   └── JobAlreadyFinished       the job id already ran to an end on this host
     ├── ResourceExhausted            resource_exhausted: earlier attempts spent the budget (exit 1)
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
     ├── GpuUnavailable               gpu_unavailable: no GPU to give, and no CPU fallback  (exit 4)
     ├── InfrastructureError          infrastructure: the runner or the engine failed      (exit 4)
+    │   ├── JobBusy                  another runner holds this job id right now (retry later)
     │   ├── HostConfigError          the host's policy file or trusted keys are broken
     │   ├── EngineUnavailable        the Docker engine cannot be reached
     │   └── ContainerVanished        the job's container disappeared under us
@@ -29,15 +28,139 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
 
 Job outcomes that are not runner errors (non-zero exit, OOM, timeout) are not exceptions: the
 orchestrator classifies them from the container's final state.
+
+Every failure category, raised or classified, is a :class:`Category`: one table (``_TABLE``)
+says per category its exit family (and so the CLI's exit code), whether it ends the job
+(``final``: the same contract runs again only with ``--rerun``), whether running it again
+could help (``retryable``, the default for a failure of that category) and its documentation
+line. Every other table (refusals, exit codes, the batch's exit order, the envelope's schema,
+the README's tables) is derived from it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+
+
+class Family(Enum):
+    """How a run ended, as its exit code says. In precedence order: a batch exits with the
+    first family that any of its jobs ended in."""
+
+    CANCELLED = (130, "interrupted by Ctrl-C or SIGTERM: the container was stopped and removed, "
+                 "and an envelope written")  # fmt: skip
+    INFRASTRUCTURE = (4, "infrastructure: the runner, the engine or the host failed; the job is "
+                      "not to blame")  # fmt: skip
+    REFUSED = (3, "refused before anything ran")
+    JOB_FAILED = (1, "the job ran and failed (also `partial`), or its budget was already spent")
+    SUCCEEDED = (0, "the job succeeded: it exited 0 and every measurement was read")
+
+    def __init__(self, code: int, doc: str) -> None:
+        self.code = code
+        self.doc = doc
+
+    @property
+    def label(self) -> str:
+        """``succeeded``, ``job_failed``, ``refused``, ``infrastructure``, ``cancelled``."""
+        return self.name.lower()
+
+
+class Category(StrEnum):
+    """Why a job did not succeed. The values are the envelope's ``failure.category``."""
+
+    INVALID_CONTRACT = "invalid_contract"
+    SIGNATURE_INVALID = "signature_invalid"
+    POLICY_VIOLATION = "policy_violation"
+    PROTOCOL_AMBIGUOUS = "protocol_ambiguous"
+    IMAGE_DIGEST_MISMATCH = "image_digest_mismatch"
+    IMAGE_UNAVAILABLE = "image_unavailable"
+    GPU_UNAVAILABLE = "gpu_unavailable"
+    INFRASTRUCTURE = "infrastructure"
+    NONZERO_EXIT = "nonzero_exit"
+    OOM = "oom"
+    TIMEOUT = "timeout"
+    DISK_QUOTA_EXCEEDED = "disk_quota_exceeded"
+    LOG_LIMIT_EXCEEDED = "log_limit_exceeded"
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+    MISSING_EVIDENCE = "missing_evidence"
+    PARSE_ERROR = "parse_error"
+    CANCELLED = "cancelled"
+
+    @property
+    def family(self) -> Family:
+        return _TABLE[self].family
+
+    @property
+    def final(self) -> bool:
+        """An attempt that ends so ends the job: running the contract again needs --rerun."""
+        return _TABLE[self].final
+
+    @property
+    def retryable(self) -> bool:
+        """Whether running the same contract again could help (the default; an error may say
+        otherwise)."""
+        return _TABLE[self].retryable
+
+    @property
+    def doc(self) -> str:
+        return _TABLE[self].doc
+
+
+@dataclass(frozen=True)
+class _Row:
+    family: Family
+    final: bool
+    retryable: bool
+    doc: str
+
+
+_F = Family
+_TABLE: dict[Category, _Row] = {
+    Category.INVALID_CONTRACT: _Row(_F.REFUSED, False, False,
+        "the contract is malformed: JSON, schema, digest, paths, inputs"),
+    Category.SIGNATURE_INVALID: _Row(_F.REFUSED, False, False,
+        "unsigned where signing is required, a bad or untrusted signature, too few signers"),
+    Category.POLICY_VIOLATION: _Row(_F.REFUSED, False, False,
+        "the contract asks for what this host does not grant (limits, network, registries, "
+        "audience, validity, a --job-id of another contract)"),
+    Category.PROTOCOL_AMBIGUOUS: _Row(_F.REFUSED, False, False,
+        "no command, or a required command fragment missing"),
+    Category.IMAGE_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
+        "the image found is not the image the contract pins"),
+    Category.IMAGE_UNAVAILABLE: _Row(_F.INFRASTRUCTURE, False, True,
+        "the pinned image is not here and could not be pulled or loaded"),
+    Category.GPU_UNAVAILABLE: _Row(_F.INFRASTRUCTURE, False, True,
+        "no GPU to give (none, too few, busy, no driver) and no CPU fallback allowed"),
+    Category.INFRASTRUCTURE: _Row(_F.INFRASTRUCTURE, False, True,
+        "the runner, the engine or the host's configuration failed, or the container "
+        "vanished"),
+    Category.NONZERO_EXIT: _Row(_F.JOB_FAILED, True, False,
+        "the job exited non-zero; `exitCode` is its own code"),
+    Category.OOM: _Row(_F.JOB_FAILED, True, False,
+        "the job (or a process in it) was killed for exceeding its memory cap"),
+    Category.TIMEOUT: _Row(_F.JOB_FAILED, True, False,
+        "the job used its whole budget (over every attempt) and was stopped"),
+    Category.DISK_QUOTA_EXCEEDED: _Row(_F.JOB_FAILED, True, False,
+        "the job wrote more to output/ and workspace/ than its disk quota"),
+    Category.LOG_LIMIT_EXCEEDED: _Row(_F.JOB_FAILED, True, False,
+        "the job's stdout or stderr passed its cap under `logLimitAction: stop`"),
+    Category.RESOURCE_EXHAUSTED: _Row(_F.JOB_FAILED, False, False,
+        "earlier attempts spent the budget; nothing was started"),
+    Category.MISSING_EVIDENCE: _Row(_F.JOB_FAILED, False, False,
+        "the job exited 0 but a measurement's evidence file is absent"),
+    Category.PARSE_ERROR: _Row(_F.JOB_FAILED, False, False,
+        "the evidence is there but yields no valid value"),
+    Category.CANCELLED: _Row(_F.CANCELLED, False, True,
+        "the runner got Ctrl-C or SIGTERM and stopped the job; running it again continues "
+        "the budget"),
+}  # fmt: skip
+"""The one table of failure categories."""
 
 
 class RunnerError(Exception):
     """Base of every error the runner raises on purpose."""
 
-    category: str = "infrastructure"
+    category: Category = Category.INFRASTRUCTURE
     retryable: bool = False
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
@@ -54,7 +177,7 @@ class RunnerError(Exception):
 class RefusedError(RunnerError):
     """The contract or the host refused the job before anything ran."""
 
-    category = "policy_violation"  # subclasses name theirs; exit 3 either way (exit_family)
+    category = Category.POLICY_VIOLATION  # subclasses name theirs; exit 3 either way
 
 
 class ContractError(RefusedError):
@@ -63,7 +186,7 @@ class ContractError(RefusedError):
     ``path`` is the JSON path of the offending field (``$.environment.cpus``) when known.
     """
 
-    category = "invalid_contract"
+    category = Category.INVALID_CONTRACT
 
     def __init__(self, message: str, *, path: str | None = None, hint: str | None = None) -> None:
         super().__init__(f"{path}: {message}" if path else message, hint=hint)
@@ -77,64 +200,61 @@ class DigestMismatch(ContractError):
 class SignatureInvalid(RefusedError):
     """The DSSE envelope does not verify against this host's trusted keys and threshold."""
 
-    category = "signature_invalid"
+    category = Category.SIGNATURE_INVALID
 
 
 class PolicyViolation(RefusedError):
     """The contract asks for something the host policy does not allow."""
 
-    category = "policy_violation"
+    category = Category.POLICY_VIOLATION
 
 
 class ProtocolAmbiguous(RefusedError):
     """The command to run is missing or does not contain every required fragment."""
 
-    category = "protocol_ambiguous"
+    category = Category.PROTOCOL_AMBIGUOUS
 
 
 class ImageDigestMismatch(RefusedError):
     """The image found locally is not the image the contract pins."""
 
-    category = "image_digest_mismatch"
+    category = Category.IMAGE_DIGEST_MISMATCH
 
 
 class JobAlreadyFinished(RefusedError):
     """The job id already has a result envelope on this host; running it again needs intent."""
 
-    category = "policy_violation"
-
-
-class JobBusy(RefusedError):
-    """Another runner on this host is running the same job id."""
-
-    category = "infrastructure"
-    retryable = True
+    category = Category.POLICY_VIOLATION
 
 
 class ResourceExhausted(RunnerError):
     """The job's budget is already spent by earlier attempts; nothing is started."""
 
-    category = "resource_exhausted"
+    category = Category.RESOURCE_EXHAUSTED
 
 
 class GpuUnavailable(RunnerError):
     """The contract needs GPUs this host cannot give (none, too few, busy, or no driver), and
     it does not allow a CPU fallback."""
 
-    category = "gpu_unavailable"
+    category = Category.GPU_UNAVAILABLE
 
 
 class ImageUnavailable(RunnerError):
     """The pinned image is not here and could not be pulled or loaded."""
 
-    category = "image_unavailable"
+    category = Category.IMAGE_UNAVAILABLE
 
 
 class InfrastructureError(RunnerError):
     """The runner or the engine failed; the job itself is not to blame."""
 
-    category = "infrastructure"
+    category = Category.INFRASTRUCTURE
     retryable = True
+
+
+class JobBusy(InfrastructureError):
+    """Another runner on this host is running the same job id (retry later)."""
 
 
 class HostConfigError(InfrastructureError):
@@ -158,35 +278,29 @@ class EvidenceError(RunnerError):
 class MissingEvidence(EvidenceError):
     """The evidence file a measurement names does not exist."""
 
-    category = "missing_evidence"
+    category = Category.MISSING_EVIDENCE
 
 
 class EvidenceParseError(EvidenceError):
     """The evidence file exists but the parser could not extract a valid value."""
 
-    category = "parse_error"
+    category = Category.PARSE_ERROR
 
 
-REFUSALS = {
-    "invalid_contract",
-    "signature_invalid",
-    "policy_violation",
-    "protocol_ambiguous",
-    "image_digest_mismatch",
-}
+REFUSALS = frozenset(c for c in Category if c.family is Family.REFUSED)
 """Categories meaning nothing ran because the contract or the host said no (exit 3)."""
+
+FINAL = frozenset(c for c in Category if c.final)
+"""Categories whose attempt ends the job (besides success)."""
 
 
 def exit_family(category: str | None) -> str:
     """The exit-code family of a failure category (None: no failure): ``succeeded``,
     ``job_failed``, ``refused``, ``infrastructure`` or ``cancelled``. One mapping for the
     envelope's exit code and for errors raised outside a run."""
-    if category is None:
-        return "succeeded"
-    if category in REFUSALS:
-        return "refused"
-    if category in {"infrastructure", "image_unavailable", "gpu_unavailable"}:
-        return "infrastructure"
-    if category == "cancelled":
-        return "cancelled"
-    return "job_failed"
+    return family_of(category).label
+
+
+def family_of(category: str | None) -> Family:
+    """The :class:`Family` of a failure category (None: no failure)."""
+    return Family.SUCCEEDED if category is None else Category(category).family

@@ -90,9 +90,7 @@ def read_measurements(
             errors.append(
                 MeasurementError(
                     measurementId=m.measurementId,
-                    category="missing_evidence"
-                    if isinstance(exc, MissingEvidence)
-                    else "parse_error",
+                    category=exc.category,
                     reason=reason,
                 )
             )

@@ -57,6 +57,7 @@ from runner.envelope import (
     Timings,
 )
 from runner.errors import (
+    Category,
     ContainerVanished,
     GpuUnavailable,
     JobAlreadyFinished,
@@ -251,7 +252,7 @@ def _signature_record(c: VerifiedContract) -> SignatureRecord:
 
 def _failure(stage: Stage, exc: RunnerError) -> Failure:
     return Failure(
-        category=exc.category,  # type: ignore[arg-type]
+        category=exc.category,
         stage=stage,
         retryable=exc.retryable,
         reason=str(exc),
@@ -285,10 +286,12 @@ def _classify(outcome: Outcome, budget_seconds: float) -> Failure | None:
     st = outcome.state
     if outcome.cancelled:
         reason = "the runner was interrupted (Ctrl-C or SIGTERM) and stopped the job"
-        return Failure(category="cancelled", stage="container", retryable=True, reason=reason)
+        return Failure(
+            category=Category.CANCELLED, stage="container", retryable=True, reason=reason
+        )
     if outcome.stopped_for == "disk_quota_exceeded":
         return Failure(
-            category="disk_quota_exceeded",
+            category=Category.DISK_QUOTA_EXCEEDED,
             stage="container",
             retryable=False,
             reason="the job wrote more to output/ and workspace/ than its disk quota allows and "
@@ -296,7 +299,7 @@ def _classify(outcome: Outcome, budget_seconds: float) -> Failure | None:
         )
     if outcome.stopped_for == "log_limit_exceeded":
         return Failure(
-            category="log_limit_exceeded",
+            category=Category.LOG_LIMIT_EXCEEDED,
             stage="container",
             retryable=False,
             reason="the job wrote more to stdout or stderr than the cap allows and this host "
@@ -304,7 +307,7 @@ def _classify(outcome: Outcome, budget_seconds: float) -> Failure | None:
         )
     if outcome.timed_out:
         return Failure(
-            category="timeout",
+            category=Category.TIMEOUT,
             stage="container",
             retryable=False,
             reason=f"the job used its whole budget ({budget_seconds:.1f} s over every attempt) "
@@ -312,7 +315,7 @@ def _classify(outcome: Outcome, budget_seconds: float) -> Failure | None:
         )
     if st.oom_killed:
         return Failure(
-            category="oom",
+            category=Category.OOM,
             stage="container",
             retryable=False,
             reason=f"the job (or a process in it) was killed for exceeding its memory cap "
@@ -320,14 +323,14 @@ def _classify(outcome: Outcome, budget_seconds: float) -> Failure | None:
         )
     if st.error:
         return Failure(
-            category="infrastructure",
+            category=Category.INFRASTRUCTURE,
             stage="container",
             retryable=True,
             reason=f"the engine reported: {st.error}",
         )
     if st.exit_code != 0:
         return Failure(
-            category="nonzero_exit",
+            category=Category.NONZERO_EXIT,
             stage="container",
             retryable=False,
             reason=f"the job exited with code {st.exit_code}; see its stderr",
@@ -390,14 +393,7 @@ _NO_NEW_ATTEMPT = (
     "starts under an expired contract"
 )
 
-FINAL = {
-    "succeeded",
-    "nonzero_exit",
-    "oom",
-    "timeout",
-    "disk_quota_exceeded",
-    "log_limit_exceeded",
-}
+FINAL = {"succeeded", *errors.FINAL}
 """Attempt classifications that end the job; after the others (cancelled, interrupted,
 infrastructure) the same contract may simply be run again and continues the budget."""
 
@@ -899,12 +895,12 @@ def run(
             f"{type(exc).__name__}: {exc} (a runner bug; the job is not to blame)"
         )
         envelope = r.envelope(
-            Failure(category="infrastructure", stage=r.stage, retryable=False, reason=reason)
+            Failure(category=Category.INFRASTRUCTURE, stage=r.stage, retryable=False, reason=reason)
         )
     except KeyboardInterrupt:
         reason = f"the runner was interrupted during the {r.stage} stage"
         envelope = r.envelope(
-            Failure(category="cancelled", stage=r.stage, retryable=True, reason=reason)
+            Failure(category=Category.CANCELLED, stage=r.stage, retryable=True, reason=reason)
         )
     if r.job is not None and not r.written:
         write_envelope(r.job, envelope)

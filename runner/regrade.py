@@ -15,7 +15,7 @@ from pathlib import Path
 from runner import agent_result, attest, evidence, staging
 from runner.contract import parse_json, verify_data
 from runner.envelope import Failure, Regrade, ResultEnvelope
-from runner.errors import RefusedError
+from runner.errors import Category, RefusedError
 from runner.parsers import registry
 from runner.safefs import UnsafePath
 
@@ -23,7 +23,7 @@ from runner.safefs import UnsafePath
 class EvidenceChanged(RefusedError):
     """The stored evidence no longer hashes to what the envelope recorded."""
 
-    category = "parse_error"
+    category = Category.PARSE_ERROR
 
 
 def _version_key(version: str) -> tuple[int, str]:

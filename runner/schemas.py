@@ -1,5 +1,6 @@
 """Generate the JSON Schemas in ``contracts/`` from the pydantic models, and the README's
-parser catalog from the parser registry.
+generated tables: the parser catalog from the parser registry, the envelope's fields from its
+model, the exit codes and failure categories from the category table (``runner.errors``).
 
 ``python -m runner.schemas`` rewrites them; ``python -m runner.schemas --check`` exits 1 when a
 checked-in file differs (the test suite runs the check).
@@ -66,11 +67,40 @@ def parser_catalog_markdown() -> str:
     return "\n".join(out)
 
 
+def exit_codes_markdown() -> str:
+    """The README's exit-code table, from the category table (runner.errors)."""
+    from runner.errors import Category, Family
+
+    rows = ["| code | meaning |", "|---|---|"]
+    usage = (2, "the command line was wrong")
+    for code, doc in sorted([*((f.code, f.doc) for f in Family), usage]):
+        cats = [f"`{c.value}`" for c in Category if c.family.code == code]
+        rows.append(f"| {code} | {doc}" + (f": {', '.join(cats)}" if cats else "") + " |")
+    return "\n".join(rows) + "\n"
+
+
+def categories_markdown() -> str:
+    """The README's table of failure categories, from the category table (runner.errors)."""
+    from runner.errors import Category
+
+    rows = [
+        "| category | exit | ends the job | retryable | when |",
+        "|---|---|---|---|---|",
+    ]
+    for c in Category:
+        final = "yes" if c.final else "no"
+        retry = "yes" if c.retryable else "no"
+        rows.append(f"| `{c.value}` | {c.family.code} | {final} | {retry} | {c.doc} |")
+    return "\n".join(rows) + "\n"
+
+
 def readme_with_blocks(text: str) -> str:
     """README text with every generated block (between its markers) brought up to date."""
     blocks: dict[str, Callable[[], str]] = {
         "parser-catalog": parser_catalog_markdown,
         "envelope-fields": envelope_fields_markdown,
+        "exit-codes": exit_codes_markdown,
+        "categories": categories_markdown,
     }
     for name, render in blocks.items():
         begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
@@ -120,7 +150,9 @@ def main(argv: list[str]) -> int:
     readme = README.read_text()
     wanted = readme_with_blocks(readme)
     if check and wanted != readme:
-        stale.append("README.md generated blocks (parser catalog, envelope fields)")
+        stale.append(
+            "README.md generated blocks (parser catalog, envelope fields, exit codes, categories)"
+        )
     elif not check and wanted != readme:
         README.write_text(wanted)
     if stale:

@@ -1,0 +1,52 @@
+"""The one table of failure categories (runner.errors): every other table derives from it."""
+
+from __future__ import annotations
+
+import runner.errors as errors_module
+from runner.envelope import Failure
+from runner.errors import FINAL, REFUSALS, Category, Family, RunnerError, exit_family
+
+
+def _error_classes() -> list[type[RunnerError]]:
+    found: list[type[RunnerError]] = []
+    todo: list[type[RunnerError]] = [RunnerError]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def test_every_error_class_names_a_category_of_the_table() -> None:
+    for cls in _error_classes():
+        assert isinstance(cls.category, Category), cls
+
+
+def test_families_and_exit_codes() -> None:
+    assert [f.code for f in Family] == [130, 4, 3, 1, 0]  # also the batch's precedence
+    assert {c for c in Category if exit_family(c) == "refused"} == REFUSALS
+    assert exit_family(None) == "succeeded"
+    assert exit_family("timeout") == "job_failed"
+    assert exit_family(Category.GPU_UNAVAILABLE) == "infrastructure"
+
+
+def test_job_busy_is_infrastructure_not_a_refusal() -> None:
+    assert issubclass(errors_module.JobBusy, errors_module.InfrastructureError)
+    assert not issubclass(errors_module.JobBusy, errors_module.RefusedError)
+    assert errors_module.JobBusy("x").category.family is Family.INFRASTRUCTURE
+
+
+def test_final_categories_are_the_attempt_endings() -> None:
+    assert {c.value for c in FINAL} == {
+        "nonzero_exit",
+        "oom",
+        "timeout",
+        "disk_quota_exceeded",
+        "log_limit_exceeded",
+    }
+
+
+def test_the_envelope_takes_exactly_the_table() -> None:
+    schema = Failure.model_json_schema()
+    enum = schema["$defs"]["Category"]["enum"]
+    assert enum == [c.value for c in Category]
