@@ -455,19 +455,7 @@ class DockerBackend:
         data: dict[str, Any] = self._container_call(
             "GET", container_id, "/json", "inspecting the job container"
         )
-        st: dict[str, Any] = data.get("State") or {}
-        running = bool(st.get("Running"))
-        return ContainerState(
-            status=str(st.get("Status", "")),
-            running=running,
-            exit_code=None if running else int(st.get("ExitCode", -1)),
-            oom_killed=bool(st.get("OOMKilled")),
-            error=str(st.get("Error") or ""),
-            started_at=st.get("StartedAt"),
-            finished_at=st.get("FinishedAt"),
-            raw=st,
-            id=str(data.get("Id", "")),
-        )
+        return ContainerState.from_engine(data.get("State") or {}, str(data.get("Id", "")))
 
     def save_logs(self, container_id: str, dest: Path, max_bytes: int) -> int:
         pieces: list[bytes] = []

@@ -133,6 +133,22 @@ class ContainerState:
     id: str = ""
     """The container's id (empty when the state was read back from the ledger)."""
 
+    @staticmethod
+    def from_engine(raw: dict[str, Any], container_id: str = "") -> ContainerState:
+        """From the engine's ``State`` object (``docker inspect``'s ``.State``)."""
+        running = bool(raw.get("Running"))
+        return ContainerState(
+            status=str(raw.get("Status", "")),
+            running=running,
+            exit_code=None if running else int(raw.get("ExitCode", -1)),
+            oom_killed=bool(raw.get("OOMKilled")),
+            error=str(raw.get("Error") or ""),
+            started_at=raw.get("StartedAt"),
+            finished_at=raw.get("FinishedAt"),
+            raw=raw,
+            id=container_id,
+        )
+
 
 @dataclass(frozen=True)
 class ContainerSummary:

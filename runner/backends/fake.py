@@ -1,0 +1,262 @@
+"""An in-memory backend for tests of the runner's own logic: no engine, no container.
+
+It implements :class:`~runner.backends.base.Backend` the way the Docker engine behaves as far
+as the runner can tell (the same states, the same errors), and is scripted per container with
+a :class:`FakeJob`: how long it runs, its exit code, whether it was OOM-killed, ignores SIGTERM,
+vanishes, fails to start, and what it writes into its mounted folders (its "work", done at
+start). Engine failures are scripted per call with ``fail``. Time is real (a fake container
+runs for ``seconds`` of wall time), so tests keep budgets and ticks short.
+
+Shipped beside the real backend, as httpx ships its MockTransport: the fake is part of the
+seam, and anyone testing code above it can use it. Tests that touch real containers use the
+real engine; this fake replaces none of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from runner.backends.types import ContainerSpec, ContainerState, ContainerSummary, ImageInfo
+from runner.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
+
+
+@dataclass(frozen=True)
+class FakeJob:
+    """What one fake container does once started."""
+
+    exit_code: int = 0
+    seconds: float = 0.0
+    """How long it runs before it exits by itself (``float('inf')``: until stopped)."""
+    oom_killed: bool = False
+    """It ends with exit code 137 and ``OOMKilled`` true."""
+    ignores_sigterm: bool = False
+    """A stop ends it with SIGKILL (137) after the grace, not SIGTERM (143)."""
+    vanish_after: float | None = None
+    """Seconds after its start when it disappears, as if someone removed it."""
+    start_error: str | None = None
+    """The engine refuses to start it with this message (its State.Error)."""
+    work: Callable[[dict[str, Path]], None] | None = None
+    """Called at start with ``{container path: host folder}`` of its mounts: what it writes."""
+
+
+def _iso(when: datetime | None) -> str:
+    if when is None:
+        return "0001-01-01T00:00:00Z"
+    return when.isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class _Container:
+    id: str
+    spec: ContainerSpec
+    job: FakeJob
+    status: str = "created"
+    exit_code: int = 0
+    oom_killed: bool = False
+    error: str = ""
+    started: float | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    def advance(self, now: float) -> None:
+        """Bring the state up to ``now``: a running job whose time is up has exited."""
+        started = self.started
+        if self.status == "running" and started is not None and now - started >= self.job.seconds:
+            self.end(137 if self.job.oom_killed else self.job.exit_code)
+            self.oom_killed = self.job.oom_killed
+
+    def end(self, code: int) -> None:
+        self.status, self.exit_code = "exited", code
+        self.finished_at = datetime.now(UTC)
+
+    def state(self) -> ContainerState:
+        raw = {
+            "Status": self.status,
+            "Running": self.status == "running",
+            "OOMKilled": self.oom_killed,
+            "ExitCode": self.exit_code,
+            "Error": self.error,
+            "StartedAt": _iso(self.started_at),
+            "FinishedAt": _iso(self.finished_at),
+        }
+        return ContainerState.from_engine(raw, self.id)
+
+
+@dataclass
+class FakeBackend:
+    """A scripted engine. ``jobs`` says what each container does (one :class:`FakeJob` for all,
+    or a function of the container's spec); ``fail`` makes a call raise (method name → the
+    error, or a function of the call's first argument returning an error or None)."""
+
+    jobs: FakeJob | Callable[[ContainerSpec], FakeJob] = field(default_factory=FakeJob)
+    fail: dict[str, RunnerError | Callable[[Any], RunnerError | None]] = field(default_factory=dict)
+    images: dict[str, ImageInfo] = field(default_factory=dict)
+    pullable: dict[str, ImageInfo] = field(default_factory=dict)
+    """References a pull finds, and the image each brings."""
+    gpus: bool = False
+    installed_runtimes: tuple[str, ...] = ("runc", "runsc")
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    """Every call made, as ``(method, first argument)``: for assertions."""
+    frozen: bool = False
+    """The calling runner has died (a test simulating kill -9): stop, kill and remove reach
+    no engine, so its containers stay as a dead runner leaves them."""
+    containers: dict[str, _Container] = field(default_factory=dict)
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    # ------------------------------------------------------------------ helpers for tests
+
+    def add_image(self, tag: str = "fake:latest", *, content: str = "fake") -> ImageInfo:
+        """A local image; its id is derived from ``content``."""
+        image_id = "sha256:" + hashlib.sha256(content.encode()).hexdigest()
+        info = ImageInfo(image_id, (), (tag,), "x86_64", "linux", 1234)
+        self.images[image_id] = info
+        return info
+
+    def running(self) -> list[str]:
+        now = time.monotonic()
+        for c in self.containers.values():
+            c.advance(now)
+        return [c.spec.name for c in self.containers.values() if c.status == "running"]
+
+    # ------------------------------------------------------------------ internals
+
+    def _call(self, method: str, arg: Any = "") -> None:
+        self.calls.append((method, str(arg)))
+        failure = self.fail.get(method)
+        error = failure(arg) if callable(failure) else failure
+        if error is not None:
+            raise error
+
+    def _get(self, ref: str) -> _Container:
+        now = time.monotonic()
+        for c in list(self.containers.values()):
+            if ref in (c.id, c.spec.name):
+                gone = c.job.vanish_after
+                if gone is not None and c.started is not None and now - c.started >= gone:
+                    del self.containers[c.id]
+                    break
+                c.advance(now)
+                return c
+        raise ContainerVanished(f"container {ref} is gone (fake engine)")
+
+    # ------------------------------------------------------------------ Backend
+
+    def ping(self) -> None:
+        self._call("ping")
+
+    def inspect_image(self, reference: str) -> ImageInfo | None:
+        self._call("inspect_image", reference)
+        for info in self.images.values():
+            if reference == info.id or reference in info.repo_tags + info.repo_digests:
+                return info
+        return None
+
+    def pull(
+        self,
+        reference: str,
+        auth: dict[str, str] | None,
+        on_progress: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self._call("pull", reference)
+        info = self.pullable.get(reference)
+        if info is None:
+            raise ImageUnavailable(f"pulling {reference}: not found (fake registry)")
+        on_progress({"status": "Downloaded newer image", "id": info.id})
+        digest = reference.partition("@")[2]
+        self.images[info.id] = ImageInfo(
+            info.id, (reference,) if digest else (), info.repo_tags, "x86_64", "linux", info.size
+        )
+
+    def load(self, bundle: Path) -> None:
+        self._call("load", bundle)
+        raise ImageUnavailable(f"the fake engine loads no bundles ({bundle})")
+
+    def runtimes(self) -> list[str]:
+        self._call("runtimes")
+        return list(self.installed_runtimes)
+
+    def gpu_capable(self) -> bool:
+        return self.gpus
+
+    def architecture(self) -> str:
+        return "x86_64"
+
+    def create(self, spec: ContainerSpec) -> str:
+        self._call("create", spec.name)
+        if any(c.spec.name == spec.name for c in self.containers.values()):
+            raise InfrastructureError(f"creating {spec.name}: the name is in use (fake engine)")
+        cid = hashlib.sha256(f"{spec.name}-{next(self._ids)}".encode()).hexdigest()
+        job = self.jobs(spec) if callable(self.jobs) else self.jobs
+        self.containers[cid] = _Container(cid, spec, job)
+        return cid
+
+    def start(self, container_id: str) -> None:
+        self._call("start", container_id)
+        c = self._get(container_id)
+        if c.job.start_error is not None:
+            c.error, c.exit_code = c.job.start_error, 127
+            raise InfrastructureError(f"starting the job container: {c.job.start_error}")
+        c.status, c.started, c.started_at = "running", time.monotonic(), datetime.now(UTC)
+        if c.job.work is not None:
+            c.job.work({m.target: m.source for m in c.spec.mounts})
+
+    def wait(self, container_id: str, timeout: float) -> int | None:
+        self._call("wait", container_id)
+        c = self._get(container_id)
+        if c.status == "running" and c.started is not None:
+            left = c.job.seconds - (time.monotonic() - c.started)
+            vanish = c.job.vanish_after
+            if vanish is not None:
+                left = min(left, vanish - (time.monotonic() - c.started))
+            time.sleep(max(min(left, timeout), 0.0))
+            c = self._get(container_id)
+        return None if c.status == "running" else c.exit_code
+
+    def stop(self, container_id: str, grace: float) -> None:
+        self._call("stop", container_id)
+        if self.frozen:
+            return
+        c = self._get(container_id)
+        if c.status == "running":
+            c.end(137 if c.job.ignores_sigterm else 143)
+
+    def kill(self, container_id: str) -> None:
+        self._call("kill", container_id)
+        if self.frozen:
+            return
+        c = self._get(container_id)
+        if c.status == "running":
+            c.end(137)
+
+    def state(self, container_id: str) -> ContainerState:
+        self._call("state", container_id)
+        return self._get(container_id).state()
+
+    def save_logs(self, container_id: str, dest: Path, max_bytes: int) -> int:
+        self._call("save_logs", container_id)
+        self._get(container_id)
+        dest.write_bytes(b"")
+        return 0
+
+    def remove(self, container_id: str) -> None:
+        self._call("remove", container_id)
+        if self.frozen:
+            return
+        for c in list(self.containers.values()):
+            if container_id in (c.id, c.spec.name):
+                del self.containers[c.id]
+
+    def find(self, labels: dict[str, str]) -> list[ContainerSummary]:
+        self._call("find", labels)
+        return [
+            ContainerSummary(c.id, c.spec.name, c.status, dict(c.spec.labels))
+            for c in self.containers.values()
+            if all(c.spec.labels.get(k) == v for k, v in labels.items())
+        ]
