@@ -20,11 +20,12 @@ if TYPE_CHECKING:
     from runner.contract import VerifiedContract
     from runner.envelope import ResultEnvelope
     from runner.errors import RunnerError
-    from runner.orchestrator import RunOptions, run
+    from runner.options import RunOptions
+    from runner.orchestrator import run
 
 _LAZY = {
     "ResultEnvelope": "runner.envelope",
-    "RunOptions": "runner.orchestrator",
+    "RunOptions": "runner.options",
     "RunnerError": "runner.errors",
     "VerifiedContract": "runner.contract",
     "run": "runner.orchestrator",

@@ -5,12 +5,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from runner.errors import Category
 
+if TYPE_CHECKING:
+    from runner.container import Outcome
+    from runner.contract import VerifiedContract
+    from runner.plan import ExecutionPlan
+
+Status = Literal["succeeded", "failed", "partial"]
 Stage = Literal["contract", "policy", "plan", "stage", "image", "container", "parsers", "envelope"]
 
 
@@ -211,7 +219,7 @@ class ResultEnvelope(_Model):
     jobId: str | None = Field(description="The job; null when refused before it had one.")
     contractName: str | None = Field(default=None, description="The contract's `name`.")
     contractDigest: str | None = Field(description="sha256 (RFC 8785) of the contract that ran.")
-    status: Literal["succeeded", "failed", "partial"] = Field(
+    status: Status = Field(
         description="partial: the job exited 0 and some, not all, measurements were read."
     )
     failure: Failure | None = Field(
@@ -266,4 +274,116 @@ class ResultEnvelope(_Model):
     )
     stderrPath: str | None = Field(
         default=None, description="The job's stderr file, relative to the output folder."
+    )
+
+
+def applied_limits(p: ExecutionPlan) -> AppliedLimits:
+    """The plan's caps as the envelope records them."""
+    lim = p.limits
+    return AppliedLimits(
+        cpus=lim.cpus,
+        memoryBytes=lim.memory_bytes,
+        memorySwapBytes=lim.memory_swap_bytes,
+        shmBytes=lim.shm_bytes,
+        pidsLimit=lim.pids,
+        tmpfsBytes=lim.tmpfs_bytes,
+        gpus=lim.gpus,
+        network=lim.network,
+        timeoutSeconds=lim.timeout_seconds,
+        readOnlyRootfs=lim.read_only_rootfs,
+        capDrop=list(lim.cap_drop),
+        securityOpt=list(lim.security_opt),
+        init=lim.init,
+        user=p.user,
+        runtime=lim.runtime,
+        diskQuotaBytes=lim.disk_quota_bytes,
+        logLimitBytes=lim.log_limit_bytes,
+        logLimitAction="stop" if lim.stop_on_log_limit else "truncate",
+    )
+
+
+def signature_record(c: VerifiedContract) -> SignatureRecord:
+    m = c.model
+    return SignatureRecord(
+        status="verified" if c.signature else "none",
+        keyIds=list(c.signature.keyids) if c.signature else [],
+        payloadType=c.signature.payload_type if c.signature else None,
+        issuedAt=m.issuedAt.isoformat() if m.issuedAt else None,
+        expiresAt=m.expiresAt.isoformat() if m.expiresAt else None,
+        audience=m.audience,
+    )
+
+
+def build(
+    *,
+    started_at: str,
+    finished_at: str,
+    total_seconds: float,
+    policy: PolicyRecord | None,
+    failure: Failure | None,
+    status: Status | None = None,
+    contract: VerifiedContract | None = None,
+    plan: ExecutionPlan | None = None,
+    job_dir: Path | None = None,
+    image: ImageRecord | None = None,
+    outcome: Outcome | None = None,
+    gpus: Sequence[GpuRecord] = (),
+    gpu_fallback: str | None = None,
+    seconds: Mapping[str, float] | None = None,
+    warnings: Sequence[str] = (),
+    budget: BudgetRecord | None = None,
+    logs: Sequence[FileRef] = (),
+    disk: DiskRecord | None = None,
+    agent_result: AgentResultRecord | None = None,
+    measurements: Sequence[MeasurementResult] = (),
+    errors: Sequence[MeasurementError] = (),
+) -> ResultEnvelope:
+    """The envelope of a run, a pure function of what the run produced (any of it may be
+    missing: a run refused at the contract has no plan, no job folder, no container)."""
+    from runner._version import __version__
+
+    o, p, c = outcome, plan, contract
+    seconds = seconds or {}
+    return ResultEnvelope(
+        runnerVersion=__version__,
+        jobId=p.job_id if p else None,
+        contractName=c.model.name if c else None,
+        contractDigest=c.digest if c else None,
+        status=status or ("failed" if failure else "succeeded"),
+        failure=failure,
+        exitCode=o.state.exit_code if o else None,
+        image=image,
+        measurements=list(measurements),
+        measurementErrors=list(errors),
+        limits=applied_limits(p) if p else None,
+        container=ContainerRecord(
+            id=o.container_id,
+            name=o.name,
+            oomKilled=o.state.oom_killed,
+            stoppedByRunner=o.timed_out or o.cancelled,
+        )
+        if o
+        else None,
+        timings=Timings(
+            startedAt=started_at,
+            finishedAt=finished_at,
+            totalSeconds=total_seconds,
+            stageSeconds=seconds.get("stage"),
+            imageSeconds=seconds.get("image"),
+            runSeconds=o.run_seconds if o else None,
+            containerStartedAt=o.state.started_at if o else None,
+            containerFinishedAt=o.state.finished_at if o else None,
+        ),
+        signature=signature_record(c) if c else None,
+        policy=policy,
+        warnings=list(warnings),
+        budget=budget,
+        gpus=list(gpus),
+        logs=list(logs),
+        disk=disk,
+        agentResult=agent_result,
+        gpuFallback=gpu_fallback,
+        jobDir=str(job_dir) if job_dir else None,
+        stdoutPath=p.stdout_path if p else None,
+        stderrPath=p.stderr_path if p else None,
     )

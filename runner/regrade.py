@@ -44,10 +44,8 @@ def regrade(
     max_result_bytes: int = 1024 * 1024,
 ) -> ResultEnvelope:
     """Re-read the job's evidence into a new envelope revision (under the job's lock)."""
-    from runner.orchestrator import job_lock
-
     job = staging.JobDir(job_root)
-    with job_lock(job):
+    with job.locked():
         return _regrade(
             job,
             latest=latest,

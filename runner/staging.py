@@ -14,19 +14,22 @@ Layout of ``<state>/jobs/<job id>/``::
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import stat
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from runner import safefs
 from runner.contract import VerifiedContract
-from runner.errors import ContractError, PolicyViolation
+from runner.errors import ContractError, JobBusy, PolicyViolation
 
 CHUNK = 1024 * 1024
 
@@ -58,6 +61,56 @@ class JobDir:
     @property
     def envelope(self) -> Path:
         return self.root / "result.json"
+
+    @property
+    def ledger(self) -> Path:
+        """``record/ledger.jsonl``: the job's budget ledger."""
+        return self.record / "ledger.jsonl"
+
+    @property
+    def lock(self) -> Path:
+        """``record/lock``: held (``flock``) by the one runner running the job."""
+        return self.record / "lock"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """One runner per job directory at a time: a second is refused, never run beside it."""
+        handle = self.lock.open("a+")
+        try:
+            # Onlookers (runner cleanup, the GPU allocator) probe the lock for an instant:
+            # wait out such a probe rather than mistake it for another runner.
+            for _ in range(20):
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    time.sleep(0.1)
+            else:
+                raise JobBusy(
+                    f"job {self.root.name} is being run by another runner on this host right now",
+                    hint="wait for it to finish, or give this run another --job-id",
+                )
+            yield
+        finally:
+            handle.close()
+
+
+@dataclass(frozen=True)
+class StateDir:
+    """The runner's state folder: ``jobs/<job id>/`` and ``gpu-locks/``."""
+
+    root: Path
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    def job(self, job_id: str) -> JobDir:
+        return JobDir(self.jobs / job_id)
+
+    @property
+    def gpu_locks(self) -> Path:
+        return self.root / "gpu-locks"
 
 
 @dataclass(frozen=True)

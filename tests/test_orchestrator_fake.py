@@ -20,10 +20,12 @@ import pytest
 from runner import orchestrator, policy
 from runner.backends.fake import FakeBackend, FakeJob
 from runner.backends.types import ContainerState, ImageInfo
+from runner.container import Outcome
 from runner.contract import Trust, with_digest
 from runner.errors import Category
 from runner.gpus import Gpu
 from runner.ledger import read_state
+from runner.outcome import classify
 from tests.conftest import TOY
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engine-states"
@@ -237,8 +239,8 @@ def test_classification_of_captured_engine_states(fixture: str, category: str | 
     """States captured from the real engine (`docker inspect`), classified as the runner does
     when it did not stop the container itself."""
     raw = json.loads((FIXTURES / fixture).read_text())
-    outcome = orchestrator.Outcome(ContainerState.from_engine(raw), "id", "name", 1.0, False, False)
-    failure = orchestrator._classify(outcome, 60.0)
+    outcome = Outcome(ContainerState.from_engine(raw), "id", "name", 1.0, False, False)
+    failure = classify(outcome, 60.0)
     assert (failure.category if failure else None) == category
 
 
@@ -247,12 +249,12 @@ def test_stops_by_the_runner_win_over_the_engine_state() -> None:
     runner knows why it stopped it, and a quota it found broken comes first."""
     raw = json.loads((FIXTURES / "stopped-sigterm-143.json").read_text())
     state = ContainerState.from_engine(raw)
-    timed_out = orchestrator.Outcome(state, "id", "name", 9.0, True, False)
-    assert orchestrator._classify(timed_out, 9.0).category == "timeout"  # type: ignore[union-attr]
+    timed_out = Outcome(state, "id", "name", 9.0, True, False)
+    assert classify(timed_out, 9.0).category == "timeout"  # type: ignore[union-attr]
     quota = replace(timed_out, stopped_for="disk_quota_exceeded")
-    assert orchestrator._classify(quota, 9.0).category == "disk_quota_exceeded"  # type: ignore[union-attr]
+    assert classify(quota, 9.0).category == "disk_quota_exceeded"  # type: ignore[union-attr]
     cancelled = replace(timed_out, timed_out=False, cancelled=True)
-    assert orchestrator._classify(cancelled, 9.0).category == "cancelled"  # type: ignore[union-attr]
+    assert classify(cancelled, 9.0).category == "cancelled"  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------- the resume table

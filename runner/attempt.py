@@ -1,0 +1,380 @@
+"""One attempt of a job: pick up what an earlier runner left, or start a new one.
+
+:func:`run` first looks at the ledger's last attempt (:func:`_resume`): a container still
+running is reattached to, one that ended while no runner watched is recorded, one that
+vanished or never started is closed in the ledger; an attempt that ended before its envelope
+was written is read back. Only when nothing is left to pick up does it start a new attempt
+(:func:`_new`): stage the inputs, acquire the image, hand out GPUs, create and watch the
+container. Either way it returns an :class:`AttemptResult`: values, nothing shared. A stage
+that fails raises :class:`~runner.stages.Stopped` naming itself.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from runner import container, errors, gpus, images, policy, quotas, staging
+from runner.backends.base import Backend, ContainerState
+from runner.container import Outcome, Progress, Watch
+from runner.contract import VerifiedContract
+from runner.envelope import GpuRecord, ImageRecord
+from runner.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
+from runner.ledger import Ledger
+from runner.options import RunOptions
+from runner.plan import ExecutionPlan
+from runner.stages import Known, stage
+
+FINAL = {"succeeded", *errors.FINAL}
+"""Attempt classifications that end the job; after the others (cancelled, interrupted,
+infrastructure) the same contract may simply be run again and continues the budget."""
+
+NO_NEW_ATTEMPT = (
+    "; a job accepted before then may be reattached to or recovered, but no new attempt "
+    "starts under an expired contract"
+)
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """How the attempt ended, what it ran with, and the quota guards that watched it."""
+
+    outcome: Outcome
+    known: Known
+    """The run's record, with this attempt's image, GPUs and stage timings."""
+    guards: quotas.Guards
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every step of an attempt works on."""
+
+    contract: VerifiedContract
+    plan: ExecutionPlan
+    dir: staging.JobDir
+    backend: Backend
+    options: RunOptions
+    ledger: Ledger
+    limit: float
+    """The job's budget in seconds (the ledger's, never more than the plan's)."""
+    progress: Progress
+
+
+def run(job: Job, known: Known) -> AttemptResult:
+    """Resume the last attempt, else run a new one; GPU locks are released at the end."""
+    try:
+        return _resume(job, known) or _new(job, known)
+    finally:
+        if job.plan.limits.gpus != "none":
+            _gpu_allocator(job).release(str(job.dir.root.resolve()))
+
+
+def guards_for(p: ExecutionPlan, job: staging.JobDir) -> quotas.Guards:
+    """The disk quota on output/ + workspace/ and the caps on stdout and stderr."""
+    lim = p.limits
+    return quotas.Guards(
+        disk=quotas.DiskMeter([job.output, job.workspace], lim.disk_quota_bytes),
+        logs=[
+            quotas.LogCap(job.output / rel, lim.log_limit_bytes, job.output)
+            for rel in (p.stdout_path, p.stderr_path)
+        ],
+        stop_on_log_limit=lim.stop_on_log_limit,
+    )
+
+
+def _resume(job: Job, known: Known) -> AttemptResult | None:
+    """Pick up what an earlier runner left: reattach to a running container, record one that
+    ended meanwhile, or read back a finished attempt whose envelope was never written. None
+    when a new attempt is needed."""
+    ledger, progress = job.ledger, job.progress
+    st = ledger.state
+    last = st.attempts[-1] if st.attempts else None
+    if last is None:
+        return None
+    n = last.number
+    known = replace(
+        known,
+        image=ImageRecord.model_validate(last.starting["image"]),
+        gpus=tuple(GpuRecord.model_validate(g) for g in last.starting.get("gpus", [])),
+    )
+    guards = guards_for(job.plan, job.dir)
+    if last.finished is not None:
+        if ledger.events[-1].type == "job.rerun" or last.finished["classification"] not in FINAL:
+            return None
+        progress.stage("recover", f"attempt {n} ended before its envelope was written")
+        fin = last.finished
+        state = ContainerState("exited", False, fin["exitCode"], fin["oomKilled"], "", None, None)
+        timed_out = fin["classification"] == "timeout"
+        outcome = Outcome(
+            state, last.container_id or "", last.container_name, last.seconds, timed_out, False,
+            "ledger",
+        )  # fmt: skip
+        return AttemptResult(outcome, known, guards)
+    with stage("container", known):
+        found = container.recover(job.backend, last)
+        lost = {
+            "attempt": n,
+            "exitCode": None,
+            "oomKilled": False,
+            "classification": "interrupted",
+            "seconds": round(found.seconds, 3),
+        }
+        if found.state is None:
+            progress.stage("recover", f"attempt {n}'s container is gone; starting a new attempt")
+            ledger.append(f"attempt-{n}.finished", "attempt.finished", {**lost, "how": "vanished"})
+            return None
+        if found.state.status == "created":
+            job.backend.remove(last.container_name)
+            data = {**lost, "how": "never-started"}
+            ledger.append(f"attempt-{n}.finished", "attempt.finished", data)
+            return None
+        cid = found.state.id or last.container_id or last.container_name
+        if last.container_id is None:
+            data = {"attempt": n, "containerId": cid}
+            ledger.append(f"attempt-{n}.started", "attempt.started", data)
+        before = st.consumed - last.seconds
+        if not found.state.running:
+            progress.stage("recover", f"attempt {n} ended while no runner watched it")
+            # What happened first: a quota broken while no runner watched (the job's files
+            # say so now), then the budget (the engine's backstop killed it past its end).
+            timed_out = found.seconds >= job.limit - before
+            seconds = round(found.seconds, 3)
+            watched = container.Watched(timed_out, False, seconds, guards.breached())
+            outcome = container.finish(
+                job.backend, cid, last.container_name, job.dir.record, watched=watched,
+                how="recovered",
+            )  # fmt: skip
+            return AttemptResult(outcome, known, guards)
+        progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
+        w = _watch(job, n, before, found.seconds, guards)
+        watched = container.watch(job.backend, cid, w, progress)
+        outcome = container.finish(
+            job.backend, cid, last.container_name, job.dir.record, watched=watched,
+            how="reattached",
+        )  # fmt: skip
+        return AttemptResult(outcome, known, guards)
+
+
+def _new(job: Job, known: Known) -> AttemptResult:
+    """Stage, acquire the image, hand out GPUs, then create, start and watch a container."""
+    p, ledger, progress, opts = job.plan, job.ledger, job.progress, job.options
+    st = ledger.state
+    consumed = st.consumed
+    n = len(st.attempts) + 1
+    known = replace(known, image=None, gpus=())  # an earlier attempt's are not this one's
+    since = time.monotonic()
+    with stage("stage", known):
+        policy.refuse_expired(job.contract, datetime.now(UTC), what=NO_NEW_ATTEMPT)
+        if consumed >= job.limit:
+            data = {"consumedSeconds": round(consumed, 3), "limitSeconds": job.limit}
+            ledger.append(f"budget.exhausted-{n - 1}", "budget.exhausted", data)
+            raise ResourceExhausted(
+                f"job {p.job_id} has used {consumed:.1f} s of its {job.limit:.1f} s budget in "
+                "earlier attempts; nothing is left to run it again",
+                hint="the budget spans every attempt; a larger budget needs a new contract",
+            )
+        files = staging.stage_inputs(job.dir, job.contract, _input_rules(opts))
+        uid, gid = (int(x) for x in p.user.split(":"))
+        staging.prepare_writable(job.dir, uid, gid, [p.stdout_path, p.stderr_path])
+        staging.write_budget(job.dir, job.limit, consumed)
+    known = known.timed("stage", since)
+    size = sum(f.size for f in files)
+    progress.stage("stage", f"{len(files)} input files ({size:,} bytes) in {job.dir.root}")
+    since = time.monotonic()
+    with stage("image", known):
+        got = _acquire(job)
+    known = replace(known, image=got[1]).timed("image", since)
+    info = got[0].info
+    names = ", ".join(info.repo_tags) or "untagged"
+    progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")
+    name = container.container_name(job.dir.root, p.job_id, n)
+    with stage("image", known):
+        _check_runtime(job)
+        gpu_ids, given, fallback = _allocate_gpus(job, name)
+    known = replace(known, gpus=given, gpu_fallback=fallback or known.gpu_fallback)
+    deadline = container.backstop(job.limit - consumed, opts.stop_grace_seconds)
+    spec = container.spec(p, job.dir, info.id, n, gpu_ids, deadline)
+    ledger.append(
+        f"attempt-{n}.starting",
+        "attempt.starting",
+        {
+            "attempt": n,
+            "containerName": spec.name,
+            "engineDeadlineSeconds": deadline.after_seconds,
+            "image": got[1].model_dump(mode="json"),
+            "gpus": [g.model_dump(mode="json") for g in given],
+        },
+    )
+
+    def created(container_id: str) -> None:
+        data = {"attempt": n, "containerId": container_id}
+        ledger.append(f"attempt-{n}.started", "attempt.started", data)
+
+    progress.stage("container", f"attempt {n}: {spec.name}")
+    guards = guards_for(p, job.dir)
+    with stage("container", known):
+        w = _watch(job, n, consumed, 0.0, guards)
+        try:
+            outcome = container.run_attempt(job.backend, spec, w, job.dir.record, progress, created)
+        except container.NotStarted as failed:
+            cause = failed.cause
+            category = (
+                errors.Category.CANCELLED
+                if isinstance(cause, KeyboardInterrupt)
+                else getattr(cause, "category", errors.Category.INFRASTRUCTURE)
+            )
+            ledger.append(
+                f"attempt-{n}.finished",
+                "attempt.finished",
+                {
+                    "attempt": n,
+                    "exitCode": None,
+                    "oomKilled": False,
+                    "classification": str(category),
+                    "seconds": 0.0,
+                    "how": "not-started",
+                },
+            )
+            raise cause from None
+    return AttemptResult(outcome, known, guards)
+
+
+def _acquire(job: Job) -> tuple[images.Acquired, ImageRecord]:
+    pol = job.options.policy.policy
+    settings = images.PullSettings(
+        docker_config=Path(pol.dockerConfig) if pol.dockerConfig else None,
+        insecure_registries=tuple(pol.insecureRegistries),
+        retry_seconds=pol.registryRetrySeconds,
+    )
+    got = images.acquire(
+        job.backend,
+        job.plan.image,
+        bundle=job.options.bundle,
+        settings=settings,
+        progress=job.progress,
+    )
+    info = got.info
+    record = ImageRecord(
+        reference=job.plan.image.reference,
+        id=info.id,
+        repoDigest=got.repo_digest,
+        architecture=info.architecture or None,
+        os=info.os or None,
+        sizeBytes=info.size,
+        source=got.source,
+    )
+    return got, record
+
+
+def _check_runtime(job: Job) -> None:
+    wanted = job.plan.limits.runtime
+    if wanted == "runc":
+        return
+    runtimes = job.backend.runtimes()
+    if wanted not in runtimes:
+        raise PolicyViolation(
+            f"this host's policy demands the {wanted} runtime (gVisor) and the engine has "
+            f"only {', '.join(runtimes)}",
+            hint="install and register it (scripts/setup.sh does), or change the policy",
+        )
+
+
+def _watch(job: Job, n: int, before: float, already: float, guards: quotas.Guards) -> Watch:
+    """How to watch attempt ``n``: deadline from the remaining budget, heartbeats to the
+    ledger and runtime-budget.json."""
+    ledger, limit = job.ledger, job.limit
+
+    def beat(seconds: float) -> None:
+        total = before + seconds
+        ledger.append(
+            f"attempt-{n}.beat-{len(ledger.events)}",
+            "heartbeat",
+            {"attempt": n, "attemptSeconds": round(seconds, 3), "consumedSeconds": round(total, 3)},
+        )
+        staging.write_budget(job.dir, limit, total)
+
+    opts = job.options
+    return Watch(
+        budget_left=limit - before - already,
+        already=already,
+        consumed_before=before,
+        limit=limit,
+        grace=opts.stop_grace_seconds,
+        tick=opts.tick_seconds,
+        heartbeat=opts.heartbeat_seconds,
+        on_beat=beat,
+        guard=guards.check,
+        breached=guards.breached,
+    )
+
+
+def _gpu_allocator(job: Job) -> gpus.Allocator:
+    backend = job.backend
+
+    def alive(holder: dict[str, Any]) -> bool:
+        from runner.sweeper import runner_alive
+
+        if runner_alive(Path(str(holder.get("jobDir")))):
+            return True
+        try:
+            return backend.state(str(holder.get("containerName"))).running
+        except ContainerVanished:
+            return False
+
+    lock_dir = job.options.gpu_lock_dir or job.options.state.gpu_locks
+    return gpus.Allocator(lock_dir, alive)
+
+
+def _allocate_gpus(
+    job: Job, name: str
+) -> tuple[tuple[str, ...], tuple[GpuRecord, ...], str | None]:
+    """Device ids for this attempt, their records, and why it runs on CPU only (if it does):
+    specific GPUs, locked for this job; none for CPU jobs. Without enough GPUs, a contract
+    that allows it falls back to CPU (and says so)."""
+    p, progress = job.plan, job.progress
+    want = p.limits.gpus
+    if want == "none":
+        return (), (), p.gpu_fallback
+    detector = job.options.gpu_detector or gpus.HostDetector()
+    owner = {"jobDir": str(job.dir.root.resolve()), "containerName": name}
+    try:
+        host = detector.detect()
+        if host and not job.backend.gpu_capable():
+            raise GpuUnavailable(
+                f"this host has {len(host)} GPU(s) but the engine cannot hand them to "
+                "containers (no nvidia runtime, no NVIDIA container toolkit)",
+                hint="install the NVIDIA container toolkit and restart the engine",
+            )
+        chosen = _gpu_allocator(job).allocate(want, host, owner)
+    except GpuUnavailable as exc:
+        if not policy.cpu_fallback_allowed(job.contract):
+            raise
+        progress.stage("gpu", f"no GPU: running on CPU only ({exc.message})")
+        return (), (), f"{exc.message}; the contract allows a CPU fallback"
+    records = tuple(
+        GpuRecord(
+            index=g.index,
+            uuid=g.uuid,
+            model=g.model,
+            memoryBytes=g.memory_bytes,
+            driverVersion=g.driver_version,
+        )
+        for g in chosen
+    )
+    progress.stage("gpu", ", ".join(f"{g.index}: {g.model} ({g.uuid})" for g in chosen))
+    return tuple(g.uuid for g in chosen), records, None
+
+
+def _input_rules(opts: RunOptions) -> staging.InputRules:
+    """The policy's caps on inputs; the runner's own folders (its state, its key's folder and
+    the folders the caller names) are never staged."""
+    pol = opts.policy.policy
+    own = [opts.state_dir, *opts.protected]
+    if opts.result_key is not None:
+        own.append(opts.result_key.parent)
+    return staging.InputRules.protecting(
+        own, max_bytes=int(pol.maxInputMb * 1024 * 1024), max_files=pol.maxInputFiles
+    )

@@ -1,0 +1,48 @@
+"""How a run is to be done on this host: the caller's settings, a frozen value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runner import gpus, policy
+from runner.contract import Trust
+from runner.policy import LoadedPolicy
+from runner.staging import StateDir
+
+
+def _default_policy() -> LoadedPolicy:
+    return policy.load(None)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    state_dir: Path
+    job_id: str | None = None
+    policy: LoadedPolicy = field(default_factory=_default_policy)
+    trust: Trust = field(default_factory=lambda: Trust(keys=[]))
+    labels: dict[str, str] = field(default_factory=dict)
+    overrides: dict[str, float] = field(default_factory=dict)
+    """Operator limits that tighten the contract's (``--limit``)."""
+    rerun: bool = False
+    """Run a finished job id again as a new attempt under the same budget."""
+    stop_grace_seconds: float = 5.0
+    tick_seconds: float = 0.2
+    """How often the container, the deadline and the quotas are checked."""
+    gpu_detector: gpus.Detector | None = None
+    """How GPUs are found (NVML, else nvidia-smi); tests of pure logic pass their own."""
+    gpu_lock_dir: Path | None = None
+    """Where device locks live (default <state dir>/gpu-locks); share it across runners."""
+    result_key: Path | None = None
+    """The runner's own signing key; when set, result.intoto.json is written beside the
+    envelope (the key is made on first use)."""
+    bundle: Path | None = None
+    """A `docker save` tarball to load the pinned image from when it is not here."""
+    heartbeat_seconds: float = 5.0
+    """How often the ledger and runtime-budget.json are brought up to date while a job runs."""
+    protected: tuple[Path, ...] = ()
+    """The runner's own folders besides the state dir (config, keys): never staged."""
+
+    @property
+    def state(self) -> StateDir:
+        return StateDir(self.state_dir)

@@ -1,0 +1,93 @@
+"""What a run knows so far, and where it stopped: values passed from stage to stage.
+
+Stages take values and return values. :class:`Known` is the frozen record of what the stages
+before have produced (the contract, the plan, the job folder, the image, the GPUs ...); a
+stage that fails raises :class:`Stopped`, naming itself and carrying what was known, so the
+envelope of a failed run reports exactly what the run got to. Nothing here is mutated after
+it is made: a later stage makes a new :class:`Known` with :func:`dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from runner.envelope import BudgetRecord, GpuRecord, ImageRecord, Stage
+
+if TYPE_CHECKING:
+    from runner.container import Outcome
+    from runner.contract import VerifiedContract
+    from runner.plan import ExecutionPlan
+    from runner.staging import JobDir
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Clock:
+    """When a run started (wall clock for the envelope, monotonic for durations)."""
+
+    started_at: str
+    t0: float
+
+    @staticmethod
+    def start() -> Clock:
+        return Clock(now_iso(), time.monotonic())
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.t0, 3)
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the stages of a run have produced so far."""
+
+    contract: VerifiedContract | None = None
+    plan: ExecutionPlan | None = None
+    job: JobDir | None = None
+    image: ImageRecord | None = None
+    gpus: tuple[GpuRecord, ...] = ()
+    gpu_fallback: str | None = None
+    """Why a contract asking for GPUs runs on CPU only."""
+    warnings: tuple[str, ...] = ()
+    seconds: Mapping[str, float] = field(default_factory=dict)
+    """Durations of the timed stages (``stage``, ``image``)."""
+    outcome: Outcome | None = None
+    """How the attempt's container ended."""
+    budget: BudgetRecord | None = None
+    written: bool = False
+    """The run's envelope is in the job folder already: a later failure must not replace it."""
+
+    def timed(self, key: str, since: float) -> Known:
+        """This record with stage ``key`` timed from ``since`` (monotonic) to now."""
+        return replace(self, seconds={**self.seconds, key: round(time.monotonic() - since, 3)})
+
+
+class Stopped(Exception):
+    """A stage failed: ``cause`` is why (a RunnerError, a runner bug, or KeyboardInterrupt for
+    Ctrl-C), ``stage`` where, ``known`` what the run had produced by then."""
+
+    def __init__(self, stage: Stage, cause: BaseException, known: Known) -> None:
+        super().__init__(f"{stage}: {cause!r}")
+        self.stage = stage
+        self.cause = cause
+        self.known = known
+
+
+@contextlib.contextmanager
+def stage(name: Stage, known: Known) -> Iterator[None]:
+    """Run a stage: an error or Ctrl-C inside it becomes :class:`Stopped` with its name and
+    ``known``. A :class:`Stopped` from a stage nested inside passes through unchanged, and so
+    does anything that is neither an error nor Ctrl-C (the process is going away)."""
+    try:
+        yield
+    except Stopped:
+        raise
+    except (Exception, KeyboardInterrupt) as exc:
+        raise Stopped(name, exc, known) from exc
