@@ -33,11 +33,10 @@ from runner.envelope import Failure
 from runner.errors import Category
 
 
-def _warm_up(options: orchestrator.RunOptions) -> None:
-    """Warm this process for forking (runner.server.warm_up), with the runner's key made
-    first so that no two jobs race to make it."""
+def _warm_up(options: orchestrator.RunOptions, warm_up: Callable[[], None]) -> None:
+    """Warm this process for forking (``warm_up``: runner.warmup.warm_up, as the CLI gives
+    it), with the runner's key made first so that no two jobs race to make it."""
     from runner import attest
-    from runner.server import warm_up
 
     if options.result_key is not None:
         attest.runner_key(options.result_key)
@@ -48,7 +47,7 @@ def _child(path: Path, options: orchestrator.RunOptions, out: Path) -> None:
     """Run one job and leave its envelope at ``out``; never returns."""
     code = 70  # EX_SOFTWARE, when even the envelope could not be written
     try:
-        from runner.cli import install_signal_handlers
+        from runner.host import install_signal_handlers
 
         install_signal_handlers()  # as a single run: the first signal stops the job cleanly
         envelope = orchestrator.run(path, options)
@@ -87,10 +86,13 @@ def run_many(
     *,
     parallel: int,
     on_done: Callable[[int, Path, dict[str, Any]], None] = lambda i, p, d: None,
+    warm_up: Callable[[], None] = lambda: None,
 ) -> list[dict[str, Any]]:
     """Run every contract, at most ``parallel`` at once; their envelopes (as JSON data), in
-    the order of ``paths``. ``on_done(index, path, data)`` is called as each one ends."""
-    _warm_up(options)
+    the order of ``paths``. ``on_done(index, path, data)`` is called as each one ends.
+    ``warm_up`` readies this process before the forks (runner.warmup.warm_up: every import
+    done once, not once per job)."""
+    _warm_up(options, warm_up)
     results: list[dict[str, Any] | None] = [None] * len(paths)
     running: dict[int, int] = {}  # pid -> index
     stopping = False

@@ -2,7 +2,8 @@
 server, or say that it must run here.
 
 Kept to the standard library's lightest modules, since it is on the path of every ``runner``
-start-up: ``main`` decides before ``runner.cli`` (argparse and the rest) is imported.
+start-up: ``main`` decides before ``runner.cli`` (argparse and the rest) is imported. Where the
+socket is, and what code this is, come from runner/host.py.
 """
 
 from __future__ import annotations
@@ -19,39 +20,6 @@ SERVED = frozenset({"run", "verify"})
 """The commands a client hands to a server (the others start fast on their own)."""
 
 
-def socket_path() -> str | None:
-    """Where the server listens (``$RUNNER_SERVER``, else ``<config dir>/server.sock``), or
-    None when serving is switched off."""
-    configured = os.environ.get("RUNNER_SERVER", "")
-    if configured.lower() in {"off", "0", "no", "false"}:
-        return None
-    if configured:
-        return configured
-    return os.path.join(config_dir(), "server.sock")
-
-
-def config_dir() -> str:
-    """The runner's config folder: ``$RUNNER_CONFIG_DIR``, else the user's (XDG on Linux)."""
-    configured = os.environ.get("RUNNER_CONFIG_DIR")
-    if configured:
-        return configured
-    import platformdirs
-
-    return str(platformdirs.user_config_dir("runner"))
-
-
-def code_fingerprint() -> str:
-    """What the running code is: the interpreter, and the runner's source files (count and
-    newest modification). A client and a server agree only when both run the same code."""
-    newest, count = 0, 0
-    for folder, _, files in os.walk(os.path.dirname(os.path.abspath(__file__))):
-        for name in files:
-            if name.endswith(".py"):
-                newest = max(newest, os.stat(os.path.join(folder, name)).st_mtime_ns)
-                count += 1
-    return f"{sys.executable}|{count}|{newest}"
-
-
 def try_client(path: str, argv: list[str]) -> int | None:
     """Hand ``argv`` to the server at ``path``; its exit code, or None to run it here."""
     if not os.path.exists(path):
@@ -60,6 +28,8 @@ def try_client(path: str, argv: list[str]) -> int | None:
     import json
     import signal
     import socket
+
+    from runner.host import code_fingerprint
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -119,6 +89,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
     everything else (and a served command without a server) runs in this process."""
     given = sys.argv[1:] if argv is None else argv
     if given and given[0] in SERVED and "-h" not in given and "--help" not in given:
+        from runner.host import socket_path
+
         path = socket_path()
         code = try_client(path, given) if path is not None else None
         if code is not None:

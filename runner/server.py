@@ -35,7 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from runner.client import code_fingerprint
+from runner.host import code_fingerprint
+from runner.warmup import warm_up
 
 _MAX_REQUEST = 1 << 20
 """The largest request (command line, directory, environment) a server reads."""
@@ -48,29 +49,6 @@ def _peer(conn: socket.socket) -> tuple[int, int]:
     raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, _gid = struct.unpack("3i", raw)
     return pid, uid
-
-
-def warm_up() -> None:
-    """Import everything a command imports, even lazily, and ask the engine what does not
-    change, so that no command forked from this process pays for it (a server's or a
-    batch's); then freeze it out of the collector's sight, so that the forks share its pages
-    instead of copying them (the documented use of gc.freeze before fork)."""
-    import gc
-
-    import ijson  # type: ignore[import-untyped]  # noqa: F401
-    import platformdirs  # noqa: F401
-
-    from runner import attest, backends, batch, evidence, orchestrator, plan, policy, sweeper  # noqa: F401
-    from runner.contract import load  # noqa: F401
-    from runner.errors import RunnerError
-    from runner.parsers import registry
-
-    for parser_id, version in registry.available():
-        with contextlib.suppress(RunnerError):  # a broken plug-in schema: its binding says so
-            registry.compiled_validator(parser_id, version)
-    with contextlib.suppress(RunnerError):  # an engine that is down: each command says so
-        backends.default().architecture()  # the engine's API version and host, asked once
-    gc.freeze()
 
 
 def _handle(

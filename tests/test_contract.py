@@ -327,3 +327,16 @@ def test_cli_command_list_matches_the_parser() -> None:
     for name in cli.COMMANDS:
         (one,) = [a for a in cli.build_parser(only=name)._actions if a.dest == "command"]
         assert list(one.choices) == [name]  # type: ignore[attr-defined]
+
+
+def test_cli_listing_is_the_full_parser_for_a_line_naming_no_command() -> None:
+    """`runner --help` (and any line naming no command) builds only the list of commands, from
+    the table in runner/cli/__init__.py: its help and its choices are the full parser's."""
+    from runner import cli
+
+    full, listing = cli.build_parser(), cli.build_parser(listing=True)
+    assert listing.format_help() == full.format_help()
+    assert listing.format_usage() == full.format_usage()
+    (a,) = [x for x in full._actions if x.dest == "command"]
+    (b,) = [x for x in listing._actions if x.dest == "command"]
+    assert list(a.choices) == list(b.choices)  # type: ignore[attr-defined]

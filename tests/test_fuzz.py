@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from runner.cli import main
+from runner.client import main
 from runner.contract import with_digest
 from runner.errors import ContractError
 from tests.conftest import TOY, run_cli

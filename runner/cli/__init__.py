@@ -1,0 +1,166 @@
+"""The command line: the only place that prints or chooses exit codes.
+
+Each command lives in its own module, which declares its parser (``register``) and holds its
+command function; the table below says which module has which command, and :func:`dispatch`
+imports only the module of the command given (building every parser, and importing every
+module's needs, would cost each start-up for nothing). The entry point is
+``runner.client:main``, which hands ``run`` and ``verify`` to a running ``runner serve`` first.
+
+===================  ==========================================================
+module               commands
+===================  ==========================================================
+``run.py``           run (one contract, or a batch)
+``verify.py``        verify, verify-result
+``issuer.py``        keygen, trust, sign, pin
+``job.py``           status, ledger verify, cleanup, parse
+``image.py``         image load
+``parsers.py``       parsers
+``serve.py``         serve
+``_common.py``       exit codes, help texts, host options, progress, the summary
+===================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from runner.cli._common import (
+    EXIT_CANCELLED,
+    EXIT_CODES_HELP,
+    EXIT_INFRASTRUCTURE,
+    EXIT_SUCCEEDED,
+    HOST_HELP,
+    refusal_exit,
+)
+from runner.errors import RunnerError
+
+_TABLE = {
+    "run": ("run", "run a contract's job in a container and write its result envelope"),
+    "verify": ("verify", "check a contract and this host's policy without running it"),
+    "pin": (
+        "issuer",
+        "issuer side: pin a local image into a contract and recompute contractDigest",
+    ),
+    "keygen": ("issuer", "issuer side: make an Ed25519 key pair for signing contracts"),
+    "trust": ("issuer", "host side: trust an issuer's public key"),
+    "sign": ("issuer", "issuer side: stamp and sign a contract into a DSSE envelope"),
+    "parse": ("job", "re-grade a finished job from its stored evidence, running nothing"),
+    "verify-result": (
+        "verify",
+        "check a signed result (result.intoto.json) and, optionally, its files",
+    ),
+    "image": ("image", "offline image bundles"),
+    "status": ("job", "a job's attempts, budget used and left, and its container"),
+    "ledger": ("job", "inspect a job's budget ledger"),
+    "cleanup": ("job", "remove containers of finished jobs that no runner watches"),
+    "parsers": ("parsers", "list the registered evidence parsers (id, version, config schema)"),
+    "serve": (
+        "serve",
+        "keep a warm runner that `runner run` and `runner verify` hand their work to",
+    ),
+}
+"""Command -> (module under runner/cli/, the one line ``runner --help`` lists it with), in the
+order ``runner --help`` lists them. The module's ``register(subparsers, command, help)``
+declares the command's parser and sets its function as ``func``."""
+
+COMMANDS = frozenset(_TABLE)
+"""The top-level commands (a test keeps this in step with build_parser)."""
+
+DESCRIPTION = (
+    "Run a scientific reproduction exactly as its signed contract says: a pinned image, "
+    "a sealed container (no network, read-only inputs, hard caps), and a result "
+    "envelope with every measurement traced to its evidence file."
+)
+
+EXAMPLES = (
+    "\nexamples:\n"
+    "  runner keygen --out issuer                    # issuer.key (0600) + issuer.pub\n"
+    "  runner trust issuer.pub                       # this host now trusts that issuer\n"
+    "  runner pin task.json --image runner-cpu:local -o pinned.json\n"
+    "  runner sign pinned.json --key issuer.key      # -> pinned.dsse.json\n"
+    "  runner verify pinned.dsse.json                # who signed, expiry, digest\n"
+    "  runner run pinned.dsse.json                   # progress on stderr, table on stdout\n"
+    "  runner run pinned.dsse.json --json            # only the envelope, for machines\n"
+)
+
+
+def _module(name: str) -> Any:
+    """The module of command ``name``. (``__import__`` rather than importlib.import_module:
+    the same import, but ``python -X importtime`` sees it.)"""
+    return __import__(f"runner.cli.{_TABLE[name][0]}", fromlist=["register"])
+
+
+def load_all() -> None:
+    """Import every command's module (``runner serve`` does, so that no command forked from
+    it pays for its own)."""
+    for name in _TABLE:
+        _module(name)
+
+
+def build_parser(only: str | None = None, *, listing: bool = False) -> argparse.ArgumentParser:
+    """The CLI; with ``only``, just that command's parser (building all of them costs about
+    10 ms of every start-up, mostly argparse's message lookups, and importing every command's
+    module). With ``listing``, every command is only named, with its line of help: enough for
+    ``runner --help`` and for any command line that names no command."""
+    parser = argparse.ArgumentParser(
+        prog="runner",
+        description=DESCRIPTION,
+        epilog=EXIT_CODES_HELP + "\n" + HOST_HELP + EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, line) in _TABLE.items():
+        if listing:
+            sub.add_parser(name, help=line)
+        elif only is None or only == name:
+            _module(name).register(sub, name, line)
+    return parser
+
+
+def dispatch(given: list[str]) -> int:
+    """Run one command line in this process; its exit code."""
+    # pydantic scans every installed package's entry points for its plug-ins on first use
+    # (about 20 ms of each start); the runner uses none.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    command = given[0] if given and given[0] in COMMANDS else None
+    # A command line that names no command at all ends in help or a usage error, which the
+    # listing alone gives exactly; one that names a command later (`runner --x run`) gets it all.
+    listing = command is None and COMMANDS.isdisjoint(given)
+    args = build_parser(only=command, listing=listing).parse_args(given)
+    try:
+        code: int = args.func(args)
+    except RunnerError as exc:
+        if getattr(args, "json", False):
+            print(
+                json.dumps(
+                    {
+                        "valid": False,
+                        "category": exc.category,
+                        "error": exc.message,
+                        "hint": exc.hint,
+                    },
+                    indent=2,
+                )
+            )
+        print(f"runner: {exc.category}: {exc}", file=sys.stderr)
+        code = refusal_exit(exc)
+    except KeyboardInterrupt:
+        print("runner: interrupted", file=sys.stderr)
+        code = EXIT_CANCELLED
+    except BrokenPipeError:
+        # The reader went away (`runner parsers | head`): not an error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_SUCCEEDED
+    except Exception as exc:  # noqa: BLE001 - a bug is the runner's failure, never the job's
+        import traceback
+
+        traceback.print_exc()
+        print(
+            f"runner: infrastructure: internal error {type(exc).__name__}: {exc}", file=sys.stderr
+        )
+        code = EXIT_INFRASTRUCTURE
+    return code

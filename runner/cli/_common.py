@@ -1,0 +1,221 @@
+"""What the commands share: exit codes and the failure-family mapping, help texts, the host
+options, usage errors, progress for people and the result summary.
+
+The exit-code tables (``FAMILY_EXIT``, ``_BATCH_EXIT_ORDER``) live here and nowhere else in
+the CLI.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
+
+    from runner.contract import Trust
+    from runner.errors import RunnerError
+    from runner.policy import LoadedPolicy
+
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+    """What each command module's ``register`` adds its parser to."""
+
+EXIT_SUCCEEDED = 0
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_INFRASTRUCTURE = 4
+EXIT_CANCELLED = 130
+
+EXIT_CODES_HELP = """\
+exit codes:
+  0    the job succeeded (every measurement was read)
+  1    the job ran and failed: non-zero exit, OOM, timeout, missing or unparseable evidence
+       (also a 'partial' result, where some measurements were read)
+  2    the command line was wrong
+  3    refused before anything ran: invalid contract, bad or missing signature, policy
+       violation, ambiguous protocol, image digest mismatch
+  4    infrastructure: the engine is unreachable, the image is not here, no GPU to give,
+       the host's policy or keys are broken, the runner failed
+  (a job that already finished prints its stored envelope and exits with its code)
+  130  interrupted (Ctrl-C or SIGTERM); the container was stopped and an envelope written
+"""
+
+FAMILY_EXIT = {
+    "succeeded": EXIT_SUCCEEDED,
+    "job_failed": EXIT_JOB_FAILED,
+    "refused": EXIT_REFUSED,
+    "infrastructure": EXIT_INFRASTRUCTURE,
+    "cancelled": EXIT_CANCELLED,
+}
+
+_BATCH_EXIT_ORDER = ("cancelled", "infrastructure", "refused", "job_failed", "succeeded")
+"""A batch exits with the first of these families that any of its jobs ended in."""
+
+
+def refusal_exit(exc: RunnerError) -> int:
+    """The exit code of an error raised outside a run."""
+    from runner.errors import exit_family
+
+    return FAMILY_EXIT[exit_family(exc.category)]
+
+
+HOST_HELP = """\
+host configuration (the host, not the contract, has the last word):
+  policy        --policy FILE, else $RUNNER_POLICY, else <config>/policy.json, else defaults
+  trusted keys  --trusted-keys DIR, else $RUNNER_TRUSTED_KEYS, else <config>/trusted-keys
+  <config> is $RUNNER_CONFIG_DIR, else ~/.config/runner
+"""
+
+
+def host_options(p: argparse.ArgumentParser) -> None:
+    """--policy, --trusted-keys and the operator's switches (run, verify)."""
+    p.add_argument("--policy", metavar="FILE", help="host policy file (JSON)")
+    p.add_argument("--trusted-keys", metavar="DIR", help="folder of trusted issuer .pub keys")
+    p.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="accept an unsigned contract (local development; the envelope says so loudly)",
+    )
+    p.add_argument(
+        "--allow-network",
+        action="store_true",
+        help="grant network to a contract that asks for it (default: never)",
+    )
+    p.add_argument(
+        "--allow-unpinned-image",
+        action="store_true",
+        help="accept a tag-only image reference (local development only)",
+    )
+
+
+def load_host(args: argparse.Namespace) -> tuple[LoadedPolicy, Trust]:
+    """The host's policy (file + operator switches) and its trusted keys, from host_options."""
+    from runner import host
+
+    return host.load(
+        args.policy,
+        args.trusted_keys,
+        allow_network=getattr(args, "allow_network", False),
+        allow_unsigned=getattr(args, "allow_unsigned", False),
+        allow_unpinned_image=getattr(args, "allow_unpinned_image", False),
+    )
+
+
+def usage(message: str) -> NoReturn:
+    """A command-line mistake: say so and exit 2, as argparse does."""
+    print(f"runner: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_USAGE)
+
+
+def fmt_clock(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+class HumanProgress:
+    """Progress for people, on stderr: one line a stage, a live clock while the job runs."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last_line = 0.0
+        self._live = False
+
+    def stage(self, name: str, detail: str) -> None:
+        self._end_live()
+        print(f"==> {name:<9} {detail}", file=self.stream, flush=True)
+
+    def running(self, elapsed: float, budget: float) -> None:
+        text = f"    running  {fmt_clock(elapsed)} of {fmt_clock(budget)} budget"
+        if self.tty:
+            self.stream.write("\r" + text)
+            self.stream.flush()
+            self._live = True
+        elif time.monotonic() - self._last_line >= 30:
+            self._last_line = time.monotonic()
+            print(text, file=self.stream, flush=True)
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        mib = 1024 * 1024
+        text = f"    {label}: {done / mib:,.1f} of {total / mib:,.1f} MiB"
+        if self.tty:
+            self.stream.write("\r" + text)
+            self.stream.flush()
+            self._live = True
+        elif time.monotonic() - self._last_line >= 5:
+            self._last_line = time.monotonic()
+            print(text, file=self.stream, flush=True)
+
+    def _end_live(self) -> None:
+        if self._live:
+            self.stream.write("\n")
+            self._live = False
+
+    def done(self) -> None:
+        self._end_live()
+
+
+class NotesOnly:
+    """Under --json: stdout carries only the envelope; notable events still reach stderr."""
+
+    def stage(self, name: str, detail: str) -> None:
+        if name in {"job", "recover", "policy", "registry"}:
+            print(f"runner: {detail}", file=sys.stderr, flush=True)
+
+    def running(self, elapsed: float, budget: float) -> None:
+        pass
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        pass
+
+
+def summary(env: dict[str, Any], path: Path | None) -> str:
+    """A result envelope (as JSON data) for people: a few rows, the measurements' table."""
+    rows: list[tuple[str, str]] = [("status", env["status"])]
+    if env.get("failure"):
+        f = env["failure"]
+        rows.append(("failure", f"{f['category']} at {f['stage']}"))
+    rows.append(("job", str(env.get("jobId"))))
+    sig = env.get("signature")
+    if sig:
+        signed = "signed by " + ", ".join(sig["keyIds"]) if sig["status"] == "verified" else None
+        rows.append(("signature", signed or "NONE: unsigned contract (local development)"))
+    if env.get("exitCode") is not None:
+        rows.append(("exit code", str(env["exitCode"])))
+    if env.get("image"):
+        rows.append(("image", str(env["image"]["id"])))
+    t = env["timings"]
+    if t.get("runSeconds") is not None:
+        rows.append(("ran", f"{t['runSeconds']:.1f} s (total {t['totalSeconds']:.1f} s)"))
+    if path:
+        rows.append(("envelope", str(path)))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if env["measurements"]:
+        table = [("measurement", "metric", "value", "unit", "parser")]
+        for m in env["measurements"]:
+            table.append(
+                (
+                    m["measurementId"],
+                    m["metric"],
+                    f"{m['value']:g}" if isinstance(m["value"], float) else str(m["value"]),
+                    m["unit"],
+                    f"{m['parser']['id']}@{m['parser']['version']}",
+                )
+            )
+        widths = [max(len(r[i]) for r in table) for i in range(5)]
+        lines.append("")
+        lines.extend(
+            "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table
+        )
+    for err in env.get("measurementErrors", []):
+        lines.append(f"! {err['measurementId']}: {err['category']}: {err['reason']}")
+    if env.get("failure"):
+        lines.append("")
+        lines.append(env["failure"]["reason"])
+    return "\n".join(lines)

@@ -1,0 +1,191 @@
+"""The key and contract commands: ``runner keygen``, ``runner pin`` and ``runner sign`` (the
+issuer's side, runner/issuer.py) and ``runner trust`` (the host's side)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runner import host
+from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, usage
+
+if TYPE_CHECKING:
+    from runner.cli._common import Subparsers
+
+
+def register(sub: Subparsers, name: str, help: str) -> None:
+    if name == "pin":
+        pin = sub.add_parser(
+            name,
+            help=help,
+            description=(
+                "Look up a local image, write its manifest digest (when it has one) or image id "
+                "into environment.image and its id into environment.imageId, then recompute "
+                "contractDigest."
+            ),
+        )
+        pin.add_argument("contract", metavar="CONTRACT")
+        pin.add_argument(
+            "--image",
+            required=True,
+            metavar="REF",
+            help="a local image: name:tag, name@sha256:… or sha256:<id>",
+        )
+        pin.add_argument(
+            "-o",
+            "--output",
+            metavar="FILE",
+            help="write the pinned contract here (default: overwrite CONTRACT)",
+        )
+        pin.add_argument("--json", action="store_true")
+        pin.set_defaults(func=cmd_pin)
+    elif name == "keygen":
+        keygen = sub.add_parser(
+            name,
+            help=help,
+            description="Write PREFIX.key (private, mode 0600) and PREFIX.pub (public). The key id "
+            "is sha256 of the raw public key; hosts compute it themselves from PREFIX.pub.",
+        )
+        keygen.add_argument("--out", required=True, metavar="PREFIX", help="e.g. ~/keys/issuer")
+        keygen.add_argument("--json", action="store_true")
+        keygen.set_defaults(func=cmd_keygen)
+    elif name == "trust":
+        trust = sub.add_parser(
+            name,
+            help=help,
+            description="Copy a .pub key into the trusted-keys folder, named by its key id.",
+            epilog=HOST_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        trust.add_argument("public_key", metavar="KEY.pub")
+        trust.add_argument("--trusted-keys", metavar="DIR", help="folder of trusted keys")
+        trust.add_argument("--json", action="store_true")
+        trust.set_defaults(func=cmd_trust)
+    elif name == "sign":
+        sign = sub.add_parser(
+            name,
+            help=help,
+            description="Stamp issuedAt (now) and expiresAt (now + --expires-in), optionally "
+            "audience and jobId, recompute contractDigest, and sign the exact contract bytes with "
+            "Ed25519 into a DSSE envelope (payloadType "
+            "application/vnd.citeark.execution-contract+json).",
+        )
+        sign.add_argument("contract", metavar="CONTRACT")
+        sign.add_argument("--key", required=True, metavar="KEY", help="private key from keygen")
+        sign.add_argument(
+            "-o", "--output", metavar="FILE", help="default: CONTRACT with .dsse.json suffix"
+        )
+        sign.add_argument(
+            "--expires-in",
+            default="24h",
+            metavar="DURATION",
+            help="lifetime from now: 90s, 30m, 24h, 7d (default 24h)",
+        )
+        sign.add_argument(
+            "--keep-times",
+            action="store_true",
+            help="keep the contract's own issuedAt/expiresAt instead of stamping new ones",
+        )
+        sign.add_argument(
+            "--audience",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="a host audience the contract is for (repeatable)",
+        )
+        sign.add_argument("--job-id", metavar="ID", help="stamp this job id into the contract")
+        sign.add_argument("--json", action="store_true")
+        sign.set_defaults(func=cmd_sign)
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from runner import issuer
+
+    pair = issuer.keygen(Path(args.out))
+    keyid, private, public = pair.key_id, pair.private_key, pair.public_key
+    result = {"keyId": keyid, "privateKey": str(private), "publicKey": str(public)}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"key id      {keyid}")
+        print(f"private key {private} (mode 0600: keep it secret)")
+        print(f"public key  {public} (give it to hosts: `runner trust {public}`)")
+    return EXIT_SUCCEEDED
+
+
+def cmd_trust(args: argparse.Namespace) -> int:
+    from runner import signing
+
+    key = signing.load_public_key(Path(args.public_key))
+    folder = host.trusted_keys_dir(args.trusted_keys)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{key.keyid.removeprefix('sha256:')[:32]}.pub"
+    data = Path(args.public_key).read_bytes()
+    if not target.exists() or target.read_bytes() != data:
+        target.write_bytes(data)
+    if args.json:
+        print(json.dumps({"keyId": key.keyid, "trustedAs": str(target)}, indent=2))
+    else:
+        print(f"trusted {key.keyid}\n  as {target}")
+    return EXIT_SUCCEEDED
+
+
+def cmd_sign(args: argparse.Namespace) -> int:
+    from runner import issuer
+
+    path = Path(args.contract)
+    try:
+        signed = issuer.sign(
+            path,
+            Path(args.key),
+            expires_in=None if args.keep_times else args.expires_in,
+            audience=args.audience,
+            job_id=args.job_id,
+            output=Path(args.output) if args.output else None,
+        )
+    except issuer.BadDuration as exc:
+        usage(str(exc))
+    result: dict[str, Any] = {
+        "envelope": str(signed.envelope),
+        "keyId": signed.key_id,
+        "contractDigest": signed.contract_digest,
+        "issuedAt": signed.issued_at,
+        "expiresAt": signed.expires_at,
+        "audience": signed.audience,
+        "jobId": signed.job_id,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"signed {path} -> {signed.envelope}")
+        for key in ("keyId", "contractDigest", "issuedAt", "expiresAt", "audience", "jobId"):
+            if result[key] is not None:
+                print(f"  {key:<15} {result[key]}")
+    return EXIT_SUCCEEDED
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    from runner import issuer
+
+    pinned = issuer.pin(
+        Path(args.contract),
+        args.image,
+        output=Path(args.output) if args.output else None,
+        note=lambda line: print(f"note: {line}", file=sys.stderr),
+    )
+    result = {
+        "contract": str(pinned.contract),
+        "image": pinned.image,
+        "imageId": pinned.image_id,
+        "contractDigest": pinned.contract_digest,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"pinned {args.image} as {pinned.image}")
+        print(f"  contractDigest {pinned.contract_digest}")
+        print(f"  written to     {pinned.contract}")
+    return EXIT_SUCCEEDED

@@ -1,0 +1,216 @@
+"""A job after (or while) it runs: ``runner status``, ``runner ledger verify``, ``runner
+cleanup`` and ``runner parse`` (re-grading from stored evidence)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runner import host
+from runner.cli._common import EXIT_JOB_FAILED, EXIT_SUCCEEDED, FAMILY_EXIT, fmt_clock, summary
+from runner.errors import RefusedError
+
+if TYPE_CHECKING:
+    from runner.cli._common import Subparsers
+
+
+def register(sub: Subparsers, name: str, help: str) -> None:
+    if name == "parse":
+        parse = sub.add_parser(
+            name,
+            help=help,
+            description="Re-read the job's evidence with the parser versions its envelope records "
+            "(or, with --latest, the newest registered versions, listing what changed) and write a "
+            "new envelope revision. Refused if the evidence no longer hashes to what was recorded.",
+        )
+        parse.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
+        parse.add_argument("--state-dir", metavar="DIR")
+        parse.add_argument(
+            "--latest",
+            action="store_true",
+            help="use the newest registered parser versions, marking the changes",
+        )
+        parse.add_argument("--policy", metavar="FILE", help="host policy (evidence size cap, key)")
+        parse.add_argument("--json", action="store_true")
+        parse.set_defaults(func=cmd_parse)
+    elif name == "status":
+        status = sub.add_parser(
+            name,
+            help=help,
+            description="Read a job's ledger: attempts, consumed and remaining budget, the current "
+            "state, and (for an attempt in flight) its container as the engine sees it.",
+        )
+        status.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
+        status.add_argument("--state-dir", metavar="DIR")
+        status.add_argument("--json", action="store_true")
+        status.set_defaults(func=cmd_status)
+    elif name == "ledger":
+        ledger = sub.add_parser(name, help=help)
+        ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
+        lverify = ledger_sub.add_parser(
+            "verify",
+            help="check the ledger's hash chain, event order and pairing",
+            description="Exit 0 when the ledger is intact, 1 naming each broken line otherwise "
+            "(a torn last line included). Changes nothing.",
+        )
+        lverify.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
+        lverify.add_argument("--state-dir", metavar="DIR")
+        lverify.add_argument("--json", action="store_true")
+        lverify.set_defaults(func=cmd_ledger_verify)
+    elif name == "cleanup":
+        cleanup = sub.add_parser(
+            name,
+            help=help,
+            description="Remove containers labelled by this runner whose job has no live runner "
+            "and whose ledger says the attempt finished; list (never touch) those whose ledger "
+            "says they still run: `runner run` reattaches to them.",
+        )
+        cleanup.add_argument("--dry-run", action="store_true", help="only list what would go")
+        cleanup.add_argument("--json", action="store_true")
+        cleanup.set_defaults(func=cmd_cleanup)
+
+
+def _job_root(args: argparse.Namespace) -> Path:
+    """JOB as a folder path, else a job id under the state dir."""
+    given = Path(args.job)
+    if (given / "record").is_dir():
+        return given
+    root: Path = host.state_dir(args.state_dir) / "jobs" / str(args.job)
+    if not root.is_dir():
+        raise RefusedError(
+            f"no job {args.job!r} under {root.parent}",
+            hint="pass the job id and the same --state-dir as `runner run`, or the job folder",
+        )
+    return root
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    from runner import ledger
+
+    path = _job_root(args) / "record" / "ledger.jsonl"
+    if not path.exists():
+        raise RefusedError(f"{path} does not exist: the job never got past its refusal")
+    problems = ledger.verify_file(path)
+    lines = len(path.read_bytes().splitlines())
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "ledger": str(path),
+                    "events": lines,
+                    "ok": not problems,
+                    "problems": [{"line": p.line, "message": p.message} for p in problems],
+                },
+                indent=2,
+            )
+        )
+    elif problems:
+        for problem in problems:
+            print(f"{path}: {problem}")
+    else:
+        print(f"ok: {path}: {lines} events, chain and order intact")
+    return EXIT_JOB_FAILED if problems else EXIT_SUCCEEDED
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from runner.ledger import read_state
+
+    root = _job_root(args)
+    path = root / "record" / "ledger.jsonl"
+    if not path.exists():
+        raise RefusedError(f"{path} does not exist: the job never got past its refusal")
+    st = read_state(path)  # an onlooker: never repairs or locks a ledger a runner may be writing
+    in_flight = st.in_flight
+    if st.finished is not None:
+        state = f"finished ({st.finished.get('status')})"
+    elif in_flight is not None:
+        state = f"attempt {in_flight.number} in flight (or its runner died)"
+    else:
+        state = "not running"
+    container_state = None
+    if in_flight is not None:
+        from runner import backends
+        from runner.errors import ContainerVanished
+
+        try:
+            container_state = backends.default().state(in_flight.container_name).status
+        except ContainerVanished:
+            container_state = "gone"
+    info: dict[str, Any] = {
+        "job": root.name,
+        "state": state,
+        "limitSeconds": st.limit,
+        "consumedSeconds": round(st.consumed, 3),
+        "remainingSeconds": round(max(st.limit - st.consumed, 0.0), 3),
+        "attempts": [
+            {
+                "attempt": a.number,
+                "container": a.container_name,
+                "seconds": round(a.seconds, 3),
+                "end": (a.finished or {}).get("classification", "in flight"),
+                "how": (a.finished or {}).get("how"),
+            }
+            for a in st.attempts
+        ],
+        "container": {"name": in_flight.container_name, "state": container_state}
+        if in_flight
+        else None,
+        "envelope": str(root / "result.json") if (root / "result.json").exists() else None,
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return EXIT_SUCCEEDED
+    print(f"job        {root.name}  ({state})")
+    print(
+        f"budget     {fmt_clock(st.consumed)} used of {fmt_clock(st.limit)}, "
+        f"{fmt_clock(max(st.limit - st.consumed, 0))} left"
+    )
+    for a in info["attempts"]:
+        how = f" ({a['how']})" if a["how"] else ""
+        print(f"attempt {a['attempt']}  {a['seconds']:8.1f} s  {a['end']}{how}  {a['container']}")
+    if info["container"]:
+        print(f"container  {in_flight.container_name if in_flight else ''}: {container_state}")
+    if info["envelope"]:
+        print(f"envelope   {info['envelope']}")
+    return EXIT_SUCCEEDED
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from runner import sweeper
+
+    report = sweeper.sweep(dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for item in report["removed"]:
+            print(f"removed  {item['name']}  ({item['why']})")
+        for item in report["kept"]:
+            print(f"kept     {item['name']}  ({item['why']})")
+        if not report["removed"] and not report["kept"]:
+            print("no containers of this runner on this engine")
+    return EXIT_SUCCEEDED
+
+
+def cmd_parse(args: argparse.Namespace) -> int:
+    from runner import orchestrator, policy
+    from runner.regrade import regrade
+
+    loaded = policy.load(host.policy_path(args.policy))
+    envelope = regrade(
+        _job_root(args),
+        latest=args.latest,
+        max_bytes=int(loaded.policy.maxEvidenceMb * 1024 * 1024),
+        result_key=host.result_key_path(loaded.policy.resultSigningKey),
+        max_result_bytes=int(loaded.policy.maxResultKb * 1024),
+    )
+    data = orchestrator.as_json(envelope)
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print(f"revision {envelope.revision} of {envelope.jobId}, re-read from stored evidence")
+        for change in envelope.regrade.changes if envelope.regrade else []:
+            print(f"  changed: {change}")
+        print(summary(data, Path(envelope.jobDir) / "result.json" if envelope.jobDir else None))
+    return FAMILY_EXIT[orchestrator.failure_exit_family(envelope)]

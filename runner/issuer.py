@@ -1,0 +1,183 @@
+"""The issuer's side: make a signing key, pin a local image into a contract, stamp and sign a
+contract into a DSSE envelope.
+
+Library functions: each takes paths and values, writes its files, returns what it wrote, and
+raises a :class:`~runner.errors.RunnerError` subclass when it refuses. ``runner keygen``,
+``runner pin`` and ``runner sign`` (runner/cli/issuer.py) print what they return.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from runner.errors import ContractError, ImageUnavailable, RefusedError
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """What :func:`keygen` wrote."""
+
+    key_id: str
+    private_key: Path
+    public_key: Path
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """What :func:`pin` wrote: the contract, and the image it now pins."""
+
+    contract: Path
+    image: str
+    image_id: str
+    contract_digest: str
+
+
+@dataclass(frozen=True)
+class Signed:
+    """What :func:`sign` wrote: the envelope, and what it stamped into the contract."""
+
+    envelope: Path
+    key_id: str
+    contract_digest: str
+    issued_at: str | None
+    expires_at: str | None
+    audience: list[str] | None
+    job_id: str | None
+
+
+class BadDuration(ValueError):
+    """A lifetime that is not ``90s``, ``30m``, ``24h``, ``7d`` or a number of seconds."""
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``30m``, ``24h``, ``7d``, or a number of seconds."""
+    unit = text[-1:]
+    try:
+        seconds = float(text[:-1]) * _UNITS[unit] if unit in _UNITS else float(text)
+    except ValueError as exc:
+        raise BadDuration(f"a duration looks like 90s, 30m, 24h or 7d; got {text!r}") from exc
+    return timedelta(seconds=seconds)
+
+
+def keygen(prefix: Path) -> KeyPair:
+    """Write ``PREFIX.key`` (PKCS#8 PEM, mode 0600) and ``PREFIX.pub``; never overwrites."""
+    from runner import signing
+
+    private = prefix.with_name(prefix.name + ".key")
+    public = prefix.with_name(prefix.name + ".pub")
+    for path in (private, public):
+        if path.exists():
+            raise RefusedError(
+                f"{path} already exists; keygen never overwrites a key",
+                hint="choose another --out, or remove the old pair on purpose",
+            )
+    return KeyPair(signing.generate_key(private, public), private, public)
+
+
+def read_contract(path: Path) -> dict[str, Any]:
+    """An issuer's contract as JSON, before its digest is (re)computed."""
+    from runner.contract import parse_json
+
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ContractError(f"cannot read {path}: {exc.strerror}", hint="check the path") from exc
+    return parse_json(raw, str(path))
+
+
+def pin(
+    contract: Path,
+    image: str,
+    *,
+    output: Path | None = None,
+    note: Callable[[str], None] = lambda line: None,
+) -> Pinned:
+    """Pin the local image ``image`` into ``contract``: its manifest digest (when it has one
+    for that repository) or its image id into ``environment.image``, its id into
+    ``environment.imageId``; recompute ``contractDigest``, verify, and write the contract to
+    ``output`` (default: over ``contract``). ``note`` hears about an ``output`` in another
+    folder, whose relative input paths then resolve from there."""
+    from runner import backends
+    from runner.contract import verify_data, with_digest
+    from runner.images import repository_of
+
+    data = read_contract(contract)
+    info = backends.default().inspect_image(image)
+    if info is None:
+        raise ImageUnavailable(
+            f"no local image {image!r} to pin",
+            hint="build it first (scripts/setup.sh builds runner-cpu:local) or `docker load` it",
+        )
+    env = data.get("environment")
+    if not isinstance(env, dict):
+        raise ContractError("must be an object to pin an image into", path="$.environment")
+    name = repository_of(image.split("@", 1)[0])
+    digests = [d for d in info.repo_digests if d.split("@", 1)[0] == name]
+    env["image"] = digests[0] if digests else info.id
+    env["imageId"] = info.id
+    pinned = with_digest(data)
+    text = json.dumps(pinned, indent=2, ensure_ascii=False) + "\n"
+    out = output if output is not None else contract
+    verify_data(pinned, text.encode(), contract.resolve().parent, str(out))
+    if out.resolve().parent != contract.resolve().parent:
+        note(f"{out} is not beside {contract}; its relative input paths resolve from {out.parent}")
+    out.write_text(text, encoding="utf-8")
+    return Pinned(out, env["image"], info.id, pinned["contractDigest"])
+
+
+def sign(
+    contract: Path,
+    key: Path,
+    *,
+    expires_in: timedelta | str | None = "24h",
+    audience: list[str] | None = None,
+    job_id: str | None = None,
+    output: Path | None = None,
+) -> Signed:
+    """Stamp ``issuedAt`` (now) and ``expiresAt`` (now + ``expires_in``; None keeps the
+    contract's own times), ``audience`` and ``jobId`` when given; recompute ``contractDigest``,
+    verify, and sign the exact contract bytes with ``key`` into a DSSE envelope written to
+    ``output`` (default: ``contract`` with ``.dsse.json``). A malformed ``expires_in`` string
+    raises :class:`BadDuration`."""
+    from runner import signing
+    from runner.contract import verify_data, with_digest
+    from runner.contract.load import is_envelope
+
+    data = read_contract(contract)
+    if is_envelope(data):
+        raise RefusedError(
+            f"{contract} is already a signed envelope", hint="sign the bare contract"
+        )
+    now = datetime.now(UTC).replace(microsecond=0)
+    if expires_in is not None:
+        lifetime = parse_duration(expires_in) if isinstance(expires_in, str) else expires_in
+        data["issuedAt"] = now.isoformat().replace("+00:00", "Z")
+        data["expiresAt"] = (now + lifetime).isoformat().replace("+00:00", "Z")
+    if audience:
+        data["audience"] = audience
+    if job_id:
+        data["jobId"] = job_id
+    stamped = with_digest(data)
+    payload = (json.dumps(stamped, indent=2, ensure_ascii=False) + "\n").encode()
+    verify_data(stamped, payload, contract.resolve().parent, str(contract))  # schema, digest...
+    private = signing.load_private_key(key)
+    envelope = signing.sign(payload, private)
+    out = output if output is not None else contract.with_name(contract.stem + ".dsse.json")
+    out.write_text(signing.dumps_envelope(envelope))
+    return Signed(
+        envelope=out,
+        key_id=envelope["signatures"][0]["keyid"],
+        contract_digest=stamped["contractDigest"],
+        issued_at=stamped.get("issuedAt"),
+        expires_at=stamped.get("expiresAt"),
+        audience=stamped.get("audience"),
+        job_id=stamped.get("jobId"),
+    )
