@@ -23,7 +23,7 @@ from runner.container import Outcome, Progress, Watch
 from runner.contract import VerifiedContract
 from runner.envelope import GpuRecord, ImageRecord
 from runner.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
-from runner.ledger import Ledger
+from runner.ledger import Budget, Ledger
 from runner.options import RunOptions
 from runner.plan import ExecutionPlan
 from runner.stages import Known, stage
@@ -179,7 +179,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
         files = staging.stage_inputs(job.dir, job.contract, _input_rules(opts))
         uid, gid = (int(x) for x in p.user.split(":"))
         staging.prepare_writable(job.dir, uid, gid, [p.stdout_path, p.stderr_path])
-        staging.write_budget(job.dir, job.limit, consumed)
+        job.dir.write_budget(Budget(job.limit, consumed))
     known = known.timed("stage", since)
     size = sum(f.size for f in files)
     progress.stage("stage", f"{len(files)} input files ({size:,} bytes) in {job.dir.root}")
@@ -294,7 +294,7 @@ def _watch(job: Job, n: int, before: float, already: float, guards: quotas.Guard
             "heartbeat",
             {"attempt": n, "attemptSeconds": round(seconds, 3), "consumedSeconds": round(total, 3)},
         )
-        staging.write_budget(job.dir, limit, total)
+        job.dir.write_budget(Budget(limit, total))
 
     opts = job.options
     return Watch(

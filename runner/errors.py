@@ -39,7 +39,6 @@ the README's tables) is derived from it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum, StrEnum
 
 
@@ -106,12 +105,14 @@ class Category(StrEnum):
         return _TABLE[self].doc
 
 
-@dataclass(frozen=True)
 class _Row:
-    family: Family
-    final: bool
-    retryable: bool
-    doc: str
+    """One row of the category table (a plain class: ``runner --help`` imports this module,
+    and dataclasses would bring inspect along)."""
+
+    __slots__ = ("doc", "family", "final", "retryable")
+
+    def __init__(self, family: Family, final: bool, retryable: bool, doc: str) -> None:
+        self.family, self.final, self.retryable, self.doc = family, final, retryable, doc
 
 
 _F = Family

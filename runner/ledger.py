@@ -107,6 +107,26 @@ class Attempt:
     finished: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class Budget:
+    """A job's runtime budget: its limit and what every attempt together has consumed."""
+
+    limit: float
+    consumed: float
+
+    @property
+    def remaining(self) -> float:
+        return round(max(self.limit - self.consumed, 0.0), 3)
+
+    def as_json(self) -> dict[str, float]:
+        """As runtime-budget.json, the envelope and ``runner status`` show it."""
+        return {
+            "limitSeconds": round(self.limit, 3),
+            "consumedSeconds": round(self.consumed, 3),
+            "remainingSeconds": self.remaining,
+        }
+
+
 @dataclass
 class LedgerState:
     """What the ledger says about the job, derived from its events."""
@@ -128,6 +148,10 @@ class LedgerState:
     @property
     def limit(self) -> float:
         return float((self.accepted or {}).get("limitSeconds", 0.0))
+
+    def budget(self, limit: float | None = None) -> Budget:
+        """The budget so far, against ``limit`` (default: the one accepted)."""
+        return Budget(self.limit if limit is None else limit, self.consumed)
 
 
 def _apply(state: LedgerState, event: LedgerEvent) -> str | None:

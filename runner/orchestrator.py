@@ -275,14 +275,9 @@ def _record_end(
         )
     # Only now, with its end in the ledger, may the container go (see container.finish).
     backend.remove(outcome.container_id or outcome.name)
-    staging.write_budget(job, limit, st.consumed)
-    budget = BudgetRecord(
-        limitSeconds=limit,
-        consumedSeconds=round(st.consumed, 3),
-        remainingSeconds=round(max(limit - st.consumed, 0.0), 3),
-        attempts=n,
-    )
-    return failure, budget
+    budget = st.budget(limit)
+    job.write_budget(budget)
+    return failure, BudgetRecord(**budget.as_json(), attempts=n)
 
 
 def _read_evidence(
@@ -425,18 +420,9 @@ def write_envelope(job: staging.JobDir, envelope: ResultEnvelope) -> None:
     staging.atomic_write(job.envelope, (envelope.model_dump_json(indent=2) + "\n").encode())
 
 
-REFUSALS = errors.REFUSALS
-
-
 def failure_exit_family(envelope: ResultEnvelope) -> str:
     """``succeeded`` | ``job_failed`` | ``refused`` | ``infrastructure`` | ``cancelled``."""
     return errors.exit_family(envelope.failure.category if envelope.failure else None)
-
-
-def failure_exit_family_of(data: dict[str, Any]) -> str:
-    """The same, for an envelope already turned into JSON data (a batch's)."""
-    failure = data.get("failure")
-    return errors.exit_family(str(failure["category"]) if failure else None)
 
 
 def as_json(envelope: ResultEnvelope) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 from runner import safefs
 from runner.contract import VerifiedContract
 from runner.errors import ContractError, JobBusy, PolicyViolation
+from runner.ledger import Budget
 
 CHUNK = 1024 * 1024
 
@@ -61,6 +62,15 @@ class JobDir:
     @property
     def envelope(self) -> Path:
         return self.root / "result.json"
+
+    @property
+    def budget_file(self) -> Path:
+        """``execution/runtime-budget.json``: what the job reads of its budget."""
+        return self.execution / "runtime-budget.json"
+
+    def write_budget(self, budget: Budget) -> None:
+        """Write runtime-budget.json (atomically; the job reads it read-only)."""
+        write_json(self.budget_file, {"schemaVersion": "1.0", **budget.as_json()})
 
     @property
     def ledger(self) -> Path:
@@ -404,19 +414,6 @@ def prepare_writable(job: JobDir, uid: int, gid: int, stream_paths: list[str]) -
             os.chown(dirpath, uid, gid)
             for name in [*dirnames, *filenames]:
                 os.chown(Path(dirpath) / name, uid, gid, follow_symlinks=False)
-
-
-def write_budget(job: JobDir, limit_seconds: float, consumed_seconds: float) -> None:
-    """Write ``execution/runtime-budget.json`` (atomically; the job reads it read-only)."""
-    write_json(
-        job.execution / "runtime-budget.json",
-        {
-            "schemaVersion": "1.0",
-            "limitSeconds": round(limit_seconds, 3),
-            "consumedSeconds": round(consumed_seconds, 3),
-            "remainingSeconds": round(max(limit_seconds - consumed_seconds, 0.0), 3),
-        },
-    )
 
 
 def _sha256_stream(f: BinaryIO, limit: int) -> tuple[str, int]:

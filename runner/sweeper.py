@@ -13,11 +13,12 @@ from typing import Any
 
 from runner import ledger
 from runner.backends.base import Backend, ContainerSummary
+from runner.staging import JobDir
 
 
 def runner_alive(job_root: Path) -> bool:
     """Whether a runner holds the job's lock right now."""
-    lock = job_root / "record" / "lock"
+    lock = JobDir(job_root).lock
     if not lock.exists():
         return False
     with lock.open("a+") as handle:
@@ -37,7 +38,7 @@ def _verdict(c: ContainerSummary) -> tuple[bool, str]:
     root = Path(job_dir)
     if runner_alive(root):
         return False, "a runner is watching it"
-    path = root / "record" / "ledger.jsonl"
+    path = JobDir(root).ledger
     if not path.exists():
         return False, "its job has no ledger; remove it by hand"
     state = ledger.read_state(path)

@@ -42,6 +42,10 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests.support: the contract writer the tests use
+
+from runner.staging import StateDir  # noqa: E402 - the job folder layout, from its owner
+
 TOY = ROOT / "examples" / "toy-evaluation"
 INPROC = Path(__file__).resolve().parent / "bench_inproc.py"
 IMAGE = "runner-cpu:local"
@@ -288,35 +292,27 @@ class Bench:
         repository: str | None = None,
         with_toy_inputs: bool = True,
     ) -> Path:
-        """A contract in ``folder`` based on the toy one, pinned with ``runner pin``."""
-        folder.mkdir(parents=True, exist_ok=True)
-        data: dict[str, Any] = json.loads((TOY / "task.json").read_text())
-        if with_toy_inputs:
-            shutil.copytree(TOY / "repository", folder / "repository", dirs_exist_ok=True)
-            shutil.copy(TOY / "paper.md", folder / "paper.md")
-        else:
-            data.pop("paper")
-            data.pop("repository")
-        if repository is not None:
+        """A contract in ``folder`` based on the toy one (the tests' writer), pinned."""
+        from runner import issuer
+        from tests.support import write_contract
+
+        def own_repository(data: dict[str, Any]) -> None:
             data.pop("paper", None)
             data["repository"] = {"url": "https://example.invalid/bench", "commit": "x"}
             data["repository"]["path"] = repository
-        if command is not None:
-            data["protocol"]["command"] = command
-            data["protocol"]["requiredCommandFragments"] = []
-        data["protocol"].update(protocol or {})
-        if measurements is not None:
-            data["measurements"] = measurements
-        raw = folder / "unpinned.json"
-        raw.write_text(json.dumps(data, indent=2))
-        out = folder / "task.json"
-        subprocess.run(
-            [*self.runner, "pin", str(raw), "--image", IMAGE, "-o", str(out)],
-            env=self.s.env,
-            capture_output=True,
-            check=True,
+
+        folder.mkdir(parents=True, exist_ok=True)
+        path = write_contract(
+            folder,
+            IMAGE,
+            command=command,
+            protocol=protocol,
+            measurements=measurements,
+            with_inputs=with_toy_inputs,
+            change=own_repository if repository is not None else None,
         )
-        return out
+        issuer.pin(path, IMAGE)
+        return path
 
     def run_argv(self, contract: Path, job_id: str, state: Path | None = None) -> list[str]:
         return [
@@ -536,7 +532,7 @@ def setup_toy(b: Bench) -> None:
     _, envelope, _, job_id = b.runner_job(b.toy, "warm")
     b.limits = envelope["limits"]
     b.image_id = envelope["image"]["id"]
-    b.toy_job = b.state / "jobs" / job_id
+    b.toy_job = StateDir(b.state).job(job_id).root
 
 
 BOX_KEYS = (
@@ -616,7 +612,7 @@ def fig_toy(b: Bench, reps: int) -> Row:
 
     def runner() -> float:
         seconds, envelope, _, job_id = b.runner_job(b.toy, "toy")
-        log = b.state / "jobs" / job_id / "output" / "logs" / "evaluation.log"
+        log = StateDir(b.state).job(job_id).output / "logs" / "evaluation.log"
         evidence.append(log.read_text())
         t = envelope["timings"]
         split = {
@@ -822,9 +818,9 @@ def fig_stdout(b: Bench, reps: int, size: int) -> Row:
 
     def runner() -> float:
         seconds, _, peak, job_id = b.runner_job(contract, "stdout", state, True)
-        job = state / "jobs" / job_id
-        got = (job / "output" / "logs" / "stdout.log").stat().st_size
-        shutil.rmtree(job)
+        job = StateDir(state).job(job_id)
+        got = (job.output / "logs" / "stdout.log").stat().st_size
+        shutil.rmtree(job.root)
         if got != size:
             raise RuntimeError(f"runner captured {got} bytes, not {size}")
         rss.append(peak)
@@ -904,7 +900,7 @@ def fig_staging(b: Bench, reps: int, size: int) -> Row:
     rss: list[int] = []
 
     def runner() -> float:
-        job = base / "jobs" / b.job_id("stage")
+        job = StateDir(base).job(b.job_id("stage")).root
         out = subprocess.run(
             [sys.executable, str(INPROC), "stage", str(contract), str(job)],
             env=b.s.env,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command: set up (engine, venv, images), then lint, type-check and test.
+# The project's test command: set up (engine, venv, images), then lint, type-check, check the
+# import layers (pyproject's [tool.importlinter]) and test.
 #   scripts/test.sh [pytest args...]     e.g. scripts/test.sh -k envelope -x
 # Every check runs even when an earlier one fails; the exit status is non-zero if any failed.
 set -euo pipefail
@@ -30,6 +31,7 @@ step() {
 step "ruff check" "$VENV_BIN/ruff" check . || true
 step "ruff format --check" "$VENV_BIN/ruff" format --check . || true
 step "mypy" "$VENV_BIN/mypy" || true
+step "import layers (lint-imports)" "$VENV_BIN/lint-imports" --no-cache || true
 
 log "test: pytest $*"
 rc=0

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from runner.contract import with_digest
-from tests.conftest import (
+from tests.support import (
     SESSION_ID,
     SESSION_LABEL,
     run_cli,

@@ -50,3 +50,23 @@ def test_the_envelope_takes_exactly_the_table() -> None:
     schema = Failure.model_json_schema()
     enum = schema["$defs"]["Category"]["enum"]
     assert enum == [c.value for c in Category]
+
+
+def test_the_cli_agrees_with_the_table() -> None:
+    """The CLI's exit constants and its exit-code help text (kept static, so that `runner
+    --help` does not import the table) say what the table says."""
+    from runner.cli import _common
+
+    constants = {
+        Family.SUCCEEDED: _common.EXIT_SUCCEEDED,
+        Family.JOB_FAILED: _common.EXIT_JOB_FAILED,
+        Family.REFUSED: _common.EXIT_REFUSED,
+        Family.INFRASTRUCTURE: _common.EXIT_INFRASTRUCTURE,
+        Family.CANCELLED: _common.EXIT_CANCELLED,
+    }
+    assert all(family.code == code for family, code in constants.items())
+    lines = _common.EXIT_CODES_HELP.splitlines()
+    for family in Family:
+        assert any(line.strip().startswith(str(family.code)) for line in lines), family
+    assert _common.batch_exit([{"failure": None}, {"failure": {"category": "oom"}}]) == 1
+    assert _common.batch_exit([{"failure": {"category": "cancelled"}}, {"failure": None}]) == 130

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SESSION_ID, SESSION_LABEL, run_cli, session_containers, write_contract
+from tests.support import SESSION_ID, SESSION_LABEL, run_cli, session_containers, write_contract
 
 pytestmark = pytest.mark.docker
 

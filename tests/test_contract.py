@@ -15,7 +15,7 @@ from runner.errors import ContractError, DigestMismatch, PolicyViolation, Protoc
 from runner.policy import HostPolicy
 from runner.schemas import CONTRACTS
 from runner.schemas import main as schemas_main
-from tests.conftest import SEED, TOY, run_cli
+from tests.support import SEED, TOY, run_cli
 
 ID = "sha256:" + "ab" * 32
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import (
+from tests.support import (
     SESSION_ID,
     SESSION_LABEL,
     TOY,
-    _docker,
+    docker,
     run_cli,
     run_job,
     session_containers,
@@ -45,7 +45,7 @@ def _no_leftovers(envelope: dict[str, Any]) -> None:
     """No container of the job and no temporary file in its folder remain."""
     job = _job_dir(envelope)
     assert not [p for p in job.rglob("*.tmp")], list(job.rglob("*.tmp"))
-    left = _docker("ps", "-aq", "--filter", f"label=org.runner.job-id={envelope['jobId']}")
+    left = docker("ps", "-aq", "--filter", f"label=org.runner.job-id={envelope['jobId']}")
     assert left.stdout.split() == []
 
 
@@ -326,7 +326,7 @@ def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id
         deadline = time.monotonic() + 60
         found: list[str] = []
         while time.monotonic() < deadline and proc.poll() is None:
-            found = _docker(
+            found = docker(
                 "ps",
                 "-q",
                 "--filter",
@@ -338,7 +338,7 @@ def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id
                 break
             time.sleep(0.2)
         assert found, f"the job's container never showed up running: {proc.communicate()}"
-        info = json.loads(_docker("inspect", found[0]).stdout)[0]
+        info = json.loads(docker("inspect", found[0]).stdout)[0]
         hc, cfg = info["HostConfig"], info["Config"]
         assert hc["NetworkMode"] == "none"
         assert hc["ReadonlyRootfs"] is True
@@ -375,7 +375,7 @@ def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id
     assert env["failure"]["category"] == "cancelled"
     assert env["container"]["stoppedByRunner"] is True
     assert (state / "jobs" / env["jobId"] / "result.json").exists()
-    assert _docker("ps", "-aq", "--filter", "label=probe=caps").stdout.split() == []
+    assert docker("ps", "-aq", "--filter", "label=probe=caps").stdout.split() == []
 
     # An interrupted job may be run again under the same id; the old envelope is kept.
     code, again, _ = run_job(contract, state)

@@ -16,7 +16,7 @@ from runner.backends.base import ContainerSpec
 from runner.backends.docker import DockerBackend
 from runner.backends.types import Limits
 from runner.errors import ContainerVanished, EngineUnavailable
-from tests.conftest import SESSION_ID, SESSION_LABEL
+from tests.support import SESSION_ID, SESSION_LABEL
 
 MIB = 1024 * 1024
 

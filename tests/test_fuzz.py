@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from runner.client import main
 from runner.contract import with_digest
 from runner.errors import ContractError
-from tests.conftest import TOY, run_cli
+from tests.support import TOY, run_cli
 
 IMAGE_ID = "sha256:" + "ab" * 32
 CLEAN_EXITS = {0, 2, 3, 4}

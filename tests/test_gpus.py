@@ -15,7 +15,7 @@ from runner.contract import Trust
 from runner.errors import GpuUnavailable
 from runner.gpus import Allocator, Gpu, HostDetector, parse_smi
 from runner.ledger import read_state
-from tests.conftest import SESSION_ID, SESSION_LABEL, _docker, write_contract
+from tests.support import SESSION_ID, SESSION_LABEL, docker, write_contract
 
 FAKE = [
     Gpu(0, "GPU-00000000-fake-0000-0000-000000000000", "Fake H100", 80 * 1024**3, "550.54"),
@@ -150,7 +150,7 @@ def test_engine_without_driver_is_gpu_unavailable(tmp_path: Path, image_id: str)
     assert FAKE[0].uuid in env.failure.reason
     assert env.exitCode is None
     assert orchestrator.failure_exit_family(env) == "infrastructure"
-    assert _docker("ps", "-aq", "--filter", f"label=org.runner.job-id={env.jobId}").stdout == ""
+    assert docker("ps", "-aq", "--filter", f"label=org.runner.job-id={env.jobId}").stdout == ""
     assert list((tmp_path / "locks").glob("*.json")) == []
     # The attempt is recorded as never started: a later run is not charged for it.
     assert env.jobDir is not None

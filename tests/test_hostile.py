@@ -12,95 +12,17 @@ import os
 import shutil
 import socket
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from tests.conftest import SESSION_ID, SESSION_LABEL, _docker, start_job, write_contract
+from tests.support import SESSION_ID, SESSION_LABEL, docker, write_contract
+from tests.support.hostile import RUNTIMES, measured_run, probe_measurement, py, record
 
 pytestmark = [pytest.mark.docker, pytest.mark.hostile]
-
-RUNTIMES = ["runc", "runsc"]
-
-
-def _record(case: str, runtime: str, env: dict[str, Any], **measured: Any) -> None:
-    target = os.environ.get("HOSTILE_REPORT_FILE")
-    if not target:
-        return
-    failure = env.get("failure") or {}
-    line = {
-        "case": case,
-        "runtime": runtime,
-        "status": env.get("status"),
-        "category": failure.get("category"),
-        "exitCode": env.get("exitCode"),
-        "limits": env.get("limits"),
-        "disk": env.get("disk"),
-        **measured,
-    }
-    with open(target, "a") as f:
-        f.write(json.dumps(line) + "\n")
-
-
-def _measured_run(
-    contract: Path, state: Path, runtime: str, *extra: str, policy: dict[str, Any] | None = None
-) -> tuple[int, dict[str, Any], str, int]:
-    """`runner run --json` under ``runtime``; also the runner process's peak RSS (bytes)."""
-    policy_file = state.parent / f"policy-{runtime}.json"
-    policy_file.write_text(json.dumps({"isolation": runtime, **(policy or {})}))
-    proc = start_job(contract, state, "--policy", str(policy_file), *extra)
-    peak = 0
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        watched = psutil.Process(proc.pid)
-        while not done.is_set():
-            try:
-                peak = max(peak, watched.memory_info().rss)
-            except psutil.Error:
-                return
-            time.sleep(0.05)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        out, err = proc.communicate(timeout=600)
-    finally:
-        done.set()
-        if proc.poll() is None:
-            proc.kill()
-    sampler.join(timeout=5)
-    try:
-        envelope = json.loads(out)
-    except json.JSONDecodeError:
-        pytest.fail(f"no envelope on stdout:\n{out}\n{err}")
-    return proc.returncode, envelope, err, peak
-
-
-def _py(code: str) -> list[str]:
-    return ["python3", "-c", code]
-
-
-def _probe(mid: str = "probe") -> list[dict[str, Any]]:
-    return [
-        {
-            "measurementId": mid,
-            "metric": mid,
-            "unit": "count",
-            "parser": {
-                "id": "json.scalar",
-                "version": "1",
-                "evidencePath": "probe.json",
-                "config": {"pointer": "/ok"},
-            },
-        }
-    ]
 
 
 FORK_BOMB = r"""
@@ -128,11 +50,11 @@ def test_fork_bomb(tmp_path: Path, image_id: str, runtime: str) -> None:
     contract = write_contract(
         tmp_path,
         image_id,
-        command=_py(FORK_BOMB),
-        measurements=_probe(),
+        command=py(FORK_BOMB),
+        measurements=probe_measurement(),
         environment={"pidsLimit": 64, "memoryGb": 0.25, "timeoutMinutes": 0.5},
     )
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     assert subprocess.run(["true"], check=False).returncode == 0  # the host still forks
     if runtime == "runc":
         assert code == 0, (env, err)
@@ -143,16 +65,16 @@ def test_fork_bomb(tmp_path: Path, image_id: str, runtime: str) -> None:
         assert env["limits"]["pidsLimit"] is None
         assert env["failure"]["category"] in {"oom", "timeout"}, env["failure"]
         made = None
-    _record("fork bomb", runtime, env, held=True, processesMade=made, runnerPeakRss=peak)
+    record("fork bomb", runtime, env, held=True, processesMade=made, runnerPeakRss=peak)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_memory_bomb(tmp_path: Path, image_id: str, runtime: str) -> None:
     bomb = "b = []\nwhile True: b.append(bytearray(16 * 1024 * 1024))"
     contract = write_contract(
-        tmp_path, image_id, command=_py(bomb), environment={"memoryGb": 0.125, "timeoutMinutes": 1}
+        tmp_path, image_id, command=py(bomb), environment={"memoryGb": 0.125, "timeoutMinutes": 1}
     )
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     assert code == 1, (env, err)
     if runtime == "runsc" and env["failure"]["category"] == "nonzero_exit":
         # gVisor may refuse the allocation itself: Python then raises MemoryError and exits 1.
@@ -160,7 +82,7 @@ def test_memory_bomb(tmp_path: Path, image_id: str, runtime: str) -> None:
         assert "MemoryError" in stderr_log.read_text()
     else:
         assert env["failure"]["category"] == "oom"
-    _record("memory bomb", runtime, env, held=True, runnerPeakRss=peak)
+    record("memory bomb", runtime, env, held=True, runnerPeakRss=peak)
 
 
 FILLER = r"""
@@ -179,9 +101,9 @@ def test_disk_filler(tmp_path: Path, image_id: str, runtime: str) -> None:
     free_before = shutil.disk_usage(tmp_path).free
     quota = 0.125
     contract = write_contract(
-        tmp_path, image_id, command=_py(FILLER), environment={"diskGb": quota, "timeoutMinutes": 2}
+        tmp_path, image_id, command=py(FILLER), environment={"diskGb": quota, "timeoutMinutes": 2}
     )
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     free_after_run = shutil.disk_usage(tmp_path).free
     assert code == 1, (env, err)
     assert env["failure"]["category"] == "disk_quota_exceeded"
@@ -189,7 +111,7 @@ def test_disk_filler(tmp_path: Path, image_id: str, runtime: str) -> None:
     assert (Path(env["jobDir"]) / "workspace" / "fill.bin").exists()
     floor = free_before - 4 * 1024**3
     assert free_after_run > floor
-    _record(
+    record(
         "disk filler",
         runtime,
         env,
@@ -220,10 +142,10 @@ def test_log_flood(tmp_path: Path, image_id: str, runtime: str) -> None:
     contract = write_contract(
         tmp_path,
         image_id,
-        command=[*_py(FLOOD), str(flood)],
+        command=[*py(FLOOD), str(flood)],
         environment={"logLimitMb": 8, "timeoutMinutes": 3},
     )
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     stdout_log = next(log for log in env["logs"] if log["path"].endswith(".log"))
     assert env["exitCode"] == 0, (code, env, err)
     assert stdout_log["size"] <= 8 * 1024**2 + 200
@@ -231,7 +153,7 @@ def test_log_flood(tmp_path: Path, image_id: str, runtime: str) -> None:
     text = (Path(env["jobDir"]) / "output" / stdout_log["path"]).read_bytes()
     assert b"bytes of this log were dropped past its cap" in text
     assert peak < 150 * 1024**2
-    _record(
+    record(
         "log flood",
         runtime,
         env,
@@ -244,7 +166,7 @@ def test_log_flood(tmp_path: Path, image_id: str, runtime: str) -> None:
 
 
 def _bridge_gateway() -> str:
-    out = _docker("network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}")
+    out = docker("network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}")
     return out.stdout.strip() or "172.17.0.1"
 
 
@@ -275,15 +197,15 @@ def test_network_egress(tmp_path: Path, image_id: str, runtime: str) -> None:
         contract = write_contract(
             tmp_path,
             image_id,
-            command=[*_py(EGRESS), _bridge_gateway(), str(port)],
-            measurements=_probe(),
+            command=[*py(EGRESS), _bridge_gateway(), str(port)],
+            measurements=probe_measurement(),
         )
-        code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+        code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     finally:
         server.close()
     assert code == 0, (env, err)
     assert env["measurements"][0]["value"] == 1
-    _record("network egress", runtime, env, held=True, runnerPeakRss=peak)
+    record("network egress", runtime, env, held=True, runnerPeakRss=peak)
 
 
 ESCALATE = r"""
@@ -321,14 +243,16 @@ json.dump(r, open("/job/output/probe.json", "w"))
 def test_escalation_and_host_access(tmp_path: Path, image_id: str, runtime: str) -> None:
     """Read-only root, input and execution; setuid and su gain nothing (no-new-privileges, no
     capabilities); neither the docker socket nor host folders are there."""
-    contract = write_contract(tmp_path, image_id, command=_py(ESCALATE), measurements=_probe())
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+    contract = write_contract(
+        tmp_path, image_id, command=py(ESCALATE), measurements=probe_measurement()
+    )
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     assert code == 0, (env, err)
     probe = json.loads((Path(env["jobDir"]) / "output" / "probe.json").read_text())
     assert probe["ok"] == 1, probe
     if runtime == "runc":
         assert probe["noNewPrivs"] == ["1"] and probe["capEff"] == ["0000000000000000"]
-    _record("escalation and host access", runtime, env, held=True, probe=probe, runnerPeakRss=peak)
+    record("escalation and host access", runtime, env, held=True, probe=probe, runnerPeakRss=peak)
 
 
 PLANT = r"""
@@ -364,11 +288,11 @@ def test_symlinks_to_host_paths_are_not_followed(
     contract = write_contract(
         tmp_path,
         image_id,
-        command=_py(PLANT),
+        command=py(PLANT),
         measurements=measurement,
         environment={"logLimitMb": 0.001},
     )
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     assert code == 1, (env, err)
     assert env["failure"]["category"] == "parse_error"
     assert "outside" in env["failure"]["reason"]
@@ -376,22 +300,22 @@ def test_symlinks_to_host_paths_are_not_followed(
     assert stderr_log["exists"] is False and stderr_log["sha256"] is None
     assert Path("/etc/passwd").read_bytes() == passwd_before
     assert env["disk"]["usedBytes"] < 10 * 1024**2  # the link to / was not walked
-    _record("symlinks to host paths", runtime, env, held=True, runnerPeakRss=peak)
+    record("symlinks to host paths", runtime, env, held=True, runnerPeakRss=peak)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_sigterm_ignored_is_killed_after_grace(tmp_path: Path, image_id: str, runtime: str) -> None:
     stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)"
     contract = write_contract(
-        tmp_path, image_id, command=_py(stubborn), environment={"timeoutMinutes": 3 / 60}
+        tmp_path, image_id, command=py(stubborn), environment={"timeoutMinutes": 3 / 60}
     )
     t0 = time.monotonic()
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime, "--stop-grace", "2")
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime, "--stop-grace", "2")
     wall = time.monotonic() - t0
     assert code == 1, (env, err)
     assert env["failure"]["category"] == "timeout"
     assert wall < 3 + 2 + 15
-    _record(
+    record(
         "SIGTERM ignored", runtime, env, held=True, wallSeconds=round(wall, 1), runnerPeakRss=peak
     )
 
@@ -420,13 +344,13 @@ def test_many_tiny_files(tmp_path: Path, image_id: str, runtime: str) -> None:
     contract = write_contract(
         tmp_path,
         image_id,
-        command=[*_py(MANY), str(count)],
-        measurements=_probe(),
+        command=[*py(MANY), str(count)],
+        measurements=probe_measurement(),
         environment={"timeoutMinutes": 10, "memoryGb": 2},
     )
     before = psutil.cpu_times()
     t0 = time.monotonic()
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime, "--heartbeat", "1")
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime, "--heartbeat", "1")
     wall = time.monotonic() - t0
     assert code == 0, (env, err)
     assert env["measurements"][0]["value"] == count
@@ -435,7 +359,7 @@ def test_many_tiny_files(tmp_path: Path, image_id: str, runtime: str) -> None:
     ledger = (Path(env["jobDir"]) / "record" / "ledger.jsonl").read_text().splitlines()
     beats = [json.loads(x) for x in ledger if '"heartbeat"' in x]
     assert len(beats) >= max(1, int(env["timings"]["runSeconds"]) // 2 - 1), "runner stalled"
-    _record(
+    record(
         "a million tiny files (a quarter under runsc)",
         runtime,
         env,
@@ -462,24 +386,24 @@ time.sleep(0.5)
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_daemon_dies_with_the_job(tmp_path: Path, image_id: str, runtime: str) -> None:
     marker = f"runner-daemon-{uuid.uuid4().hex}"
-    contract = write_contract(tmp_path, image_id, command=[*_py(DAEMON), marker])
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+    contract = write_contract(tmp_path, image_id, command=[*py(DAEMON), marker])
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     assert env["exitCode"] == 0, (code, env, err)
     time.sleep(1)
     alive = [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
     assert alive == []
-    _record("daemon outliving the job", runtime, env, held=True, runnerPeakRss=peak)
+    record("daemon outliving the job", runtime, env, held=True, runnerPeakRss=peak)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_toy_evaluation_under_each_runtime(tmp_path: Path, image_id: str, runtime: str) -> None:
     """The toy evaluation gives 0.819 under runc and runsc; the envelope says which ran it."""
     contract = write_contract(tmp_path, image_id)
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     assert code == 0, (env, err)
     assert env["measurements"][0]["value"] == 0.819
     assert env["limits"]["runtime"] == runtime
-    _record("toy evaluation", runtime, env, held=True, runnerPeakRss=peak)
+    record("toy evaluation", runtime, env, held=True, runnerPeakRss=peak)
 
 
 def test_runsc_demanded_but_missing_is_refused(tmp_path: Path, image_id: str) -> None:
@@ -508,7 +432,7 @@ def test_runsc_demanded_but_missing_is_refused(tmp_path: Path, image_id: str) ->
 
 def test_contract_asking_runc_where_runsc_is_demanded(tmp_path: Path, image_id: str) -> None:
     contract = write_contract(tmp_path, image_id, environment={"isolation": "runc"})
-    code, env, _, _ = _measured_run(contract, tmp_path / "state", "runsc")
+    code, env, _, _ = measured_run(contract, tmp_path / "state", "runsc")
     assert code == 3
     assert env["failure"]["category"] == "policy_violation"
     assert "$.environment.isolation" in env["failure"]["reason"]

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from runner.contract import with_digest
-from tests.conftest import (
-    _docker,
+from tests.support import (
+    docker,
+    json_measurement,
     run_cli,
     run_job,
     running_containers,
@@ -29,8 +30,7 @@ from tests.conftest import (
     wait_running,
     write_contract,
 )
-from tests.test_hostile import RUNTIMES, _measured_run, _py, _record
-from tests.test_results import _measure
+from tests.support.hostile import RUNTIMES, measured_run, py, record
 
 pytestmark = [pytest.mark.docker, pytest.mark.hostile]
 
@@ -89,7 +89,7 @@ def test_input_path_through_a_linked_middle_folder(tmp_path: Path, image_id: str
     assert "etc" in reason
     staged = list((tmp_path / "state").rglob("shadow"))
     assert staged == []
-    _record("input path through a linked folder", "runc", env, held=True)
+    record("input path through a linked folder", "runc", env, held=True)
 
 
 def test_runner_keys_are_never_staged(tmp_path: Path, image_id: str) -> None:
@@ -128,7 +128,7 @@ def test_runner_keys_are_never_staged(tmp_path: Path, image_id: str) -> None:
     code, env, err = run_job(in_config, tmp_path / "state", env=env_vars)
     _refused(code, env, err, "invalid_contract", "inside the runner's own folder")
     assert not [p for p in (tmp_path / "state").rglob("runner.key") if p.is_file()]
-    _record("runner keys never staged", "runc", env, held=True)
+    record("runner keys never staged", "runc", env, held=True)
 
 
 # --------------------------------------------------------------------- 2. tiny caps
@@ -154,7 +154,7 @@ def test_caps_too_small_to_apply_are_refused(
     contract = write_contract(tmp_path, image_id, environment=environment)
     code, env, err = run_job(contract, tmp_path / "state", *extra)
     _refused(code, env, err, "policy_violation", where, "no cap")
-    _record(f"cap too small: {where}", "runc", env, held=True)
+    record(f"cap too small: {where}", "runc", env, held=True)
 
 
 def test_applied_caps_are_exact_on_the_running_container(tmp_path: Path, image_id: str) -> None:
@@ -177,7 +177,7 @@ def test_applied_caps_are_exact_on_the_running_container(tmp_path: Path, image_i
     try:
         wait_running(proc)
         (cid,) = running_containers()
-        inspected = json.loads(_docker("inspect", cid).stdout)[0]
+        inspected = json.loads(docker("inspect", cid).stdout)[0]
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -196,7 +196,7 @@ def test_applied_caps_are_exact_on_the_running_container(tmp_path: Path, image_i
     env = json.loads(out)
     assert env["failure"]["category"] == "cancelled", err
     assert env["limits"]["memoryBytes"] == 32 * MIB and env["limits"]["cpus"] == 0.0512345
-    _record("caps exact on the running container", "runc", env, held=True, inspected=host)
+    record("caps exact on the running container", "runc", env, held=True, inspected=host)
 
 
 # --------------------------------------------------------------------- 3. hangs
@@ -209,7 +209,7 @@ def test_fifo_in_inputs_is_refused_without_hanging(tmp_path: Path, image_id: str
     code, env, err = run_job(contract, tmp_path / "state")
     _refused(code, env, err, "invalid_contract", "$.repository.path", "a FIFO")
     assert time.monotonic() - t0 < 60
-    _record("FIFO in the inputs", "runc", env, held=True)
+    record("FIFO in the inputs", "runc", env, held=True)
 
 
 STDERR_FIFO = r"""
@@ -225,17 +225,17 @@ sys.exit(3)
 def test_stderr_replaced_by_a_fifo(tmp_path: Path, image_id: str, runtime: str) -> None:
     """A job that swaps its stderr file for a FIFO and exits 3 gets its envelope (the reason
     reader and the hashing refuse the FIFO without blocking), and so does a rerun."""
-    contract = write_contract(tmp_path, image_id, command=_py(STDERR_FIFO))
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+    contract = write_contract(tmp_path, image_id, command=py(STDERR_FIFO))
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     assert code == 1, (env, err)
     assert env["failure"]["category"] == "nonzero_exit"
     stderr_log = next(log for log in env["logs"] if log["path"] == env["stderrPath"])
     assert stderr_log["exists"] is False
     # gVisor keeps a FIFO made on a bind mount inside its sandbox: the host sees none.
     assert "FIFO" in stderr_log["problem"] or runtime == "runsc"
-    again, env2, err2, _ = _measured_run(contract, tmp_path / "state", runtime)
+    again, env2, err2, _ = measured_run(contract, tmp_path / "state", runtime)
     assert again == 1 and env2["failure"]["category"] == "nonzero_exit", err2
-    _record("stderr replaced by a FIFO", runtime, env, held=True, runnerPeakRss=peak)
+    record("stderr replaced by a FIFO", runtime, env, held=True, runnerPeakRss=peak)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device"])
@@ -260,7 +260,7 @@ def test_device_node_in_inputs_is_refused(tmp_path: Path, image_id: str) -> None
     os.mknod(tmp_path / "repository" / "zero", stat.S_IFCHR | 0o666, os.makedev(1, 5))
     code, env, err = run_job(contract, tmp_path / "state")
     _refused(code, env, err, "invalid_contract", "character device")
-    _record("device node in the inputs", "runc", env, held=True)
+    record("device node in the inputs", "runc", env, held=True)
 
 
 def test_sparse_input_stays_sparse(tmp_path: Path, image_id: str) -> None:
@@ -278,7 +278,7 @@ def test_sparse_input_stays_sparse(tmp_path: Path, image_id: str) -> None:
     manifest = json.loads((Path(env["jobDir"]) / "execution" / "input-manifest.json").read_text())
     entry = next(f for f in manifest["files"] if f["path"].endswith("sparse.bin"))
     assert entry["size"] == 3 * GIB
-    _record("sparse input", "runc", env, held=True, allocatedBytes=staged.stat().st_blocks * 512)
+    record("sparse input", "runc", env, held=True, allocatedBytes=staged.stat().st_blocks * 512)
 
 
 @pytest.mark.parametrize(
@@ -293,7 +293,7 @@ def test_inputs_over_the_policy_caps_are_refused(
     policy_file.write_text(json.dumps(policy))
     code, env, err = run_job(contract, tmp_path / "state", "--policy", str(policy_file))
     _refused(code, env, err, "policy_violation", word)
-    _record(f"inputs over {word}", "runc", env, held=True)
+    record(f"inputs over {word}", "runc", env, held=True)
 
 
 # --------------------------------------------------------------------- 5. job output
@@ -320,12 +320,15 @@ def test_long_token_and_huge_listed_output(tmp_path: Path, image_id: str) -> Non
     contract = write_contract(
         tmp_path,
         image_id,
-        command=_py(BOMBS),
-        measurements=[_measure("pad.json", mid="pad"), _measure("good.json", mid="good")],
+        command=py(BOMBS),
+        measurements=[
+            json_measurement("pad.json", mid="pad"),
+            json_measurement("good.json", mid="good"),
+        ],
         environment={"memoryGb": 1},
     )
     t0 = time.monotonic()
-    code, env, err, peak = _measured_run(
+    code, env, err, peak = measured_run(
         contract, tmp_path / "state", "runc", policy={"maxEvidenceMb": 256}
     )
     wall = time.monotonic() - t0
@@ -337,7 +340,7 @@ def test_long_token_and_huge_listed_output(tmp_path: Path, image_id: str) -> Non
     assert listed["big.bin"]["sha256"] is None and "not hashed" in listed["big.bin"]["problem"]
     assert listed["good.json"]["sha256"] is not None
     assert peak < 200 * MIB
-    _record("64 MiB JSON token, 32 GiB listed output", "runc", env, held=True,
+    record("64 MiB JSON token, 32 GiB listed output", "runc", env, held=True,
             runnerPeakRss=peak, wallSeconds=round(wall, 1))  # fmt: skip
 
 
@@ -359,16 +362,16 @@ def test_hostile_result_json(
         f"with open('/job/output/result.json', 'w') as f:\n    {writer}\n"
     )
     contract = write_contract(
-        tmp_path, image_id, command=_py(job), measurements=[_measure("m.json", mid="m")]
+        tmp_path, image_id, command=py(job), measurements=[json_measurement("m.json", mid="m")]
     )
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", "runc")
+    code, env, err, peak = measured_run(contract, tmp_path / "state", "runc")
     assert code == 0 and env["status"] == "succeeded", (env, err)
     assert env["measurements"][0]["value"] == 0.5
     assert env["agentResult"]["valid"] is False
     assert any(problem in p for p in env["agentResult"]["problems"]), env["agentResult"]
     assert len(json.dumps(env)) < 64 * 1024
     assert peak < 200 * MIB
-    _record(f"result.json: {case}", "runc", env, held=True, runnerPeakRss=peak)
+    record(f"result.json: {case}", "runc", env, held=True, runnerPeakRss=peak)
 
 
 # --------------------------------------------------------------------- 6. logs
@@ -394,17 +397,17 @@ def test_log_folder_swapped_for_a_link(tmp_path: Path, image_id: str, runtime: s
     contract = write_contract(
         tmp_path,
         image_id,
-        command=_py(SWAP_LOG_FOLDER),
+        command=py(SWAP_LOG_FOLDER),
         protocol={"stdoutPath": "x/shadow"},
         environment={"logLimitMb": 0.1},
     )
-    code, env, err, peak = _measured_run(contract, tmp_path / "state", runtime)
+    code, env, err, peak = measured_run(contract, tmp_path / "state", runtime)
     assert env["exitCode"] == 0, (code, env, err)
     log = next(entry for entry in env["logs"] if entry["path"] == "x/shadow")
     assert log["exists"] is False and log["sha256"] is None
     assert "link" in log["problem"]
     assert (shadow.read_bytes(), shadow.stat().st_mtime_ns) == before
-    _record("log folder swapped for a link", runtime, env, held=True, runnerPeakRss=peak)
+    record("log folder swapped for a link", runtime, env, held=True, runnerPeakRss=peak)
 
 
 def test_log_folder_link_left_for_the_next_attempt(tmp_path: Path, image_id: str) -> None:
@@ -420,7 +423,7 @@ def test_log_folder_link_left_for_the_next_attempt(tmp_path: Path, image_id: str
     contract = write_contract(
         tmp_path,
         image_id,
-        command=_py(plant),
+        command=py(plant),
         protocol={"stdoutPath": "logs/sub/out.log", "stderrPath": "logs/sub/err.log"},
     )
     state = tmp_path / "state"
@@ -429,7 +432,7 @@ def test_log_folder_link_left_for_the_next_attempt(tmp_path: Path, image_id: str
     code, env, err = run_job(contract, state, "--rerun")
     assert env["budget"]["attempts"] == 2, (code, env, err)
     assert list(host_folder.iterdir()) == []
-    _record("log folder link left for the next attempt", "runc", env, held=True)
+    record("log folder link left for the next attempt", "runc", env, held=True)
 
 
 # --------------------------------------------------------------------- 7. fragments
@@ -444,7 +447,7 @@ def test_required_fragment_inside_a_shell_comment(tmp_path: Path, image_id: str)
     )
     code, env, err = run_job(contract, tmp_path / "state")
     _refused(code, env, err, "protocol_ambiguous", "'--checkpoint'")
-    _record("fragment inside a shell comment", "runc", env, held=True)
+    record("fragment inside a shell comment", "runc", env, held=True)
 
 
 # --------------------------------------------------------------------- 8. budget replay
@@ -467,7 +470,7 @@ def test_signed_contract_budget_is_not_replayed(tmp_path: Path, image_id: str) -
     _refused(code, env, err, "policy_violation", "$.expiresAt", "no new attempt")
     code, again, err = run_job(envelope, state, *trusted, unsigned=False)
     assert code == 0 and again["status"] == "succeeded", (again, err)
-    _record("signed budget replay", "runc", env, held=True)
+    record("signed budget replay", "runc", env, held=True)
 
 
 # --------------------------------------------------------------------- 9. runner down
@@ -491,7 +494,7 @@ def test_runner_killed_job_overruns(tmp_path: Path, image_id: str, runtime: str)
     contract = write_contract(
         tmp_path,
         image_id,
-        command=_py(OVERRUN),
+        command=py(OVERRUN),
         environment={"diskGb": 16 / 1024, "timeoutMinutes": 4 / 60, "isolation": runtime},
     )
     state = tmp_path / "state"
@@ -505,11 +508,11 @@ def test_runner_killed_job_overruns(tmp_path: Path, image_id: str, runtime: str)
     ledger = next((state / "jobs").iterdir()) / "record" / "ledger.jsonl"
     events = [json.loads(line) for line in ledger.read_text().splitlines()]
     name = next(e["data"]["containerName"] for e in events if e["type"] == "attempt.starting")
-    while json.loads(_docker("inspect", name).stdout)[0]["State"]["Running"]:
+    while json.loads(docker("inspect", name).stdout)[0]["State"]["Running"]:
         assert time.monotonic() - t0 < 60, "the engine did not end the job"
         time.sleep(0.5)
     ended = time.monotonic() - t0
-    st = json.loads(_docker("inspect", name).stdout)[0]["State"]
+    st = json.loads(docker("inspect", name).stdout)[0]["State"]
     assert st["ExitCode"] == 137
     # budget 4 s + grace 1 s + 2 s, checked every second
     assert ended < 4 + 1 + 2 + 1 + 5
@@ -517,7 +520,7 @@ def test_runner_killed_job_overruns(tmp_path: Path, image_id: str, runtime: str)
     assert code == 1, (env, err)
     assert env["failure"]["category"] == "disk_quota_exceeded", env["failure"]
     assert env["budget"]["consumedSeconds"] >= 4
-    _record("runner killed, job overruns", runtime, env, held=True,
+    record("runner killed, job overruns", runtime, env, held=True,
             wallSeconds=round(ended, 1))  # fmt: skip
 
 
@@ -535,7 +538,7 @@ def test_runner_killed_job_sleeps_past_its_budget(tmp_path: Path, image_id: str)
     assert code == 1, (env, err)
     assert env["failure"]["category"] == "timeout", env["failure"]
     assert env["container"]["oomKilled"] is False
-    _record("runner killed, job sleeps past its budget", "runc", env, held=True)
+    record("runner killed, job sleeps past its budget", "runc", env, held=True)
 
 
 # --------------------------------------------------------------------- 10. names
@@ -546,4 +549,4 @@ def test_control_characters_in_names_are_refused(tmp_path: Path, image_id: str, 
     contract = write_contract(tmp_path, image_id, protocol={"stdoutPath": bad})
     code, env, err = run_job(contract, tmp_path / "state")
     _refused(code, env, err, "invalid_contract", "$.protocol.stdoutPath", "control characters")
-    _record("control characters in a name", "runc", env, held=True)
+    record("control characters in a name", "runc", env, held=True)

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from runner import images, registry
-from tests.conftest import _docker, run_job, write_contract
+from tests.support import docker, run_job, write_contract
 
 pytestmark = pytest.mark.docker
 
@@ -84,7 +84,7 @@ def _build_unique(image_id: str) -> str:
 
 
 def _inspect(ref: str) -> dict[str, Any]:
-    out = _docker("image", "inspect", ref)
+    out = docker("image", "inspect", ref)
     assert out.returncode == 0, out.stderr
     return dict(json.loads(out.stdout)[0])
 
@@ -97,15 +97,15 @@ def pushed(local_registry: str, image_id: str) -> Iterator[tuple[str, str, str]]
     unique_id = _inspect(tag)["Id"]
     repo = f"{local_registry}/runner/toy"
     remote = f"{repo}:{tag.rsplit(':', 1)[1]}"
-    assert _docker("tag", tag, remote).returncode == 0
-    push = _docker("push", remote)
+    assert docker("tag", tag, remote).returncode == 0
+    push = docker("push", remote)
     assert push.returncode == 0, push.stderr
     digests = [d for d in _inspect(remote)["RepoDigests"] if d.startswith(repo + "@")]
     digest = digests[0].split("@", 1)[1]
-    assert _docker("rmi", "-f", unique_id).returncode == 0
-    assert _docker("image", "inspect", unique_id).returncode != 0
+    assert docker("rmi", "-f", unique_id).returncode == 0
+    assert docker("image", "inspect", unique_id).returncode != 0
     yield repo, digest, unique_id
-    _docker("rmi", "-f", unique_id)
+    docker("rmi", "-f", unique_id)
 
 
 def test_pull_by_digest_then_run(
@@ -214,7 +214,7 @@ def test_transient_503_is_retried(
         code, env, stderr = run_job(contract, tmp_path / "state")
     finally:
         server.shutdown()
-        _docker("rmi", "-f", f"{name}@{digest}")
+        docker("rmi", "-f", f"{name}@{digest}")
     assert code == 0, (env, stderr)
     assert env["image"]["source"] == "pulled"
     assert "answered after 3 tries" in stderr
@@ -239,21 +239,21 @@ def test_offline_bundle_loads_and_runs(tmp_path: Path, image_id: str) -> None:
     other_tag = _build_unique(image_id)
     other_id = _inspect(other_tag)["Id"]
     bundle, other = tmp_path / "bundle.tar", tmp_path / "other.tar"
-    assert _docker("save", "-o", str(bundle), tag).returncode == 0
-    assert _docker("save", "-o", str(other), other_tag).returncode == 0
+    assert docker("save", "-o", str(bundle), tag).returncode == 0
+    assert docker("save", "-o", str(other), other_tag).returncode == 0
     assert images.bundle_image_ids(bundle) == [unique_id]
-    _docker("rmi", "-f", unique_id, other_id)
+    docker("rmi", "-f", unique_id, other_id)
     try:
         contract = write_contract(tmp_path, unique_id)
         code, env, _ = run_job(contract, tmp_path / "wrong", "--bundle", str(other))
         assert code == 3 and env["failure"]["category"] == "image_digest_mismatch"
-        assert _docker("image", "inspect", other_id).returncode != 0, "nothing was loaded"
+        assert docker("image", "inspect", other_id).returncode != 0, "nothing was loaded"
 
         code, env, stderr = run_job(contract, tmp_path / "state", "--bundle", str(bundle))
         assert code == 0, (env, stderr)
         assert env["image"]["source"] == "bundle" and env["image"]["id"] == unique_id
     finally:
-        _docker("rmi", "-f", unique_id, other_id)
+        docker("rmi", "-f", unique_id, other_id)
 
 
 def test_bundle_ids_are_checked_against_their_config_bytes(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 from runner import issuer
 from runner.contract import Trust, load_contract
 from runner.errors import ContractError, RefusedError
-from tests.test_signing import contract_data
+from tests.support import contract_data
 
 
 def test_keygen_and_sign_return_what_they_wrote(tmp_path: Path) -> None:

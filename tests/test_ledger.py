@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runner.ledger import Ledger, LedgerCorrupt, read_state, verify_file
-from tests.conftest import run_cli
+from tests.support import run_cli
 
 
 def _fill(path: Path) -> Ledger:

@@ -22,11 +22,12 @@ from runner.backends.fake import FakeBackend, FakeJob
 from runner.backends.types import ContainerState, ImageInfo
 from runner.container import Outcome
 from runner.contract import Trust, with_digest
+from runner.envelope import ResultEnvelope
 from runner.errors import Category
 from runner.gpus import Gpu
 from runner.ledger import read_state
 from runner.outcome import classify
-from tests.conftest import TOY
+from tests.support import TOY
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engine-states"
 INF = float("inf")
@@ -208,7 +209,10 @@ def test_every_failure_category(
     envelope = _run(contract, _options(tmp_path, **dict(settings)), fake)
     assert _category(envelope) == category, envelope["failure"]
     assert fake.running() == []
-    assert orchestrator.failure_exit_family_of(envelope) == Category(category).family.label
+    assert (
+        orchestrator.failure_exit_family(ResultEnvelope.model_validate(envelope))
+        == Category(category).family.label
+    )
 
 
 def test_cancelled_and_resource_exhausted(tmp_path: Path, fake: FakeBackend) -> None:

@@ -13,7 +13,14 @@ from runner import plan, policy
 from runner.backends.types import Limits
 from runner.contract import load_contract, with_digest
 from runner.errors import PolicyViolation, ProtocolAmbiguous
-from tests.test_contract import _toy
+from tests.support import FAKE_IMAGE_ID, toy_data
+
+
+def _toy() -> dict[str, Any]:
+    data = toy_data()
+    data["environment"]["image"] = FAKE_IMAGE_ID
+    return data
+
 
 POLICY = policy.HostPolicy(acceptUnsigned=True).resolved()
 

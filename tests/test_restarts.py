@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from runner.ledger import parse_time, read_state
-from tests.conftest import (
+from tests.support import (
     SESSION_ID,
     SESSION_LABEL,
-    _docker,
+    docker,
     run_cli,
     run_job,
     start_job,
@@ -52,9 +52,7 @@ def _wait_for(state: Path, event: str, count: int = 1, timeout: float = 60) -> N
 
 
 def _containers(job_id_label: str) -> list[str]:
-    return _docker(
-        "ps", "-aq", "--filter", f"label=org.runner.job-id={job_id_label}"
-    ).stdout.split()
+    return docker("ps", "-aq", "--filter", f"label=org.runner.job-id={job_id_label}").stdout.split()
 
 
 def _job_id(state: Path) -> str:
@@ -147,7 +145,7 @@ def test_container_that_ended_while_the_runner_was_dead(tmp_path: Path, image_id
     time.sleep(3)
     job_id = _job_id(state)
     (cid,) = _containers(job_id)
-    assert json.loads(_docker("inspect", cid).stdout)[0]["State"]["Status"] == "exited"
+    assert json.loads(docker("inspect", cid).stdout)[0]["State"]["Status"] == "exited"
     code, env, err = _finish(_start(contract, state))
     assert code == 0, err
     assert env["measurements"][0]["value"] == 0.5
@@ -168,7 +166,7 @@ def test_vanished_container_starts_attempt_two(tmp_path: Path, image_id: str) ->
     _wait_for(state, "heartbeat", 2)
     _kill9(proc)
     job_id = _job_id(state)
-    _docker("rm", "-f", *_containers(job_id))
+    docker("rm", "-f", *_containers(job_id))
     code, env, err = _finish(_start(contract, state))
     assert code == 0, err
     ledger = read_state(_ledger(state))

@@ -11,7 +11,7 @@ import pytest
 
 from runner.parsers import registry
 from runner.regrade import EvidenceChanged, regrade
-from tests.conftest import run_cli, run_job, write_contract
+from tests.support import run_cli, run_job, write_contract
 
 pytestmark = pytest.mark.docker
 

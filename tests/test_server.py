@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (
+from tests.support import (
     SESSION_ID,
     SESSION_LABEL,
     session_containers,

@@ -18,10 +18,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from runner import plan, signing
 from runner.contract import load_contract, with_digest
 from runner.errors import PolicyViolation
-from tests.conftest import TOY, run_cli
+from tests.support import contract_data, run_cli
 
 PAYLOAD_TYPE = "application/vnd.citeark.execution-contract+json"
-IMAGE_ID = "sha256:" + "ab" * 32
 
 
 def independent_pae(payload_type: str, payload: bytes) -> bytes:
@@ -47,22 +46,6 @@ def write_public(public: Ed25519PublicKey, path: Path) -> Path:
         )
     )
     return path
-
-
-def contract_data(**changes: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((TOY / "task.json").read_text())
-    data["environment"]["image"] = IMAGE_ID
-    now = datetime.now(UTC).replace(microsecond=0)
-    data["issuedAt"] = now.isoformat()
-    data["expiresAt"] = (now + timedelta(hours=1)).isoformat()
-    for key, value in changes.items():
-        if key.startswith("env_"):
-            data["environment"][key[4:]] = value
-        elif value is None:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    return with_digest(data)
 
 
 def independent_envelope(

@@ -12,6 +12,9 @@ The endpoint is ``DOCKER_HOST`` as the docker CLI reads it: ``unix://PATH`` (the
 (``ca.pem``, ``cert.pem`` and ``key.pem`` from ``DOCKER_CERT_PATH``, default ``~/.docker``).
 The API version is negotiated once per backend from ``/_ping`` (the engine's own, capped at
 the newest this module was written against), as the docker CLI does.
+
+Long on purpose: each engine is one module behind the seam, so everything the runner asks of
+Docker (the HTTP transport, the API calls, the SDK for image transfers) stays in this one file.
 """
 
 from __future__ import annotations

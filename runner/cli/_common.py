@@ -1,8 +1,9 @@
 """What the commands share: exit codes and the failure-family mapping, help texts, the host
 options, usage errors, progress for people and the result summary.
 
-The exit-code tables (``FAMILY_EXIT``, ``_BATCH_EXIT_ORDER``) live here and nowhere else in
-the CLI.
+Exit codes come from the category table (:mod:`runner.errors`), imported only when a command
+ends: ``runner --help`` does not pay for it. The ``EXIT_*`` constants and the help text agree
+with that table (a test checks them).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from runner.contract import Trust
+    from runner.envelope import ResultEnvelope
     from runner.errors import RunnerError
     from runner.policy import LoadedPolicy
 
@@ -43,23 +45,30 @@ exit codes:
   130  interrupted (Ctrl-C or SIGTERM); the container was stopped and an envelope written
 """
 
-FAMILY_EXIT = {
-    "succeeded": EXIT_SUCCEEDED,
-    "job_failed": EXIT_JOB_FAILED,
-    "refused": EXIT_REFUSED,
-    "infrastructure": EXIT_INFRASTRUCTURE,
-    "cancelled": EXIT_CANCELLED,
-}
 
-_BATCH_EXIT_ORDER = ("cancelled", "infrastructure", "refused", "job_failed", "succeeded")
-"""A batch exits with the first of these families that any of its jobs ended in."""
+def exit_code_of(category: str | None) -> int:
+    """The exit code of a failure category (None: success), from the category table."""
+    from runner.errors import family_of
+
+    return family_of(category).code
+
+
+def envelope_exit(envelope: ResultEnvelope) -> int:
+    return exit_code_of(envelope.failure.category if envelope.failure else None)
+
+
+def batch_exit(envelopes: list[dict[str, Any]]) -> int:
+    """A batch exits with the first family, in the table's order of precedence (cancelled,
+    infrastructure, refused, job failed, succeeded), that any of its jobs ended in."""
+    from runner.errors import Family, family_of
+
+    ended = {family_of((data.get("failure") or {}).get("category")) for data in envelopes}
+    return next(f for f in Family if f in ended).code
 
 
 def refusal_exit(exc: RunnerError) -> int:
     """The exit code of an error raised outside a run."""
-    from runner.errors import exit_family
-
-    return FAMILY_EXIT[exit_family(exc.category)]
+    return exit_code_of(exc.category)
 
 
 HOST_HELP = """\

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner import host
-from runner.cli._common import EXIT_JOB_FAILED, EXIT_SUCCEEDED, FAMILY_EXIT, fmt_clock, summary
+from runner.cli._common import EXIT_JOB_FAILED, EXIT_SUCCEEDED, envelope_exit, fmt_clock, summary
 from runner.errors import RefusedError
+from runner.staging import JobDir, StateDir
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
@@ -75,9 +76,9 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 def _job_root(args: argparse.Namespace) -> Path:
     """JOB as a folder path, else a job id under the state dir."""
     given = Path(args.job)
-    if (given / "record").is_dir():
+    if JobDir(given).record.is_dir():
         return given
-    root: Path = host.state_dir(args.state_dir) / "jobs" / str(args.job)
+    root: Path = StateDir(host.state_dir(args.state_dir)).job(str(args.job)).root
     if not root.is_dir():
         raise RefusedError(
             f"no job {args.job!r} under {root.parent}",
@@ -89,7 +90,7 @@ def _job_root(args: argparse.Namespace) -> Path:
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
     from runner import ledger
 
-    path = _job_root(args) / "record" / "ledger.jsonl"
+    path = JobDir(_job_root(args)).ledger
     if not path.exists():
         raise RefusedError(f"{path} does not exist: the job never got past its refusal")
     problems = ledger.verify_file(path)
@@ -118,7 +119,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from runner.ledger import read_state
 
     root = _job_root(args)
-    path = root / "record" / "ledger.jsonl"
+    path = JobDir(root).ledger
     if not path.exists():
         raise RefusedError(f"{path} does not exist: the job never got past its refusal")
     st = read_state(path)  # an onlooker: never repairs or locks a ledger a runner may be writing
@@ -141,9 +142,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     info: dict[str, Any] = {
         "job": root.name,
         "state": state,
-        "limitSeconds": st.limit,
-        "consumedSeconds": round(st.consumed, 3),
-        "remainingSeconds": round(max(st.limit - st.consumed, 0.0), 3),
+        **st.budget().as_json(),
         "attempts": [
             {
                 "attempt": a.number,
@@ -157,7 +156,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "container": {"name": in_flight.container_name, "state": container_state}
         if in_flight
         else None,
-        "envelope": str(root / "result.json") if (root / "result.json").exists() else None,
+        "envelope": str(JobDir(root).envelope) if JobDir(root).envelope.exists() else None,
     }
     if args.json:
         print(json.dumps(info, indent=2))
@@ -165,7 +164,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"job        {root.name}  ({state})")
     print(
         f"budget     {fmt_clock(st.consumed)} used of {fmt_clock(st.limit)}, "
-        f"{fmt_clock(max(st.limit - st.consumed, 0))} left"
+        f"{fmt_clock(st.budget().remaining)} left"
     )
     for a in info["attempts"]:
         how = f" ({a['how']})" if a["how"] else ""
@@ -213,4 +212,4 @@ def cmd_parse(args: argparse.Namespace) -> int:
         for change in envelope.regrade.changes if envelope.regrade else []:
             print(f"  changed: {change}")
         print(summary(data, Path(envelope.jobDir) / "result.json" if envelope.jobDir else None))
-    return FAMILY_EXIT[orchestrator.failure_exit_family(envelope)]
+    return envelope_exit(envelope)

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 from runner import host
 from runner.cli._common import (
-    _BATCH_EXIT_ORDER,
     EXIT_CODES_HELP,
-    FAMILY_EXIT,
     HOST_HELP,
     HumanProgress,
     NotesOnly,
+    batch_exit,
+    envelope_exit,
     host_options,
     load_host,
     summary,
@@ -166,7 +166,7 @@ def _run_options(
 
 
 def _run_batch(args: argparse.Namespace, options: orchestrator.RunOptions) -> int:
-    from runner import batch, orchestrator
+    from runner import batch
     from runner.warmup import warm_up
 
     paths = [Path(c) for c in args.contract]
@@ -197,7 +197,6 @@ def _run_batch(args: argparse.Namespace, options: orchestrator.RunOptions) -> in
         )
 
     results = batch.run_many(paths, options, parallel=parallel, on_done=done, warm_up=warm_up)
-    families = {orchestrator.failure_exit_family_of(data) for data in results}
     if args.json:
         print(json.dumps(results, indent=2))
     else:
@@ -206,7 +205,7 @@ def _run_batch(args: argparse.Namespace, options: orchestrator.RunOptions) -> in
             for status in sorted({d["status"] for d in results})
         )
         print(f"{len(results)} jobs: {tally}")
-    return FAMILY_EXIT[next(f for f in _BATCH_EXIT_ORDER if f in families)]
+    return batch_exit(results)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -224,7 +223,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             batch = [data] * len(args.contract)
             print(json.dumps(data if len(args.contract) == 1 else batch, indent=2))
         print(f"runner: {exc.category}: {exc}", file=sys.stderr)
-        return FAMILY_EXIT[orchestrator.failure_exit_family(envelope)]
+        return envelope_exit(envelope)
     options = _run_options(args, loaded, trust)
     if len(args.contract) > 1:
         return _run_batch(args, options)
@@ -239,4 +238,4 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         where = Path(envelope.jobDir) / "result.json" if envelope.jobDir else None
         print(summary(data, where if where and where.exists() else None))
-    return FAMILY_EXIT[orchestrator.failure_exit_family(envelope)]
+    return envelope_exit(envelope)

@@ -1,0 +1,218 @@
+"""Helpers for tests (and the benchmark) that run jobs: the toy contract, written and pinned
+as a test needs it, the real engine, and `runner run` in this test session (its containers
+carry the session's label, so a test never touches another's).
+
+Tests import these from ``tests.support``; ``conftest.py`` holds only fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.contract import with_digest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+TOY = ROOT / "examples" / "toy-evaluation"
+SEED = ROOT / "tests" / "fixtures" / "seed-task.json"
+IMAGE = "runner-cpu:local"
+SESSION_LABEL = "runner-tests.session"
+SESSION_ID = uuid.uuid4().hex
+
+
+def docker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
+
+
+def session_containers() -> list[str]:
+    return docker("ps", "-aq", "--filter", f"label={SESSION_LABEL}={SESSION_ID}").stdout.split()
+
+
+def toy_data() -> dict[str, Any]:
+    return json.loads((TOY / "task.json").read_text())
+
+
+def write_contract(
+    folder: Path,
+    image: str,
+    *,
+    command: list[str] | None = None,
+    environment: dict[str, Any] | None = None,
+    protocol: dict[str, Any] | None = None,
+    measurements: list[dict[str, Any]] | None = None,
+    with_inputs: bool = True,
+    change: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
+    """A contract in ``folder`` based on the toy one, pinned to ``image`` and re-digested;
+    ``change`` edits the contract's data last."""
+    data = toy_data()
+    if with_inputs:
+        shutil.copytree(TOY / "repository", folder / "repository", dirs_exist_ok=True)
+        shutil.copy(TOY / "paper.md", folder / "paper.md")
+    else:
+        data.pop("paper")
+        data.pop("repository")
+    data["environment"]["image"] = image
+    data["environment"].update(environment or {})
+    if command is not None:
+        data["protocol"]["command"] = command
+        data["protocol"]["requiredCommandFragments"] = []
+    data["protocol"].update(protocol or {})
+    if measurements is not None:
+        data["measurements"] = measurements
+    if change is not None:
+        change(data)
+    path = folder / "task.json"
+    path.write_text(json.dumps(with_digest(data), indent=2))
+    return path
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "runner", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def running_containers(name: str = "") -> list[str]:
+    """This session's containers that are running (not merely created), by name fragment."""
+    return docker(
+        "ps", "-q", "--filter", f"label={SESSION_LABEL}={SESSION_ID}",
+        *(["--filter", f"name={name}"] if name else []),
+    ).stdout.split()  # fmt: skip
+
+
+def wait_running(proc: subprocess.Popen[str], name: str = "", timeout: float = 120) -> None:
+    """Wait until a container of this session (``name`` fragment) runs; fail if ``proc`` ends
+    first or none starts in time."""
+    deadline = time.monotonic() + timeout
+    while not running_containers(name):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no container of the job started"
+        time.sleep(0.2)
+
+
+def signal_when_running(
+    proc: subprocess.Popen[str], sig: int, timeout: float = 120
+) -> tuple[str, str]:
+    """Send ``sig`` to ``proc`` once a container of this session runs; its stdout, stderr."""
+    try:
+        wait_running(proc, timeout=timeout)
+        proc.send_signal(sig)
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def start_job(
+    contract: Path, state: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """`runner run --json --allow-unsigned` with this session's label, in the background."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "run",
+            str(contract),
+            "--state-dir",
+            str(state),
+            "--json",
+            "--allow-unsigned",
+            "--label",
+            f"{SESSION_LABEL}={SESSION_ID}",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def run_job(
+    contract: Path,
+    state: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    unsigned: bool = True,
+) -> tuple[int, dict[str, Any], str]:
+    """``runner run --json`` with this session's label (and, unless ``unsigned`` is False,
+    ``--allow-unsigned``); returns (exit code, envelope, stderr)."""
+    proc = run_cli(
+        "run",
+        str(contract),
+        "--state-dir",
+        str(state),
+        "--json",
+        "--label",
+        f"{SESSION_LABEL}={SESSION_ID}",
+        *(["--allow-unsigned"] if unsigned else []),
+        *extra,
+        env=env,
+    )
+    try:
+        envelope = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        pytest.fail(f"stdout is not one JSON envelope:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc.returncode, envelope, proc.stderr
+
+
+def json_measurement(
+    path: str, pointer: str = "/accuracy", mid: str = "m", metric: str = "accuracy"
+) -> dict[str, Any]:
+    """A measurement read by json.scalar from ``path`` (relative to /job/output)."""
+    return {
+        "measurementId": mid,
+        "metric": metric,
+        "unit": "fraction",
+        "parser": {
+            "id": "json.scalar",
+            "version": "1",
+            "evidencePath": path,
+            "config": {"pointer": pointer},
+        },
+    }
+
+
+FAKE_IMAGE_ID = "sha256:" + "ab" * 32
+"""An image id no engine has: for contracts that are only verified, signed or planned."""
+
+
+def contract_data(**changes: Any) -> dict[str, Any]:
+    """The toy contract pinned to :data:`FAKE_FAKE_IMAGE_ID`, valid for the next hour, re-digested;
+    ``changes`` set top-level fields (None removes one) or, as ``env_<field>``, environment
+    fields."""
+    data: dict[str, Any] = json.loads((TOY / "task.json").read_text())
+    data["environment"]["image"] = FAKE_IMAGE_ID
+    now = datetime.now(UTC).replace(microsecond=0)
+    data["issuedAt"] = now.isoformat()
+    data["expiresAt"] = (now + timedelta(hours=1)).isoformat()
+    for key, value in changes.items():
+        if key.startswith("env_"):
+            data["environment"][key[4:]] = value
+        elif value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return with_digest(data)
