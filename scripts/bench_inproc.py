@@ -26,6 +26,12 @@ def _rss_now() -> int:
 
 
 def _peak_rss() -> int:
+    """This process's peak RSS since it started: VmHWM, not getrusage's ru_maxrss, which Linux
+    carries over from before execve (the forked copy of the benchmark that started it)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
