@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from runner import orchestrator, policy
+from runner.backends.base import ContainerState
 from runner.backends.fake import FakeBackend, FakeJob
-from runner.backends.types import ContainerState, ImageInfo
+from runner.backends.types import ImageInfo
 from runner.container import Outcome
 from runner.contract import Trust, with_digest
 from runner.envelope import ResultEnvelope

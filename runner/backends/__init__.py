@@ -1,14 +1,18 @@
 """Container backends: the seam at the bottom of the runner.
 
-``types`` holds the values that cross the seam, ``base`` the :class:`Backend` protocol, and
-each engine is one module behind it (``docker``, the only one that talks to Docker). Nothing
-in this package imports a module above it.
+``types`` holds the values the layers above plan with (limits, image info), ``base`` the
+:class:`Backend` protocol and the container's values (spec, state), and each engine is one
+module behind it (``docker``, the only one that talks to Docker; ``fake``, in memory, for
+tests). Nothing in this package imports a module above it, and importing the package imports
+none of its modules: ``runner verify`` plans with ``types`` and never needs the rest.
 """
 
-from runner.backends.base import Backend
-from runner.backends.types import ContainerSpec, ContainerState, Mount
+from __future__ import annotations
 
-__all__ = ["Backend", "ContainerSpec", "ContainerState", "Mount", "default"]
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runner.backends.base import Backend
 
 
 def default() -> Backend:

@@ -8,20 +8,14 @@ the engine cannot be reached or fails, ``ContainerVanished`` when the container 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from runner.backends.types import (
-    Backstop,
-    ContainerSpec,
-    ContainerState,
-    ContainerSummary,
-    ImageInfo,
-    Limits,
-    Mount,
-)
+from runner.backends.types import ImageInfo, Limits
 
 __all__ = [
+    "BACKSTOP_SCRIPT",
     "Backend",
     "Backstop",
     "ContainerSpec",
@@ -31,6 +25,101 @@ __all__ = [
     "Limits",
     "Mount",
 ]
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: Path
+    target: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything needed to create the job's container."""
+
+    name: str
+    image: str
+    """Image id: the verified bytes, never a name that could move."""
+    entrypoint: list[str]
+    command: list[str]
+    user: str
+    working_dir: str
+    environment: dict[str, str]
+    labels: dict[str, str]
+    mounts: list[Mount]
+    limits: Limits
+    gpu_ids: tuple[str, ...] = ()
+    """Device ids (UUIDs) handed to the container; empty: no GPU at all."""
+    log_max_bytes: int = 1024 * 1024
+    backstop: Backstop | None = None
+    """A deadline the engine enforces on its own, should the runner be down at the end."""
+
+
+@dataclass(frozen=True)
+class Backstop:
+    """Kill every process of the job once it has run ``after_seconds`` (counted from its
+    container's start), checked by the engine every ``interval_seconds``: the deadline that
+    holds while no runner watches. The engine runs :data:`BACKSTOP_SCRIPT` in the container
+    as its health check, as the job's user: it reads the container's age from
+    ``/proc/uptime`` and ``/proc/1/stat`` (the init process's start) and, past the deadline,
+    sends SIGKILL to every process but init, which then ends the container. The job cannot
+    stop the engine from running it; it needs only ``/bin/sh``, as the job's own wrapper does."""
+
+    after_seconds: int
+    interval_seconds: int
+
+    @property
+    def script(self) -> str:
+        return BACKSTOP_SCRIPT.replace("DEADLINE", str(self.after_seconds))
+
+
+BACKSTOP_SCRIPT = (
+    "read -r up _ </proc/uptime; read -r st </proc/1/stat; set -- ${st##*) }; "
+    "[ $(( ${up%.*} - ${20} / 100 )) -lt DEADLINE ] || kill -s KILL -- -1"
+)
+"""Field 22 of /proc/1/stat is init's start in clock ticks since boot (100 a second on Linux
+and under gVisor); ``set --`` after the command name leaves it in ``$20``."""
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """The container's final (or current) state as the engine reports it."""
+
+    status: str
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+    error: str
+    started_at: str | None
+    finished_at: str | None
+    raw: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+    """The container's id (empty when the state was read back from the ledger)."""
+
+    @staticmethod
+    def from_engine(raw: dict[str, Any], container_id: str = "") -> ContainerState:
+        """From the engine's ``State`` object (``docker inspect``'s ``.State``)."""
+        running = bool(raw.get("Running"))
+        return ContainerState(
+            status=str(raw.get("Status", "")),
+            running=running,
+            exit_code=None if running else int(raw.get("ExitCode", -1)),
+            oom_killed=bool(raw.get("OOMKilled")),
+            error=str(raw.get("Error") or ""),
+            started_at=raw.get("StartedAt"),
+            finished_at=raw.get("FinishedAt"),
+            raw=raw,
+            id=container_id,
+        )
+
+
+@dataclass(frozen=True)
+class ContainerSummary:
+    id: str
+    name: str
+    status: str
+    labels: dict[str, str]
 
 
 class Backend(Protocol):

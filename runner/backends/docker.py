@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from runner.backends.types import ContainerSpec, ContainerState, ContainerSummary, ImageInfo
+from runner.backends.base import ContainerSpec, ContainerState, ContainerSummary
+from runner.backends.types import ImageInfo
 from runner.errors import (
     ContainerVanished,
     EngineUnavailable,

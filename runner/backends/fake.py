@@ -23,7 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner.backends.types import ContainerSpec, ContainerState, ContainerSummary, ImageInfo
+from runner.backends.base import ContainerSpec, ContainerState, ContainerSummary
+from runner.backends.types import ImageInfo
 from runner.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 
 
