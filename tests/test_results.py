@@ -11,23 +11,9 @@ import pytest
 
 from runner.parsers import registry
 from runner.regrade import EvidenceChanged, regrade
-from tests.support import run_cli, run_job, write_contract
+from tests.support import json_measurement, run_cli, run_job, write_contract
 
 pytestmark = pytest.mark.docker
-
-
-def _measure(path: str, pointer: str = "/accuracy", mid: str = "m") -> dict[str, Any]:
-    return {
-        "measurementId": mid,
-        "metric": "accuracy",
-        "unit": "fraction",
-        "parser": {
-            "id": "json.scalar",
-            "version": "1",
-            "evidencePath": path,
-            "config": {"pointer": pointer},
-        },
-    }
 
 
 def test_symlink_planted_by_the_job_is_refused(tmp_path: Path, image_id: str) -> None:
@@ -37,7 +23,7 @@ def test_symlink_planted_by_the_job_is_refused(tmp_path: Path, image_id: str) ->
         tmp_path,
         image_id,
         command=["python3", "-c", plant],
-        measurements=[_measure("metrics.json")],
+        measurements=[json_measurement("metrics.json")],
     )
     code, env, _ = run_job(contract, tmp_path / "state")
     assert code == 1
@@ -78,7 +64,7 @@ def test_agent_result_is_embedded_and_checked(
         tmp_path,
         image_id,
         command=["python3", "-c", code_text],
-        measurements=[_measure("reports/metrics.json")],
+        measurements=[json_measurement("reports/metrics.json")],
     )
     code, env, _ = run_job(contract, tmp_path / "state")
     assert code == 0 and env["status"] == "succeeded"
