@@ -10,7 +10,6 @@ beside (never instead of) the runner's own verdict.
 from __future__ import annotations
 
 import json
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -69,21 +68,18 @@ class _Hasher:
 
     def ref(self, rel: str) -> FileRef:
         try:
-            st = safefs.lstat_under(self.output, rel)
-            if stat.S_ISREG(st.st_mode) and st.st_size > self.budget:
-                return FileRef(
-                    path=rel,
-                    size=st.st_size,
-                    problem=f"is {st.st_size:,} bytes, past what is left of the "
-                    f"{self.budget:,} byte cap on hashing a job's files; not hashed",
-                )
             sha256, size = sha256_under(self.output, rel, self.budget)
         except UnsafePath as exc:
             return FileRef(path=rel, exists=False, problem=job_file_problem(exc))
         except OSError as exc:
             return FileRef(path=rel, problem=f"cannot be read: {exc.strerror}")
-        if sha256 is None:  # it grew since the lstat
-            return FileRef(path=rel, size=size, problem="grew past the hashing cap; not hashed")
+        if sha256 is None:  # opened and sized once; not read past the budget
+            return FileRef(
+                path=rel,
+                size=size,
+                problem=f"is {size:,} bytes, past what is left ({self.budget:,} bytes) of the "
+                "cap on hashing a job's files (maxEvidenceMb); not hashed",
+            )
         self.budget -= size
         return FileRef(path=rel, exists=True, sha256=f"sha256:{sha256}", size=size)
 

@@ -22,7 +22,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner import agent_result, attempt, attest, errors, evidence, plan, policy, staging
+from runner import (
+    agent_result,
+    attempt,
+    attest,
+    errors,
+    evidence,
+    plan,
+    policy,
+    safefs,
+    staging,
+)
 from runner.backends.base import Backend
 from runner.container import Progress
 from runner.contract import VerifiedContract, load_contract
@@ -341,8 +351,6 @@ def _read_evidence(
 def _tail(output: Path, rel: str, limit: int = 300) -> str:
     """The last line or so of a log, for a failure's reason; only a regular file reached
     without following a link (never a FIFO, never through a link the job planted)."""
-    from runner import safefs
-
     try:
         with safefs.open_under(output, rel) as f:
             f.seek(max(os.fstat(f.fileno()).st_size - limit, 0))

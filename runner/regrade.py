@@ -81,7 +81,11 @@ def _regrade(
         try:
             digest, _ = staging.sha256_under(job.output, m.evidence.path, max_bytes)
         except (UnsafePath, OSError) as exc:
-            raise EvidenceChanged(f"{m.evidence.path} cannot be read any more: {exc}") from exc
+            why = exc.problem if isinstance(exc, UnsafePath) else exc.strerror
+            raise EvidenceChanged(
+                f"{m.evidence.path} cannot be read any more: it {why}",
+                hint="the evidence was changed after the run; nothing was re-read",
+            ) from exc
         if digest is None:
             raise EvidenceChanged(
                 f"{m.evidence.path} is now over the {max_bytes:,} byte cap for evidence",
