@@ -138,3 +138,16 @@ def read(output: Path, max_bytes: int, max_result_bytes: int) -> AgentResultReco
         file=own,
         listed=files,
     )
+
+
+def schema_bytes() -> bytes:
+    """The JSON Schema the job's result.json must meet, staged as
+    ``/job/input/result.schema.json`` (``contracts/agent-result.schema.json`` is the same)."""
+    schema = AgentResult.model_json_schema(mode="validation")
+    document = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://runner.invalid/contracts/agent-result.schema.json",
+        "title": "The job's own result.json",
+        **{k: v for k, v in schema.items() if k != "title"},
+    }
+    return (json.dumps(document, indent=2, sort_keys=True) + "\n").encode()

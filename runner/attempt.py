@@ -17,11 +17,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner import container, errors, gpus, images, policy, quotas, staging
+from runner import (
+    agent_result,
+    container,
+    envelope,
+    errors,
+    gpus,
+    images,
+    layout,
+    policy,
+    quotas,
+    records,
+    staging,
+)
 from runner.backends.base import Backend, ContainerState
 from runner.container import Outcome, Progress, Watch
 from runner.contract import VerifiedContract
-from runner.envelope import GpuRecord, ImageRecord
+from runner.envelope import Allocation, GpuRecord, ImageRecord
 from runner.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
 from runner.ledger import Budget, Ledger
 from runner.options import RunOptions
@@ -46,6 +58,8 @@ class AttemptResult:
     known: Known
     """The run's record, with this attempt's image, GPUs and stage timings."""
     guards: quotas.Guards
+    number: int
+    """Which attempt (1, 2 ...)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,7 @@ def guards_for(p: ExecutionPlan, job: staging.JobDir) -> quotas.Guards:
     """The disk quota on output/ + workspace/ and the caps on stdout and stderr."""
     lim = p.limits
     return quotas.Guards(
-        disk=quotas.DiskMeter([job.output, job.workspace], lim.disk_quota_bytes),
+        disk=quotas.DiskMeter(list(job.writable), lim.disk_quota_bytes),
         logs=[
             quotas.LogCap(job.output / rel, lim.log_limit_bytes, job.output)
             for rel in (p.stdout_path, p.stderr_path)
@@ -99,6 +113,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         known,
         image=ImageRecord.model_validate(last.starting["image"]),
         gpus=tuple(GpuRecord.model_validate(g) for g in last.starting.get("gpus", [])),
+        allocation=_decided(job.dir, n),
     )
     guards = guards_for(job.plan, job.dir)
     if last.finished is not None:
@@ -112,7 +127,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             state, last.container_id or "", last.container_name, last.seconds, timed_out, False,
             "ledger",
         )  # fmt: skip
-        return AttemptResult(outcome, known, guards)
+        return AttemptResult(outcome, known, guards, n)
     with stage("container", known):
         found = container.recover(job.backend, last)
         lost = {
@@ -144,18 +159,27 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             seconds = round(found.seconds, 3)
             watched = container.Watched(timed_out, False, seconds, guards.breached())
             outcome = container.finish(
-                job.backend, cid, last.container_name, job.dir.record, watched=watched,
+                job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
                 how="recovered",
             )  # fmt: skip
-            return AttemptResult(outcome, known, guards)
+            return AttemptResult(outcome, known, guards, n)
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
         w = _watch(job, n, before, found.seconds, guards)
         watched = container.watch(job.backend, cid, w, progress)
         outcome = container.finish(
-            job.backend, cid, last.container_name, job.dir.record, watched=watched,
+            job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
             how="reattached",
         )  # fmt: skip
-        return AttemptResult(outcome, known, guards)
+        return AttemptResult(outcome, known, guards, n)
+
+
+def _decided(job: staging.JobDir, n: int) -> Allocation | None:
+    """Attempt ``n``'s compute decision, read back from input/ (written before it started)."""
+    try:
+        decided = Allocation.model_validate_json((job.input / "compute-decision.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    return decided if decided.attempt == n else None
 
 
 def _new(job: Job, known: Known) -> AttemptResult:
@@ -177,8 +201,15 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 hint="the budget spans every attempt; a larger budget needs a new contract",
             )
         files = staging.stage_inputs(job.dir, job.contract, _input_rules(opts))
+        files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
+        layout.working_copy(job.dir, job.contract)
+        streams = [p.stdout_path, p.stderr_path]
+        if n > 1:  # the last attempt's stdout and stderr move to its record, never truncated
+            if not (job.dir.attempt_record(n - 1) / "output-manifest.json").exists():
+                records.output_manifest(job.dir, n - 1)  # it ended unread: as it left output/
+            records.rotate_streams(job.dir, n - 1, streams)
         uid, gid = (int(x) for x in p.user.split(":"))
-        staging.prepare_writable(job.dir, uid, gid, [p.stdout_path, p.stderr_path])
+        staging.prepare_writable(job.dir, uid, gid, streams)
         job.dir.write_budget(Budget(job.limit, consumed))
     known = known.timed("stage", since)
     size = sum(f.size for f in files)
@@ -195,6 +226,13 @@ def _new(job: Job, known: Known) -> AttemptResult:
         _check_runtime(job)
         gpu_ids, given, fallback = _allocate_gpus(job, name)
     known = replace(known, gpus=given, gpu_fallback=fallback or known.gpu_fallback)
+    decided = envelope.allocation(
+        p, n, given, known.gpu_fallback, Budget(job.limit, consumed).as_json()
+    )
+    with stage("stage", known):
+        decision = (decided.model_dump_json(indent=2) + "\n").encode()
+        layout.add_input(job.dir, "compute-decision.json", decision)
+    known = replace(known, allocation=decided)
     deadline = container.backstop(job.limit - consumed, opts.stop_grace_seconds)
     spec = container.spec(p, job.dir, info.id, n, gpu_ids, deadline)
     ledger.append(
@@ -218,7 +256,9 @@ def _new(job: Job, known: Known) -> AttemptResult:
     with stage("container", known):
         w = _watch(job, n, consumed, 0.0, guards)
         try:
-            outcome = container.run_attempt(job.backend, spec, w, job.dir.record, progress, created)
+            outcome = container.run_attempt(
+                job.backend, spec, w, job.dir.attempt_record(n), progress, created
+            )
         except container.NotStarted as failed:
             cause = failed.cause
             category = (
@@ -239,7 +279,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 },
             )
             raise cause from None
-    return AttemptResult(outcome, known, guards)
+    return AttemptResult(outcome, known, guards, n)
 
 
 def _acquire(job: Job) -> tuple[images.Acquired, ImageRecord]:

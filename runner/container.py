@@ -90,7 +90,11 @@ def spec(
         command=list(p.argv),
         user=p.user,
         working_dir=p.working_dir,
-        environment={**p.environment, "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids) or "void"},
+        environment={
+            **p.environment,
+            "RUNNER_ATTEMPT": str(attempt),
+            "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids) or "void",
+        },
         gpu_ids=gpu_ids,
         labels={
             **p.labels,
@@ -101,6 +105,9 @@ def spec(
             Mount(job.input, "/job/input", read_only=True),
             Mount(job.output, "/job/output", read_only=False),
             Mount(job.workspace, "/job/workspace", read_only=False),
+            Mount(job.runtime_cache, "/job/runtime-cache", read_only=False),
+            Mount(job.runtime_venv, "/job/runtime-venv", read_only=False),
+            Mount(job.assets, "/job/assets", read_only=True),
             Mount(job.execution, "/job/execution", read_only=True),
         ],
         limits=p.limits,
@@ -192,6 +199,7 @@ def finish(
     if state.running:
         backend.kill(container_id)
         state = backend.state(container_id)
+    record_dir.mkdir(parents=True, exist_ok=True)
     staging.write_json(record_dir / "container-state.json", state.raw)
     # The engine's log is a convenience; the job's own logs are in output/.
     with contextlib.suppress(InfrastructureError):

@@ -56,6 +56,11 @@ class EvidenceRef(_Model):
     path: str = Field(description="Relative to the job's output folder.")
     sha256: str
     size: int
+    attempt: int | None = Field(
+        default=None,
+        description="The attempt that wrote the file as it was read (from each attempt's "
+        "output manifest); null when none recorded it so.",
+    )
 
 
 class FileRef(_Model):
@@ -68,6 +73,9 @@ class FileRef(_Model):
     problem: str | None = Field(default=None, description="Why it could not be hashed.")
     droppedBytes: int = Field(
         default=0, description="Bytes cut from the middle of a log past its cap."
+    )
+    attempt: int | None = Field(
+        default=None, description="The attempt that wrote it (see EvidenceRef.attempt)."
     )
 
 
@@ -199,6 +207,79 @@ class DiskRecord(_Model):
     measurements: int = Field(description="How many times usage was measured while it ran.")
 
 
+class Allocation(_Model):
+    """What the runner actually gave an attempt: written for the job as
+    ``/job/input/compute-decision.json`` before it starts, and kept in the envelope."""
+
+    schemaVersion: Literal["1.0"] = "1.0"
+    jobId: str
+    attempt: int = Field(description="The attempt this allocation was made for (1, 2 ...).")
+    accelerator: Literal["gpu", "cpu"] = Field(description="gpu when GPUs were handed out.")
+    cpus: float
+    memoryBytes: int
+    shmBytes: int
+    pidsLimit: int | None
+    tmpfsBytes: int
+    diskQuotaBytes: int = Field(description="What the job's writable folders may hold together.")
+    gpus: list[GpuRecord] = Field(description="GPUs by index and UUID; [] on CPU.")
+    cpuFallback: str | None = Field(
+        description="Why a contract asking for GPUs runs on CPU only (it allowed a fallback)."
+    )
+    runtime: str = Field(description="The container runtime: runc, or runsc (gVisor).")
+    network: str = Field(description="none: no network at all.")
+    budgetLimitSeconds: float = Field(description="The job's budget across every attempt.")
+    budgetRemainingSeconds: float = Field(description="What was left when this attempt started.")
+
+
+def allocation(
+    p: ExecutionPlan,
+    attempt: int,
+    gpus: Sequence[GpuRecord],
+    fallback: str | None,
+    budget: Mapping[str, float],
+) -> Allocation:
+    """The compute decision for attempt ``attempt`` of plan ``p``."""
+    lim = p.limits
+    return Allocation(
+        jobId=p.job_id,
+        attempt=attempt,
+        accelerator="gpu" if gpus else "cpu",
+        cpus=lim.cpus,
+        memoryBytes=lim.memory_bytes,
+        shmBytes=lim.shm_bytes,
+        pidsLimit=lim.pids,
+        tmpfsBytes=lim.tmpfs_bytes,
+        diskQuotaBytes=lim.disk_quota_bytes,
+        gpus=list(gpus),
+        cpuFallback=fallback,
+        runtime=lim.runtime,
+        network=lim.network,
+        budgetLimitSeconds=budget["limitSeconds"],
+        budgetRemainingSeconds=budget["remainingSeconds"],
+    )
+
+
+class RecordFile(_Model):
+    """A file the runner kept of an attempt, relative to the job folder, hashed."""
+
+    path: str = Field(description="Relative to the job folder, e.g. record/attempts/1/...")
+    sha256: str | None
+    size: int
+
+
+class AttemptRecord(_Model):
+    """One attempt of the job, from its ledger, with the files kept of it."""
+
+    attempt: int
+    classification: str | None = Field(description="How it ended; null while in flight.")
+    seconds: float = Field(description="Its share of the budget.")
+    how: str | None = Field(description="observed, recovered, vanished, never-started ...")
+    files: list[RecordFile] = Field(
+        description="record/attempts/<n>/: container state, engine log, output manifest, and "
+        "its stdout and stderr once a later attempt started (never truncated or replaced)."
+    )
+
+
 class BudgetRecord(_Model):
     """The job's runtime budget across every attempt, from its ledger."""
 
@@ -218,7 +299,10 @@ class ResultEnvelope(_Model):
     runnerVersion: str = Field(description="The runner that wrote it.")
     jobId: str | None = Field(description="The job; null when refused before it had one.")
     contractName: str | None = Field(default=None, description="The contract's `name`.")
-    contractDigest: str | None = Field(description="sha256 (RFC 8785) of the contract that ran.")
+    contractDigest: str | None = Field(
+        description="sha256 (RFC 8785) of the contract that ran: the issuer's own "
+        "contractDigest, which the runner recomputed and found equal."
+    )
     status: Status = Field(
         description="partial: the job exited 0 and some, not all, measurements were read."
     )
@@ -269,6 +353,20 @@ class ResultEnvelope(_Model):
         description="Why a contract asking for GPUs ran on CPU only (it allowed a CPU fallback).",
     )
     jobDir: str | None = Field(default=None, description="Host folder holding the job's files.")
+    research: dict[str, Any] | None = Field(
+        default=None,
+        description="The contract's research ids (workId, claimId, experimentId ...), as given.",
+    )
+    attempt: int | None = Field(
+        default=None, description="The attempt that produced this result (1, 2 ...)."
+    )
+    allocation: Allocation | None = Field(
+        default=None,
+        description="What that attempt was given (its /job/input/compute-decision.json).",
+    )
+    attempts: list[AttemptRecord] = Field(
+        default_factory=list, description="Every attempt so far, from the ledger, with its files."
+    )
     stdoutPath: str | None = Field(
         default=None, description="The job's stdout file, relative to the output folder."
     )
@@ -337,6 +435,9 @@ def build(
     agent_result: AgentResultRecord | None = None,
     measurements: Sequence[MeasurementResult] = (),
     errors: Sequence[MeasurementError] = (),
+    attempt: int | None = None,
+    allocation: Allocation | None = None,
+    attempts: Sequence[AttemptRecord] = (),
 ) -> ResultEnvelope:
     """The envelope of a run, a pure function of what the run produced (any of it may be
     missing: a run refused at the contract has no plan, no job folder, no container)."""
@@ -384,6 +485,10 @@ def build(
         agentResult=agent_result,
         gpuFallback=gpu_fallback,
         jobDir=str(job_dir) if job_dir else None,
+        research=c.data.get("research") if c and isinstance(c.data.get("research"), dict) else None,
+        attempt=attempt,
+        allocation=allocation,
+        attempts=list(attempts),
         stdoutPath=p.stdout_path if p else None,
         stderrPath=p.stderr_path if p else None,
     )

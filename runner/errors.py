@@ -125,7 +125,8 @@ _TABLE: dict[Category, _Row] = {
         "the contract asks for what this host does not grant (limits, network, registries, "
         "audience, validity, a --job-id of another contract)"),
     Category.PROTOCOL_AMBIGUOUS: _Row(_F.REFUSED, False, False,
-        "no command, or a required command fragment missing"),
+        "no command, a required command fragment missing, or an agent_planned contract "
+        "(agent runtimes are not run yet)"),
     Category.IMAGE_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
         "the image found is not the image the contract pins"),
     Category.IMAGE_UNAVAILABLE: _Row(_F.INFRASTRUCTURE, False, True,

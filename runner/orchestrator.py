@@ -30,6 +30,7 @@ from runner import (
     evidence,
     plan,
     policy,
+    records,
     safefs,
     staging,
 )
@@ -37,11 +38,13 @@ from runner.backends.base import Backend
 from runner.container import Progress
 from runner.contract import VerifiedContract, load_contract
 from runner.envelope import (
+    AttemptRecord,
     BudgetRecord,
     DiskRecord,
     Failure,
     FileRef,
     PolicyRecord,
+    RecordFile,
     ResultEnvelope,
     Stage,
     Status,
@@ -130,6 +133,7 @@ def _run(
         ledger_path = opts.state.job(job_id).ledger
         accepted = read_state(ledger_path).accepted if ledger_path.exists() else None
         resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
+        plan.check_mode(contract)
         policy.check(contract, opts.policy.policy, datetime.now(UTC), check_times=not resuming)
     if contract.signature is None:
         unsigned = (
@@ -192,6 +196,7 @@ def _locked(
     known = replace(known, budget=budget)
     with stage("parsers", known):
         envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
+        envelope = envelope.model_copy(update={"attempts": _attempts(ledger, job, opts)})
     write_envelope(job, envelope)
     known = replace(known, written=True)
     with stage("envelope", known):
@@ -306,6 +311,8 @@ def _read_evidence(
     max_bytes = int(pol.maxEvidenceMb * 1024 * 1024)
     guards = got.guards
     dropped = {str(cap.path.relative_to(job.output)): cap.compact() for cap in guards.logs}
+    records.output_manifest(job, got.number)  # what output/ holds as it is read
+    writer = records.writers(job, got.number)
     used = guards.disk.measure()
     disk = DiskRecord(
         quotaBytes=guards.disk.quota,
@@ -315,8 +322,16 @@ def _read_evidence(
     )
     warnings = list(known.warnings)
     results, errs = evidence.read_measurements(job.output, contract, max_bytes)
+    results = [
+        r.model_copy(
+            update={"evidence": r.evidence.model_copy(update={"attempt": writer(r.evidence.path)})}
+        )
+        for r in results
+    ]
     logs: list[FileRef] = [
-        log.model_copy(update={"droppedBytes": dropped.get(log.path, 0)})
+        log.model_copy(
+            update={"droppedBytes": dropped.get(log.path, 0), "attempt": writer(log.path)}
+        )
         for log in evidence.hash_logs(job.output, [p.stdout_path, p.stderr_path], max_bytes)
     ]
     if any(dropped.values()):
@@ -345,7 +360,31 @@ def _read_evidence(
         logs=logs,
         disk=disk,
         agent_result=claim,
+        attempt=got.number,
+        allocation=known.allocation,
     )
+
+
+def _attempts(ledger: Ledger, job: staging.JobDir, opts: RunOptions) -> list[AttemptRecord]:
+    """Every attempt in the ledger with the files kept of it under record/attempts/."""
+    max_bytes = int(opts.policy.policy.maxEvidenceMb * 1024 * 1024)
+    out = []
+    for a in ledger.state.attempts:
+        fin = a.finished or {}
+        files = [
+            RecordFile(path=rel, sha256=sha, size=size)
+            for rel, sha, size in records.attempt_files(job, a.number, max_bytes)
+        ]
+        out.append(
+            AttemptRecord(
+                attempt=a.number,
+                classification=fin.get("classification"),
+                seconds=round(a.seconds, 3),
+                how=fin.get("how"),
+                files=files,
+            )
+        )
+    return out
 
 
 def _tail(output: Path, rel: str, limit: int = 300) -> str:

@@ -108,6 +108,26 @@ def _fragment_matches(fragment: list[str], argv: tuple[str, ...]) -> bool:
     )
 
 
+def check_mode(contract: VerifiedContract) -> None:
+    """Refuse what this runner cannot run as asked: an agent_planned contract. Checked before
+    the host policy, so such a contract is told why before it is told about its network."""
+    if contract.model.execution_mode == "agent_planned":
+        runtime = contract.model.agent.runtime if contract.model.agent else None
+        why = (
+            ""
+            if contract.model.protocol.executionMode
+            else " (it names no executionMode, an agent.runtime and no protocol.command)"
+        )
+        raise ProtocolAmbiguous(
+            f"$.protocol.executionMode: this contract is agent_planned{why}: an agent runtime "
+            f"({runtime or 'none named'}) decides the commands, and this runner does not run "
+            "agent runtimes yet; it runs fixed_entrypoint contracts only",
+            hint="agent-planned runs need a runner with agent adapters; to run the same work "
+            'as a fixed command, issue the contract with "executionMode": "fixed_entrypoint" '
+            'and the exact argv in "protocol.command"',
+        )
+
+
 def check_command(contract: VerifiedContract) -> tuple[str, ...]:
     """The argv to run; refuse when there is none or a required fragment is missing.
 
@@ -118,6 +138,7 @@ def check_command(contract: VerifiedContract) -> tuple[str, ...]:
     matches ``--checkpoint=x``). A shell script (``sh -c "..."``) is one opaque element: text
     inside it does not satisfy a fragment; a contract that runs a script names the whole
     script element as its fragment."""
+    check_mode(contract)
     protocol = contract.model.protocol
     if not protocol.command:
         raise ProtocolAmbiguous(
@@ -280,5 +301,10 @@ def build(
             "RUNNER_STDOUT": f"/job/output/{protocol.stdoutPath}",
             "RUNNER_STDERR": f"/job/output/{protocol.stderrPath}",
             "RUNNER_BUDGET_FILE": "/job/execution/runtime-budget.json",
+            "RUNNER_COMPUTE_DECISION": "/job/input/compute-decision.json",
+            # Caches (pip, Hugging Face, torch hub ...) land in the job's own cache folder,
+            # kept across its attempts and counted in its disk quota.
+            "XDG_CACHE_HOME": "/job/runtime-cache",
+            "PIP_CACHE_DIR": "/job/runtime-cache/pip",
         },
     )

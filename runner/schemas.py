@@ -36,6 +36,44 @@ def envelope_fields_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
+def contract_fields_markdown() -> str:
+    """The README's contract vocabulary, from the contract's JSON Schema: every field, its
+    type and meaning; objects marked *open* carry fields beyond these to the job unchanged,
+    the others refuse an unknown field with its JSON path."""
+    schema = ExecutionContract.model_json_schema(mode="validation")
+    defs: dict[str, Any] = schema.get("$defs", {})
+    rows = ["| field | type | meaning |", "|---|---|---|"]
+
+    def ref_of(prop: dict[str, Any]) -> str | None:
+        for p in [prop, *prop.get("anyOf", []), prop.get("items", {})]:
+            if "$ref" in p:
+                return str(p["$ref"].rsplit("/", 1)[-1])
+            if p.get("type") == "array" and "$ref" in p.get("items", {}):
+                return str(p["items"]["$ref"].rsplit("/", 1)[-1])
+        return None
+
+    def walk(prefix: str, node: dict[str, Any]) -> None:
+        required = set(node.get("required", []))
+        for name, prop in node.get("properties", {}).items():
+            path = f"{prefix}{name}"
+            target = ref_of(prop)
+            sub = defs.get(target, {}) if target else {}
+            flag = " (required)" if name in required else ""
+            meaning = prop.get("description") or sub.get("description", "")
+            if sub and sub.get("additionalProperties") is not False:
+                meaning += " *Open:* other fields are carried to the job."
+            meaning = " ".join(meaning.split())
+            rows.append(f"| `{path}`{flag} | {_type_name(prop)} | {meaning} |")
+            if sub:
+                is_list = prop.get("type") == "array" or any(
+                    p.get("type") == "array" for p in prop.get("anyOf", [])
+                )
+                walk(f"{path}[].", sub) if is_list else walk(f"{path}.", sub)
+
+    walk("", schema)
+    return "\n".join(rows) + "\n"
+
+
 def _type_name(prop: dict[str, Any]) -> str:
     if "$ref" in prop:
         return f"`{prop['$ref'].rsplit('/', 1)[-1]}`"
@@ -99,6 +137,7 @@ def readme_with_blocks(text: str) -> str:
     blocks: dict[str, Callable[[], str]] = {
         "parser-catalog": parser_catalog_markdown,
         "envelope-fields": envelope_fields_markdown,
+        "contract-fields": contract_fields_markdown,
         "exit-codes": exit_codes_markdown,
         "categories": categories_markdown,
     }
@@ -151,7 +190,8 @@ def main(argv: list[str]) -> int:
     wanted = readme_with_blocks(readme)
     if check and wanted != readme:
         stale.append(
-            "README.md generated blocks (parser catalog, envelope fields, exit codes, categories)"
+            "README.md generated blocks (parser catalog, envelope and contract fields, exit "
+            "codes, categories)"
         )
     elif not check and wanted != readme:
         README.write_text(wanted)

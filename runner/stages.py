@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from runner.envelope import BudgetRecord, GpuRecord, ImageRecord, Stage
+from runner.envelope import Allocation, BudgetRecord, GpuRecord, ImageRecord, Stage
 
 if TYPE_CHECKING:
     from runner.container import Outcome
@@ -61,6 +61,8 @@ class Known:
     outcome: Outcome | None = None
     """How the attempt's container ended."""
     budget: BudgetRecord | None = None
+    allocation: Allocation | None = None
+    """What the attempt that produced the result was given (its compute-decision.json)."""
     written: bool = False
     """The run's envelope is in the job folder already: a later failure must not replace it."""
 

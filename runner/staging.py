@@ -2,13 +2,19 @@
 
 Layout of ``<state>/jobs/<job id>/``::
 
-    input/        the contract's inputs (paper, repository) and task.json; mounted read-only
-    output/       the job's evidence, stdout and stderr; mounted read-write
-    workspace/    scratch the job may keep; mounted read-write
-    execution/    runner-owned files the job may read (runtime-budget.json, input-manifest.json);
-                  mounted read-only
-    record/       runner-owned, never mounted: container state, engine log
-    result.json   the result envelope, written last and atomically
+    input/          the contract's inputs (paper, repository), task.json, parser-catalog.json,
+                    result.schema.json, compute-decision.json; mounted read-only
+    output/         the job's evidence, stdout and stderr; mounted read-write
+    workspace/      the job's working copy of the repository and its scratch; read-write
+    runtime-cache/  caches the job keeps across its attempts; read-write
+    runtime-venv/   the job's own Python environment, kept across attempts; read-write
+    assets/         datasets and checkpoints; mounted read-only
+    execution/      runner-owned files the job may read (runtime-budget.json, input-manifest.json);
+                    mounted read-only
+    record/         runner-owned, never mounted: the ledger, the lock, earlier envelopes and
+                    attempts/<n>/ (each attempt's container state, engine log, output manifest
+                    and, once a later attempt starts, its stdout and stderr)
+    result.json     the result envelope, written last and atomically
 """
 
 from __future__ import annotations
@@ -54,6 +60,27 @@ class JobDir:
     @property
     def execution(self) -> Path:
         return self.root / "execution"
+
+    @property
+    def runtime_cache(self) -> Path:
+        return self.root / "runtime-cache"
+
+    @property
+    def runtime_venv(self) -> Path:
+        return self.root / "runtime-venv"
+
+    @property
+    def assets(self) -> Path:
+        return self.root / "assets"
+
+    @property
+    def writable(self) -> tuple[Path, ...]:
+        """The folders the job writes, all counted in its disk quota."""
+        return (self.output, self.workspace, self.runtime_cache, self.runtime_venv)
+
+    def attempt_record(self, n: int) -> Path:
+        """``record/attempts/<n>/``: what the runner kept of attempt ``n``."""
+        return self.record / "attempts" / str(n)
 
     @property
     def record(self) -> Path:
@@ -327,7 +354,7 @@ def _normalized(rel: str) -> str:
 def prepare(root: Path) -> JobDir:
     """Create the job directory's folders (idempotent)."""
     job = JobDir(root)
-    for folder in (job.input, job.output, job.workspace, job.execution, job.record):
+    for folder in (job.input, job.execution, job.record, job.assets, *job.writable):
         folder.mkdir(parents=True, exist_ok=True)
     return job
 
@@ -409,7 +436,7 @@ def prepare_writable(job: JobDir, uid: int, gid: int, stream_paths: list[str]) -
                 safefs.makedirs_under(job.output, folder)
     if os.geteuid() != 0:
         return  # the job runs as the caller's own uid, which owns these folders already
-    for base in (job.output, job.workspace):
+    for base in job.writable:
         for dirpath, dirnames, filenames in os.walk(base):
             os.chown(dirpath, uid, gid)
             for name in [*dirnames, *filenames]:

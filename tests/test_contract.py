@@ -167,12 +167,19 @@ def test_missing_command_fragment_is_ambiguous(tmp_path: Path) -> None:
         plan.build(contract, HostPolicy(), job_id="j", host_uid=0, host_gid=0)
 
 
-def test_contract_without_command_is_ambiguous() -> None:
-    """The seed contract leaves the command to an agent: the runner cannot run it as is."""
-    with pytest.raises(ProtocolAmbiguous, match=r"\$\.protocol\.command"):
+def test_contract_without_command_is_ambiguous(tmp_path: Path) -> None:
+    """The seed contract leaves the command to an agent: it is agent_planned, which this
+    runner does not run; a fixed_entrypoint contract without a command names the field."""
+    with pytest.raises(ProtocolAmbiguous, match=r"\$\.protocol\.executionMode"):
         plan.build(
             load_contract(SEED), HostPolicy(allowNetwork=True), job_id="j", host_uid=0, host_gid=0
         )
+    data = _toy()
+    del data["protocol"]["command"]
+    data["protocol"]["executionMode"] = "fixed_entrypoint"
+    contract = load_contract(_write(tmp_path, data))
+    with pytest.raises(ProtocolAmbiguous, match=r"\$\.protocol\.command"):
+        plan.build(contract, HostPolicy(), job_id="j", host_uid=0, host_gid=0)
 
 
 def test_tag_only_image_is_refused(tmp_path: Path) -> None:

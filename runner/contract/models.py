@@ -1,9 +1,12 @@
 """Pydantic models of the execution contract (``task.json``).
 
 The shape follows the CiteArk execution contract (``schemaVersion`` 1.0, ``kind``
-``citeark.execution-contract``). Objects the runner acts on (``environment``, ``protocol``,
-``measurements``) forbid unknown fields; descriptive objects (``research``, ``paper``, ``agent``
-...) are carried as given. Fields the seed leaves to an agent and a runner needs are optional
+``citeark.execution-contract``) with every field its seed contracts and agent prompts name.
+Objects the runner acts on (``environment``, ``protocol``, ``measurements``, the top level)
+forbid unknown fields, so a typo is refused with its JSON path; descriptive objects
+(``research``, ``paper``, ``agent``, ``campaign`` ...) keep what they are given, and every field
+reaches the job's ``/job/input/task.json`` byte for byte (the verified bytes are staged, never a
+re-serialisation). Fields the seed leaves to an agent and a runner needs are optional
 additions documented in each field's description: ``protocol.command``, ``protocol.stdoutPath``,
 ``protocol.stderrPath``, ``protocol.workingDirectory``, ``environment.imageId``,
 ``environment.pidsLimit``, ``environment.tmpfsMb``, ``environment.diskGb``, ``jobId``,
@@ -86,6 +89,13 @@ class Paper(_Open):
     title: str | None = None
     url: str | None = None
     path: RelativePath | None = None
+    markdownPath: str | None = Field(
+        default=None,
+        description="Carried for the job: the paper as Markdown with 'PDF page N' markers.",
+    )
+    sourceMapPath: str | None = Field(
+        default=None, description="Carried for the job: block coordinates of the Markdown."
+    )
 
 
 class Repository(_Open):
@@ -94,6 +104,10 @@ class Repository(_Open):
     url: str | None = None
     commit: str | None = None
     path: RelativePath | None = None
+    implementationOrigin: str | None = Field(
+        default=None,
+        description="Carried for the job: whose code this is (official, reconstruction ...).",
+    )
 
 
 class Claim(_Open):
@@ -121,14 +135,82 @@ class Measurement(_Strict):
     metric: str = Field(min_length=1)
     unit: str = Field(min_length=1)
     parser: ParserBinding
+    dimensions: dict[str, Any] | None = Field(
+        default=None,
+        description="Carried for the job: the blind scientific scope of the number (dataset, "
+        "split, sample count, repetitions, aggregation, hardware ...).",
+    )
+    aggregation: Any = Field(default=None, description="Carried for the job.")
+    description: str | None = Field(default=None, description="Carried for the job.")
+
+
+class PreflightCheck(_Open):
+    """One check the job must report an outcome for before expensive work."""
+
+    id: str = Field(min_length=1, description="Check id; result.json must report each one.")
+
+
+class Preflight(_Open):
+    """Checks the job runs before expensive work (runtime, dependencies, assets, parsers)."""
+
+    evidencePath: RelativePath | None = Field(
+        default=None,
+        description="Where the job writes its preflight outcomes, relative to /job/output.",
+    )
+    checks: list[PreflightCheck] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_checks(self) -> Preflight:
+        ids = [c.id for c in self.checks]
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise ValueError(f"preflight check id(s) {', '.join(map(repr, twice))} appear twice")
+        return self
+
+
+class WorkloadGroup(_Open):
+    """A cost or method group of the workload, counted in complete units."""
+
+    groupId: str = Field(min_length=1)
+    units: int | None = Field(default=None, ge=0)
+
+
+class Workload(_Open):
+    """The full workload the job must complete; result.json reports each group's units."""
+
+    groups: list[WorkloadGroup] = Field(default_factory=list)
+
+
+EXECUTION_MODES = ("fixed_entrypoint", "agent_planned")
 
 
 class Protocol(_Strict):
     """What to run. ``command`` is the runner's addition: the exact argv executed."""
 
+    executionMode: Literal["fixed_entrypoint", "agent_planned"] | None = Field(
+        default=None,
+        description="fixed_entrypoint: run protocol.command unchanged. agent_planned: an agent "
+        "runtime decides the commands. Absent: fixed_entrypoint when protocol.command is given, "
+        "else agent_planned when agent.runtime is.",
+    )
     entrypoint: str | None = None
+    objective: str | None = Field(
+        default=None, description="Carried for the job: what an agent_planned run must achieve."
+    )
     requiredCommandFragments: list[str] = Field(default_factory=list)
     instructions: str | None = None
+    preflight: Preflight | None = Field(
+        default=None, description="Checks result.json must report (checked by the runner)."
+    )
+    workload: Workload | None = Field(
+        default=None, description="Workload groups result.json must report (checked)."
+    )
+    benchmark: dict[str, Any] | None = Field(
+        default=None,
+        description="Carried for the job: an immutable hardware benchmark (device, batch size, "
+        "dtype, warmup, timed iterations, timer ...).",
+    )
+    referenceHardware: Any = Field(default=None, description="Carried for the job.")
     command: list[Annotated[str, Field(min_length=1)]] | None = Field(
         default=None,
         min_length=1,
@@ -179,9 +261,18 @@ class ComputeRequirement(_Open):
 
 
 class Agent(_Open):
-    """The agent configuration for agentic runs; the runner records it and does not act on it."""
+    """The agent of an agent_planned run. The contract chooses the runtime and its limits; the
+    host decides which runtimes exist."""
 
     runtime: str | None = None
+    model: str | None = None
+    subagentModel: str | None = None
+    autoCompactWindow: int | None = Field(default=None, ge=0)
+    effort: str | None = None
+    reasoningMode: str | None = None
+    maxTurns: int | None = Field(default=None, ge=0)
+    maxBudgetUsd: float | None = Field(default=None, ge=0)
+    validationRetries: int | None = Field(default=None, ge=0)
 
 
 class Environment(_Strict):
@@ -262,6 +353,19 @@ class ExecutionContract(_Strict):
     agent: Agent | None = None
     environment: Environment
     researchGoal: Any = Field(default=None, description="Carried for the job; not interpreted.")
+    scientificPlanningPolicy: Any = Field(
+        default=None, description="Carried for the job; not interpreted."
+    )
+    campaign: dict[str, Any] | None = Field(
+        default=None,
+        description="Carried for the job: a selected experiment set on one machine (members, "
+        "measurementMap, workloads) with one budget.",
+    )
+    assets: list[dict[str, Any]] | None = Field(
+        default=None,
+        description="Carried for the job: datasets and checkpoints it may need (fetching them "
+        "is not the runner's yet).",
+    )
     reproductionScope: Any = Field(
         default=None, description="Carried for the job; not interpreted."
     )
@@ -273,6 +377,18 @@ class ExecutionContract(_Strict):
     contractDigest: Sha256 = Field(
         description="sha256 over the RFC 8785 canonical JSON of the contract without this field."
     )
+
+    @property
+    def execution_mode(self) -> Literal["fixed_entrypoint", "agent_planned"] | None:
+        """The mode asked for, or inferred: a command means fixed_entrypoint, an agent runtime
+        without one agent_planned; None when the contract says neither."""
+        if self.protocol.executionMode is not None:
+            return self.protocol.executionMode
+        if self.protocol.command:
+            return "fixed_entrypoint"
+        if self.agent is not None and self.agent.runtime:
+            return "agent_planned"
+        return None
 
     @model_validator(mode="after")
     def _unique_measurements(self) -> ExecutionContract:

@@ -1,0 +1,250 @@
+"""The platform's contracts as they are issued: the seed's vocabulary, the execution mode, the
+/job layout the job expects, and every attempt's evidence kept (issue 14)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.contract import load_contract, with_digest
+from runner.contract.load import Trust
+from runner.errors import ContractError
+from tests.support import (
+    SEED,
+    TOY,
+    json_measurement,
+    run_cli,
+    run_job,
+    session_containers,
+    start_job,
+    wait_running,
+    write_contract,
+)
+
+EXAMPLE = TOY.parent / "agent-evaluation" / "task.json"
+
+
+def every_seed_field(data: dict[str, Any]) -> None:
+    """Every field the seed's contracts and prompts name, filled in."""
+    data["protocol"].update(
+        executionMode="fixed_entrypoint",
+        objective="Evaluate the released checkpoint on the full label set.",
+        preflight={
+            "evidencePath": "preflight.json",
+            "checks": [{"id": "runtime", "successCriteria": "python3 imports json"}],
+        },
+        workload={"groups": [{"groupId": "eval", "units": 1, "description": "one pass"}]},
+        benchmark={"device": "cpu", "batchSize": 1, "dtype": "float32", "warmup": 0},
+        referenceHardware={"cpu": "any"},
+    )
+    m = data["measurements"][0]
+    m["dimensions"] = {"dataset": "toy", "split": "test", "samples": 1000, "repetitions": 1}
+    m["aggregation"] = {"rule": "single"}
+    m["description"] = "Top-1 accuracy of the released checkpoint."
+    data["repository"]["implementationOrigin"] = "official"
+    data["paper"]["markdownPath"] = "paper.md"
+    data["paper"]["sourceMapPath"] = "paper.map.json"
+    data["campaign"] = {
+        "members": [{"experimentId": "toy-checkpoint-evaluation"}],
+        "measurementMap": {"toy-accuracy": "toy-checkpoint-evaluation/toy-accuracy"},
+        "workloads": [{"id": "eval", "experimentIds": ["toy-checkpoint-evaluation"]}],
+    }
+    data["workspacePlan"] = {"measurements": [{"measurementId": "toy-accuracy"}]}
+    data["researchGraph"] = {"objects": [{"id": "ckpt"}], "steps": [{"id": "evaluate"}]}
+    data["researchGoal"] = "Does the released checkpoint reach the reported accuracy?"
+    data["reproductionScope"] = {"preset": "default"}
+    data["reproductionGuide"] = "Run evaluate.py on checkpoint.json."
+    data["scientificPlanningPolicy"] = {"compilationBoundary": "inventory only"}
+    data["assets"] = [{"id": "labels", "acquisition": {"requiredPaths": ["labels.txt"]}}]
+
+
+def _contract(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "task.json"
+    path.write_text(json.dumps(with_digest(data), indent=2))
+    return path
+
+
+def test_the_seed_contract_verbatim_verifies_and_is_refused_as_agent_planned(
+    tmp_path: Path,
+) -> None:
+    loaded = load_contract(SEED, Trust())
+    assert loaded.digest == json.loads(SEED.read_text())["contractDigest"]
+    assert loaded.model.execution_mode == "agent_planned"
+    proc = run_cli(
+        "verify", str(SEED), "--allow-unsigned", "--allow-network", "--allow-unpinned-image"
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "protocol_ambiguous" in proc.stderr
+    assert "$.protocol.executionMode" in proc.stderr and "agent_planned" in proc.stderr
+    code, envelope, _ = run_job(SEED, tmp_path / "state", "--allow-network")
+    assert code == 3
+    assert envelope["failure"]["category"] == "protocol_ambiguous"
+    assert envelope["failure"]["stage"] == "policy"
+    assert not (tmp_path / "state" / "jobs").exists()  # refused before a job folder exists
+
+
+def test_an_explicit_agent_planned_contract_is_refused_even_with_a_command(
+    tmp_path: Path,
+) -> None:
+    data = json.loads((TOY / "task.json").read_text())
+    data["protocol"]["executionMode"] = "agent_planned"
+    proc = run_cli("verify", str(_contract(tmp_path, data)), "--allow-unsigned")
+    assert proc.returncode == 3
+    assert "protocol_ambiguous" in proc.stderr and "no executionMode" not in proc.stderr
+
+
+def test_every_seed_field_is_accepted_and_unknown_ones_still_refused(tmp_path: Path) -> None:
+    data = json.loads((TOY / "task.json").read_text())
+    every_seed_field(data)
+    loaded = load_contract(_contract(tmp_path, data), Trust())
+    assert loaded.model.protocol.preflight is not None
+    assert [c.id for c in loaded.model.protocol.preflight.checks] == ["runtime"]
+    assert loaded.model.execution_mode == "fixed_entrypoint"
+    for where, key in ((data["protocol"], "executionModes"), (data, "campaigns")):
+        where[key] = "x"
+        with pytest.raises(ContractError) as caught:
+            load_contract(_contract(tmp_path, data), Trust())
+        assert key in str(caught.value) and "$." in str(caught.value)
+        del where[key]
+    data["protocol"]["executionMode"] = "improvised"
+    with pytest.raises(ContractError, match="executionMode"):
+        load_contract(_contract(tmp_path, data), Trust())
+
+
+def test_the_agent_planned_example_verifies_and_is_refused_until_agents_land() -> None:
+    loaded = load_contract(EXAMPLE, Trust())
+    assert loaded.model.execution_mode == "agent_planned"
+    proc = run_cli("verify", str(EXAMPLE), "--allow-unsigned")
+    assert proc.returncode == 3 and "protocol_ambiguous" in proc.stderr
+
+
+LAYOUT_SCRIPT = r"""
+set -e
+cp /job/input/task.json /job/output/task-seen.json
+echo "# edited" >> /job/workspace/repository/evaluate.py
+echo installed > /job/runtime-venv/pkg.txt
+echo cached > /job/runtime-cache/c.txt
+test "$XDG_CACHE_HOME" = /job/runtime-cache
+if (echo x > /job/assets/x) 2>/dev/null; then echo "assets writable"; exit 9; fi
+if (echo x > /job/input/repository/x) 2>/dev/null; then echo "input writable"; exit 10; fi
+python3 - <<'EOF'
+import json
+d = json.load(open("/job/input/compute-decision.json"))
+assert d["accelerator"] == "cpu" and d["gpus"] == [] and d["network"] == "none", d
+assert d["attempt"] == 1 and d["budgetLimitSeconds"] == 120, d
+schema = json.load(open("/job/input/result.schema.json"))
+assert "properties" in schema and "status" in schema["properties"], schema
+EOF
+python3 /job/workspace/repository/evaluate.py --checkpoint /job/input/repository/checkpoint.json
+"""
+
+
+@pytest.mark.docker
+def test_the_job_layout_and_the_contract_bytes_reach_the_job(tmp_path: Path, image_id: str) -> None:
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=["sh", "-c", LAYOUT_SCRIPT],
+        environment={"timeoutMinutes": 2},
+        change=every_seed_field,
+    )
+    code, envelope, err = run_job(contract, tmp_path / "state")
+    assert code == 0, (envelope, err)
+    assert envelope["measurements"][0]["value"] == 0.819
+    job = tmp_path / "state" / "jobs" / envelope["jobId"]
+    # byte for byte: the contract as issued, every seed field included
+    assert (job / "output" / "task-seen.json").read_bytes() == contract.read_bytes()
+    # the pristine repository is untouched; the working copy has the job's edit
+    pristine = (TOY / "repository" / "evaluate.py").read_bytes()
+    assert (job / "input" / "repository" / "evaluate.py").read_bytes() == pristine
+    edited = (job / "workspace" / "repository" / "evaluate.py").read_bytes()
+    assert edited == pristine + b"# edited\n"
+    assert (job / "runtime-venv" / "pkg.txt").read_text() == "installed\n"
+    assert (job / "runtime-cache" / "c.txt").read_text() == "cached\n"
+    assert list((job / "assets").iterdir()) == []
+    decided = json.loads((job / "input" / "compute-decision.json").read_bytes())
+    assert envelope["allocation"] == decided
+    assert envelope["research"] == json.loads(contract.read_text())["research"]
+    manifest = json.loads((job / "execution" / "input-manifest.json").read_text())
+    listed = {f["path"] for f in manifest["files"]}
+    assert {"compute-decision.json", "result.schema.json", "task.json"} <= listed
+
+
+ATTEMPTS_SCRIPT = r"""
+mkdir -p /job/output/out
+echo "stdout of attempt $RUNNER_ATTEMPT"
+echo "stderr of attempt $RUNNER_ATTEMPT" >&2
+if [ "$RUNNER_ATTEMPT" = 1 ]; then
+  echo '{"accuracy": 0.5}' > /job/output/out/first.json
+  echo kept > /job/runtime-venv/marker
+  sleep 300
+fi
+test "$(cat /job/runtime-venv/marker)" = kept || exit 7
+echo '{"accuracy": 0.819}' > /job/output/out/second.json
+"""
+
+
+@pytest.mark.docker
+def test_every_attempt_keeps_its_evidence(tmp_path: Path, image_id: str) -> None:
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=["sh", "-c", ATTEMPTS_SCRIPT],
+        protocol={"stdoutPath": "logs/out.log", "stderrPath": "logs/err.log"},
+        measurements=[
+            json_measurement("out/first.json", mid="first"),
+            json_measurement("out/second.json", mid="second"),
+        ],
+        environment={"timeoutMinutes": 5},
+    )
+    state = tmp_path / "state"
+    proc = start_job(contract, state)
+    try:
+        wait_running(proc)
+        deadline = time.monotonic() + 60
+        while not list(state.glob("jobs/*/output/out/first.json")):
+            assert time.monotonic() < deadline, "attempt 1 never wrote its file"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    first = json.loads(out)
+    assert first["failure"]["category"] == "cancelled"
+    job = state / "jobs" / first["jobId"]
+    streams_1 = (job / "output" / "logs" / "out.log").read_bytes()
+    assert streams_1 == b"stdout of attempt 1\n"
+
+    code, envelope, err = run_job(contract, state)
+    assert code == 0, (envelope, err)
+    assert envelope["attempt"] == 2
+    # attempt 1's stdout and stderr moved to its record, byte for byte; attempt 2's in place
+    kept = job / "record" / "attempts" / "1" / "streams" / "logs"
+    assert (kept / "out.log").read_bytes() == streams_1
+    assert (kept / "err.log").read_bytes() == b"stderr of attempt 1\n"
+    assert (job / "output" / "logs" / "out.log").read_bytes() == b"stdout of attempt 2\n"
+    for n in (1, 2):
+        assert (job / "record" / "attempts" / str(n) / "container-state.json").is_file()
+    # the envelope says which attempt wrote each evidence file
+    by_id = {m["measurementId"]: m for m in envelope["measurements"]}
+    assert by_id["first"]["evidence"]["attempt"] == 1
+    assert by_id["second"]["evidence"]["attempt"] == 2
+    assert {log["path"]: log["attempt"] for log in envelope["logs"]} == {
+        "logs/out.log": 2,
+        "logs/err.log": 2,
+    }
+    records = {a["attempt"]: a for a in envelope["attempts"]}
+    assert records[1]["classification"] == "cancelled"
+    assert records[2]["classification"] == "succeeded"
+    files_1 = {f["path"] for f in records[1]["files"]}
+    assert "record/attempts/1/streams/logs/out.log" in files_1
+    assert envelope["allocation"]["attempt"] == 2
+    assert not session_containers()
