@@ -1,4 +1,7 @@
-"""The result envelope: what happened, in a form anyone can check.
+"""Long on purpose: the envelope is one document, and its models stay together so that the
+schema generated from them (and the README's field table) reads in one place.
+
+The result envelope: what happened, in a form anyone can check.
 
 ``contracts/result-envelope.schema.json`` is generated from these models.
 """
@@ -79,11 +82,25 @@ class FileRef(_Model):
     )
 
 
+class AgentResultFlag(_Model):
+    """One disagreement the runner found between the job's result.json and the contract, the
+    job's files or the runner's own verdict (codes: README, "The job's result.json")."""
+
+    code: str = Field(description="Stable, machine-readable: what disagrees.")
+    path: str = Field(description="JSON path in result.json of the entry concerned, e.g. $.x.")
+    message: str = Field(description="A sentence for a person.")
+
+
 class AgentResultRecord(_Model):
     """The job's own result.json: its claim, kept apart from the runner's verdict."""
 
-    valid: bool = Field(description="Schema-valid, and every file it lists exists.")
-    problems: list[str] = Field(default_factory=list)
+    valid: bool = Field(description="Read, schema-valid, and nothing in it was flagged.")
+    problems: list[str] = Field(
+        default_factory=list, description="Why it could not be read or fails its schema."
+    )
+    flags: list[AgentResultFlag] = Field(
+        default_factory=list, description="Every disagreement found in a schema-valid one."
+    )
     claim: dict[str, Any] | None = Field(
         default=None, description="The result.json content, when it parsed against its schema."
     )

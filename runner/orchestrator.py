@@ -339,9 +339,6 @@ def _read_evidence(
             "logs past their cap kept their first and last parts: "
             + ", ".join(f"{k} dropped {v:,} bytes" for k, v in dropped.items() if v)
         )
-    claim = agent_result.read(job.output, max_bytes, int(pol.maxResultKb * 1024))
-    if claim is not None and not claim.valid:
-        warnings.append("the job's result.json is not trustworthy: " + "; ".join(claim.problems))
     status: Status = "failed" if failure else "succeeded"
     if failure is None and errs:
         first = errs[0]
@@ -349,6 +346,15 @@ def _read_evidence(
             category=first.category, stage="parsers", retryable=False, reason=first.reason
         )
         status = "partial" if results else "failed"
+    claim = agent_result.read(
+        job.output,
+        max_bytes,
+        int(pol.maxResultKb * 1024),
+        contract=contract.data,
+        verdict=status,
+    )
+    if claim is not None and (said := agent_result.warning(claim)):
+        warnings.append(said)
     return _envelope(
         replace(known, warnings=tuple(warnings)),
         opts,

@@ -125,7 +125,9 @@ def _regrade(
             "measurementErrors": errors,
             "failure": failure,
             "status": status,
-            "agentResult": agent_result.read(job.output, max_bytes, max_result_bytes),
+            "agentResult": agent_result.read(
+                job.output, max_bytes, max_result_bytes, contract=contract.data, verdict=status
+            ),
             "revision": old.revision + 1,
             "regrade": Regrade(
                 at=datetime.now(UTC).isoformat(timespec="seconds"),

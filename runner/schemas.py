@@ -1,6 +1,7 @@
 """Generate the JSON Schemas in ``contracts/`` from the pydantic models, and the README's
 generated tables: the parser catalog from the parser registry, the envelope's fields from its
-model, the exit codes and failure categories from the category table (``runner.errors``).
+model, the exit codes and failure categories from the category table (``runner.errors``),
+the result.json flag codes from ``runner.agent_result.FLAGS``.
 
 ``python -m runner.schemas`` rewrites them; ``python -m runner.schemas --check`` exits 1 when a
 checked-in file differs (the test suite runs the check).
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.agent_result import AgentResult
+from runner import agent_result
 from runner.contract.models import ExecutionContract
 from runner.envelope import ResultEnvelope
 from runner.ledger import LedgerEvent
@@ -140,6 +141,7 @@ def readme_with_blocks(text: str) -> str:
         "contract-fields": contract_fields_markdown,
         "exit-codes": exit_codes_markdown,
         "categories": categories_markdown,
+        "result-flags": agent_result.flags_markdown,
     }
     for name, render in blocks.items():
         begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
@@ -158,7 +160,6 @@ def schemas() -> dict[str, dict[str, Any]]:
         ("result-envelope.schema.json", ResultEnvelope, "Result envelope"),
         ("host-policy.schema.json", HostPolicy, "Host policy"),
         ("ledger-event.schema.json", LedgerEvent, "Budget ledger event"),
-        ("agent-result.schema.json", AgentResult, "The job's own result.json"),
     ):
         schema = model.model_json_schema(mode="validation")
         schema = {
@@ -168,6 +169,7 @@ def schemas() -> dict[str, dict[str, Any]]:
             **{k: v for k, v in schema.items() if k != "title"},
         }
         out[filename] = schema
+    out["agent-result.schema.json"] = agent_result.json_schema()
     return out
 
 
@@ -191,7 +193,7 @@ def main(argv: list[str]) -> int:
     if check and wanted != readme:
         stale.append(
             "README.md generated blocks (parser catalog, envelope and contract fields, exit "
-            "codes, categories)"
+            "codes, categories, result.json flags)"
         )
     elif not check and wanted != readme:
         README.write_text(wanted)

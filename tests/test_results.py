@@ -75,13 +75,63 @@ def test_agent_result_is_embedded_and_checked(
         assert record["valid"] is True and record["problems"] == []
         assert record["listed"][0]["exists"] is True
     else:
-        assert record["valid"] is False
-        assert record["problems"] == [
-            "result.json lists reports/missing.json, which does not exist"
+        assert record["valid"] is False and record["problems"] == []
+        assert record["flags"] == [
+            {
+                "code": "path_missing",
+                "path": "$.evidence[1].path",
+                "message": 'result.json lists "reports/missing.json", which does not exist',
+            }
         ]
         assert any("not trustworthy" in w for w in env["warnings"])
     names = {log["path"] for log in env["logs"]}
     assert names == {"logs/evaluation.log", "logs/evaluation.err"}
+
+
+CONTRACT_FORM = r"""
+import json, os
+os.makedirs('/job/output/reports', exist_ok=True)
+open('/job/output/reports/metrics.json', 'w').write(json.dumps({'accuracy': 0.9}))
+open('/job/output/reports/run.log', 'w').write('evaluated 1000 examples\n')
+json.dump({'execution': {'status': 'failed', 'failure': None},
+           'evidence': [{'path': 'reports/run.log', 'description': 'the run'}],
+           'outputs': [{'id': 'acc', 'kind': 'table', 'role': 'primary',
+                        'path': 'reports/metrics.json', 'description': 'the metric'}],
+           'experiment': {'commands': ['python3 -c ...']},
+           'diagnosis': '## Ran\nOnce.', 'workloadCompletion': []},
+          open('/job/output/result.json', 'w'))
+"""
+
+
+def test_result_json_inconsistencies_are_flagged_in_the_envelope(
+    tmp_path: Path, image_id: str
+) -> None:
+    """A job whose execute-contract result.json leaves its parser input out of evidence and
+    says failed without a failure: each is a flag in the envelope `runner run --json` prints
+    (and stores), and so is its disagreement with the runner's verdict; the measurement is the
+    parser's, whatever result.json says."""
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=["python3", "-c", CONTRACT_FORM],
+        measurements=[json_measurement("reports/metrics.json")],
+    )
+    code, env, _ = run_job(contract, tmp_path / "state")
+    assert code == 0 and env["status"] == "succeeded"
+    assert [m["value"] for m in env["measurements"]] == [0.9]
+    record = env["agentResult"]
+    assert record["valid"] is False and record["problems"] == []
+    assert record["claim"]["execution"] == {"status": "failed", "failure": None}
+    assert [(f["code"], f["path"]) for f in record["flags"]] == [
+        ("failure_missing", "$.execution.failure"),
+        ("parser_input_not_in_evidence", "$.evidence"),
+        ("claim_contradicts_runner", "$.execution.status"),
+    ]
+    assert "reports/metrics.json" in record["flags"][1]["message"]
+    assert {f["path"] for f in record["listed"]} == {"reports/run.log", "reports/metrics.json"}
+    assert any("not trustworthy" in w and "failure_missing" in w for w in env["warnings"])
+    stored = json.loads((Path(env["jobDir"]) / "result.json").read_text())
+    assert stored["agentResult"]["flags"] == record["flags"]
 
 
 class _TimesHundred:
