@@ -248,3 +248,56 @@ def test_every_attempt_keeps_its_evidence(tmp_path: Path, image_id: str) -> None
     assert "record/attempts/1/streams/logs/out.log" in files_1
     assert envelope["allocation"]["attempt"] == 2
     assert not session_containers()
+
+
+PREFLIGHT_SCRIPT = r"""
+python3 /job/input/repository/evaluate.py --checkpoint /job/input/repository/checkpoint.json \
+  > /job/output/logs/evaluation.log
+python3 - <<'EOF'
+import json
+result = {
+    "schemaVersion": "2.0",
+    "status": "completed",
+    "summary": "evaluated",
+    "execution": {"status": "succeeded", "failure": None},
+    "preflight": {
+        "source": "agent",
+        "evidencePath": "preflight.json",
+        "checks": [{"id": "runtime", "status": "failed"}],
+    },
+    "evidence": [{"path": "logs/evaluation.log"}],
+    "workloadCompletion": [],
+}
+json.dump({"runtime": "failed"}, open("/job/output/preflight.json", "w"))
+json.dump(result, open("/job/output/result.json", "w"))
+EOF
+"""
+
+
+@pytest.mark.docker
+def test_the_contracts_preflight_and_workload_are_checked_against_result_json(
+    tmp_path: Path, image_id: str
+) -> None:
+    """Succeeded while a declared preflight check failed, another check id missing and a
+    declared workload group unreported: each is a flag, the parsers' value stands."""
+
+    def declare(data: dict[str, Any]) -> None:
+        data["protocol"]["preflight"] = {
+            "evidencePath": "preflight.json",
+            "checks": [{"id": "runtime"}, {"id": "checkpoint"}],
+        }
+        data["protocol"]["workload"] = {"groups": [{"groupId": "evaluation", "units": 1}]}
+
+    contract = write_contract(
+        tmp_path, image_id, command=["sh", "-c", PREFLIGHT_SCRIPT], change=declare
+    )
+    code, envelope, err = run_job(contract, tmp_path / "state")
+    assert code == 0, (envelope, err)
+    assert envelope["measurements"][0]["value"] == 0.819
+    codes = {f["code"] for f in envelope["agentResult"]["flags"]}
+    assert {
+        "preflight_not_passed_but_succeeded",
+        "preflight_check_missing",
+        "workload_group_missing",
+    } <= codes, codes
+    assert not envelope["agentResult"]["valid"]
