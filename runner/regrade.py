@@ -108,6 +108,16 @@ def _regrade(
         if now != was:
             changes.append(f"{mid}: {pid} version {was} -> {now}")
     results, errors = evidence.read_measurements(job.output, contract, max_bytes, versions)
+    # The same bytes (checked above), so the same attempt wrote them.
+    wrote = {m.evidence.path: m.evidence.attempt for m in old.measurements}
+    results = [
+        r.model_copy(
+            update={
+                "evidence": r.evidence.model_copy(update={"attempt": wrote.get(r.evidence.path)})
+            }
+        )
+        for r in results
+    ]
     failure, status = old.failure, old.status
     if old.failure is None or old.failure.stage == "parsers":
         failure, status = None, "succeeded"

@@ -248,6 +248,14 @@ def test_every_attempt_keeps_its_evidence(tmp_path: Path, image_id: str) -> None
     assert "record/attempts/1/streams/logs/out.log" in files_1
     assert envelope["allocation"]["attempt"] == 2
     assert not session_containers()
+    # a re-grade reads the same bytes and keeps which attempt wrote them
+    proc = run_cli("parse", envelope["jobId"], "--state-dir", str(state), "--json")
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(proc.stdout)
+    assert again["revision"] == 2
+    assert [m["evidence"] for m in again["measurements"]] == [
+        m["evidence"] for m in envelope["measurements"]
+    ]
 
 
 PREFLIGHT_SCRIPT = r"""
