@@ -446,6 +446,28 @@ def test_not_an_archive(tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
+def test_a_regraded_job_verifies(toy: Signed, tmp_path: Path) -> None:
+    """After `runner parse`, the envelope is revision 2 and the ledger's job.finished names
+    revision 1, bundled under record/; a revision the ledger does not name fails."""
+    job = tmp_path / "job"
+    shutil.copytree(toy.job, job, symlinks=True)
+    assert run_cli("parse", str(job)).returncode == 0
+    archive = tmp_path / "regraded.tar"
+    _export(job, archive, signed=toy)
+    code, report = _verify(archive, *_keys(toy))
+    assert code == 0, report["problems"]
+    files = {c["check"]: c["detail"] for c in report["checks"]}["files"]
+    assert files.endswith("the ledger names the revision it re-grades (in data/record/)")
+
+    (earlier,) = (job / "record").glob("result-*.json")
+    earlier.unlink()
+    _export(job, archive, "--force", signed=toy)
+    code, report = _verify(archive, *_keys(toy))
+    assert code == 3 and report["firstProblem"]["file"] == "data/record/ledger.jsonl"
+    assert "no earlier revision" in report["firstProblem"]["message"]
+
+
+@pytest.mark.docker
 def test_export_refuses_what_would_not_verify(toy: Signed, tmp_path: Path) -> None:
     """Evidence changed since the run stops the export (nothing written); an existing archive
     is not replaced without --force; a job with no result has nothing to export."""

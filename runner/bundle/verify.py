@@ -67,6 +67,8 @@ from runner.errors import Category, RunnerError, SignatureInvalid
 
 MiB = 1024 * 1024
 CHUNK = MiB
+END_MAX = MiB
+"""What may follow a tar's last member: its end blocks and record padding (10 KiB by default)."""
 HEX64 = re.compile(r"[0-9a-f]{64}")
 REQUIRED_TAGS = ("bagit.txt", "bag-info.txt", MANIFEST, INFO_FILE)
 ENVELOPE = "data/result.json"
@@ -240,9 +242,12 @@ def _extract(
                         afterwards.append(
                             Problem(rel, "the archive's padding after it is not zeros")
                         )
-            # The end of the archive is zeros, and reading to it checks gzip's CRC.
+            # The end of the archive is zeros (a tar record's padding, never more than
+            # END_MAX), and reading to it checks gzip's CRC.
+            after = 0
             while chunk := stream.read(CHUNK):
-                if chunk.strip(b"\0"):
+                after += len(chunk)
+                if chunk.strip(b"\0") or after > END_MAX:
                     afterwards.append(
                         Problem(name, "has bytes after its last member (or a damaged header)")
                     )
@@ -539,7 +544,7 @@ class _Verifier:
                 for name, hashes in bag.entries.items()
                 if name.startswith("data/") and "sha256" in hashes
             }
-            hole_bytes = 0
+            hole_bytes = hole_count = 0
             for url, size, name in holes:
                 name = os.path.normpath(name)
                 digest = self.digests.get(name)
@@ -554,6 +559,7 @@ class _Verifier:
                 self.blob(name, digest, int(size))
                 bag.entries.pop(name, None)
                 hole_bytes += int(size)
+                hole_count += 1
             declared = bag.info.pop("Payload-Oxum", None)
             try:
                 bag.validate(processes=1)
@@ -575,7 +581,7 @@ class _Verifier:
                 raise _Stop from None
             present = [self.top / p for p in bag.payload_files()]
         size = sum(p.stat().st_size for p in present) + hole_bytes
-        count = len(present) + len(holes)
+        count = len(present) + hole_count
         if declared is not None and declared != f"{size}.{count}":
             self.problem(
                 "bag-info.txt", f"Payload-Oxum is {declared}; the payload is {size}.{count}"
@@ -585,7 +591,7 @@ class _Verifier:
             for s in self.info.get("skipped", [])
             if isinstance(s, dict)
         ]
-        beside = f", {len(holes)} of them beside the archive" if holes else ""
+        beside = f", {hole_count} of them beside the archive" if hole_count else ""
         return f"{count:,} files, {size:,} bytes, each as the manifest says{beside}"
 
     def blob(self, name: str, digest: str, size: int) -> None:
@@ -765,7 +771,8 @@ class _Verifier:
                 f"its job.finished names envelope {want}, which is no earlier revision bundled "
                 "under data/record/",
             )
-        return f"{len(hashed)} files it hashed are bundled as it says; the ledger names it"
+        names = "it" if env.revision <= 1 else "the revision it re-grades (in data/record/)"
+        return f"{len(hashed)} files it hashed are bundled as it says; the ledger names {names}"
 
     def earlier_envelopes(self) -> set[str]:
         return {
