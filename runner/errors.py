@@ -13,7 +13,9 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   ├── PolicyViolation          policy_violation: asks for what the host does not grant
     │   ├── ProtocolAmbiguous        protocol_ambiguous: no command, or a required fragment missing
     │   ├── ImageDigestMismatch      image_digest_mismatch: the local image is not the pinned one
-    │   └── JobAlreadyFinished       the job id already ran to an end on this host
+    │   ├── JobAlreadyFinished       the job id already ran to an end on this host
+    │   └── BundleInvalid            bundle_invalid: a bundle that cannot be made, or that does
+    │                                not verify (runner export, runner verify-bundle)
     ├── ResourceExhausted            resource_exhausted: earlier attempts spent the budget (exit 1)
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
     ├── GpuUnavailable               gpu_unavailable: no GPU to give, and no CPU fallback  (exit 4)
@@ -50,7 +52,9 @@ class Family(Enum):
                  "and an envelope written")  # fmt: skip
     INFRASTRUCTURE = (4, "infrastructure: the runner, the engine or the host failed; the job is "
                       "not to blame")  # fmt: skip
-    REFUSED = (3, "refused before anything ran")
+    REFUSED = (3, "refused before anything ran (for `runner export` and `runner "
+               "verify-bundle`: a bundle that cannot be made, or that does not "
+               "verify)")  # fmt: skip
     JOB_FAILED = (1, "the job ran and failed (also `partial`), or its budget was already spent")
     SUCCEEDED = (0, "the job succeeded: it exited 0 and every measurement was read")
 
@@ -84,6 +88,7 @@ class Category(StrEnum):
     MISSING_EVIDENCE = "missing_evidence"
     PARSE_ERROR = "parse_error"
     CANCELLED = "cancelled"
+    BUNDLE_INVALID = "bundle_invalid"
 
     @property
     def family(self) -> Family:
@@ -155,6 +160,10 @@ _TABLE: dict[Category, _Row] = {
     Category.CANCELLED: _Row(_F.CANCELLED, False, True,
         "the runner got Ctrl-C or SIGTERM and stopped the job; running it again continues "
         "the budget"),
+    Category.BUNDLE_INVALID: _Row(_F.REFUSED, False, False,
+        "not a job's failure: a bundle (`runner export`) that cannot be made, or that does not "
+        "verify (`runner verify-bundle`): a changed, missing or extra file, a broken ledger, "
+        "values that do not re-parse"),
 }  # fmt: skip
 """The one table of failure categories."""
 
@@ -227,6 +236,12 @@ class JobAlreadyFinished(RefusedError):
     """The job id already has a result envelope on this host; running it again needs intent."""
 
     category = Category.POLICY_VIOLATION
+
+
+class BundleInvalid(RefusedError):
+    """A bundle that cannot be made from this job, or that does not verify."""
+
+    category = Category.BUNDLE_INVALID
 
 
 class ResourceExhausted(RunnerError):
