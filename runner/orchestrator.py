@@ -41,6 +41,7 @@ from runner.envelope import (
     DiskRecord,
     Failure,
     FileRef,
+    InputRecord,
     PolicyRecord,
     ResultEnvelope,
     Stage,
@@ -324,6 +325,9 @@ def _read_evidence(
             "logs past their cap kept their first and last parts: "
             + ", ".join(f"{k} dropped {v:,} bytes" for k, v in dropped.items() if v)
         )
+    checked = staging.recheck_inputs(job)
+    if checked.problem is not None:
+        warnings.append(f"the staged inputs changed while the job ran: {checked.problem}")
     claim = agent_result.read(job.output, max_bytes, int(pol.maxResultKb * 1024))
     if claim is not None and not claim.valid:
         warnings.append("the job's result.json is not trustworthy: " + "; ".join(claim.problems))
@@ -345,6 +349,8 @@ def _read_evidence(
         logs=logs,
         disk=disk,
         agent_result=claim,
+        inputs=[InputRecord.model_validate(i) for i in checked.inputs],
+        inputs_unchanged=checked.unchanged,
     )
 
 
