@@ -297,6 +297,14 @@ class AttemptRecord(_Model):
     )
 
 
+class InputRecord(_Model):
+    """An input the contract names, as staged."""
+
+    field: str = Field(description="$.paper.path or $.repository.path.")
+    path: str = Field(description="Where it lies in /job/input.")
+    digest: str = Field(description="Its digest (sha256 of a file; runner-tree-v1 of a folder).")
+
+
 class BudgetRecord(_Model):
     """The job's runtime budget across every attempt, from its ledger."""
 
@@ -368,6 +376,14 @@ class ResultEnvelope(_Model):
     gpuFallback: str | None = Field(
         default=None,
         description="Why a contract asking for GPUs ran on CPU only (it allowed a CPU fallback).",
+    )
+    inputs: list[InputRecord] = Field(
+        default_factory=list, description="The inputs staged for the job, with their digests."
+    )
+    inputsUnchanged: bool | None = Field(
+        default=None,
+        description="Whether input/ was, after the job, exactly as staged (re-hashed, no link "
+        "followed); false comes with a warning naming the first change; null: not checked.",
     )
     jobDir: str | None = Field(default=None, description="Host folder holding the job's files.")
     research: dict[str, Any] | None = Field(
@@ -455,6 +471,8 @@ def build(
     attempt: int | None = None,
     allocation: Allocation | None = None,
     attempts: Sequence[AttemptRecord] = (),
+    inputs: Sequence[InputRecord] = (),
+    inputs_unchanged: bool | None = None,
 ) -> ResultEnvelope:
     """The envelope of a run, a pure function of what the run produced (any of it may be
     missing: a run refused at the contract has no plan, no job folder, no container)."""
@@ -501,6 +519,8 @@ def build(
         disk=disk,
         agentResult=agent_result,
         gpuFallback=gpu_fallback,
+        inputs=list(inputs),
+        inputsUnchanged=inputs_unchanged,
         jobDir=str(job_dir) if job_dir else None,
         research=c.data.get("research") if c and isinstance(c.data.get("research"), dict) else None,
         attempt=attempt,

@@ -13,6 +13,7 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   ├── PolicyViolation          policy_violation: asks for what the host does not grant
     │   ├── ProtocolAmbiguous        protocol_ambiguous: no command, or a required fragment missing
     │   ├── ImageDigestMismatch      image_digest_mismatch: the local image is not the pinned one
+    │   ├── InputDigestMismatch      input_digest_mismatch: a staged input is not the one bound
     │   ├── JobAlreadyFinished       the job id already ran to an end on this host
     │   └── BundleInvalid            bundle_invalid: a bundle that cannot be made, or that does
     │                                not verify (runner export, runner verify-bundle)
@@ -76,6 +77,7 @@ class Category(StrEnum):
     POLICY_VIOLATION = "policy_violation"
     PROTOCOL_AMBIGUOUS = "protocol_ambiguous"
     IMAGE_DIGEST_MISMATCH = "image_digest_mismatch"
+    INPUT_DIGEST_MISMATCH = "input_digest_mismatch"
     IMAGE_UNAVAILABLE = "image_unavailable"
     GPU_UNAVAILABLE = "gpu_unavailable"
     INFRASTRUCTURE = "infrastructure"
@@ -128,12 +130,16 @@ _TABLE: dict[Category, _Row] = {
         "unsigned where signing is required, a bad or untrusted signature, too few signers"),
     Category.POLICY_VIOLATION: _Row(_F.REFUSED, False, False,
         "the contract asks for what this host does not grant (limits, network, registries, "
-        "audience, validity, a --job-id of another contract)"),
+        "audience, validity, a --job-id of another contract, inputs not bound by digests)"),
     Category.PROTOCOL_AMBIGUOUS: _Row(_F.REFUSED, False, False,
         "no command, a required command fragment missing, or an agent_planned contract "
         "(agent runtimes are not run yet)"),
     Category.IMAGE_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
         "the image found is not the image the contract pins"),
+    Category.INPUT_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
+        "a staged input (paper, repository) is not the one the contract binds: its digest "
+        "differs (the reason names the first differing path), or the repository is not the "
+        "commit the contract names"),
     Category.IMAGE_UNAVAILABLE: _Row(_F.INFRASTRUCTURE, False, True,
         "the pinned image is not here and could not be pulled or loaded"),
     Category.GPU_UNAVAILABLE: _Row(_F.INFRASTRUCTURE, False, True,
@@ -230,6 +236,13 @@ class ImageDigestMismatch(RefusedError):
     """The image found locally is not the image the contract pins."""
 
     category = Category.IMAGE_DIGEST_MISMATCH
+
+
+class InputDigestMismatch(RefusedError):
+    """A staged input's digest is not the contract's, or the staged repository is not the
+    commit the contract names."""
+
+    category = Category.INPUT_DIGEST_MISMATCH
 
 
 class JobAlreadyFinished(RefusedError):

@@ -44,7 +44,7 @@ _TABLE = {
     "verify": ("verify", "check a contract and this host's policy without running it"),
     "pin": (
         "issuer",
-        "issuer side: pin a local image into a contract and recompute contractDigest",
+        "issuer side: pin the inputs' digests and a local image into a contract",
     ),
     "keygen": ("issuer", "issuer side: make an Ed25519 key pair for signing contracts"),
     "trust": ("issuer", "host side: trust an issuer's public key"),
