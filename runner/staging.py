@@ -566,6 +566,21 @@ def _record_tree(job: JobDir, staged: list[StagedInput], own: list[tuple[str, by
     )
 
 
+def record_added_input(job: JobDir, name: str, data: bytes) -> None:
+    """Add a file the runner wrote into ``input/`` after staging (``compute-decision.json``)
+    to the recorded listing, so the check after the job expects it."""
+    path = job.record / "input-tree.json"
+    try:
+        recorded = json.loads(path.read_bytes())
+        whole = inputs.parse_listing(recorded["listing"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # nothing recorded (staged by an older runner): nothing to compare later
+    whole[name] = inputs.Entry("F", name, hashlib.sha256(data).hexdigest())
+    recorded["digest"] = inputs.tree_digest(whole.values())
+    recorded["listing"] = inputs.listing(whole.values())
+    write_json(path, recorded)
+
+
 @dataclass(frozen=True)
 class InputsCheck:
     """``input/`` after the job, against what was staged."""
