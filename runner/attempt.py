@@ -364,7 +364,7 @@ def _gpu_allocator(job: Job) -> gpus.Allocator:
         except ContainerVanished:
             return False
 
-    lock_dir = job.options.gpu_lock_dir or job.options.state.gpu_locks
+    lock_dir = job.options.gpu_lock_dir or gpus.HOST_LOCK_DIR
     return gpus.Allocator(lock_dir, alive)
 
 
