@@ -16,6 +16,7 @@ classification of its end :mod:`runner.outcome`, the envelope :func:`runner.enve
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -28,6 +29,7 @@ from runner import (
     attest,
     errors,
     evidence,
+    log,
     plan,
     policy,
     records,
@@ -78,6 +80,38 @@ class _Silent:
         pass
 
 
+class _Logged:
+    """Progress that is also logged (``runner --log-level info``), with the job's id once
+    it is known (a new wrapper then; nothing is changed in place)."""
+
+    def __init__(self, inner: Progress, job_id: str | None = None) -> None:
+        self.inner = inner
+        self.job_id = job_id
+
+    def stage(self, name: str, detail: str) -> None:
+        log.event(logging.INFO, detail, jobId=self.job_id, stage=name)
+        self.inner.stage(name, detail)
+
+    def running(self, elapsed: float, budget: float) -> None:
+        self.inner.running(elapsed, budget)
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        self.inner.transfer(label, done, total)
+
+
+def _log_end(envelope: ResultEnvelope) -> None:
+    failure = envelope.failure
+    log.event(
+        logging.INFO if failure is None else logging.WARNING,
+        f"job {envelope.status}" + (f": {failure.reason}" if failure else ""),
+        jobId=envelope.jobId,
+        stage=failure.stage if failure else None,
+        attempt=envelope.attempt,
+        category=failure.category if failure else None,
+        seconds=envelope.timings.totalSeconds,
+    )
+
+
 def run(
     contract_path: Path,
     options: RunOptions,
@@ -92,7 +126,9 @@ def run(
     """
     clock = Clock.start()
     try:
-        return _run(contract_path, options, backend, progress or _Silent(), clock)
+        envelope = _run(contract_path, options, backend, progress or _Silent(), clock)
+        _log_end(envelope)
+        return envelope
     except Stopped as stopped:
         envelope = _envelope(stopped.known, options, clock, _failure(stopped.stage, stopped.cause))
         job, cause = stopped.known.job, stopped.cause
@@ -103,6 +139,7 @@ def run(
             and not isinstance(cause, JobAlreadyFinished | JobBusy | LedgerCorrupt)
         ):
             write_envelope(job, envelope)
+        _log_end(envelope)
         return envelope
 
 
@@ -114,6 +151,7 @@ def _run(
     clock: Clock,
 ) -> ResultEnvelope:
     """contract → policy → plan → the job folder, under its lock."""
+    progress = _Logged(progress)
     known = Known()
     with stage("contract", known):
         contract = load_contract(contract_path, opts.trust)
@@ -127,6 +165,7 @@ def _run(
     with stage("contract", known):
         allow = opts.policy.policy.allowJobIdOverride
         job_id = plan.job_id_for(contract, opts.job_id, allow_override=allow)
+    progress = _Logged(progress.inner, job_id)
     with stage("policy", known):
         # A job this host already accepted may be resumed (or shown) after its contract
         # expires: validity times are checked when a job is accepted (and before any new
@@ -289,6 +328,15 @@ def _record_end(
             "budget.exhausted",
             {"consumedSeconds": round(st.consumed, 3), "limitSeconds": limit},
         )
+    log.event(
+        logging.INFO,
+        f"attempt {n} ended: {failure.category if failure else 'succeeded'}",
+        jobId=p.job_id,
+        stage="container",
+        attempt=n,
+        category=failure.category if failure else None,
+        seconds=outcome.run_seconds,
+    )
     # Only now, with its end in the ledger, may the container go (see container.finish).
     backend.remove(outcome.container_id or outcome.name)
     budget = st.budget(limit)

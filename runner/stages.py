@@ -10,12 +10,14 @@ it is made: a later stage makes a new :class:`Known` with :func:`dataclasses.rep
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from runner import log
 from runner.envelope import Allocation, BudgetRecord, GpuRecord, ImageRecord, Stage
 
 if TYPE_CHECKING:
@@ -87,9 +89,17 @@ def stage(name: Stage, known: Known) -> Iterator[None]:
     """Run a stage: an error or Ctrl-C inside it becomes :class:`Stopped` with its name and
     ``known``. A :class:`Stopped` from a stage nested inside passes through unchanged, and so
     does anything that is neither an error nor Ctrl-C (the process is going away)."""
+    job_id = known.plan.job_id if known.plan else None
+    log.event(logging.DEBUG, f"{name}: begins", jobId=job_id, stage=name)
     try:
         yield
     except Stopped:
         raise
     except (Exception, KeyboardInterrupt) as exc:
+        category = getattr(
+            exc, "category", "cancelled" if isinstance(exc, KeyboardInterrupt) else None
+        )
+        log.event(
+            logging.WARNING, f"{name}: stopped: {exc}", jobId=job_id, stage=name, category=category
+        )
         raise Stopped(name, exc, known) from exc
