@@ -64,52 +64,9 @@ from runner.ledger import Ledger, LedgerCorrupt, read_state
 from runner.options import RunOptions
 from runner.outcome import classify
 from runner.plan import ExecutionPlan
-from runner.stages import Clock, Known, Stopped, now_iso, stage
+from runner.stages import Clock, Known, Logged, Silent, Stopped, log_end, now_iso, stage
 
 __all__ = ["RunOptions", "run"]
-
-
-class _Silent:
-    def stage(self, name: str, detail: str) -> None:
-        pass
-
-    def running(self, elapsed: float, budget: float) -> None:
-        pass
-
-    def transfer(self, label: str, done: int, total: int) -> None:
-        pass
-
-
-class _Logged:
-    """Progress that is also logged (``runner --log-level info``), with the job's id once
-    it is known (a new wrapper then; nothing is changed in place)."""
-
-    def __init__(self, inner: Progress, job_id: str | None = None) -> None:
-        self.inner = inner
-        self.job_id = job_id
-
-    def stage(self, name: str, detail: str) -> None:
-        log.event(logging.INFO, detail, jobId=self.job_id, stage=name)
-        self.inner.stage(name, detail)
-
-    def running(self, elapsed: float, budget: float) -> None:
-        self.inner.running(elapsed, budget)
-
-    def transfer(self, label: str, done: int, total: int) -> None:
-        self.inner.transfer(label, done, total)
-
-
-def _log_end(envelope: ResultEnvelope) -> None:
-    failure = envelope.failure
-    log.event(
-        logging.INFO if failure is None else logging.WARNING,
-        f"job {envelope.status}" + (f": {failure.reason}" if failure else ""),
-        jobId=envelope.jobId,
-        stage=failure.stage if failure else None,
-        attempt=envelope.attempt,
-        category=failure.category if failure else None,
-        seconds=envelope.timings.totalSeconds,
-    )
 
 
 def run(
@@ -126,8 +83,8 @@ def run(
     """
     clock = Clock.start()
     try:
-        envelope = _run(contract_path, options, backend, progress or _Silent(), clock)
-        _log_end(envelope)
+        envelope = _run(contract_path, options, backend, progress or Silent(), clock)
+        log_end(envelope)
         return envelope
     except Stopped as stopped:
         envelope = _envelope(stopped.known, options, clock, _failure(stopped.stage, stopped.cause))
@@ -139,7 +96,7 @@ def run(
             and not isinstance(cause, JobAlreadyFinished | JobBusy | LedgerCorrupt)
         ):
             write_envelope(job, envelope)
-        _log_end(envelope)
+        log_end(envelope)
         return envelope
 
 
@@ -151,7 +108,7 @@ def _run(
     clock: Clock,
 ) -> ResultEnvelope:
     """contract → policy → plan → the job folder, under its lock."""
-    progress = _Logged(progress)
+    progress = Logged(progress)
     known = Known()
     with stage("contract", known):
         contract = load_contract(contract_path, opts.trust)
@@ -165,7 +122,7 @@ def _run(
     with stage("contract", known):
         allow = opts.policy.policy.allowJobIdOverride
         job_id = plan.job_id_for(contract, opts.job_id, allow_override=allow)
-    progress = _Logged(progress.inner, job_id)
+    progress = Logged(progress.inner, job_id)
     with stage("policy", known):
         # A job this host already accepted may be resumed (or shown) after its contract
         # expires: validity times are checked when a job is accepted (and before any new
@@ -378,10 +335,10 @@ def _read_evidence(
         for r in results
     ]
     logs: list[FileRef] = [
-        log.model_copy(
-            update={"droppedBytes": dropped.get(log.path, 0), "attempt": writer(log.path)}
+        ref.model_copy(
+            update={"droppedBytes": dropped.get(ref.path, 0), "attempt": writer(ref.path)}
         )
-        for log in evidence.hash_logs(job.output, [p.stdout_path, p.stderr_path], max_bytes)
+        for ref in evidence.hash_logs(job.output, [p.stdout_path, p.stderr_path], max_bytes)
     ]
     if any(dropped.values()):
         warnings.append(

@@ -21,8 +21,9 @@ from runner import log
 from runner.envelope import Allocation, BudgetRecord, GpuRecord, ImageRecord, Stage
 
 if TYPE_CHECKING:
-    from runner.container import Outcome
+    from runner.container import Outcome, Progress
     from runner.contract import VerifiedContract
+    from runner.envelope import ResultEnvelope
     from runner.plan import ExecutionPlan
     from runner.staging import JobDir
 
@@ -103,3 +104,49 @@ def stage(name: Stage, known: Known) -> Iterator[None]:
             logging.WARNING, f"{name}: stopped: {exc}", jobId=job_id, stage=name, category=category
         )
         raise Stopped(name, exc, known) from exc
+
+
+class Silent:
+    """Progress nobody watches."""
+
+    def stage(self, name: str, detail: str) -> None:
+        pass
+
+    def running(self, elapsed: float, budget: float) -> None:
+        pass
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        pass
+
+
+class Logged:
+    """Progress that is also logged (``runner --log-level info``), with the job's id once
+    it is known (a new wrapper then; nothing is changed in place)."""
+
+    def __init__(self, inner: Progress, job_id: str | None = None) -> None:
+        self.inner = inner
+        self.job_id = job_id
+
+    def stage(self, name: str, detail: str) -> None:
+        log.event(logging.INFO, detail, jobId=self.job_id, stage=name)
+        self.inner.stage(name, detail)
+
+    def running(self, elapsed: float, budget: float) -> None:
+        self.inner.running(elapsed, budget)
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        self.inner.transfer(label, done, total)
+
+
+def log_end(envelope: ResultEnvelope) -> None:
+    """The run's last log event: how it ended."""
+    failure = envelope.failure
+    log.event(
+        logging.INFO if failure is None else logging.WARNING,
+        f"job {envelope.status}" + (f": {failure.reason}" if failure else ""),
+        jobId=envelope.jobId,
+        stage=failure.stage if failure else None,
+        attempt=envelope.attempt,
+        category=failure.category if failure else None,
+        seconds=envelope.timings.totalSeconds,
+    )
