@@ -17,6 +17,7 @@ module               commands
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
 ``schema.py``        schema
+``completion.py``    completion
 ``serve.py``         serve
 ``_common.py``       exit codes, help texts, host options, progress, the summary
 ===================  ==========================================================
@@ -66,6 +67,7 @@ _TABLE = {
     "cleanup": ("job", "remove containers of finished jobs that no runner watches"),
     "parsers": ("parsers", "list the registered evidence parsers (id, version, config schema)"),
     "schema": ("schema", "print the JSON Schema of a contract, policy, envelope or result.json"),
+    "completion": ("completion", "print a bash, zsh or tcsh completion script"),
     "serve": (
         "serve",
         "keep a warm runner that `runner run` and `runner verify` hand their work to",
