@@ -217,18 +217,24 @@ def _assert_no_secret(p: Private, tmp_path: Path, env: dict[str, Any], stderr: s
 
 
 def test_credential_helper_named_by_cred_helpers(tmp_path: Path, private: Private) -> None:
-    """credHelpers → docker-credential-runnertest → `get` → the pull succeeds."""
+    """credHelpers → docker-credential-runnertest → `get` → the pull succeeds; the debug log
+    (on stderr) holds no secret either."""
     config = _config(tmp_path / "docker", {"credHelpers": {private.host: "runnertest"}})
     calls = len(private.helper_log.read_text().splitlines())
     code, env, stderr = _run(
         tmp_path,
         private,
-        {"DOCKER_CONFIG": str(config.parent), "PATH": _path_with(private.helper_bin)},
+        {
+            "DOCKER_CONFIG": str(config.parent),
+            "PATH": _path_with(private.helper_bin),
+            "RUNNER_LOG_LEVEL": "debug",
+        },
     )
     assert code == 0, (env, stderr)
     assert env["image"]["source"] == "pulled" and env["image"]["id"] == private.image_id
     assert env["image"]["repoDigest"] == f"{private.repo}@{private.digest}"
     assert env["measurements"][0]["value"] == 0.819
+    assert "runner: debug: " in stderr or "runner: info: " in stderr, "the log was on"
     asked = private.helper_log.read_text().splitlines()[calls:]
     assert f"get {private.host}" in asked
     assert (
