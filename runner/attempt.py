@@ -19,6 +19,8 @@ from typing import Any
 
 from runner import (
     agent_result,
+    agent_run,
+    agents,
     container,
     envelope,
     errors,
@@ -35,7 +37,7 @@ from runner.container import Outcome, Progress, Watch
 from runner.contract import VerifiedContract
 from runner.envelope import Allocation, GpuRecord, ImageRecord
 from runner.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
-from runner.ledger import Budget, Ledger
+from runner.ledger import Budget, Ledger, LedgerState
 from runner.options import RunOptions
 from runner.plan import ExecutionPlan
 from runner.stages import Known, stage
@@ -86,10 +88,14 @@ def run(job: Job, known: Known) -> AttemptResult:
             _gpu_allocator(job).release(str(job.dir.root.resolve()))
 
 
-def guards_for(p: ExecutionPlan, job: staging.JobDir) -> quotas.Guards:
-    """The disk quota on output/ + workspace/ and the caps on stdout and stderr."""
+def guards_for(
+    p: ExecutionPlan, job: staging.JobDir, state: LedgerState | None = None
+) -> quotas.Guards:
+    """The disk quota on output/ + workspace/, the caps on stdout and stderr, and an agent's
+    limits left after the attempts ``state`` records (its transcript is its stdout)."""
     lim = p.limits
     return quotas.Guards(
+        agent=agent_run.guard(p, job, state) if state is not None else None,
         disk=quotas.DiskMeter(list(job.writable), lim.disk_quota_bytes),
         logs=[
             quotas.LogCap(job.output / rel, lim.log_limit_bytes, job.output)
@@ -115,7 +121,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         gpus=tuple(GpuRecord.model_validate(g) for g in last.starting.get("gpus", [])),
         allocation=_decided(job.dir, n),
     )
-    guards = guards_for(job.plan, job.dir)
+    guards = guards_for(job.plan, job.dir, st)
     if last.finished is not None:
         if ledger.events[-1].type == "job.rerun" or last.finished["classification"] not in FINAL:
             return None
@@ -140,11 +146,13 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         if found.state is None:
             progress.stage("recover", f"attempt {n}'s container is gone; starting a new attempt")
             ledger.append(f"attempt-{n}.finished", "attempt.finished", {**lost, "how": "vanished"})
+            _agent_lost(job, n, guards)
             return None
         if found.state.status == "created":
             job.backend.remove(last.container_name)
             data = {**lost, "how": "never-started"}
             ledger.append(f"attempt-{n}.finished", "attempt.finished", data)
+            _agent_lost(job, n, guards)
             return None
         cid = found.state.id or last.container_id or last.container_name
         if last.container_id is None:
@@ -162,6 +170,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
                 job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
                 how="recovered",
             )  # fmt: skip
+            _scrub(job, n, None)
             return AttemptResult(outcome, known, guards, n)
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
         w = _watch(job, n, before, found.seconds, guards)
@@ -170,6 +179,8 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
             how="reattached",
         )  # fmt: skip
+        outcome = agent_run.ended(outcome, guards.agent)
+        _scrub(job, n, None)
         return AttemptResult(outcome, known, guards, n)
 
 
@@ -189,7 +200,9 @@ def _new(job: Job, known: Known) -> AttemptResult:
     consumed = st.consumed
     n = len(st.attempts) + 1
     known = replace(known, image=None, gpus=())  # an earlier attempt's are not this one's
+    known = replace(known, agent_usage=agent_run.usage_record(p, st))
     since = time.monotonic()
+    secrets: dict[str, str] = {}
     with stage("stage", known):
         policy.refuse_expired(job.contract, datetime.now(UTC), what=NO_NEW_ATTEMPT)
         if consumed >= job.limit:
@@ -200,6 +213,9 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 "earlier attempts; nothing is left to run it again",
                 hint="the budget spans every attempt; a larger budget needs a new contract",
             )
+        agent_run.refuse_spent(p, st)
+        if p.agent is not None:  # read now, handed to the engine only
+            secrets = agents.secret_values(p.agent.adapter)
         files = staging.stage_inputs(job.dir, job.contract, _input_rules(opts))
         files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
         layout.working_copy(job.dir, job.contract)
@@ -226,15 +242,19 @@ def _new(job: Job, known: Known) -> AttemptResult:
         _check_runtime(job)
         gpu_ids, given, fallback = _allocate_gpus(job, name)
     known = replace(known, gpus=given, gpu_fallback=fallback or known.gpu_fallback)
+    agent_limits = agent_run.limits(p.agent, st) if p.agent is not None else None
     decided = envelope.allocation(
-        p, n, given, known.gpu_fallback, Budget(job.limit, consumed).as_json()
+        p, n, given, known.gpu_fallback, Budget(job.limit, consumed).as_json(), agent_limits
     )
     with stage("stage", known):
         decision = (decided.model_dump_json(indent=2) + "\n").encode()
         layout.add_input(job.dir, "compute-decision.json", decision)
     known = replace(known, allocation=decided)
     deadline = container.backstop(job.limit - consumed, opts.stop_grace_seconds)
-    spec = container.spec(p, job.dir, info.id, n, gpu_ids, deadline)
+    argv = (
+        p.agent.argv(*agent_run.left(p.agent, st)) if p.agent is not None else p.argv
+    )  # an agent's: with what is left of its turns and budget
+    spec = container.spec(p, job.dir, info.id, n, gpu_ids, deadline, argv=argv, secrets=secrets)
     ledger.append(
         f"attempt-{n}.starting",
         "attempt.starting",
@@ -244,6 +264,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
             "engineDeadlineSeconds": deadline.after_seconds,
             "image": got[1].model_dump(mode="json"),
             "gpus": [g.model_dump(mode="json") for g in given],
+            **({"agentArgv": list(argv)} if p.agent is not None else {}),
         },
     )
 
@@ -252,7 +273,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
         ledger.append(f"attempt-{n}.started", "attempt.started", data)
 
     progress.stage("container", f"attempt {n}: {spec.name}")
-    guards = guards_for(p, job.dir)
+    guards = guards_for(p, job.dir, st)
     with stage("container", known):
         w = _watch(job, n, consumed, 0.0, guards)
         try:
@@ -279,7 +300,34 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 },
             )
             raise cause from None
+    outcome = agent_run.ended(outcome, guards.agent)
+    _scrub(job, n, secrets)
     return AttemptResult(outcome, known, guards, n)
+
+
+def _scrub(job: Job, n: int, secrets: dict[str, str] | None) -> None:
+    """An agent's secrets out of what the runner keeps of attempt ``n``: its transcript and
+    stderr, and the engine's log (the agent could have printed its own environment).
+    ``secrets`` None: read them again (an attempt picked up after a runner restart)."""
+    p = job.plan
+    if p.agent is None or not p.agent.adapter.secrets:
+        return
+    if secrets is None:
+        try:
+            secrets = agents.secret_values(p.agent.adapter)
+        except errors.HostConfigError:
+            return  # nothing to match against; the files stay as they are
+    agents.redact(job.dir.output, [p.stdout_path, p.stderr_path], secrets)
+    agents.redact(job.dir.attempt_record(n), ["engine.log"], secrets)
+
+
+def _agent_lost(job: Job, n: int, guards: quotas.Guards) -> None:
+    """Attempt ``n`` of an agent ended unseen (its container vanished or never started): its
+    usage is what its transcript shows, recorded before a new attempt counts what is left."""
+    if job.plan.agent is not None:
+        usage = agent_run.usage_of(job.plan, job.dir, guards.agent)
+        agent_run.record(job.ledger, n, usage)
+        _scrub(job, n, None)
 
 
 def _acquire(job: Job) -> tuple[images.Acquired, ImageRecord]:

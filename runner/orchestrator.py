@@ -24,6 +24,7 @@ from typing import Any
 
 from runner import (
     agent_result,
+    agent_run,
     attempt,
     attest,
     errors,
@@ -133,7 +134,7 @@ def _run(
         ledger_path = opts.state.job(job_id).ledger
         accepted = read_state(ledger_path).accepted if ledger_path.exists() else None
         resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
-        plan.check_mode(contract)
+        plan.check_mode(contract, opts.policy.policy)
         policy.check(contract, opts.policy.policy, datetime.now(UTC), check_times=not resuming)
     if contract.signature is None:
         unsigned = (
@@ -193,7 +194,12 @@ def _locked(
         known = replace(known, warnings=(*known.warnings, f"ran on CPU only: {known.gpu_fallback}"))
     with stage("container", known):
         failure, budget = _record_end(got, ledger, p, job, backend, limit)
-    known = replace(known, budget=budget)
+    known = replace(
+        known,
+        budget=budget,
+        agent=agent_run.agent_record(p, ledger.state, got.number),
+        agent_usage=agent_run.usage_record(p, ledger.state),
+    )
     with stage("parsers", known):
         envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
         envelope = envelope.model_copy(update={"attempts": _attempts(ledger, job, opts)})
@@ -282,6 +288,12 @@ def _record_end(
                 "how": outcome.how,
             },
         )
+    if p.agent is not None:  # its turns and cost, cumulative like the wall time
+        usage = agent_run.usage_of(p, job, got.guards.agent)
+        agent_run.record(ledger, n, usage, outcome.stopped_for)
+        if failure is not None and failure.category == Category.RESOURCE_EXHAUSTED:
+            reason = agent_run.limit_reason(p, st, outcome.stopped_for or "")
+            failure = failure.model_copy(update={"reason": reason})
     if outcome.timed_out or st.consumed >= limit:
         ledger.append(
             f"budget.exhausted-{n}",
@@ -453,6 +465,8 @@ def _envelope(
         seconds=known.seconds,
         warnings=known.warnings,
         budget=known.budget,
+        agent=known.agent,
+        agent_usage=known.agent_usage,
         **rest,
     )
 

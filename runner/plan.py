@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
+from runner import agents
 from runner.backends.types import GIB, MIB, Limits
 from runner.contract import VerifiedContract
 from runner.contract.models import JOB_ID_PATTERN
@@ -48,6 +49,10 @@ class ExecutionPlan:
     """Why a contract asking for GPUs will run on CPU only (its policy allows fewer GPUs and
     the contract allows a CPU fallback); None otherwise."""
     environment: dict[str, str] = field(default_factory=dict)
+    agent: agents.AgentPlan | None = None
+    """An agent_planned contract's agent: its adapter, prompt and limits; ``argv`` is then the
+    adapter's template rendered with the contract's whole limits (each attempt renders it
+    with what is left)."""
 
     @property
     def entrypoint(self) -> list[str]:
@@ -108,24 +113,12 @@ def _fragment_matches(fragment: list[str], argv: tuple[str, ...]) -> bool:
     )
 
 
-def check_mode(contract: VerifiedContract) -> None:
-    """Refuse what this runner cannot run as asked: an agent_planned contract. Checked before
-    the host policy, so such a contract is told why before it is told about its network."""
-    if contract.model.execution_mode == "agent_planned":
-        runtime = contract.model.agent.runtime if contract.model.agent else None
-        why = (
-            ""
-            if contract.model.protocol.executionMode
-            else " (it names no executionMode, an agent.runtime and no protocol.command)"
-        )
-        raise ProtocolAmbiguous(
-            f"$.protocol.executionMode: this contract is agent_planned{why}: an agent runtime "
-            f"({runtime or 'none named'}) decides the commands, and this runner does not run "
-            "agent runtimes yet; it runs fixed_entrypoint contracts only",
-            hint="agent-planned runs need a runner with agent adapters; to run the same work "
-            'as a fixed command, issue the contract with "executionMode": "fixed_entrypoint" '
-            'and the exact argv in "protocol.command"',
-        )
+def check_mode(contract: VerifiedContract, policy: HostPolicy) -> agents.AgentPlan | None:
+    """An agent_planned contract's agent plan (None for a fixed entrypoint): refused unless
+    this host's policy has an adapter for its ``agent.runtime``, before anything is staged."""
+    if contract.model.execution_mode != "agent_planned":
+        return None
+    return agents.plan_for(contract, policy.agents)
 
 
 def check_command(contract: VerifiedContract) -> tuple[str, ...]:
@@ -138,7 +131,6 @@ def check_command(contract: VerifiedContract) -> tuple[str, ...]:
     matches ``--checkpoint=x``). A shell script (``sh -c "..."``) is one opaque element: text
     inside it does not satisfy a fragment; a contract that runs a script names the whole
     script element as its fragment."""
-    check_mode(contract)
     protocol = contract.model.protocol
     if not protocol.command:
         raise ProtocolAmbiguous(
@@ -235,10 +227,20 @@ def build(
     labels: dict[str, str] | None = None,
     overrides: dict[str, float] | None = None,
 ) -> ExecutionPlan:
-    """Decide everything about the run. Raises the refusals of the protocol and image pin."""
-    argv = check_command(contract)
+    """Decide everything about the run. Raises the refusals of the protocol and image pin.
+
+    An agent_planned contract runs its agent runtime: the image and the argv are the host's
+    adapter's (the contract's environment.image is its statement, recorded beside), and the
+    required command fragments go to the agent in task.json instead of being matched."""
+    agent = check_mode(contract, policy)
     env = contract.model.environment
-    pin = parse_pin(env.image, env.imageId, allow_unpinned=policy.allowUnpinnedImages)
+    if agent is None:
+        argv = check_command(contract)
+        pin = parse_pin(env.image, env.imageId, allow_unpinned=policy.allowUnpinnedImages)
+    else:
+        argv = agent.argv(agent.max_turns, agent.max_budget_usd)
+        adapter = agent.adapter
+        pin = parse_pin(adapter.image, adapter.imageId, allow_unpinned=policy.allowUnpinnedImages)
     lim = tightened(contract, overrides or {})
     gpus: int | Literal["none", "all"] = env.gpu
     fallback = None
@@ -260,7 +262,7 @@ def build(
         pids=None if runtime == "runsc" else engine_value("pidsLimit", lim["pidsLimit"], ov),
         tmpfs_bytes=engine_value("tmpfsMb", lim["tmpfsMb"], ov),
         gpus=gpus,
-        network="bridge" if env.networkAccess else "none",
+        network=_network(env.networkAccess, agent),
         timeout_seconds=lim["timeoutMinutes"] * 60,
         runtime=runtime,
         disk_quota_bytes=engine_value("diskGb", env.diskGb or policy.maxima.diskGb, ov),
@@ -269,11 +271,12 @@ def build(
         ),
         stop_on_log_limit=policy.logLimitAction == "stop",
     )
-    if limits.runtime == "runsc" and env.networkAccess:
+    if limits.runtime == "runsc" and limits.network != "none":
+        field = "agent.runtime" if env.networkAccess is False else "environment.networkAccess"
         raise PolicyViolation(
-            "$.environment.networkAccess: runsc (gVisor) runs jobs with no network here; a job "
-            "that needs network runs under runc",
-            hint="ask for isolation runc, or drop networkAccess",
+            f"$.{field}: runsc (gVisor) runs jobs with no network here; a job that needs "
+            f"network ({limits.network}) runs under runc",
+            hint="ask for isolation runc, or drop the network",
         )
     user = f"{JOB_UID}:{JOB_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"
     protocol = contract.model.protocol
@@ -306,5 +309,20 @@ def build(
             # kept across its attempts and counted in its disk quota.
             "XDG_CACHE_HOME": "/job/runtime-cache",
             "PIP_CACHE_DIR": "/job/runtime-cache/pip",
+            **(
+                {**agent.adapter.env, "RUNNER_AGENT_PROMPT": agent.prompt}
+                if agent is not None
+                else {}
+            ),
         },
+        agent=agent,
     )
+
+
+def _network(access: bool, agent: agents.AgentPlan | None) -> str:
+    """The job's network: none; the engine's bridge when the contract's network access is
+    granted; for an agent, the network its host adapter names (egress wiring adds the
+    allowlist proxy's)."""
+    if agent is not None and agent.adapter.network:
+        return agent.adapter.network
+    return "bridge" if access else "none"

@@ -18,6 +18,7 @@ from typing import Literal
 import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runner.agents import AgentAdapter
 from runner.contract import VerifiedContract
 from runner.errors import ContractError, HostConfigError, PolicyViolation, SignatureInvalid
 from runner.images import registry_of
@@ -132,6 +133,12 @@ class HostPolicy(BaseModel):
     )
     registryRetrySeconds: float = Field(
         default=120, gt=0, description="How long transient registry failures are retried."
+    )
+    agents: dict[str, AgentAdapter] = Field(
+        default_factory=dict,
+        description="The agent runtimes this host runs for agent_planned contracts, by the "
+        "name a contract gives as agent.runtime (README, 'Agent-planned runs'). None: "
+        "agent_planned contracts are refused.",
     )
 
     def resolved(self) -> HostPolicy:

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from runner.envelope import Allocation, BudgetRecord, GpuRecord, ImageRecord, Stage
+from runner.envelope import (
+    AgentRecord,
+    AgentUsageRecord,
+    Allocation,
+    BudgetRecord,
+    GpuRecord,
+    ImageRecord,
+    Stage,
+)
 
 if TYPE_CHECKING:
     from runner.container import Outcome
@@ -63,6 +71,10 @@ class Known:
     budget: BudgetRecord | None = None
     allocation: Allocation | None = None
     """What the attempt that produced the result was given (its compute-decision.json)."""
+    agent: AgentRecord | None = None
+    """An agent_planned run's agent, as it ran."""
+    agent_usage: AgentUsageRecord | None = None
+    """Its turns and cost so far, from the ledger."""
     written: bool = False
     """The run's envelope is in the job folder already: a later failure must not replace it."""
 

@@ -379,8 +379,10 @@ def stage_inputs(
             "$.repository.path",
             contract.model.repository.path if contract.model.repository else None,
         ),
+        ("$.agent.promptPath", contract.model.agent.promptPath if contract.model.agent else None),
     ]
     tally = _Tally(rules, "")
+    staged: list[str] = []
     for field, rel in sources:
         if rel is None:
             continue
@@ -391,6 +393,9 @@ def stage_inputs(
                 path=field,
                 hint="name a file or folder beside the contract",
             )
+        if any(rel == d or rel.startswith(d + "/") for d in staged):
+            continue  # inside an input staged already (a prompt in the repository, say)
+        staged.append(rel)
         tally.field = field
         files.extend(_stage_tree(contract.base_dir, rel, job.input, tally))
     atomic_write(job.input / "task.json", contract.raw)

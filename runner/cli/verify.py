@@ -60,7 +60,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     loaded, trust = load_host(args)
     contract = load_contract(Path(args.contract), trust)
-    plan.check_mode(contract)
+    plan.check_mode(contract, loaded.policy)
     policy.check(contract, loaded.policy, datetime.now(UTC))
     p = plan.build(
         contract,

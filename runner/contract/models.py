@@ -10,7 +10,7 @@ re-serialisation). Fields the seed leaves to an agent and a runner needs are opt
 additions documented in each field's description: ``protocol.command``, ``protocol.stdoutPath``,
 ``protocol.stderrPath``, ``protocol.workingDirectory``, ``environment.imageId``,
 ``environment.pidsLimit``, ``environment.tmpfsMb``, ``environment.diskGb``, ``jobId``,
-``issuedAt``, ``expiresAt`` and ``audience``.
+``issuedAt``, ``expiresAt``, ``audience`` and ``agent.promptPath``.
 
 ``contracts/execution-contract.schema.json`` is generated from these models
 (``python -m runner.schemas``); a test keeps the two in step.
@@ -264,14 +264,31 @@ class Agent(_Open):
     """The agent of an agent_planned run. The contract chooses the runtime and its limits; the
     host decides which runtimes exist."""
 
-    runtime: str | None = None
+    runtime: str | None = Field(
+        default=None,
+        description="The agent runtime (the host policy's agents name those it offers).",
+    )
+    promptPath: RelativePath | None = Field(
+        default=None,
+        description="Runner addition. The prompt the agent gets: a file relative to the "
+        "contract's folder, staged into /job/input at the same path like paper.path.",
+    )
     model: str | None = None
     subagentModel: str | None = None
     autoCompactWindow: int | None = Field(default=None, ge=0)
     effort: str | None = None
     reasoningMode: str | None = None
-    maxTurns: int | None = Field(default=None, ge=0)
-    maxBudgetUsd: float | None = Field(default=None, ge=0)
+    maxTurns: int | None = Field(
+        default=None,
+        ge=0,
+        description="Turns the agent may take over every attempt; the runner stops it past "
+        "them (resource_exhausted).",
+    )
+    maxBudgetUsd: float | None = Field(
+        default=None,
+        ge=0,
+        description="USD the agent may spend over every attempt; the runner stops it past them.",
+    )
     validationRetries: int | None = Field(default=None, ge=0)
 
 
