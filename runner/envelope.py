@@ -368,6 +368,59 @@ class AgentRecord(_Model):
     network: str = Field(description="The network its container had.")
 
 
+class InputRecord(_Model):
+    """An input the contract names, as staged."""
+
+    field: str = Field(description="$.paper.path or $.repository.path.")
+    path: str = Field(description="Where it lies in /job/input.")
+    digest: str = Field(description="Its digest (sha256 of a file; runner-tree-v1 of a folder).")
+
+
+class Material(_Model):
+    """Something the result was made from, as an in-toto ResourceDescriptor."""
+
+    name: str = Field(description="contract:<name>, input/<path> or image:<reference>.")
+    digest: dict[str, str] = Field(description="{'sha256': hex}.")
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+def materials(
+    contract: VerifiedContract | None, inputs: Sequence[InputRecord], image: ImageRecord | None
+) -> list[Material]:
+    """The contract, every input and the image that ran, by digest; the signed statement
+    carries them in its predicate."""
+    out = []
+    if contract is not None:
+        out.append(
+            Material(
+                name=f"contract:{contract.model.name}",
+                digest={"sha256": contract.digest.removeprefix("sha256:")},
+                annotations={"digestOf": "RFC 8785 canonical JSON without contractDigest"},
+            )
+        )
+    for i in inputs:
+        form = "sha256 of a file's bytes, or of a folder's runner-tree-v1 listing"
+        out.append(
+            Material(
+                name=f"input/{i.path}",
+                digest={"sha256": i.digest.removeprefix("sha256:")},
+                annotations={"field": i.field, "digestOf": form},
+            )
+        )
+    if image is not None and image.id:
+        notes = {"reference": image.reference}
+        if image.repoDigest:
+            notes["repoDigest"] = image.repoDigest
+        out.append(
+            Material(
+                name=f"image:{image.reference}",
+                digest={"sha256": image.id.removeprefix("sha256:")},
+                annotations={**notes, "digestOf": "image id (config digest)"},
+            )
+        )
+    return out
+
+
 class BudgetRecord(_Model):
     """The job's runtime budget across every attempt, from its ledger."""
 
@@ -440,7 +493,20 @@ class ResultEnvelope(_Model):
         default=None,
         description="Why a contract asking for GPUs ran on CPU only (it allowed a CPU fallback).",
     )
+    inputs: list[InputRecord] = Field(
+        default_factory=list, description="The inputs staged for the job, with their digests."
+    )
+    inputsUnchanged: bool | None = Field(
+        default=None,
+        description="Whether input/ was, after the job, exactly as staged (re-hashed, no link "
+        "followed); false comes with a warning naming the first change; null: not checked.",
+    )
     jobDir: str | None = Field(default=None, description="Host folder holding the job's files.")
+    materials: list[Material] = Field(
+        default_factory=list,
+        description="What the result was made from, by digest: the contract, every input and "
+        "the image (in-toto ResourceDescriptors; the signed statement carries them).",
+    )
     research: dict[str, Any] | None = Field(
         default=None,
         description="The contract's research ids (workId, claimId, experimentId ...), as given.",
@@ -534,6 +600,8 @@ def build(
     attempt: int | None = None,
     allocation: Allocation | None = None,
     attempts: Sequence[AttemptRecord] = (),
+    inputs: Sequence[InputRecord] = (),
+    inputs_unchanged: bool | None = None,
     agent: AgentRecord | None = None,
     agent_usage: AgentUsageRecord | None = None,
 ) -> ResultEnvelope:
@@ -582,6 +650,9 @@ def build(
         disk=disk,
         agentResult=agent_result,
         gpuFallback=gpu_fallback,
+        inputs=list(inputs),
+        inputsUnchanged=inputs_unchanged,
+        materials=materials(c, inputs, image),
         jobDir=str(job_dir) if job_dir else None,
         research=c.data.get("research") if c and isinstance(c.data.get("research"), dict) else None,
         attempt=attempt,

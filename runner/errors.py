@@ -13,7 +13,10 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   ├── PolicyViolation          policy_violation: asks for what the host does not grant
     │   ├── ProtocolAmbiguous        protocol_ambiguous: no command, or a required fragment missing
     │   ├── ImageDigestMismatch      image_digest_mismatch: the local image is not the pinned one
-    │   └── JobAlreadyFinished       the job id already ran to an end on this host
+    │   ├── InputDigestMismatch      input_digest_mismatch: a staged input is not the one bound
+    │   ├── JobAlreadyFinished       the job id already ran to an end on this host
+    │   └── BundleInvalid            bundle_invalid: a bundle that cannot be made, or that does
+    │                                not verify (runner export, runner verify-bundle)
     ├── ResourceExhausted            resource_exhausted: the budget or an agent's is spent (exit 1)
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
     ├── GpuUnavailable               gpu_unavailable: no GPU to give, and no CPU fallback  (exit 4)
@@ -50,7 +53,9 @@ class Family(Enum):
                  "and an envelope written")  # fmt: skip
     INFRASTRUCTURE = (4, "infrastructure: the runner, the engine or the host failed; the job is "
                       "not to blame")  # fmt: skip
-    REFUSED = (3, "refused before anything ran")
+    REFUSED = (3, "refused before anything ran (for `runner export` and `runner "
+               "verify-bundle`: a bundle that cannot be made, or that does not "
+               "verify)")  # fmt: skip
     JOB_FAILED = (1, "the job ran and failed (also `partial`), or its budget was already spent")
     SUCCEEDED = (0, "the job succeeded: it exited 0 and every measurement was read")
 
@@ -72,6 +77,7 @@ class Category(StrEnum):
     POLICY_VIOLATION = "policy_violation"
     PROTOCOL_AMBIGUOUS = "protocol_ambiguous"
     IMAGE_DIGEST_MISMATCH = "image_digest_mismatch"
+    INPUT_DIGEST_MISMATCH = "input_digest_mismatch"
     IMAGE_UNAVAILABLE = "image_unavailable"
     GPU_UNAVAILABLE = "gpu_unavailable"
     INFRASTRUCTURE = "infrastructure"
@@ -84,6 +90,7 @@ class Category(StrEnum):
     MISSING_EVIDENCE = "missing_evidence"
     PARSE_ERROR = "parse_error"
     CANCELLED = "cancelled"
+    BUNDLE_INVALID = "bundle_invalid"
 
     @property
     def family(self) -> Family:
@@ -123,12 +130,16 @@ _TABLE: dict[Category, _Row] = {
         "unsigned where signing is required, a bad or untrusted signature, too few signers"),
     Category.POLICY_VIOLATION: _Row(_F.REFUSED, False, False,
         "the contract asks for what this host does not grant (limits, network, registries, "
-        "audience, validity, a --job-id of another contract)"),
+        "audience, validity, a --job-id of another contract, inputs not bound by digests)"),
     Category.PROTOCOL_AMBIGUOUS: _Row(_F.REFUSED, False, False,
         "no command, a required command fragment missing, or an agent_planned contract "
         "without its agent's runtime or prompt"),
     Category.IMAGE_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
         "the image found is not the image the contract pins"),
+    Category.INPUT_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
+        "a staged input (paper, repository) is not the one the contract binds: its digest "
+        "differs (the reason names the first differing path), or the repository is not the "
+        "commit the contract names"),
     Category.IMAGE_UNAVAILABLE: _Row(_F.INFRASTRUCTURE, False, True,
         "the pinned image is not here and could not be pulled or loaded"),
     Category.GPU_UNAVAILABLE: _Row(_F.INFRASTRUCTURE, False, True,
@@ -156,6 +167,10 @@ _TABLE: dict[Category, _Row] = {
     Category.CANCELLED: _Row(_F.CANCELLED, False, True,
         "the runner got Ctrl-C or SIGTERM and stopped the job; running it again continues "
         "the budget"),
+    Category.BUNDLE_INVALID: _Row(_F.REFUSED, False, False,
+        "not a job's failure: a bundle (`runner export`) that cannot be made, or that does not "
+        "verify (`runner verify-bundle`): a changed, missing or extra file, a broken ledger, "
+        "values that do not re-parse"),
 }  # fmt: skip
 """The one table of failure categories."""
 
@@ -224,10 +239,23 @@ class ImageDigestMismatch(RefusedError):
     category = Category.IMAGE_DIGEST_MISMATCH
 
 
+class InputDigestMismatch(RefusedError):
+    """A staged input's digest is not the contract's, or the staged repository is not the
+    commit the contract names."""
+
+    category = Category.INPUT_DIGEST_MISMATCH
+
+
 class JobAlreadyFinished(RefusedError):
     """The job id already has a result envelope on this host; running it again needs intent."""
 
     category = Category.POLICY_VIOLATION
+
+
+class BundleInvalid(RefusedError):
+    """A bundle that cannot be made from this job, or that does not verify."""
+
+    category = Category.BUNDLE_INVALID
 
 
 class ResourceExhausted(RunnerError):

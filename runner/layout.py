@@ -10,7 +10,7 @@ import os
 import shutil
 
 from runner.contract import VerifiedContract
-from runner.staging import JobDir, StagedFile, atomic_write, write_json
+from runner.staging import JobDir, StagedFile, atomic_write, record_added_input, write_json
 
 
 def working_copy(job: JobDir, contract: VerifiedContract) -> bool:
@@ -37,6 +37,7 @@ def working_copy(job: JobDir, contract: VerifiedContract) -> bool:
 def add_input(job: JobDir, name: str, data: bytes) -> StagedFile:
     """Place a runner-written file in ``input/`` and add it to the input manifest."""
     atomic_write(job.input / name, data)
+    record_added_input(job, name, data)
     entry = StagedFile(name, hashlib.sha256(data).hexdigest(), len(data))
     manifest_path = job.execution / "input-manifest.json"
     manifest = json.loads(manifest_path.read_bytes())

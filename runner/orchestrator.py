@@ -44,6 +44,7 @@ from runner.envelope import (
     DiskRecord,
     Failure,
     FileRef,
+    InputRecord,
     PolicyRecord,
     RecordFile,
     ResultEnvelope,
@@ -351,6 +352,9 @@ def _read_evidence(
             "logs past their cap kept their first and last parts: "
             + ", ".join(f"{k} dropped {v:,} bytes" for k, v in dropped.items() if v)
         )
+    checked = staging.recheck_inputs(job)
+    if checked.problem is not None:
+        warnings.append(f"the staged inputs changed while the job ran: {checked.problem}")
     status: Status = "failed" if failure else "succeeded"
     if failure is None and errs:
         first = errs[0]
@@ -380,6 +384,8 @@ def _read_evidence(
         agent_result=claim,
         attempt=got.number,
         allocation=known.allocation,
+        inputs=[InputRecord.model_validate(i) for i in checked.inputs],
+        inputs_unchanged=checked.unchanged,
     )
 
 

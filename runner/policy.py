@@ -131,6 +131,12 @@ class HostPolicy(BaseModel):
         description="The runner's own Ed25519 key for signing results (default: "
         "<config>/runner-key/runner.key, made on first use).",
     )
+    requireInputDigests: Literal["always", "signed", "never"] = Field(
+        default="signed",
+        description="Which contracts must bind each input they name (paper.path, "
+        "repository.path) with a digest (paper.digest, repository.digest): always, signed "
+        "contracts only, or never. A contract the rule applies to without one is refused.",
+    )
     registryRetrySeconds: float = Field(
         default=120, gt=0, description="How long transient registry failures are retried."
     )
@@ -234,6 +240,7 @@ def check(
         )
     if check_times:
         _check_times(contract, policy, now)
+    _check_input_digests(contract, policy)
     if m.audience and not set(m.audience) & set(policy.audiences):
         raise PolicyViolation(
             f"$.audience: the contract is for {', '.join(m.audience)}; this host serves "
@@ -275,6 +282,31 @@ def check(
             f"host does not allow (allowed: {', '.join(allowed) or 'none'})",
             hint="use an image from an allowed registry, or add it to 'allowedRegistries'",
         )
+
+
+def _check_input_digests(contract: VerifiedContract, policy: HostPolicy) -> None:
+    """Refuse a contract that names an input without binding it by a digest, where the policy
+    requires digests (by default: of signed contracts)."""
+    rule = policy.requireInputDigests
+    if rule == "never" or (rule == "signed" and contract.signature is None):
+        return
+    m = contract.model
+    if m.agent is not None and m.agent.promptPath is not None and m.agent.promptDigest is None:
+        raise PolicyViolation(
+            f"$.agent.promptDigest: the contract names agent.promptPath {m.agent.promptPath!r} "
+            f"without a digest (requireInputDigests: {rule})",
+            hint="fill the digests in with `runner pin CONTRACT` (or `runner sign`)",
+        )
+    for name, obj in (("paper", m.paper), ("repository", m.repository)):
+        if obj is not None and obj.path is not None and obj.digest is None:
+            which = "any contract" if rule == "always" else "a signed contract"
+            raise PolicyViolation(
+                f"$.{name}.digest: the contract names {name}.path {obj.path!r} without a digest; "
+                f"this host runs {which} only when every input it names is bound by its digest "
+                f"(requireInputDigests: {rule})",
+                hint="fill the digests in with `runner pin CONTRACT` (or `runner sign`, which "
+                "does so before signing) and sign the contract again",
+            )
 
 
 def isolation(contract: VerifiedContract, policy: HostPolicy) -> Literal["runc", "runsc"]:

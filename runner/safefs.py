@@ -141,6 +141,17 @@ def open_at(dir_fd: int, name: str, rel: str, *, write: bool = False) -> int:
     return fd
 
 
+def readlink_at(dir_fd: int, name: str, rel: str) -> bytes:
+    """The target text of the symbolic link ``name`` in ``dir_fd``, as bytes; the link is read,
+    never followed. Anything else there is refused."""
+    try:
+        return os.readlink(os.fsencode(name), dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise UnsafePath(rel, "is not a symbolic link") from None
+        raise _problem(rel, rel, exc) from None
+
+
 def open_under(base: Path, rel: str) -> BinaryIO:
     """``base/rel`` opened for reading: a regular file, no link anywhere below ``base``."""
     with parent_fd(base, rel) as (fd, name):

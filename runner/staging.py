@@ -15,6 +15,12 @@ Layout of ``<state>/jobs/<job id>/``::
                     attempts/<n>/ (each attempt's container state, engine log, output manifest
                     and, once a later attempt starts, its stdout and stderr)
     result.json     the result envelope, written last and atomically
+
+Long on purpose: staging is one walker over hostile folders (no link followed, links below an
+input copied as links, special files refused, caps counted) used three ways — to copy the
+inputs into ``input/``, to hash them for the issuer (:func:`hash_input`), and to re-check
+``input/`` after the job (:func:`recheck_inputs`) — and splitting it would mean three walkers
+to keep equally careful.
 """
 
 from __future__ import annotations
@@ -33,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from runner import safefs
+from runner import inputs, safefs
 from runner.contract import VerifiedContract
-from runner.errors import ContractError, JobBusy, PolicyViolation
+from runner.errors import ContractError, JobBusy, PolicyViolation, RefusedError
 from runner.ledger import Budget
 
 CHUNK = 1024 * 1024
@@ -155,6 +161,26 @@ class StagedFile:
     path: str
     sha256: str
     size: int
+    link: bool = False
+    """A symbolic link, copied as a link: ``sha256`` and ``size`` are of its target text, which
+    the runner never follows."""
+
+
+@dataclass(frozen=True)
+class StagedInput:
+    """One input the contract names (``paper.path``, ``repository.path``), as staged."""
+
+    field: str
+    """``$.paper.path`` or ``$.repository.path``."""
+    path: str
+    """Where it lies in ``input/`` (its path from the contract's folder, normalized)."""
+    digest: str
+    """Its runner-tree-v1 digest (:mod:`runner.inputs`)."""
+    entries: dict[str, inputs.Entry] | None
+    """A folder's entries by path below it; None for a single file."""
+    files: list[StagedFile]
+    executable: bool = False
+    """A single file its owner may execute."""
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -211,8 +237,9 @@ class _Tally:
     def over(self, rel: str, problem: str, hint: str) -> PolicyViolation:
         return PolicyViolation(f"{self.field}: {rel} {problem}", hint=hint)
 
-    def visit(self, rel: str, st: os.stat_result) -> None:
-        """Count one entry; refuse the runner's own folders, links and special files."""
+    def visit(self, rel: str, st: os.stat_result, *, link_ok: bool = False) -> None:
+        """Count one entry; refuse the runner's own folders, special files, and links unless
+        ``link_ok`` (below an input's folder, where they are copied as links)."""
         if (st.st_dev, st.st_ino) in self.rules.protected:
             raise self.refuse(
                 rel,
@@ -220,10 +247,13 @@ class _Tally:
                 "it is never staged into a job",
                 "name the paper or repository itself, not a folder that holds the runner's",
             )
-        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        kinds_ok = stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
+        if not (kinds_ok or (link_ok and stat.S_ISLNK(st.st_mode))):
+            where = "below an input's folder" if link_ok else "as an input"
             raise self.refuse(
                 rel,
-                f"is {safefs.kind(st.st_mode)}; inputs are copied as plain files and folders",
+                f"is {safefs.kind(st.st_mode)}; {where} the runner stages plain files and "
+                "folders" + (" and symbolic links (as links)" if link_ok else ""),
                 "replace it with the file it stands for, or remove it",
             )
         self.files += 1
@@ -249,62 +279,108 @@ class _Tally:
 _ZEROS = bytes(CHUNK)
 
 
-def _copy_fd(fd: int, dst: Path, rel: str, tally: _Tally) -> StagedFile:
-    """Copy and hash the open regular file ``fd``; runs of zeros stay holes (sparse files stay
-    sparse); never more than the size the file had when opened, nor past the inputs' cap."""
+def _copy_fd(fd: int, dst: Path | None, rel: str, tally: _Tally) -> tuple[StagedFile, bool]:
+    """Copy (to ``dst``; None: only read) and hash the open regular file ``fd``; runs of zeros
+    stay holes (sparse files stay sparse); never more than the size the file had when opened,
+    nor past the inputs' cap. Also whether its owner may execute it."""
     st = os.fstat(fd)
     tally.take(rel, st.st_size)
+    executable = bool(st.st_mode & stat.S_IXUSR)
     digest = hashlib.sha256()
     left = st.st_size
-    with os.fdopen(fd, "rb") as fin, dst.open("wb") as fout:
+    with contextlib.ExitStack() as files:
+        fin = files.enter_context(os.fdopen(fd, "rb"))
+        fout = None
+        if dst is not None:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+            fout = files.enter_context(os.fdopen(os.open(dst, flags, 0o644), "wb"))
         while left > 0 and (chunk := fin.read(min(CHUNK, left))):
             digest.update(chunk)
             left -= len(chunk)
+            if fout is None:
+                continue
             if chunk == _ZEROS[: len(chunk)]:
                 fout.seek(len(chunk), os.SEEK_CUR)
             else:
                 fout.write(chunk)
         size = st.st_size - left
-        fout.truncate(size)
-    os.chmod(dst, 0o755 if st.st_mode & stat.S_IXUSR else 0o644)
-    return StagedFile(rel, digest.hexdigest(), size)
+        if fout is not None:
+            fout.truncate(size)
+            os.fchmod(fout.fileno(), 0o755 if executable else 0o644)
+    return StagedFile(rel, digest.hexdigest(), size), executable
 
 
-def _stage_dir(fd: int, target: Path, rel: str, tally: _Tally) -> list[StagedFile]:
-    """Copy the folder open as ``fd`` (closed here) to ``target``, walking by descriptors:
-    nothing below it is reached through a link."""
+def _copy_link(
+    dir_fd: int, name: str, dst: Path | None, rel: str, tally: _Tally
+) -> tuple[StagedFile, str]:
+    """Copy the symbolic link ``name`` as a link: its target text, verbatim, read from the link
+    and never followed. Its manifest entry and the hex SHA-256 of that text."""
+    target = safefs.readlink_at(dir_fd, name, rel)
+    tally.take(rel, len(target))
+    if dst is not None:
+        os.symlink(target, os.fsencode(dst))
+    sha = hashlib.sha256(target).hexdigest()
+    return StagedFile(rel, sha, len(target), link=True), sha
+
+
+def _stage_dir(
+    fd: int, target: Path | None, rel: str, tally: _Tally
+) -> tuple[list[StagedFile], dict[str, inputs.Entry]]:
+    """Copy the folder open as ``fd`` (closed here) to ``target`` (None: only hash it),
+    walking by descriptors: nothing below it is reached through a link, and links below it
+    are copied as links. Its files and its runner-tree-v1 entries."""
     out: list[StagedFile] = []
-    stack = [(fd, target, rel)]
+    found: dict[str, inputs.Entry] = {}
+    stack: list[tuple[int, Path | None, str, str]] = [(fd, target, rel, "")]
     try:
         while stack:
-            here_fd, here, here_rel = stack.pop()
+            here_fd, here, here_rel, below = stack.pop()
             try:
-                here.mkdir(parents=True, exist_ok=True)
+                if here is not None:
+                    here.mkdir(parents=True, exist_ok=True)
                 with os.scandir(here_fd) as listing:
                     entries = sorted(listing, key=lambda e: e.name)
                 for entry in entries:
-                    sub = f"{here_rel}/{entry.name}"
+                    sub, path = f"{here_rel}/{entry.name}", f"{below}{entry.name}"
+                    problem = inputs.name_problem(entry.name)
+                    if problem is not None:
+                        raise tally.refuse(
+                            ascii(sub), problem, "rename it: an input's listing has one entry "
+                            "a line, in UTF-8"
+                        )  # fmt: skip
                     st = entry.stat(follow_symlinks=False)
-                    tally.visit(sub, st)
+                    tally.visit(sub, st, link_ok=True)
+                    dst = here / entry.name if here is not None else None
                     if stat.S_ISDIR(st.st_mode):
                         child = safefs.open_folder_at(here_fd, entry.name, sub)
-                        stack.append((child, here / entry.name, sub))
+                        stack.append((child, dst, sub, path + "/"))
+                        found[path] = inputs.Entry("D", path)
+                    elif stat.S_ISLNK(st.st_mode):
+                        staged, sha = _copy_link(here_fd, entry.name, dst, sub, tally)
+                        out.append(staged)
+                        found[path] = inputs.Entry("L", path, sha)
                     else:
                         file_fd = safefs.open_at(here_fd, entry.name, sub)
-                        out.append(_copy_fd(file_fd, here / entry.name, sub, tally))
+                        staged, executable = _copy_fd(file_fd, dst, sub, tally)
+                        out.append(staged)
+                        found[path] = inputs.Entry("X" if executable else "F", path, staged.sha256)
             finally:
                 os.close(here_fd)
     except safefs.UnsafePath as exc:
-        raise tally.refuse(exc.rel, exc.problem, "inputs are plain files and folders") from None
+        raise tally.refuse(
+            exc.rel, exc.problem, "inputs are plain files, folders and links"
+        ) from None
     finally:
-        for left_fd, _, _ in stack:
+        for left_fd, _, _, _ in stack:
             os.close(left_fd)
-    return out
+    return out, found
 
 
-def _stage_tree(base: Path, rel: str, dst_root: Path, tally: _Tally) -> list[StagedFile]:
-    """Copy ``base/rel`` (a file or a folder) to ``dst_root/rel``, hashing every file: no
-    link is followed anywhere below ``base``, and only regular files and folders are read."""
+def _stage_tree(base: Path, rel: str, dst_root: Path | None, tally: _Tally) -> StagedInput:
+    """Copy ``base/rel`` (a file or a folder) to ``dst_root/rel`` (None: only hash it), hashing
+    every file: no link is followed anywhere below ``base``, links on the way to ``rel`` and
+    ``rel`` itself are refused, links below it are copied as links, and only regular files and
+    folders are read."""
     try:
         with safefs.parent_fd(base, rel, on_folder=tally.visit) as (parent, name):
             try:
@@ -314,12 +390,17 @@ def _stage_tree(base: Path, rel: str, dst_root: Path, tally: _Tally) -> list[Sta
                     f"{base / rel}", "does not exist", "fix the path or add the file"
                 ) from None
             tally.visit(rel, st)
-            target = dst_root / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
+            target = dst_root / rel if dst_root is not None else None
+            if target is not None:
+                target.parent.mkdir(parents=True, exist_ok=True)
             if stat.S_ISDIR(st.st_mode):
                 folder = safefs.open_folder_at(parent, name, rel)
-                return _stage_dir(folder, target, rel, tally)
-            return [_copy_fd(safefs.open_at(parent, name, rel), target, rel, tally)]
+                files, entries = _stage_dir(folder, target, rel, tally)
+                digest = inputs.tree_digest(entries.values())
+                return StagedInput(tally.field, rel, digest, entries, files)
+            staged, executable = _copy_fd(safefs.open_at(parent, name, rel), target, rel, tally)
+            digest = f"sha256:{staged.sha256}"
+            return StagedInput(tally.field, rel, digest, None, [staged], executable)
     except safefs.UnsafePath as exc:
         hint = (
             "fix the path or add the file"
@@ -330,6 +411,14 @@ def _stage_tree(base: Path, rel: str, dst_root: Path, tally: _Tally) -> list[Sta
     except OSError as exc:  # unreadable, or changed while staged: the contract's inputs
         where = f"{base / rel}" + (f" ({exc.filename})" if exc.filename else "")
         raise tally.refuse(where, f"cannot be staged: {exc.strerror or exc}", "check it") from exc
+
+
+def hash_input(base: Path, field: str, rel: str, rules: InputRules | None = None) -> StagedInput:
+    """The digest and entries of the input ``base/rel`` (``field`` names it), read as
+    staging reads it (no link followed; links below it taken as links) and copied nowhere:
+    what the issuer's commands bind into a contract."""
+    tally = _Tally(rules or InputRules(), field)
+    return _stage_tree(base, _normalized(rel), None, tally)
 
 
 def _refuse_inside_protected(base: Path, rules: InputRules) -> None:
@@ -362,71 +451,170 @@ def prepare(root: Path) -> JobDir:
 def stage_inputs(
     job: JobDir, contract: VerifiedContract, rules: InputRules | None = None
 ) -> list[StagedFile]:
-    """Copy the contract's inputs into ``input/`` (replacing what was there), hash them, and
-    place the verified contract bytes at ``input/task.json``. Returns the input manifest.
+    """Copy the contract's inputs into ``input/`` (replacing what was there), hash them, check
+    them against the digests (and the git commit) the contract binds, and place the verified
+    contract bytes at ``input/task.json``. Returns the input manifest.
 
-    Inputs are walked without following any link (:mod:`runner.safefs`), special files are
-    refused, and ``rules`` caps their count and size and names folders never staged."""
+    Inputs are walked without following any link (:mod:`runner.safefs`), links below an
+    input's folder are copied as links, special files are refused, and ``rules`` caps their
+    count and size and names folders never staged. An input that is not the one the contract
+    binds is refused (:class:`~runner.errors.InputDigestMismatch`) before anything else."""
     rules = rules or InputRules()
     _refuse_inside_protected(contract.base_dir, rules)
+    (job.record / "input-tree.json").unlink(missing_ok=True)  # describes the old input/
     if job.input.exists():
-        shutil.rmtree(job.input)
+        shutil.rmtree(job.input)  # never follows a link (it removes links as links)
     job.input.mkdir()
     files: list[StagedFile] = []
-    sources = [
-        ("$.paper.path", contract.model.paper.path if contract.model.paper else None),
-        (
-            "$.repository.path",
-            contract.model.repository.path if contract.model.repository else None,
-        ),
-        ("$.agent.promptPath", contract.model.agent.promptPath if contract.model.agent else None),
-    ]
+    staged: list[StagedInput] = []
     tally = _Tally(rules, "")
-    staged: list[str] = []
-    for field, rel in sources:
-        if rel is None:
-            continue
-        rel = _normalized(rel)
+    for field, rel, _ in _named_inputs(contract):
         if rel in {".", "task.json"}:
             raise ContractError(
                 f"{rel!r} would overwrite the input folder or task.json",
                 path=field,
                 hint="name a file or folder beside the contract",
             )
-        if any(rel == d or rel.startswith(d + "/") for d in staged):
-            continue  # inside an input staged already (a prompt in the repository, say)
-        staged.append(rel)
         tally.field = field
-        files.extend(_stage_tree(contract.base_dir, rel, job.input, tally))
-    atomic_write(job.input / "task.json", contract.raw)
+        got = _stage_tree(contract.base_dir, rel, job.input, tally)
+        _check_bound(job, contract, got, tally.files)
+        staged.append(got)
+        files.extend(got.files)
+    own: list[tuple[str, bytes]] = [("task.json", contract.raw)]
     from runner.parsers import registry
 
-    catalog = (json.dumps(registry.catalog(), indent=2) + "\n").encode()
-    atomic_write(job.input / "parser-catalog.json", catalog)
-    files.append(
-        StagedFile("parser-catalog.json", hashlib.sha256(catalog).hexdigest(), len(catalog))
-    )
+    own.append(("parser-catalog.json", (json.dumps(registry.catalog(), indent=2) + "\n").encode()))
     if contract.signature is not None:
-        atomic_write(job.input / "task.dsse.json", contract.signature.envelope)
-        files.append(
-            StagedFile(
-                "task.dsse.json",
-                hashlib.sha256(contract.signature.envelope).hexdigest(),
-                len(contract.signature.envelope),
-            )
-        )
-    files.append(
-        StagedFile("task.json", hashlib.sha256(contract.raw).hexdigest(), len(contract.raw))
-    )
+        own.append(("task.dsse.json", contract.signature.envelope))
+    for name, data in own:
+        atomic_write(job.input / name, data)
+        files.append(StagedFile(name, hashlib.sha256(data).hexdigest(), len(data)))
     files.sort(key=lambda f: f.path)
     write_json(
         job.execution / "input-manifest.json",
         {
             "schemaVersion": "1.0",
-            "files": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in files],
+            "inputs": [{"field": s.field, "path": s.path, "digest": s.digest} for s in staged],
+            "files": [
+                {
+                    "path": f.path,
+                    "sha256": f.sha256,
+                    "size": f.size,
+                    **({"link": True} if f.link else {}),
+                }
+                for f in files
+            ],
         },
     )
+    _record_tree(job, staged, own)
     return files
+
+
+def _named_inputs(contract: VerifiedContract) -> list[tuple[str, str, str | None]]:
+    """``(field, normalized path, digest)`` of each input the contract names."""
+    m = contract.model
+    out = []
+    for field, obj in (("$.paper.path", m.paper), ("$.repository.path", m.repository)):
+        if obj is not None and obj.path is not None:
+            out.append((field, _normalized(obj.path), obj.digest))
+    if m.agent is not None and m.agent.promptPath is not None:
+        out.append(("$.agent.promptPath", _normalized(m.agent.promptPath), m.agent.promptDigest))
+    return out
+
+
+def _check_bound(job: JobDir, contract: VerifiedContract, got: StagedInput, count: int) -> None:
+    """Refuse a staged input that is not the one the contract binds: its digest, and, for a
+    repository whose commit is named, the commit's tree."""
+    expected = next(d for f, _, d in _named_inputs(contract) if f == got.field)
+    if expected is not None and expected != got.digest:
+        name = Path(contract.source).name  # the contract file run: task.json, task.dsse.json
+        raise inputs.mismatch(
+            got.field, got.path, expected, got.digest, got.entries, contract.base_dir, name
+        )
+    repo = contract.model.repository
+    commit = repo.commit if repo is not None and got.field == "$.repository.path" else None
+    if got.entries is not None and commit is not None and inputs.looks_like_commit(commit):
+        inputs.check_commit(job.input / got.path, got.path, commit, got.entries, max(count, 1))
+
+
+def _record_tree(job: JobDir, staged: list[StagedInput], own: list[tuple[str, bytes]]) -> None:
+    """The runner-tree-v1 listing of the whole of ``input/`` as staged, in ``record/`` (never
+    mounted): what :func:`recheck_inputs` compares ``input/`` with after the job."""
+    whole: dict[str, inputs.Entry] = {}
+    for s in staged:
+        parts = s.path.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            whole[folder] = inputs.Entry("D", folder)
+        if s.entries is None:
+            kind: inputs.Kind = "X" if s.executable else "F"
+            whole[s.path] = inputs.Entry(kind, s.path, s.files[0].sha256)
+        else:
+            whole[s.path] = inputs.Entry("D", s.path)
+            for e in s.entries.values():
+                path = f"{s.path}/{e.path}"
+                whole[path] = inputs.Entry(e.kind, path, e.sha256)
+    for name, data in own:
+        whole[name] = inputs.Entry("F", name, hashlib.sha256(data).hexdigest())
+    write_json(
+        job.record / "input-tree.json",
+        {
+            "schemaVersion": "1.0",
+            "format": inputs.FORMAT,
+            "inputs": [{"field": s.field, "path": s.path, "digest": s.digest} for s in staged],
+            "digest": inputs.tree_digest(whole.values()),
+            "listing": inputs.listing(whole.values()),
+        },
+    )
+
+
+def record_added_input(job: JobDir, name: str, data: bytes) -> None:
+    """Add a file the runner wrote into ``input/`` after staging (``compute-decision.json``)
+    to the recorded listing, so the check after the job expects it."""
+    path = job.record / "input-tree.json"
+    try:
+        recorded = json.loads(path.read_bytes())
+        whole = inputs.parse_listing(recorded["listing"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # nothing recorded (staged by an older runner): nothing to compare later
+    whole[name] = inputs.Entry("F", name, hashlib.sha256(data).hexdigest())
+    recorded["digest"] = inputs.tree_digest(whole.values())
+    recorded["listing"] = inputs.listing(whole.values())
+    write_json(path, recorded)
+
+
+@dataclass(frozen=True)
+class InputsCheck:
+    """``input/`` after the job, against what was staged."""
+
+    inputs: list[dict[str, str]]
+    """``{field, path, digest}`` of each input the contract names, as staged."""
+    unchanged: bool | None
+    """None: nothing was recorded to compare with (staged by an older runner)."""
+    problem: str | None = None
+    """What changed, the first differing path first."""
+
+
+def recheck_inputs(job: JobDir) -> InputsCheck:
+    """Walk ``input/`` again (no link followed, every file hashed) and compare it with the
+    listing recorded when it was staged."""
+    try:
+        with safefs.open_under(job.record, "input-tree.json") as f:
+            recorded = json.loads(f.read(inputs.MAX_LISTINGS_BYTES))
+        expected = inputs.parse_listing(recorded["listing"])
+        named = [dict(i) for i in recorded["inputs"]]
+    except (safefs.UnsafePath, OSError, ValueError, KeyError, TypeError):
+        return InputsCheck([], None)
+    # Bounded: a walk that meets many more entries than were staged stops, and says so.
+    tally = _Tally(InputRules(max_files=2 * len(expected) + 1000), "input/")
+    try:
+        found = _stage_tree(job.root, "input", None, tally).entries or {}
+    except RefusedError as exc:
+        return InputsCheck(named, False, f"input/ cannot be read as it was staged: {exc.message}")
+    diff = inputs.first_difference(expected, found, "what was staged", "input/ after the job")
+    if diff is None:
+        return InputsCheck(named, True)
+    return InputsCheck(named, False, f"input/{diff.path} {diff.what}")
 
 
 def prepare_writable(job: JobDir, uid: int, gid: int, stream_paths: list[str]) -> None:

@@ -57,4 +57,9 @@ for m in envelope["measurements"]:
     print(f"{m['metric']} = {m['value']:g}  ({m['unit']}, {m['parser']['id']}@{m['parser']['version']}"
           f" from {m['evidence']['path']}; status {envelope['status']}; signed by {signers})")
 PY
-exit "$rc"
+[ "$rc" -eq 0 ] || exit "$rc"
+
+BUNDLE="$(mktemp -d)/$JOB_ID.bag.tar.gz"
+log "demo: runner export $JOB_ID -o $BUNDLE, then runner verify-bundle $BUNDLE"
+"$RUNNER" export "$JOB_ID" --state-dir "$STATE" -o "$BUNDLE" >&2
+"$RUNNER" verify-bundle "$BUNDLE"

@@ -201,9 +201,12 @@ def test_runner_verify_accepts_the_scripted_example_with_its_policy() -> None:
     )
     assert ok.returncode == 0, ok.stderr
     info = json.loads(ok.stdout)
-    assert info["command"][:4] == ["python3", "/opt/runner-agent/agent.py", "--prompt", (
-        "/job/input/prompt.scripted.md"
-    )]
+    assert info["command"][:4] == [
+        "python3",
+        "/opt/runner-agent/agent.py",
+        "--prompt",
+        ("/job/input/prompt.scripted.md"),
+    ]
     refused = run_cli("verify", contract, "--allow-unsigned")
     assert refused.returncode == 3 and "offers none" in refused.stderr
 
@@ -332,7 +335,7 @@ def test_secrets_are_read_from_a_file_or_the_environment(tmp_path: Path) -> None
 
 
 def test_redact_scrubs_a_value_across_chunks_and_follows_no_link(tmp_path: Path) -> None:
-    secret = "sk-redact-me-0123456789"
+    secret = "sk-redact-me-0123456789"  # noqa: S105 - made up for the test
     log = tmp_path / "stdout.log"
     head = b"a" * (1024 * 1024 - 5)  # the value straddles the 1 MiB read boundary
     log.write_bytes(head + secret.encode() + b"\nmore " + secret.encode())

@@ -7,6 +7,7 @@ scripts/hostile_report.py like the cases of tests/test_hostile.py.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import signal
@@ -261,6 +262,60 @@ def test_device_node_in_inputs_is_refused(tmp_path: Path, image_id: str) -> None
     code, env, err = run_job(contract, tmp_path / "state")
     _refused(code, env, err, "invalid_contract", "character device")
     record("device node in the inputs", "runc", env, held=True)
+
+
+LINK_PROBE = r"""
+import json, os
+r = "/job/input/repository/"
+out = {"shadow": os.readlink(r + "shadow"), "secret": os.readlink(r + "secret")}
+linked, own = os.stat(r + "shadow"), os.stat("/etc/shadow")
+out["containersShadow"] = int((linked.st_dev, linked.st_ino) == (own.st_dev, own.st_ino))
+out["secretResolves"] = int(os.path.exists(r + "secret"))
+json.dump(out, open("/job/output/probe.json", "w"))
+"""
+
+
+def test_links_below_an_input_are_staged_as_links_never_read(tmp_path: Path, image_id: str) -> None:
+    """Links below the repository to /etc/shadow and to a secret file of the host are staged
+    as links: their target text is copied, their targets never read (the manifest has the
+    hash of the text only, and no staged file holds the secret); inside the container they
+    resolve in the container's own filesystem, where the host's secret is not."""
+    secret = tmp_path / "host-secret.txt"
+    token = f"host secret {os.urandom(8).hex()}".encode()
+    secret.write_bytes(token)
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=py(LINK_PROBE),
+        measurements=[json_measurement("probe.json", "/containersShadow", metric="same")],
+    )
+    os.symlink("/etc/shadow", tmp_path / "repository" / "shadow")
+    os.symlink(str(secret), tmp_path / "repository" / "secret")
+    code, env, err = run_job(contract, tmp_path / "state")
+    assert code == 0, (env, err)
+    job = Path(env["jobDir"])
+    staged = job / "input" / "repository"
+    assert os.readlink(staged / "shadow") == "/etc/shadow"
+    assert os.readlink(staged / "secret") == str(secret)
+    manifest = json.loads((job / "execution" / "input-manifest.json").read_text())
+    links = {f["path"]: f for f in manifest["files"] if f.get("link")}
+    assert links["repository/shadow"]["sha256"] == hashlib.sha256(b"/etc/shadow").hexdigest()
+    assert links["repository/shadow"]["size"] == len("/etc/shadow")
+    assert links["repository/secret"]["sha256"] == hashlib.sha256(bytes(secret)).hexdigest()
+    host_shadow = Path("/etc/shadow").read_bytes() if os.access("/etc/shadow", os.R_OK) else None
+    for path in (job / "input").rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            data = path.read_bytes()
+            assert token not in data and (host_shadow is None or data != host_shadow), path
+    probe = json.loads((job / "output" / "probe.json").read_text())
+    assert probe == {
+        "shadow": "/etc/shadow",
+        "secret": str(secret),
+        "containersShadow": 1,
+        "secretResolves": 0,
+    }
+    assert env["inputsUnchanged"] is True
+    record("links below an input staged as links", "runc", env, held=True)
 
 
 def test_sparse_input_stays_sparse(tmp_path: Path, image_id: str) -> None:

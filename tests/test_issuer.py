@@ -11,7 +11,7 @@ import pytest
 from runner import issuer
 from runner.contract import Trust, load_contract
 from runner.errors import ContractError, RefusedError
-from tests.support import contract_data
+from tests.support import contract_data, copy_toy_inputs
 
 
 def test_keygen_and_sign_return_what_they_wrote(tmp_path: Path) -> None:
@@ -21,7 +21,7 @@ def test_keygen_and_sign_return_what_they_wrote(tmp_path: Path) -> None:
     with pytest.raises(RefusedError, match="already exists"):
         issuer.keygen(tmp_path / "issuer")
 
-    contract = tmp_path / "task.json"
+    contract = copy_toy_inputs(tmp_path) / "task.json"
     contract.write_text(json.dumps(contract_data(issuedAt=None, expiresAt=None)))
     signed = issuer.sign(
         contract,
@@ -47,7 +47,7 @@ def test_keygen_and_sign_return_what_they_wrote(tmp_path: Path) -> None:
 
 def test_sign_refusals(tmp_path: Path) -> None:
     pair = issuer.keygen(tmp_path / "issuer")
-    contract = tmp_path / "task.json"
+    contract = copy_toy_inputs(tmp_path) / "task.json"
     contract.write_text(json.dumps(contract_data(issuedAt=None, expiresAt=None)))
     with pytest.raises(issuer.BadDuration, match="90s, 30m, 24h or 7d"):
         issuer.sign(contract, pair.private_key, expires_in="soon")

@@ -170,6 +170,16 @@ def test_the_job_layout_and_the_contract_bytes_reach_the_job(tmp_path: Path, ima
     decided = json.loads((job / "input" / "compute-decision.json").read_bytes())
     assert envelope["allocation"] == decided
     assert envelope["research"] == json.loads(contract.read_text())["research"]
+    names = {m["name"]: m for m in envelope["materials"]}
+    assert set(names) == {
+        "contract:toy-checkpoint-evaluation",
+        "input/paper.md",
+        "input/repository",
+        f"image:{image_id}",
+    }
+    assert names[f"image:{image_id}"]["digest"]["sha256"] == image_id.removeprefix("sha256:")
+    repo = next(i for i in envelope["inputs"] if i["field"] == "$.repository.path")
+    assert names["input/repository"]["digest"]["sha256"] == repo["digest"].removeprefix("sha256:")
     manifest = json.loads((job / "execution" / "input-manifest.json").read_text())
     listed = {f["path"] for f in manifest["files"]}
     assert {"compute-decision.json", "result.schema.json", "task.json"} <= listed

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from runner import plan, signing
 from runner.contract import load_contract, with_digest
 from runner.errors import PolicyViolation
-from tests.support import contract_data, run_cli
+from tests.support import contract_data, copy_toy_inputs, run_cli
 
 PAYLOAD_TYPE = "application/vnd.citeark.execution-contract+json"
 
@@ -137,7 +137,7 @@ def test_runner_sign_verifies_independently(tmp_path: Path) -> None:
     made = json.loads(proc.stdout)
     private = tmp_path / "issuer.key"
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
-    contract = tmp_path / "task.json"
+    contract = copy_toy_inputs(tmp_path) / "task.json"
     contract.write_text(json.dumps(contract_data(issuedAt=None, expiresAt=None)))
     proc = run_cli(
         "sign",

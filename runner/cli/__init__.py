@@ -15,6 +15,7 @@ module               commands
 ``job.py``           status, ledger verify, cleanup, parse
 ``image.py``         image load
 ``parsers.py``       parsers
+``bundle.py``        export, verify-bundle
 ``serve.py``         serve
 ``_common.py``       exit codes, help texts, host options, progress, the summary
 ===================  ==========================================================
@@ -43,7 +44,7 @@ _TABLE = {
     "verify": ("verify", "check a contract and this host's policy without running it"),
     "pin": (
         "issuer",
-        "issuer side: pin a local image into a contract and recompute contractDigest",
+        "issuer side: pin the inputs' digests and a local image into a contract",
     ),
     "keygen": ("issuer", "issuer side: make an Ed25519 key pair for signing contracts"),
     "trust": ("issuer", "host side: trust an issuer's public key"),
@@ -52,6 +53,11 @@ _TABLE = {
     "verify-result": (
         "verify",
         "check a signed result (result.intoto.json) and, optionally, its files",
+    ),
+    "export": ("bundle", "write a job's run as one archive anyone can verify offline"),
+    "verify-bundle": (
+        "bundle",
+        "check an exported run offline: signatures, every hash, the ledger, the values",
     ),
     "image": ("image", "offline image bundles"),
     "status": ("job", "a job's attempts, budget used and left, and its container"),

@@ -38,7 +38,8 @@ exit codes:
        (also a 'partial' result, where some measurements were read)
   2    the command line was wrong
   3    refused before anything ran: invalid contract, bad or missing signature, policy
-       violation, ambiguous protocol, image digest mismatch
+       violation, ambiguous protocol, image digest mismatch; (export, verify-bundle) a
+       bundle that cannot be made or does not verify
   4    infrastructure: the engine is unreachable, the image is not here, no GPU to give,
        the host's policy or keys are broken, the runner failed
   (a job that already finished prints its stored envelope and exits with its code)

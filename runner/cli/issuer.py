@@ -22,17 +22,20 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             name,
             help=help,
             description=(
-                "Look up a local image, write its manifest digest (when it has one) or image id "
-                "into environment.image and its id into environment.imageId, then recompute "
+                "Write the digest of each input the contract names into paper.digest, "
+                "repository.digest and agent.promptDigest (their listings into "
+                "<stem>.inputs.json beside the output); with --image, look up a local image "
+                "and write its manifest digest (when it has one) or image id into "
+                "environment.image and its id into environment.imageId; then recompute "
                 "contractDigest."
             ),
         )
         pin.add_argument("contract", metavar="CONTRACT")
         pin.add_argument(
             "--image",
-            required=True,
             metavar="REF",
-            help="a local image: name:tag, name@sha256:… or sha256:<id>",
+            help="a local image: name:tag, name@sha256:… or sha256:<id> (default: the image "
+            "pin is left as it is)",
         )
         pin.add_argument(
             "-o",
@@ -69,8 +72,10 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             name,
             help=help,
             description="Stamp issuedAt (now) and expiresAt (now + --expires-in), optionally "
-            "audience and jobId, recompute contractDigest, and sign the exact contract bytes with "
-            "Ed25519 into a DSSE envelope (payloadType "
+            "audience and jobId, bind the inputs (paper.digest, repository.digest, "
+            "agent.promptDigest filled in, or checked when present; their listings into "
+            "<stem>.inputs.json beside the envelope), recompute contractDigest, and sign the "
+            "exact contract bytes with Ed25519 into a DSSE envelope (payloadType "
             "application/vnd.citeark.execution-contract+json).",
         )
         sign.add_argument("contract", metavar="CONTRACT")
@@ -97,6 +102,12 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             help="a host audience the contract is for (repeatable)",
         )
         sign.add_argument("--job-id", metavar="ID", help="stamp this job id into the contract")
+        sign.add_argument(
+            "--repin-inputs",
+            action="store_true",
+            help="recompute input digests already in the contract instead of refusing inputs "
+            "that no longer match them",
+        )
         sign.add_argument("--json", action="store_true")
         sign.set_defaults(func=cmd_sign)
 
@@ -145,6 +156,7 @@ def cmd_sign(args: argparse.Namespace) -> int:
             audience=args.audience,
             job_id=args.job_id,
             output=Path(args.output) if args.output else None,
+            repin_inputs=args.repin_inputs,
         )
     except issuer.BadDuration as exc:
         usage(str(exc))
@@ -156,6 +168,8 @@ def cmd_sign(args: argparse.Namespace) -> int:
         "expiresAt": signed.expires_at,
         "audience": signed.audience,
         "jobId": signed.job_id,
+        "inputs": signed.inputs,
+        "listings": str(signed.listings) if signed.listings else None,
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -164,7 +178,15 @@ def cmd_sign(args: argparse.Namespace) -> int:
         for key in ("keyId", "contractDigest", "issuedAt", "expiresAt", "audience", "jobId"):
             if result[key] is not None:
                 print(f"  {key:<15} {result[key]}")
+        _print_inputs(signed.inputs, signed.listings)
     return EXIT_SUCCEEDED
+
+
+def _print_inputs(digests: dict[str, str], listings: Path | None) -> None:
+    for field, digest in digests.items():
+        print(f"  {field.removeprefix('$.'):<18} {digest}")
+    if listings is not None:
+        print(f"  listings           {listings}")
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
@@ -181,11 +203,15 @@ def cmd_pin(args: argparse.Namespace) -> int:
         "image": pinned.image,
         "imageId": pinned.image_id,
         "contractDigest": pinned.contract_digest,
+        "inputs": pinned.inputs,
+        "listings": str(pinned.listings) if pinned.listings else None,
     }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"pinned {args.image} as {pinned.image}")
+        if args.image:
+            print(f"pinned {args.image} as {pinned.image}")
         print(f"  contractDigest {pinned.contract_digest}")
         print(f"  written to     {pinned.contract}")
+        _print_inputs(pinned.inputs, pinned.listings)
     return EXIT_SUCCEEDED

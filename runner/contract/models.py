@@ -10,7 +10,8 @@ re-serialisation). Fields the seed leaves to an agent and a runner needs are opt
 additions documented in each field's description: ``protocol.command``, ``protocol.stdoutPath``,
 ``protocol.stderrPath``, ``protocol.workingDirectory``, ``environment.imageId``,
 ``environment.pidsLimit``, ``environment.tmpfsMb``, ``environment.diskGb``, ``jobId``,
-``issuedAt``, ``expiresAt``, ``audience`` and ``agent.promptPath``.
+``issuedAt``, ``expiresAt``, ``audience``, ``paper.digest``, ``repository.digest``,
+``agent.promptPath`` and ``agent.promptDigest``.
 
 ``contracts/execution-contract.schema.json`` is generated from these models
 (``python -m runner.schemas``); a test keeps the two in step.
@@ -83,6 +84,19 @@ class Research(_Open):
     measurementIds: list[str] = Field(default_factory=list)
 
 
+_DIGEST_DOC = (
+    "Runner addition. The content digest of what path names, filled in by `runner pin` or "
+    "`runner sign`: for a file the SHA-256 of its bytes, for a folder the SHA-256 of its "
+    "runner-tree-v1 listing (README, 'Inputs bound to the contract'). The staged input must "
+    "hash to it, or nothing runs (input_digest_mismatch)."
+)
+
+
+def _digest_needs_path(digest: str | None, path: str | None) -> None:
+    if digest is not None and path is None:
+        raise ValueError("digest binds the input that path names; there is no path")
+
+
 class Paper(_Open):
     """The paper. ``path``, relative to the contract's folder, is copied to ``/job/input``."""
 
@@ -96,18 +110,35 @@ class Paper(_Open):
     sourceMapPath: str | None = Field(
         default=None, description="Carried for the job: block coordinates of the Markdown."
     )
+    digest: Sha256 | None = Field(default=None, description=_DIGEST_DOC)
+
+    @model_validator(mode="after")
+    def _digest_of_path(self) -> Paper:
+        _digest_needs_path(self.digest, self.path)
+        return self
 
 
 class Repository(_Open):
     """The code. ``path``, relative to the contract's folder, is copied to ``/job/input``."""
 
     url: str | None = None
-    commit: str | None = None
+    commit: str | None = Field(
+        default=None,
+        description="The commit the code is. When it is a commit id (7 to 40 hex digits, or 64) "
+        "and the staged path holds a .git folder, the staged tree must be exactly that "
+        "commit's tree (.git aside), or nothing runs (input_digest_mismatch).",
+    )
     path: RelativePath | None = None
     implementationOrigin: str | None = Field(
         default=None,
         description="Carried for the job: whose code this is (official, reconstruction ...).",
     )
+    digest: Sha256 | None = Field(default=None, description=_DIGEST_DOC)
+
+    @model_validator(mode="after")
+    def _digest_of_path(self) -> Repository:
+        _digest_needs_path(self.digest, self.path)
+        return self
 
 
 class Claim(_Open):
@@ -273,6 +304,9 @@ class Agent(_Open):
         description="Runner addition. The prompt the agent gets: a file relative to the "
         "contract's folder, staged into /job/input at the same path like paper.path.",
     )
+    promptDigest: Sha256 | None = Field(
+        default=None, description=_DIGEST_DOC.replace("what path names", "the prompt")
+    )
     model: str | None = None
     subagentModel: str | None = None
     autoCompactWindow: int | None = Field(default=None, ge=0)
@@ -290,6 +324,11 @@ class Agent(_Open):
         description="USD the agent may spend over every attempt; the runner stops it past them.",
     )
     validationRetries: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _digest_of_prompt(self) -> Agent:
+        _digest_needs_path(self.promptDigest, self.promptPath)
+        return self
 
 
 class Environment(_Strict):

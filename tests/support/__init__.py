@@ -10,6 +10,7 @@ from tests.support.jobs import (
     SESSION_LABEL,
     TOY,
     contract_data,
+    copy_toy_inputs,
     docker,
     json_measurement,
     run_cli,
@@ -19,6 +20,7 @@ from tests.support.jobs import (
     signal_when_running,
     start_job,
     toy_data,
+    toy_input_digests,
     wait_running,
     write_contract,
 )
@@ -32,6 +34,7 @@ __all__ = [
     "SESSION_LABEL",
     "TOY",
     "contract_data",
+    "copy_toy_inputs",
     "docker",
     "json_measurement",
     "run_cli",
@@ -41,6 +44,7 @@ __all__ = [
     "signal_when_running",
     "start_job",
     "toy_data",
+    "toy_input_digests",
     "wait_running",
     "write_contract",
 ]

@@ -58,8 +58,7 @@ def write_contract(
     ``change`` edits the contract's data last."""
     data = toy_data()
     if with_inputs:
-        shutil.copytree(TOY / "repository", folder / "repository", dirs_exist_ok=True)
-        shutil.copy(TOY / "paper.md", folder / "paper.md")
+        copy_toy_inputs(folder)
     else:
         data.pop("paper")
         data.pop("repository")
@@ -199,12 +198,34 @@ FAKE_IMAGE_ID = "sha256:" + "ab" * 32
 """An image id no engine has: for contracts that are only verified, signed or planned."""
 
 
+def copy_toy_inputs(folder: Path) -> Path:
+    """The toy's paper and repository, copied into ``folder`` (for a contract written there
+    that `runner sign` binds to them); ``folder``."""
+    shutil.copytree(TOY / "repository", folder / "repository", dirs_exist_ok=True)
+    shutil.copy(TOY / "paper.md", folder / "paper.md")
+    return folder
+
+
+def toy_input_digests() -> dict[str, str]:
+    """The digests of the toy's inputs, as `runner pin` binds them: ``{"paper": ...,
+    "repository": ...}``."""
+    from runner import staging
+
+    data = toy_data()
+    return {
+        name: staging.hash_input(TOY, f"$.{name}.path", data[name]["path"]).digest
+        for name in ("paper", "repository")
+    }
+
+
 def contract_data(**changes: Any) -> dict[str, Any]:
-    """The toy contract pinned to :data:`FAKE_FAKE_IMAGE_ID`, valid for the next hour, re-digested;
-    ``changes`` set top-level fields (None removes one) or, as ``env_<field>``, environment
-    fields."""
+    """The toy contract pinned to :data:`FAKE_FAKE_IMAGE_ID` and to its inputs' digests, valid
+    for the next hour, re-digested; ``changes`` set top-level fields (None removes one) or, as
+    ``env_<field>``, environment fields."""
     data: dict[str, Any] = json.loads((TOY / "task.json").read_text())
     data["environment"]["image"] = FAKE_IMAGE_ID
+    for name, digest in toy_input_digests().items():
+        data[name]["digest"] = digest
     now = datetime.now(UTC).replace(microsecond=0)
     data["issuedAt"] = now.isoformat()
     data["expiresAt"] = (now + timedelta(hours=1)).isoformat()
