@@ -16,8 +16,14 @@ from typing import Any
 from runner import transcript
 from runner.agents import AgentPlan
 from runner.container import Outcome
-from runner.envelope import AgentLimits, AgentRecord, AgentUsageAttempt, AgentUsageRecord
-from runner.errors import ResourceExhausted
+from runner.envelope import (
+    AgentLimits,
+    AgentRecord,
+    AgentUsageAttempt,
+    AgentUsageRecord,
+    Failure,
+)
+from runner.errors import Category, ResourceExhausted
 from runner.ledger import Ledger, LedgerState
 from runner.plan import ExecutionPlan
 from runner.staging import JobDir
@@ -118,6 +124,24 @@ def record(ledger: Ledger, n: int, usage: transcript.Usage, stopped_for: str | N
         "totalCostUsd": round(state.agent_cost + usage.costUsd, 6),
     }
     ledger.append(f"attempt-{n}.agent-usage", "agent.usage", data)
+
+
+def recorded(
+    ledger: Ledger,
+    p: ExecutionPlan,
+    job: JobDir,
+    agent_guard: transcript.AgentGuard | None,
+    outcome: Outcome,
+    failure: Failure | None,
+) -> Failure | None:
+    """Record the ended attempt's usage in the ledger; the failure of an attempt stopped at an
+    agent limit says how much was used, over every attempt, of what."""
+    n = len(ledger.state.attempts)
+    record(ledger, n, usage_of(p, job, agent_guard), outcome.stopped_for)
+    if failure is None or failure.category != Category.RESOURCE_EXHAUSTED:
+        return failure
+    reason = limit_reason(p, ledger.state, outcome.stopped_for or "")
+    return failure.model_copy(update={"reason": reason})
 
 
 def usage_record(p: ExecutionPlan, state: LedgerState) -> AgentUsageRecord | None:

@@ -195,12 +195,11 @@ def _locked(
         known = replace(known, warnings=(*known.warnings, f"ran on CPU only: {known.gpu_fallback}"))
     with stage("container", known):
         failure, budget = _record_end(got, ledger, p, job, backend, limit)
-    known = replace(
-        known,
-        budget=budget,
-        agent=agent_run.agent_record(p, ledger.state, got.number),
-        agent_usage=agent_run.usage_record(p, ledger.state),
+    agent, usage = (
+        agent_run.agent_record(p, ledger.state, got.number),
+        agent_run.usage_record(p, ledger.state),
     )
+    known = replace(known, budget=budget, agent=agent, agent_usage=usage)
     with stage("parsers", known):
         envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
         envelope = envelope.model_copy(update={"attempts": _attempts(ledger, job, opts)})
@@ -290,11 +289,7 @@ def _record_end(
             },
         )
     if p.agent is not None:  # its turns and cost, cumulative like the wall time
-        usage = agent_run.usage_of(p, job, got.guards.agent)
-        agent_run.record(ledger, n, usage, outcome.stopped_for)
-        if failure is not None and failure.category == Category.RESOURCE_EXHAUSTED:
-            reason = agent_run.limit_reason(p, st, outcome.stopped_for or "")
-            failure = failure.model_copy(update={"reason": reason})
+        failure = agent_run.recorded(ledger, p, job, got.guards.agent, outcome, failure)
     if outcome.timed_out or st.consumed >= limit:
         ledger.append(
             f"budget.exhausted-{n}",
