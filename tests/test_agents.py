@@ -346,3 +346,14 @@ def test_redact_scrubs_a_value_across_chunks_and_follows_no_link(tmp_path: Path)
     data = log.read_bytes()
     assert secret.encode() not in data
     assert data == head + b"[redacted: K]\nmore [redacted: K]"
+
+
+def test_the_readmes_adapter_example_is_a_valid_policy() -> None:
+    text = (ROOT / "README.md").read_text()
+    start = text.index('{"agents": {\n  "claude-code"')
+    block = text[start : text.index("```", start)]
+    data = json.loads(
+        block.replace("sha256:<id of runner-agent-claude:local>", "sha256:" + "e" * 64)
+    )
+    adapter = HostPolicy.model_validate(data).agents["claude-code"]
+    assert adapter.secrets[0].env == "ANTHROPIC_API_KEY" and adapter.usage == "claude-code"

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCKERFILES = [ROOT / "images" / "cpu" / "Dockerfile", ROOT / "images" / "gpu" / "Dockerfile"]
+DOCKERFILES = [
+    ROOT / "images" / "cpu" / "Dockerfile",
+    ROOT / "images" / "gpu" / "Dockerfile",
+    ROOT / "images" / "agent-scripted" / "Dockerfile",
+    ROOT / "images" / "agent-claude" / "Dockerfile",
+]
 
 
 def _hadolint() -> str:

@@ -85,6 +85,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "image": m.environment.image,
         "imageId": p.image.image_id,
         "command": list(p.argv),
+        "agent": {"runtime": p.agent.runtime, "image": p.agent.adapter.image}
+        if p.agent is not None
+        else None,
         "timeoutSeconds": p.limits.timeout_seconds,
         "network": p.limits.network,
         "policy": {"source": loaded.source, "digest": loaded.digest},
@@ -109,6 +112,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ("jobId", p.job_id),
         ("image", m.environment.image),
         ("network", p.limits.network),
+        *((("agent", f"{p.agent.runtime} in {p.agent.adapter.image}"),) if p.agent else ()),
         ("command", " ".join(p.argv)),
         ("budget", fmt_clock(p.limits.timeout_seconds)),
         *(("measurement", line) for line in info["measurements"]),
