@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from runner import transcript
+from runner import agents, transcript
 from runner.agents import AgentPlan
 from runner.container import Outcome
 from runner.envelope import (
@@ -23,7 +23,7 @@ from runner.envelope import (
     AgentUsageRecord,
     Failure,
 )
-from runner.errors import Category, ResourceExhausted
+from runner.errors import Category, HostConfigError, ResourceExhausted
 from runner.ledger import Ledger, LedgerState
 from runner.plan import ExecutionPlan
 from runner.staging import JobDir
@@ -93,6 +93,35 @@ def ended(outcome: Outcome, agent_guard: transcript.AgentGuard | None) -> Outcom
         return outcome
     over = agent_guard.final().over(agent_guard.turns_left, agent_guard.budget_left)
     return outcome if over is None else dataclasses.replace(outcome, stopped_for=over)
+
+
+def scrub(p: ExecutionPlan, job: JobDir, n: int, secrets: dict[str, str] | None = None) -> None:
+    """An agent's secrets out of what the runner keeps of attempt ``n``: its transcript and
+    stderr, and the engine's log (the agent could have printed its own environment).
+    ``secrets`` None: read them again (an attempt picked up after a runner restart)."""
+    if p.agent is None or not p.agent.adapter.secrets:
+        return
+    if secrets is None:
+        try:
+            secrets = agents.secret_values(p.agent.adapter)
+        except HostConfigError:
+            return  # nothing to match against; the files stay as they are
+    agents.redact(job.output, [p.stdout_path, p.stderr_path], secrets)
+    agents.redact(job.attempt_record(n), ["engine.log"], secrets)
+
+
+def lost(
+    ledger: Ledger,
+    p: ExecutionPlan,
+    job: JobDir,
+    n: int,
+    agent_guard: transcript.AgentGuard | None,
+) -> None:
+    """Attempt ``n`` of an agent ended unseen (its container vanished or never started): its
+    usage is what its transcript shows, recorded before a new attempt counts what is left."""
+    if p.agent is not None:
+        record(ledger, n, usage_of(p, job, agent_guard))
+        scrub(p, job, n)
 
 
 def usage_of(

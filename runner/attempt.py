@@ -146,13 +146,13 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         if found.state is None:
             progress.stage("recover", f"attempt {n}'s container is gone; starting a new attempt")
             ledger.append(f"attempt-{n}.finished", "attempt.finished", {**lost, "how": "vanished"})
-            _agent_lost(job, n, guards)
+            agent_run.lost(ledger, job.plan, job.dir, n, guards.agent)
             return None
         if found.state.status == "created":
             job.backend.remove(last.container_name)
             data = {**lost, "how": "never-started"}
             ledger.append(f"attempt-{n}.finished", "attempt.finished", data)
-            _agent_lost(job, n, guards)
+            agent_run.lost(ledger, job.plan, job.dir, n, guards.agent)
             return None
         cid = found.state.id or last.container_id or last.container_name
         if last.container_id is None:
@@ -170,7 +170,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
                 job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
                 how="recovered",
             )  # fmt: skip
-            _scrub(job, n, None)
+            agent_run.scrub(job.plan, job.dir, n)
             return AttemptResult(outcome, known, guards, n)
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
         w = _watch(job, n, before, found.seconds, guards)
@@ -180,7 +180,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             how="reattached",
         )  # fmt: skip
         outcome = agent_run.ended(outcome, guards.agent)
-        _scrub(job, n, None)
+        agent_run.scrub(job.plan, job.dir, n)
         return AttemptResult(outcome, known, guards, n)
 
 
@@ -199,8 +199,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
     st = ledger.state
     consumed = st.consumed
     n = len(st.attempts) + 1
-    known = replace(known, image=None, gpus=())  # an earlier attempt's are not this one's
-    known = replace(known, agent_usage=agent_run.usage_record(p, st))
+    # An earlier attempt's image and GPUs are not this one's; an agent's usage so far is.
+    known = replace(known, image=None, gpus=(), agent_usage=agent_run.usage_record(p, st))
     since = time.monotonic()
     secrets: dict[str, str] = {}
     with stage("stage", known):
@@ -301,33 +301,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
             )
             raise cause from None
     outcome = agent_run.ended(outcome, guards.agent)
-    _scrub(job, n, secrets)
+    agent_run.scrub(p, job.dir, n, secrets)
     return AttemptResult(outcome, known, guards, n)
-
-
-def _scrub(job: Job, n: int, secrets: dict[str, str] | None) -> None:
-    """An agent's secrets out of what the runner keeps of attempt ``n``: its transcript and
-    stderr, and the engine's log (the agent could have printed its own environment).
-    ``secrets`` None: read them again (an attempt picked up after a runner restart)."""
-    p = job.plan
-    if p.agent is None or not p.agent.adapter.secrets:
-        return
-    if secrets is None:
-        try:
-            secrets = agents.secret_values(p.agent.adapter)
-        except errors.HostConfigError:
-            return  # nothing to match against; the files stay as they are
-    agents.redact(job.dir.output, [p.stdout_path, p.stderr_path], secrets)
-    agents.redact(job.dir.attempt_record(n), ["engine.log"], secrets)
-
-
-def _agent_lost(job: Job, n: int, guards: quotas.Guards) -> None:
-    """Attempt ``n`` of an agent ended unseen (its container vanished or never started): its
-    usage is what its transcript shows, recorded before a new attempt counts what is left."""
-    if job.plan.agent is not None:
-        usage = agent_run.usage_of(job.plan, job.dir, guards.agent)
-        agent_run.record(job.ledger, n, usage)
-        _scrub(job, n, None)
 
 
 def _acquire(job: Job) -> tuple[images.Acquired, ImageRecord]:

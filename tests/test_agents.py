@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from runner import agents, plan, policy, transcript
+from runner import agents, orchestrator, plan, policy, transcript
 from runner.agents import AgentAdapter
+from runner.backends.base import ContainerSpec
+from runner.backends.fake import FakeBackend, FakeJob
 from runner.contract import load_contract, with_digest
 from runner.errors import HostConfigError, PolicyViolation, ProtocolAmbiguous
 from runner.ledger import Ledger, LedgerCorrupt
 from runner.policy import HostPolicy
 from tests.support import ROOT, SEED, run_cli
+from tests.support.agents import files_holding
 
 EXAMPLE = ROOT / "examples" / "agent-evaluation"
 FIXTURES = ROOT / "tests" / "fixtures" / "agents"
@@ -52,6 +56,7 @@ def _contract(tmp_path: Path, change: Any = None) -> Path:
     data.pop("contractDigest")
     for name in ("paper.md", "prompt.scripted.md"):
         (tmp_path / name).write_bytes((EXAMPLE / name).read_bytes())
+    shutil.copytree(EXAMPLE / "repository", tmp_path / "repository", dirs_exist_ok=True)
     path = tmp_path / "task.json"
     path.write_text(json.dumps(with_digest(data)))
     return path
@@ -357,3 +362,83 @@ def test_the_readmes_adapter_example_is_a_valid_policy() -> None:
     )
     adapter = HostPolicy.model_validate(data).agents["claude-code"]
     assert adapter.secrets[0].env == "ANTHROPIC_API_KEY" and adapter.usage == "claude-code"
+
+
+# --- the orchestrator's decisions, with the fake backend -----------------------------------
+
+
+class _Crash(BaseException):
+    """The runner process dying (kill -9)."""
+
+
+class _Progress:
+    def __init__(self, fake: FakeBackend | None = None) -> None:
+        self.fake = fake
+
+    def stage(self, name: str, detail: str) -> None:
+        pass
+
+    def running(self, elapsed: float, budget: float) -> None:
+        if self.fake is not None:  # dies at the first tick of the running container
+            self.fake.frozen = True
+            raise _Crash
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        pass
+
+
+def _turns(mounts: dict[str, Path], first: int, count: int, result: bool = False) -> None:
+    out = mounts["/job/output"] / "logs"
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [
+        {"type": "assistant", "message": {"id": f"m{first + i}", "content": []}}
+        for i in range(count)
+    ]
+    if result:
+        lines.append({"type": "result", "subtype": "success", "num_turns": count})
+        (out / "evaluation.log").write_text('{"accuracy": 0.819}\n')
+    with (out / "stdout.log").open("a") as f:
+        f.writelines(json.dumps(x) + "\n" for x in lines)
+
+
+def test_an_attempt_that_vanished_counts_its_transcript_and_the_next_gets_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner dies while the agent runs and its container is removed meanwhile: the next
+    run records the lost attempt's turns from its transcript, gives attempt 2 what is left,
+    and hands the secret to the engine only."""
+    monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", "sk-fake-engine-only-0123456789")
+    fake = FakeBackend()
+    info = fake.add_image()
+    specs: list[ContainerSpec] = []
+
+    def jobs(spec: ContainerSpec) -> FakeJob:
+        specs.append(spec)
+        if len(specs) == 1:
+            return FakeJob(seconds=float("inf"), work=lambda m: _turns(m, 0, 3))
+        return FakeJob(work=lambda m: _turns(m, 10, 2, result=True))
+
+    fake.jobs = jobs
+    contract = _contract(tmp_path, lambda d: d["agent"].update(maxTurns=10))
+    pol = HostPolicy.model_validate(
+        {"acceptUnsigned": True, "agents": {"scripted": {**SCRIPTED, "image": info.id}}}
+    )
+    options = orchestrator.RunOptions(
+        state_dir=tmp_path / "state",
+        policy=policy.LoadedPolicy(pol.resolved(), "test"),
+        tick_seconds=0.01,
+        heartbeat_seconds=0.05,
+        stop_grace_seconds=0.05,
+    )
+    with pytest.raises(_Crash):
+        orchestrator.run(contract, options, backend=fake, progress=_Progress(fake))
+    fake.frozen = False
+    fake.containers.clear()  # someone removed it
+    env = orchestrator.as_json(orchestrator.run(contract, options, backend=fake))
+    assert env["status"] == "succeeded", env["failure"]
+    usage = env["agentUsage"]
+    assert [(a["attempt"], a["turns"]) for a in usage["attempts"]] == [(1, 3), (2, 2)]
+    assert usage["turns"] == 5
+    assert specs[1].command[specs[1].command.index("--max-turns") + 1] == "7"
+    assert specs[0].environment["API_KEY"] == "sk-fake-engine-only-0123456789"
+    assert files_holding(Path(env["jobDir"]), b"sk-fake-engine-only") == []
