@@ -363,6 +363,9 @@ def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id
             "/job/input": False,
             "/job/output": True,
             "/job/workspace": True,
+            "/job/runtime-cache": True,
+            "/job/runtime-venv": True,
+            "/job/assets": False,
             "/job/execution": False,
         }
         proc.send_signal(signal.SIGTERM)

@@ -67,10 +67,14 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
 
 def _true_running_time(state: Path) -> float:
     (job,) = (state / "jobs").iterdir()
-    st = json.loads((job / "record" / "container-state.json").read_text())
-    started, finished = parse_time(st["StartedAt"]), parse_time(st["FinishedAt"])
-    assert started is not None and finished is not None
-    return (finished - started).total_seconds()
+    total = 0.0
+    for kept in sorted((job / "record" / "attempts").glob("*/container-state.json")):
+        st = json.loads(kept.read_text())
+        started, finished = parse_time(st["StartedAt"]), parse_time(st["FinishedAt"])
+        assert started is not None and finished is not None
+        total += (finished - started).total_seconds()
+    assert total > 0, "no attempt's container state was kept"
+    return total
 
 
 def _kill9(proc: subprocess.Popen[str]) -> None:
