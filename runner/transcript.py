@@ -25,16 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from runner import safefs
 
 LINE_MAX = 1024 * 1024
 POLL_BYTES = 8 * 1024 * 1024
 """At most this much of the transcript is read per poll (the rest at the next)."""
+MAX_TOKENS = 10**15
+"""A token count above this is not believed (and never overflows a float)."""
 MAX_IDS = 100_000
 """Message ids remembered for de-duplication; past this, only consecutive repeats are."""
 
@@ -84,6 +87,11 @@ class Usage:
         if budget_left is not None and self.costUsd > budget_left:
             return "agent.maxBudgetUsd"
         return None
+
+
+def _count(value: object) -> TypeGuard[int]:
+    """A believable count: a JSON integer in [0, MAX_TOKENS]."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS
 
 
 class Reader:
@@ -152,9 +160,14 @@ class Reader:
                     self._message(self._streaming, inner.get("usage"), turn=False)
         elif kind == "result":
             turns, cost = event.get("num_turns"), event.get("total_cost_usd")
-            if isinstance(turns, int) and not isinstance(turns, bool) and turns >= 0:
+            if _count(turns):
                 self._reported_turns = max(self._reported_turns or 0, turns)
-            if isinstance(cost, int | float) and not isinstance(cost, bool) and cost >= 0:
+            if (
+                isinstance(cost, int | float)
+                and not isinstance(cost, bool)
+                and 0 <= cost < 1e12
+                and math.isfinite(cost)
+            ):
                 self._reported_cost = max(self._reported_cost or 0.0, float(cost))
             subtype = event.get("subtype")
             if isinstance(subtype, str) and subtype in STOPPED:
@@ -178,7 +191,7 @@ class Reader:
         seen = self._messages.setdefault(mid, [0, 0, 0, 0])
         for i, key in enumerate(_TOKENS):
             value = usage.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > seen[i]:
+            if _count(value) and value > seen[i]:
                 seen[i] = value
 
     def usage(self) -> Usage:

@@ -442,3 +442,25 @@ def test_an_attempt_that_vanished_counts_its_transcript_and_the_next_gets_the_re
     assert specs[1].command[specs[1].command.index("--max-turns") + 1] == "7"
     assert specs[0].environment["API_KEY"] == "sk-fake-engine-only-0123456789"
     assert files_holding(Path(env["jobDir"]), b"sk-fake-engine-only") == []
+
+
+def test_hostile_numbers_in_a_transcript_are_not_believed() -> None:
+    """Infinite or absurd costs and token counts (a float overflow, a 400-digit integer) are
+    skipped, never stored: the ledger and the envelope stay finite JSON."""
+    reader = transcript.Reader(transcript.Prices(input=1.0))
+    reader.line(b'{"type": "result", "num_turns": true, "total_cost_usd": Infinity}')
+    reader.line(b'{"type": "result", "num_turns": -3, "total_cost_usd": NaN}')
+    reader.line(
+        b'{"type": "assistant", "message": {"id": "a", "usage": {"input_tokens": 1'
+        + b"0" * 400
+        + b"}}}"
+    )
+    reader.line(b'{"type": "assistant", "message": {"id": "b", "usage": {"input_tokens": 1e999}}}')
+    reader.line(b"[" * 100_000)
+    usage = reader.usage()
+    assert (usage.turns, usage.costUsd, usage.reportedTurns, usage.reportedCostUsd) == (
+        2,
+        0,
+        None,
+        None,
+    )
