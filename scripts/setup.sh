@@ -149,6 +149,27 @@ ensure_venv() {
   printf '%s\n' "$want" >"$STAMP"
 }
 
+# The wheel smoke test (tests/test_wheel.py) installs the runner's wheel, without -e, into a
+# fresh venv with no network: its dependencies and build tools come from this folder.
+WHEELHOUSE="$ROOT/.wheelhouse"
+ensure_wheelhouse() {
+  local want have=""
+  want="$( (cat pyproject.toml; echo "wheelhouse-1") | sha256sum | cut -d' ' -f1)"
+  [ -r "$WHEELHOUSE/.stamp" ] && have="$(cat "$WHEELHOUSE/.stamp")"
+  if [ "$want" = "$have" ]; then
+    log "wheelhouse: reusing $WHEELHOUSE"
+    return 0
+  fi
+  log "wheelhouse: the dependencies' wheels and the build tools, for the wheel smoke test"
+  mkdir -p "$WHEELHOUSE"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip wheel -q -w "$WHEELHOUSE" . \
+    || die "wheelhouse: pip wheel . failed"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip download -q -d "$WHEELHOUSE" \
+    'setuptools>=77' wheel || die "wheelhouse: could not fetch setuptools and wheel"
+  rm -f "$WHEELHOUSE"/reproduction_runner-*.whl # the test builds the tree's own
+  printf '%s\n' "$want" >"$WHEELHOUSE/.stamp"
+}
+
 # --------------------------------------------------------------------------- images
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 
@@ -339,6 +360,7 @@ command -v python3 >/dev/null 2>&1 || apt_install python3
 ensure_gvisor
 ensure_test_tools
 ensure_venv
+ensure_wheelhouse
 ensure_base
 build_job_image
 build_scripted_agent

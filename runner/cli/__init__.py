@@ -17,6 +17,7 @@ module               commands
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
 ``schema.py``        schema
+``completion.py``    completion
 ``serve.py``         serve
 ``_common.py``       exit codes, help texts, host options, progress, the summary
 ===================  ==========================================================
@@ -66,6 +67,7 @@ _TABLE = {
     "cleanup": ("job", "remove containers of finished jobs that no runner watches"),
     "parsers": ("parsers", "list the registered evidence parsers (id, version, config schema)"),
     "schema": ("schema", "print the JSON Schema of a contract, policy, envelope or result.json"),
+    "completion": ("completion", "print a bash, zsh or tcsh completion script"),
     "serve": (
         "serve",
         "keep a warm runner that `runner run` and `runner verify` hand their work to",
@@ -127,6 +129,18 @@ def build_parser(only: str | None = None, *, listing: bool = False) -> argparse.
         help="print the runner's, Python's and the engine API's versions (with --json: as "
         "JSON) and exit",
     )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="log what the runner does on stderr from this level (default: no log; "
+        "$RUNNER_LOG_LEVEL); may also follow the command",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="text (default), or json: one object per line with ts, level, event, jobId, "
+        "stage, attempt, category ($RUNNER_LOG_FORMAT)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, line) in _TABLE.items():
         if listing:
@@ -187,8 +201,43 @@ def _print_version(as_json: bool) -> int:
     return EXIT_SUCCEEDED
 
 
+def _logging_options(given: list[str]) -> list[str]:
+    """Take ``--log-level`` and ``--log-format`` from anywhere before ``--`` (else
+    ``$RUNNER_LOG_LEVEL``, ``$RUNNER_LOG_FORMAT``), set the log up, and return the rest."""
+    from runner import log
+
+    chosen: dict[str, str | None] = {
+        "--log-level": os.environ.get("RUNNER_LOG_LEVEL"),
+        "--log-format": os.environ.get("RUNNER_LOG_FORMAT"),
+    }
+    rest: list[str] = []
+    it = iter(given)
+    for arg in it:
+        if arg == "--":
+            rest.append(arg)
+            rest.extend(it)
+            break
+        name, eq, value = arg.partition("=")
+        if name in chosen:
+            chosen[name] = value if eq else next(it, None)
+        else:
+            rest.append(arg)
+    for name, allowed in (("--log-level", log.LEVELS), ("--log-format", log.FORMATS)):
+        given_value = chosen[name]
+        if given_value is not None and given_value.lower() not in allowed:
+            print(
+                f"runner: {name} wants one of {', '.join(allowed)}, got {given_value!r}",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
+    level, fmt = chosen["--log-level"], chosen["--log-format"]
+    log.configure(level.lower() if level else None, fmt.lower() if fmt else None)
+    return rest
+
+
 def dispatch(given: list[str]) -> int:
     """Run one command line in this process; its exit code."""
+    given = _logging_options(given)
     if given and given[0] in ("--version", "-V"):
         return _print_version("--json" in given[1:])
     # pydantic scans every installed package's entry points for its plug-ins on first use
