@@ -220,6 +220,13 @@ def agent_record(p: ExecutionPlan, state: LedgerState, n: int | None) -> AgentRe
     )
 
 
+def records(
+    p: ExecutionPlan, state: LedgerState, n: int | None
+) -> tuple[AgentRecord | None, AgentUsageRecord | None]:
+    """The envelope's agent (with attempt ``n``'s argv) and agentUsage."""
+    return agent_record(p, state, n), usage_record(p, state)
+
+
 def limit_reason(p: ExecutionPlan, state: LedgerState, which: str) -> str:
     """Why an attempt stopped at an agent limit, with the usage so far."""
     agent = p.agent

@@ -191,10 +191,7 @@ def _locked(
         known = replace(known, warnings=(*known.warnings, f"ran on CPU only: {known.gpu_fallback}"))
     with stage("container", known):
         failure, budget = _record_end(got, ledger, p, job, backend, limit)
-    agent, usage = (
-        agent_run.agent_record(p, ledger.state, got.number),
-        agent_run.usage_record(p, ledger.state),
-    )
+    agent, usage = agent_run.records(p, ledger.state, got.number)  # (None, None): no agent
     known = replace(known, budget=budget, agent=agent, agent_usage=usage)
     with stage("parsers", known):
         envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
