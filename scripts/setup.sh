@@ -8,7 +8,8 @@
 #   4b. the agent images: runner-agent-scripted:local (the scripted agent runtime) and
 #      runner-agent-claude:local (Claude Code's pinned native binary, fetched from the npm
 #      registry on the host and integrity-checked, then built with no network),
-#   5. docker-registry (Debian's), which the image tests run on 127.0.0.1,
+#   5. docker-registry (Debian's), which the image tests run on 127.0.0.1, and htpasswd
+#      (apache2-utils) for the one that requires basic auth,
 #   6. gVisor's runsc (Debian's), registered with the engine as the runtime "runsc".
 # Safe to run many times; reruns are fast (stamp file, existing images, layer cache).
 #
@@ -309,13 +310,20 @@ build_claude_agent() {
 
 # --------------------------------------------------------------------------- test tools
 # Debian's docker-registry: the tests run a real registry on 127.0.0.1 (they start it
-# themselves; the package's own service is not used).
+# themselves; the package's own service is not used). htpasswd (apache2-utils) writes the
+# bcrypt password file of the one that requires basic auth (tests/test_registry_auth.py).
 ensure_test_tools() {
   if command -v docker-registry >/dev/null 2>&1; then
     log "tools: reusing docker-registry"
   else
     log "tools: installing docker-registry (a real registry for the image tests)"
     apt_install docker-registry
+  fi
+  if command -v htpasswd >/dev/null 2>&1; then
+    log "tools: reusing htpasswd"
+  else
+    log "tools: installing apache2-utils (htpasswd, for the registry with basic auth)"
+    apt_install apache2-utils
   fi
 }
 
