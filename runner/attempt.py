@@ -21,6 +21,8 @@ from typing import Any
 
 from runner import (
     agent_result,
+    agent_run,
+    agents,
     container,
     egress,
     envelope,
@@ -39,7 +41,7 @@ from runner.container import Outcome, Progress, Watch
 from runner.contract import VerifiedContract
 from runner.envelope import Allocation, GpuRecord, ImageRecord
 from runner.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
-from runner.ledger import Budget, Ledger
+from runner.ledger import Budget, Ledger, LedgerState
 from runner.options import RunOptions
 from runner.plan import ExecutionPlan
 from runner.stages import Known, Stopped, stage
@@ -90,10 +92,14 @@ def run(job: Job, known: Known) -> AttemptResult:
             _gpu_allocator(job).release(str(job.dir.root.resolve()))
 
 
-def guards_for(p: ExecutionPlan, job: staging.JobDir) -> quotas.Guards:
-    """The disk quota on output/ + workspace/ and the caps on stdout and stderr."""
+def guards_for(
+    p: ExecutionPlan, job: staging.JobDir, state: LedgerState | None = None
+) -> quotas.Guards:
+    """The disk quota on output/ + workspace/, the caps on stdout and stderr, and an agent's
+    limits left after the attempts ``state`` records (its transcript is its stdout)."""
     lim = p.limits
     return quotas.Guards(
+        agent=agent_run.guard(p, job, state) if state is not None else None,
         disk=quotas.DiskMeter(list(job.writable), lim.disk_quota_bytes),
         logs=[
             quotas.LogCap(job.output / rel, lim.log_limit_bytes, job.output)
@@ -119,7 +125,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         gpus=tuple(GpuRecord.model_validate(g) for g in last.starting.get("gpus", [])),
         allocation=_decided(job.dir, n),
     )
-    guards = guards_for(job.plan, job.dir)
+    guards = guards_for(job.plan, job.dir, st)
     if last.finished is not None:
         if ledger.events[-1].type == "job.rerun" or last.finished["classification"] not in FINAL:
             return None
@@ -144,11 +150,13 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         if found.state is None:
             progress.stage("recover", f"attempt {n}'s container is gone; starting a new attempt")
             ledger.append(f"attempt-{n}.finished", "attempt.finished", {**lost, "how": "vanished"})
+            agent_run.lost(ledger, job.plan, job.dir, n, guards.agent)
             return None
         if found.state.status == "created":
             job.backend.remove(last.container_name)
             data = {**lost, "how": "never-started"}
             ledger.append(f"attempt-{n}.finished", "attempt.finished", data)
+            agent_run.lost(ledger, job.plan, job.dir, n, guards.agent)
             return None
         cid = found.state.id or last.container_id or last.container_name
         if last.container_id is None:
@@ -166,6 +174,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
                 job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
                 how="recovered",
             )  # fmt: skip
+            agent_run.scrub(job.plan, job.dir, n)
             return AttemptResult(outcome, known, guards, n)
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
         w = _watch(job, n, before, found.seconds, guards)
@@ -174,6 +183,8 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
             how="reattached",
         )  # fmt: skip
+        outcome = agent_run.ended(outcome, guards.agent)
+        agent_run.scrub(job.plan, job.dir, n)
         return AttemptResult(outcome, known, guards, n)
 
 
@@ -192,8 +203,10 @@ def _new(job: Job, known: Known) -> AttemptResult:
     st = ledger.state
     consumed = st.consumed
     n = len(st.attempts) + 1
-    known = replace(known, image=None, gpus=())  # an earlier attempt's are not this one's
+    # An earlier attempt's image and GPUs are not this one's; an agent's usage so far is.
+    known = replace(known, image=None, gpus=(), agent_usage=agent_run.usage_record(p, st))
     since = time.monotonic()
+    secrets: dict[str, str] = {}
     with stage("stage", known):
         if st.attempts and st.attempts[-1].starting.get("egress"):  # what a crash left
             _egress_down(job, st.attempts[-1].number)
@@ -206,6 +219,9 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 "earlier attempts; nothing is left to run it again",
                 hint="the budget spans every attempt; a larger budget needs a new contract",
             )
+        agent_run.refuse_spent(p, st)
+        if p.agent is not None:  # read now, handed to the engine only
+            secrets = agents.secret_values(p.agent.adapter)
         files = staging.stage_inputs(job.dir, job.contract, _input_rules(opts))
         files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
         layout.working_copy(job.dir, job.contract)
@@ -233,17 +249,22 @@ def _new(job: Job, known: Known) -> AttemptResult:
         eg = egress.prepare(job.backend, p.egress, name) if p.egress else None
         gpu_ids, given, fallback = _allocate_gpus(job, name)
     known = replace(known, gpus=given, gpu_fallback=fallback or known.gpu_fallback)
+    agent_limits = agent_run.limits(p.agent, st) if p.agent is not None else None
     decided = envelope.allocation(
-        p, n, given, known.gpu_fallback, Budget(job.limit, consumed).as_json()
+        p, n, given, known.gpu_fallback, Budget(job.limit, consumed).as_json(), agent_limits
     )
     with stage("stage", known):
         decision = (decided.model_dump_json(indent=2) + "\n").encode()
         layout.add_input(job.dir, "compute-decision.json", decision)
     known = replace(known, allocation=decided)
     deadline = container.backstop(job.limit - consumed, opts.stop_grace_seconds)
+    argv = (
+        p.agent.argv(*agent_run.left(p.agent, st)) if p.agent is not None else p.argv
+    )  # an agent's: with what is left of its turns and budget
     spec = container.spec(
-        p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None
-    )
+        p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None,
+        argv=argv, secrets=secrets,
+    )  # fmt: skip
     ledger.append(
         f"attempt-{n}.starting",
         "attempt.starting",
@@ -254,6 +275,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
             "image": got[1].model_dump(mode="json"),
             "gpus": [g.model_dump(mode="json") for g in given],
             **({"egress": eg.as_json()} if eg else {}),
+            **({"agentArgv": list(argv)} if p.agent is not None else {}),
         },
     )
 
@@ -269,7 +291,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
         )
 
     progress.stage("container", f"attempt {n}: {spec.name}")
-    guards = guards_for(p, job.dir)
+    guards = guards_for(p, job.dir, st)
     with stage("container", known):
         w = _watch(job, n, consumed, 0.0, guards)
         try:
@@ -301,6 +323,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 gone = replace(known, egress=_egress_down(job, n))
                 raise Stopped("container", cause, gone) from None
             raise cause from None
+    outcome = agent_run.ended(outcome, guards.agent)
+    agent_run.scrub(p, job.dir, n, secrets)
     return AttemptResult(outcome, known, guards, n)
 
 

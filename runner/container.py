@@ -53,7 +53,8 @@ class Outcome:
     cancelled: bool
     how: str = "observed"
     stopped_for: str | None = None
-    """disk_quota_exceeded | log_limit_exceeded when the runner stopped it for a quota."""
+    """disk_quota_exceeded | log_limit_exceeded when the runner stopped it for a quota;
+    agent.maxTurns | agent.maxBudgetUsd when an agent passed that limit."""
     """observed | recovered (ended while the runner was away) | ledger (read back)."""
 
 
@@ -80,23 +81,28 @@ def spec(
     gpu_ids: tuple[str, ...] = (),
     deadline: Backstop | None = None,
     network: str | None = None,
+    *,
+    argv: tuple[str, ...] | None = None,
+    secrets: dict[str, str] | None = None,
 ) -> ContainerSpec:
     """The attempt's container. Without GPUs, NVIDIA_VISIBLE_DEVICES=void keeps a GPU-aware
     runtime from exposing devices even when the image asks for them. ``network``: another
-    than the plan's (the egress allowlist's ``container:<holder>``)."""
+    than the plan's (the egress allowlist's ``container:<holder>``). An agent's attempt has
+    its own ``argv`` (its limits left) and the host's ``secrets`` in its environment only."""
     return ContainerSpec(
         backstop=deadline,
         network=network,
         name=container_name(job.root, p.job_id, attempt),
         image=image_id,
         entrypoint=p.entrypoint,
-        command=list(p.argv),
+        command=list(p.argv if argv is None else argv),
         user=p.user,
         working_dir=p.working_dir,
         environment={
             **p.environment,
             "RUNNER_ATTEMPT": str(attempt),
             "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids) or "void",
+            **(secrets or {}),
         },
         gpu_ids=gpu_ids,
         labels={

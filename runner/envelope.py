@@ -39,7 +39,10 @@ class Failure(_Model):
 
 
 class ImageRecord(_Model):
-    reference: str = Field(description="environment.image as the contract wrote it.")
+    reference: str = Field(
+        description="environment.image as the contract wrote it; for an agent_planned "
+        "contract the host's agent adapter's image (the contract's is in agent.contractImage)."
+    )
     id: str | None = Field(description="Image id (config digest) of the image that ran.")
     repoDigest: str | None = Field(description="name@sha256 manifest digest, when known.")
     architecture: str | None = None
@@ -224,6 +227,16 @@ class DiskRecord(_Model):
     measurements: int = Field(description="How many times usage was measured while it ran.")
 
 
+class AgentLimits(_Model):
+    """An agent's limits as an attempt was given them: what was left of the contract's."""
+
+    runtime: str
+    maxTurns: int | None = Field(description="Turns left for this attempt; null: no limit.")
+    maxBudgetUsd: float | None = Field(description="USD left for this attempt; null: no limit.")
+    turnsUsed: int = Field(description="Turns of the earlier attempts.")
+    costUsdUsed: float = Field(description="USD of the earlier attempts.")
+
+
 class Allocation(_Model):
     """What the runner actually gave an attempt: written for the job as
     ``/job/input/compute-decision.json`` before it starts, and kept in the envelope."""
@@ -248,6 +261,9 @@ class Allocation(_Model):
     )
     budgetLimitSeconds: float = Field(description="The job's budget across every attempt.")
     budgetRemainingSeconds: float = Field(description="What was left when this attempt started.")
+    agent: AgentLimits | None = Field(
+        default=None, description="An agent_planned run's agent limits for this attempt."
+    )
 
 
 def allocation(
@@ -256,6 +272,7 @@ def allocation(
     gpus: Sequence[GpuRecord],
     fallback: str | None,
     budget: Mapping[str, float],
+    agent: AgentLimits | None = None,
 ) -> Allocation:
     """The compute decision for attempt ``attempt`` of plan ``p``."""
     lim = p.limits
@@ -275,6 +292,7 @@ def allocation(
         network=lim.network,
         budgetLimitSeconds=budget["limitSeconds"],
         budgetRemainingSeconds=budget["remainingSeconds"],
+        agent=agent,
     )
 
 
@@ -297,6 +315,59 @@ class AttemptRecord(_Model):
         description="record/attempts/<n>/: container state, engine log, output manifest, and "
         "its stdout and stderr once a later attempt started (never truncated or replaced)."
     )
+
+
+class AgentUsageAttempt(_Model):
+    """One attempt's agent usage, as the ledger's agent.usage event records it."""
+
+    attempt: int
+    turns: int = Field(description="Model turns: the turns the transcript shows, or the "
+                       "runtime's reported num_turns when higher.")  # fmt: skip
+    costUsd: float = Field(description="The runtime's reported cost, or the runner's estimate "
+                           "from token usage and the adapter's prices when higher.")  # fmt: skip
+    reportedTurns: int | None = Field(default=None, description="The runtime's own num_turns.")
+    reportedCostUsd: float | None = Field(
+        default=None, description="The runtime's own total_cost_usd."
+    )
+    requests: int | None = Field(
+        default=None, description="Model requests counted by the egress proxy; null: not counted."
+    )
+    stoppedFor: str | None = Field(
+        default=None,
+        description="agent.maxTurns or agent.maxBudgetUsd when the attempt ended at that limit.",
+    )
+
+
+class AgentUsageRecord(_Model):
+    """An agent's usage against the contract's limits, cumulative over every attempt like the
+    wall-time budget (from the ledger)."""
+
+    source: str = Field(description="How usage was read: claude-code (the stream-json "
+                        "transcript), or none.")  # fmt: skip
+    maxTurns: int | None = Field(description="The contract's limit (or the host's cap).")
+    maxBudgetUsd: float | None = Field(description="The contract's limit (or the host's cap).")
+    turns: int = Field(description="Over every attempt.")
+    costUsd: float = Field(description="Over every attempt.")
+    requests: int | None = Field(
+        default=None, description="Model requests over every attempt, counted by the proxy."
+    )
+    attempts: list[AgentUsageAttempt] = Field(default_factory=list)
+
+
+class AgentRecord(_Model):
+    """The agent of an agent_planned run, as the host's adapter ran it."""
+
+    runtime: str = Field(description="agent.runtime: the adapter that ran it.")
+    image: str = Field(description="The adapter's image (what ran; see image for its id).")
+    contractImage: str = Field(description="The contract's environment.image, its statement.")
+    argv: list[str] = Field(description="The argv of the attempt that produced this result.")
+    prompt: str = Field(description="The prompt file in the container.")
+    transcript: str = Field(
+        description="The agent's stream (its stdout), relative to the output folder; hashed "
+        "in logs, each earlier attempt's kept under record/attempts/<n>/streams/."
+    )
+    allow: list[str] = Field(description="host:port pairs the adapter lets it reach.")
+    network: str = Field(description="The network its container had.")
 
 
 class InputRecord(_Model):
@@ -505,6 +576,14 @@ class ResultEnvelope(_Model):
         description="The egress allowlist the job ran behind: its connections, allowed and "
         "refused, counted (null: it had none).",
     )
+    agent: AgentRecord | None = Field(
+        default=None, description="An agent_planned run's agent: runtime, images, argv, transcript."
+    )
+    agentUsage: AgentUsageRecord | None = Field(
+        default=None,
+        description="An agent_planned run's turns and cost against its limits, per attempt and "
+        "over every attempt.",
+    )
 
 
 def applied_limits(p: ExecutionPlan) -> AppliedLimits:
@@ -573,6 +652,8 @@ def build(
     inputs: Sequence[InputRecord] = (),
     inputs_unchanged: bool | None = None,
     egress: EgressRecord | None = None,
+    agent: AgentRecord | None = None,
+    agent_usage: AgentUsageRecord | None = None,
 ) -> ResultEnvelope:
     """The envelope of a run, a pure function of what the run produced (any of it may be
     missing: a run refused at the contract has no plan, no job folder, no container)."""
@@ -630,4 +711,6 @@ def build(
         stdoutPath=p.stdout_path if p else None,
         stderrPath=p.stderr_path if p else None,
         egress=egress,
+        agent=agent,
+        agentUsage=agent_usage,
     )

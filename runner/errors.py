@@ -18,7 +18,7 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   └── BundleInvalid            bundle_invalid: a bundle that cannot be made, or that does
     │                                not verify (runner export, runner verify-bundle)
     ├── JobNotFound                  job_not_found: no such job id or job folder here     (exit 5)
-    ├── ResourceExhausted            resource_exhausted: earlier attempts spent the budget (exit 1)
+    ├── ResourceExhausted            resource_exhausted: the budget or an agent's is spent (exit 1)
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
     ├── GpuUnavailable               gpu_unavailable: no GPU to give, and no CPU fallback  (exit 4)
     ├── InfrastructureError          infrastructure: the runner or the engine failed      (exit 4)
@@ -137,7 +137,7 @@ _TABLE: dict[Category, _Row] = {
         "audience, validity, a --job-id of another contract, inputs not bound by digests)"),
     Category.PROTOCOL_AMBIGUOUS: _Row(_F.REFUSED, False, False,
         "no command, a required command fragment missing, or an agent_planned contract "
-        "(agent runtimes are not run yet)"),
+        "without its agent's runtime or prompt"),
     Category.IMAGE_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
         "the image found is not the image the contract pins"),
     Category.INPUT_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
@@ -161,8 +161,9 @@ _TABLE: dict[Category, _Row] = {
         "the job wrote more to output/ and workspace/ than its disk quota"),
     Category.LOG_LIMIT_EXCEEDED: _Row(_F.JOB_FAILED, True, False,
         "the job's stdout or stderr passed its cap under `logLimitAction: stop`"),
-    Category.RESOURCE_EXHAUSTED: _Row(_F.JOB_FAILED, False, False,
-        "earlier attempts spent the budget; nothing was started"),
+    Category.RESOURCE_EXHAUSTED: _Row(_F.JOB_FAILED, True, False,
+        "an agent passed `agent.maxTurns` or `agent.maxBudgetUsd` (over every attempt) and "
+        "was stopped, or earlier attempts spent the budget and nothing was started"),
     Category.MISSING_EVIDENCE: _Row(_F.JOB_FAILED, False, False,
         "the job exited 0 but a measurement's evidence file is absent"),
     Category.PARSE_ERROR: _Row(_F.JOB_FAILED, False, False,

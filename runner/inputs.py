@@ -227,7 +227,11 @@ def mismatch(
 ) -> InputDigestMismatch:
     """The refusal of an input (``field``, staged at ``rel``) whose digest ``found`` is not the
     contract's ``expected``, naming the first differing path when the listings file allows."""
-    digest_field = field.rsplit(".", 1)[0] + ".digest"
+    digest_field = (
+        "$.agent.promptDigest"
+        if field == "$.agent.promptPath"
+        else field.rsplit(".", 1)[0] + ".digest"
+    )
     where = rel
     if staged is None:  # a single file: the input itself differs
         what = "changed"

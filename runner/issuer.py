@@ -103,7 +103,8 @@ def read_contract(path: Path) -> dict[str, Any]:
 def bind_inputs(
     data: dict[str, Any], folder: Path, contract_name: str, *, repin: bool
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """Fill in ``paper.digest`` and ``repository.digest`` from the inputs in ``folder`` (read as
+    """Fill in ``paper.digest``, ``repository.digest`` and ``agent.promptDigest`` from the inputs
+    in ``folder`` (read as
     the runner stages them). A digest already there is kept when the input still hashes to it,
     and refused (:class:`~runner.errors.InputDigestMismatch`, naming the first differing path
     from the listings file beside the contract) when it does not, unless ``repin``. Returns the
@@ -112,19 +113,23 @@ def bind_inputs(
 
     digests: dict[str, str] = {}
     listings: dict[str, str] = {}
-    for name in ("paper", "repository"):
+    for name, path_key, digest_key in (
+        ("paper", "path", "digest"),
+        ("repository", "path", "digest"),
+        ("agent", "promptPath", "promptDigest"),
+    ):
         obj = data.get(name)
-        if not isinstance(obj, dict) or not isinstance(obj.get("path"), str):
+        if not isinstance(obj, dict) or not isinstance(obj.get(path_key), str):
             continue
-        field = f"$.{name}.path"
-        got = staging.hash_input(folder, field, obj["path"])
-        present = obj.get("digest")
+        field = f"$.{name}.{path_key}"
+        got = staging.hash_input(folder, field, obj[path_key])
+        present = obj.get(digest_key)
         if present is not None and present != got.digest and not repin:
             raise inputs.mismatch(
                 field, got.path, str(present), got.digest, got.entries, folder, contract_name
             )
-        obj["digest"] = got.digest
-        digests[f"$.{name}.digest"] = got.digest
+        obj[digest_key] = got.digest
+        digests[f"$.{name}.{digest_key}"] = got.digest
         if got.entries is not None:
             listings[field] = inputs.listing(got.entries.values())
     return digests, listings

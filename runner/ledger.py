@@ -14,6 +14,8 @@ Events::
     heartbeat           attempt n, seconds this attempt, seconds consumed in all
     attempt.finished    attempt n, exit code, OOM, classification, seconds, how it was learnt
     budget.exhausted    consumed >= limit
+    agent.usage         an agent's turns and cost in attempt n, and over every attempt so far
+                        (once per attempt, after its end; agent_planned contracts only)
     job.finished        status, sha256 of the envelope          (the job has its result)
 
 A torn last line (the runner died mid-write) is kept byte for byte in a side file and cut off
@@ -42,6 +44,7 @@ EventType = Literal[
     "heartbeat",
     "attempt.finished",
     "budget.exhausted",
+    "agent.usage",
     "job.finished",
 ]
 
@@ -135,6 +138,18 @@ class LedgerState:
     attempts: list[Attempt] = field(default_factory=list)
     finished: dict[str, Any] | None = None
     reruns: int = 0
+    agent_usage: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Each attempt's agent.usage event data, by attempt."""
+
+    @property
+    def agent_turns(self) -> int:
+        """An agent's turns over every attempt recorded so far."""
+        return sum(int(u.get("turns", 0)) for u in self.agent_usage.values())
+
+    @property
+    def agent_cost(self) -> float:
+        """An agent's cost (USD) over every attempt recorded so far."""
+        return round(sum(float(u.get("costUsd", 0.0)) for u in self.agent_usage.values()), 6)
 
     @property
     def in_flight(self) -> Attempt | None:
@@ -197,6 +212,16 @@ def _apply(state: LedgerState, event: LedgerEvent) -> str | None:
             current.finished = d
         return None
     if t == "budget.exhausted":
+        return None
+    if t == "agent.usage":
+        n = d.get("attempt")
+        if not isinstance(n, int) or not 1 <= n <= len(state.attempts):
+            return f"agent.usage for attempt {n}, which the ledger does not have"
+        if state.attempts[n - 1].finished is None:
+            return f"agent.usage for attempt {n}, which has not finished"
+        if n in state.agent_usage:
+            return f"agent.usage for attempt {n} appears twice"
+        state.agent_usage[n] = d
         return None
     if t == "job.finished":
         if current is not None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from runner import (
     agent_result,
+    agent_run,
     attempt,
     attest,
     errors,
@@ -130,7 +131,7 @@ def _run(
         ledger_path = opts.state.job(job_id).ledger
         accepted = read_state(ledger_path).accepted if ledger_path.exists() else None
         resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
-        plan.check_mode(contract)
+        plan.check_mode(contract, opts.policy.policy)
         policy.check(contract, opts.policy.policy, datetime.now(UTC), check_times=not resuming)
     if contract.signature is None:
         unsigned = (
@@ -192,7 +193,8 @@ def _locked(
         failure, budget = _record_end(got, ledger, p, job, backend, limit)
         # The attempt's egress allowlist goes once its container has: the proxy's log is kept.
         known = replace(known, egress=attempt.egress_down(backend, ledger, job, got.number))
-    known = replace(known, budget=budget)
+    agent, usage = agent_run.records(p, ledger.state, got.number, job)  # (None, None): none
+    known = replace(known, budget=budget, agent=agent, agent_usage=usage)
     with stage("parsers", known):
         envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
         envelope = envelope.model_copy(update={"attempts": _attempts(ledger, job, opts)})
@@ -281,6 +283,8 @@ def _record_end(
                 "how": outcome.how,
             },
         )
+    if p.agent is not None:  # its turns and cost, cumulative like the wall time
+        failure = agent_run.recorded(ledger, p, job, got.guards.agent, outcome, failure)
     if outcome.timed_out or st.consumed >= limit:
         ledger.append(
             f"budget.exhausted-{n}",
@@ -467,6 +471,8 @@ def _envelope(
         warnings=known.warnings,
         budget=known.budget,
         egress=known.egress,
+        agent=known.agent,
+        agent_usage=known.agent_usage,
         **rest,
     )
 

@@ -46,6 +46,11 @@ _RULES = (
         ),
     ),
     _Rule(
+        lambda o: (o.stopped_for or "").startswith("agent."),
+        Category.RESOURCE_EXHAUSTED,
+        lambda o, b: f"the agent passed {o.stopped_for} and was stopped (usage in agentUsage)",
+    ),
+    _Rule(
         lambda o: o.timed_out,
         Category.TIMEOUT,
         lambda o, b: (

@@ -12,7 +12,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
-from runner.backends.types import GIB, MIB, EgressPlan, Limits
+from runner import agents
+from runner.backends.types import GIB, MIB, EgressPlan, HostPort, Limits
 from runner.contract import VerifiedContract
 from runner.contract.models import JOB_ID_PATTERN
 from runner.errors import PolicyViolation, ProtocolAmbiguous
@@ -50,6 +51,10 @@ class ExecutionPlan:
     environment: dict[str, str] = field(default_factory=dict)
     egress: EgressPlan | None = None
     """The egress allowlist the job runs behind (``limits.network`` is then ``egress``)."""
+    agent: agents.AgentPlan | None = None
+    """An agent_planned contract's agent: its adapter, prompt and limits; ``argv`` is then the
+    adapter's template rendered with the contract's whole limits (each attempt renders it
+    with what is left)."""
 
     @property
     def entrypoint(self) -> list[str]:
@@ -110,24 +115,12 @@ def _fragment_matches(fragment: list[str], argv: tuple[str, ...]) -> bool:
     )
 
 
-def check_mode(contract: VerifiedContract) -> None:
-    """Refuse what this runner cannot run as asked: an agent_planned contract. Checked before
-    the host policy, so such a contract is told why before it is told about its network."""
-    if contract.model.execution_mode == "agent_planned":
-        runtime = contract.model.agent.runtime if contract.model.agent else None
-        why = (
-            ""
-            if contract.model.protocol.executionMode
-            else " (it names no executionMode, an agent.runtime and no protocol.command)"
-        )
-        raise ProtocolAmbiguous(
-            f"$.protocol.executionMode: this contract is agent_planned{why}: an agent runtime "
-            f"({runtime or 'none named'}) decides the commands, and this runner does not run "
-            "agent runtimes yet; it runs fixed_entrypoint contracts only",
-            hint="agent-planned runs need a runner with agent adapters; to run the same work "
-            'as a fixed command, issue the contract with "executionMode": "fixed_entrypoint" '
-            'and the exact argv in "protocol.command"',
-        )
+def check_mode(contract: VerifiedContract, policy: HostPolicy) -> agents.AgentPlan | None:
+    """An agent_planned contract's agent plan (None for a fixed entrypoint): refused unless
+    this host's policy has an adapter for its ``agent.runtime``, before anything is staged."""
+    if contract.model.execution_mode != "agent_planned":
+        return None
+    return agents.plan_for(contract, policy.agents)
 
 
 def check_command(contract: VerifiedContract) -> tuple[str, ...]:
@@ -140,7 +133,6 @@ def check_command(contract: VerifiedContract) -> tuple[str, ...]:
     matches ``--checkpoint=x``). A shell script (``sh -c "..."``) is one opaque element: text
     inside it does not satisfy a fragment; a contract that runs a script names the whole
     script element as its fragment."""
-    check_mode(contract)
     protocol = contract.model.protocol
     if not protocol.command:
         raise ProtocolAmbiguous(
@@ -237,10 +229,20 @@ def build(
     labels: dict[str, str] | None = None,
     overrides: dict[str, float] | None = None,
 ) -> ExecutionPlan:
-    """Decide everything about the run. Raises the refusals of the protocol and image pin."""
-    argv = check_command(contract)
+    """Decide everything about the run. Raises the refusals of the protocol and image pin.
+
+    An agent_planned contract runs its agent runtime: the image and the argv are the host's
+    adapter's (the contract's environment.image is its statement, recorded beside), and the
+    required command fragments go to the agent in task.json instead of being matched."""
+    agent = check_mode(contract, policy)
     env = contract.model.environment
-    pin = parse_pin(env.image, env.imageId, allow_unpinned=policy.allowUnpinnedImages)
+    if agent is None:
+        argv = check_command(contract)
+        pin = parse_pin(env.image, env.imageId, allow_unpinned=policy.allowUnpinnedImages)
+    else:
+        argv = agent.argv(agent.max_turns, agent.max_budget_usd)
+        adapter = agent.adapter
+        pin = parse_pin(adapter.image, adapter.imageId, allow_unpinned=policy.allowUnpinnedImages)
     lim = tightened(contract, overrides or {})
     gpus: int | Literal["none", "all"] = env.gpu
     fallback = None
@@ -255,6 +257,18 @@ def build(
     memory = engine_value("memoryGb", lim["memoryGb"], ov)
     runtime = isolation(contract, policy)
     allow = egress_granted(contract, policy)
+    if agent is not None and agent.adapter.allow:
+        # An agent reaches what its host adapter grants (its model's API), and what the
+        # contract asked for and the policy granted besides; nothing else.
+        allow = tuple(dict.fromkeys([*map(HostPort.parse, agent.adapter.allow), *allow]))
+        if policy.egress is None:
+            raise PolicyViolation(
+                f"$.agent.runtime: the {agent.runtime} adapter reaches "
+                f"{', '.join(agent.adapter.allow)}, and this host's policy has no egress "
+                "(no upstream network for the allowlist proxy)",
+                hint='give the policy "egress": {"upstreamNetwork": ...} (see README, Egress '
+                "allowlist), or remove allow from the adapter",
+            )
     egress = (
         EgressPlan(allow, policy.egress.upstreamNetwork, policy.egress.proxyImage)
         if allow and policy.egress
@@ -268,7 +282,7 @@ def build(
         pids=None if runtime == "runsc" else engine_value("pidsLimit", lim["pidsLimit"], ov),
         tmpfs_bytes=engine_value("tmpfsMb", lim["tmpfsMb"], ov),
         gpus=gpus,
-        network="bridge" if env.networkAccess else "egress" if egress else "none",
+        network=_network(env.networkAccess, egress, agent),
         timeout_seconds=lim["timeoutMinutes"] * 60,
         runtime=runtime,
         disk_quota_bytes=engine_value("diskGb", env.diskGb or policy.maxima.diskGb, ov),
@@ -277,17 +291,18 @@ def build(
         ),
         stop_on_log_limit=policy.logLimitAction == "stop",
     )
-    if limits.runtime == "runsc" and env.networkAccess:
-        raise PolicyViolation(
-            "$.environment.networkAccess: runsc (gVisor) runs jobs with no network here; a job "
-            "that needs network runs under runc",
-            hint="ask for isolation runc, or drop networkAccess",
+    if limits.runtime == "runsc" and limits.network != "none":
+        field = (
+            "environment.networkAccess"
+            if env.networkAccess
+            else "environment.egress"
+            if env.egress
+            else "agent.runtime"
         )
-    if limits.runtime == "runsc" and egress:
         raise PolicyViolation(
-            "$.environment.egress: runsc (gVisor) runs jobs with no network here; a job behind "
-            "the egress allowlist runs under runc",
-            hint="ask for isolation runc, or drop egress",
+            f"$.{field}: runsc (gVisor) runs jobs with no network here; a job that needs "
+            f"network ({limits.network}) runs under runc",
+            hint="ask for isolation runc, or drop the network",
         )
     user = f"{JOB_UID}:{JOB_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"
     protocol = contract.model.protocol
@@ -321,6 +336,25 @@ def build(
             "XDG_CACHE_HOME": "/job/runtime-cache",
             "PIP_CACHE_DIR": "/job/runtime-cache/pip",
             **(egress.environment() if egress else {}),
+            **(
+                {**agent.adapter.env, "RUNNER_AGENT_PROMPT": agent.prompt}
+                if agent is not None
+                else {}
+            ),
         },
         egress=egress,
+        agent=agent,
     )
+
+
+def _network(access: bool, egress: EgressPlan | None, agent: agents.AgentPlan | None) -> str:
+    """The job's network: none; the engine's bridge when the contract's network access is
+    granted; ``egress`` behind the allowlist proxy (an agent's model API among its pairs);
+    else, for an agent, the network its host adapter names (a host's own model gateway)."""
+    if access:
+        return "bridge"
+    if egress is not None:
+        return "egress"
+    if agent is not None and agent.adapter.network:
+        return agent.adapter.network
+    return "none"

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runner.agents import AgentAdapter
 from runner.backends.types import HOST_PORT_PATTERN, HostPort
 from runner.contract import VerifiedContract
 from runner.errors import ContractError, HostConfigError, PolicyViolation, SignatureInvalid
@@ -169,6 +170,12 @@ class HostPolicy(BaseModel):
     registryRetrySeconds: float = Field(
         default=120, gt=0, description="How long transient registry failures are retried."
     )
+    agents: dict[str, AgentAdapter] = Field(
+        default_factory=dict,
+        description="The agent runtimes this host runs for agent_planned contracts, by the "
+        "name a contract gives as agent.runtime (README, 'Agent-planned runs'). None: "
+        "agent_planned contracts are refused.",
+    )
 
     def resolved(self) -> HostPolicy:
         """The same policy with host-sized maxima filled in."""
@@ -315,6 +322,12 @@ def _check_input_digests(contract: VerifiedContract, policy: HostPolicy) -> None
     if rule == "never" or (rule == "signed" and contract.signature is None):
         return
     m = contract.model
+    if m.agent is not None and m.agent.promptPath is not None and m.agent.promptDigest is None:
+        raise PolicyViolation(
+            f"$.agent.promptDigest: the contract names agent.promptPath {m.agent.promptPath!r} "
+            f"without a digest (requireInputDigests: {rule})",
+            hint="fill the digests in with `runner pin CONTRACT` (or `runner sign`)",
+        )
     for name, obj in (("paper", m.paper), ("repository", m.repository)):
         if obj is not None and obj.path is not None and obj.digest is None:
             which = "any contract" if rule == "always" else "a signed contract"

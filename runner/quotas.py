@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from runner import safefs
+from runner import safefs, transcript
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -213,8 +213,13 @@ class Guards:
     disk: DiskMeter
     logs: list[LogCap]
     stop_on_log_limit: bool
+    agent: transcript.AgentGuard | None = None
+    """An agent's turn and cost limits, read from its transcript (agent_planned runs)."""
 
     def check(self) -> str | None:
+        # The agent's transcript first: it is read before a cap punches its middle out.
+        if self.agent is not None and (over := self.agent.check()) is not None:
+            return over
         for log in self.logs:
             if log.over():
                 if self.stop_on_log_limit:
@@ -231,4 +236,6 @@ class Guards:
             return "disk_quota_exceeded"
         if self.stop_on_log_limit and any(log.over() for log in self.logs):
             return "log_limit_exceeded"
+        if self.agent is not None:
+            return self.agent.final().over(self.agent.turns_left, self.agent.budget_left)
         return None

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 from runner import log
 from runner.envelope import (
+    AgentRecord,
+    AgentUsageRecord,
     Allocation,
     BudgetRecord,
     EgressRecord,
@@ -73,6 +75,10 @@ class Known:
     budget: BudgetRecord | None = None
     allocation: Allocation | None = None
     """What the attempt that produced the result was given (its compute-decision.json)."""
+    agent: AgentRecord | None = None
+    """An agent_planned run's agent, as it ran."""
+    agent_usage: AgentUsageRecord | None = None
+    """Its turns and cost so far, from the ledger."""
     written: bool = False
     """The run's envelope is in the job folder already: a later failure must not replace it."""
     egress: EgressRecord | None = None

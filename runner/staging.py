@@ -517,6 +517,8 @@ def _named_inputs(contract: VerifiedContract) -> list[tuple[str, str, str | None
     for field, obj in (("$.paper.path", m.paper), ("$.repository.path", m.repository)):
         if obj is not None and obj.path is not None:
             out.append((field, _normalized(obj.path), obj.digest))
+    if m.agent is not None and m.agent.promptPath is not None:
+        out.append(("$.agent.promptPath", _normalized(m.agent.promptPath), m.agent.promptDigest))
     return out
 
 

@@ -5,6 +5,9 @@
 #   3. the base image runner-base:bookworm (built offline with debootstrap) or
 #      $RUNNER_BASE_IMAGE when set (a pinned public base, pulled if missing),
 #   4. the job image runner-cpu:local, built with no network,
+#   4b. the agent images: runner-agent-scripted:local (the scripted agent runtime) and
+#      runner-agent-claude:local (Claude Code's pinned native binary, fetched from the npm
+#      registry on the host and integrity-checked, then built with no network),
 #   5. docker-registry (Debian's), which the image tests run on 127.0.0.1, and htpasswd
 #      (apache2-utils) for the one that requires basic auth,
 #   6. gVisor's runsc (Debian's), registered with the engine as the runtime "runsc",
@@ -247,6 +250,105 @@ build_proxy_image() {
   rm -f "$build_log"
 }
 
+# --------------------------------------------------------------------------- agent images
+SCRIPTED_TAG="runner-agent-scripted:local"
+CLAUDE_TAG="runner-agent-claude:local"
+CLAUDE_DIR="$ROOT/images/agent-claude"
+CLAUDE_CACHE="$ROOT/.cache/claude-code"
+
+lock_value() { sed -n "s/^$1=//p" "$CLAUDE_DIR/claude-code.lock"; }
+
+# The image's inputs, hashed: a build is skipped when the image carries the same hash.
+inputs_hash() { (docker image inspect --format '{{.Id}}' "$BASE"; cat "$@") | sha256sum | cut -d' ' -f1; }
+built_from() { docker image inspect --format '{{index .Config.Labels "org.runner.inputs"}}' "$1" 2>/dev/null || true; }
+
+build_quietly() { # TAG CONTEXT [docker build args...]
+  local tag="$1" context="$2" build_log
+  shift 2
+  build_log="$(mktemp)"
+  if ! docker build --network none --build-arg "BASE=$BASE" "$@" -t "$tag" "$context" >"$build_log" 2>&1; then
+    cat "$build_log" >&2
+    rm -f "$build_log"
+    die "image: docker build of $tag failed (log above)"
+  fi
+  rm -f "$build_log"
+}
+
+build_scripted_agent() {
+  local want
+  want="$(inputs_hash "$ROOT/images/agent-scripted/Dockerfile" "$ROOT/images/agent-scripted/agent.py")"
+  if [ "$(built_from "$SCRIPTED_TAG")" = "$want" ]; then
+    log "image: reusing $SCRIPTED_TAG"
+    return 0
+  fi
+  log "image: building $SCRIPTED_TAG from images/agent-scripted (--network none)"
+  build_quietly "$SCRIPTED_TAG" "$ROOT/images/agent-scripted" --label "org.runner.inputs=$want"
+}
+
+# Claude Code's native binary: the npm registry tarball claude-code.lock pins, fetched on the
+# host (never by a build or a job), kept in .cache/ and checked against its sha512 integrity.
+fetch_claude() {
+  local url integrity tarball
+  url="$(lock_value url)"
+  integrity="$(lock_value integrity)"
+  tarball="$CLAUDE_CACHE/$(basename "$url")"
+  mkdir -p "$CLAUDE_CACHE" "$CLAUDE_DIR/dist"
+  "$VENV/bin/python" - "$url" "$integrity" "$tarball" "$CLAUDE_DIR/dist" <<'PY' || die "agent: could not fetch Claude Code (see above); set-up needs it"
+import base64, hashlib, os, sys, tarfile, urllib.request
+
+url, integrity, tarball, dist = sys.argv[1:5]
+algorithm, _, expected = integrity.partition("-")
+
+def digest(path):
+    h = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return base64.b64encode(h.digest()).decode()
+
+if not (os.path.exists(tarball) and digest(tarball) == expected):
+    print(f"==> agent: downloading {url}", file=sys.stderr)
+    part = tarball + ".part"
+    with urllib.request.urlopen(url, timeout=120) as response, open(part, "wb") as out:
+        while chunk := response.read(1 << 20):
+            out.write(chunk)
+    got = digest(part)
+    if got != expected:
+        os.unlink(part)
+        sys.exit(f"ERROR: {url} has {algorithm} {got}, the lock says {expected}")
+    os.replace(part, tarball)
+stamp = os.path.join(dist, ".integrity")
+binary = os.path.join(dist, "claude")
+current = open(stamp).read() if os.path.exists(stamp) else ""
+if not os.path.exists(binary) or current != integrity:
+    with tarfile.open(tarball) as tar:
+        member = tar.getmember("package/claude")
+        if not member.isfile():
+            sys.exit("ERROR: package/claude in the tarball is not a regular file")
+        with tar.extractfile(member) as src, open(binary + ".part", "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+    os.chmod(binary + ".part", 0o755)
+    os.replace(binary + ".part", binary)
+    with open(stamp, "w") as f:
+        f.write(integrity)
+PY
+}
+
+build_claude_agent() {
+  fetch_claude
+  local want version
+  version="$(lock_value version)"
+  want="$(inputs_hash "$CLAUDE_DIR/Dockerfile" "$CLAUDE_DIR/run-claude" "$CLAUDE_DIR/claude-code.lock")"
+  if [ "$(built_from "$CLAUDE_TAG")" = "$want" ]; then
+    log "image: reusing $CLAUDE_TAG (Claude Code $version)"
+    return 0
+  fi
+  log "image: building $CLAUDE_TAG (Claude Code $version) from images/agent-claude (--network none)"
+  build_quietly "$CLAUDE_TAG" "$CLAUDE_DIR" --build-arg "CLAUDE_CODE_VERSION=$version" \
+    --label "org.runner.inputs=$want"
+}
+
 # --------------------------------------------------------------------------- test tools
 # Debian's docker-registry: the tests run a real registry on 127.0.0.1 (they start it
 # themselves; the package's own service is not used). htpasswd (apache2-utils) writes the
@@ -311,4 +413,6 @@ ensure_wheelhouse
 ensure_base
 build_job_image
 build_proxy_image
+build_scripted_agent
+build_claude_agent
 log "done in $((SECONDS - start))s; $JOB_TAG is $(docker image inspect --format '{{.Id}}' "$JOB_TAG")"

@@ -42,6 +42,25 @@ def image_id() -> str:
     return out.stdout.strip()
 
 
+def _local_image(tag: str) -> str:
+    out = docker("image", "inspect", "--format", "{{.Id}}", tag)
+    if out.returncode != 0:
+        pytest.fail(f"{tag} is missing: run scripts/setup.sh ({out.stderr.strip()})")
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def scripted_agent_image(image_id: str) -> str:
+    """Id of the scripted agent runtime's image (runner-agent-scripted:local)."""
+    return _local_image("runner-agent-scripted:local")
+
+
+@pytest.fixture(scope="session")
+def claude_agent_image(image_id: str) -> str:
+    """Id of the Claude Code agent image (runner-agent-claude:local)."""
+    return _local_image("runner-agent-claude:local")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_containers_left() -> Iterator[None]:
     """After the session, no container of this test session may remain."""

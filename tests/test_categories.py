@@ -43,6 +43,7 @@ def test_final_categories_are_the_attempt_endings() -> None:
         "timeout",
         "disk_quota_exceeded",
         "log_limit_exceeded",
+        "resource_exhausted",  # an agent stopped past its turns or budget
     }
 
 

@@ -168,9 +168,10 @@ def test_missing_command_fragment_is_ambiguous(tmp_path: Path) -> None:
 
 
 def test_contract_without_command_is_ambiguous(tmp_path: Path) -> None:
-    """The seed contract leaves the command to an agent: it is agent_planned, which this
-    runner does not run; a fixed_entrypoint contract without a command names the field."""
-    with pytest.raises(ProtocolAmbiguous, match=r"\$\.protocol\.executionMode"):
+    """The seed contract leaves the command to an agent: it is agent_planned, refused on a
+    host without an adapter for its runtime; a fixed_entrypoint contract without a command
+    names the field."""
+    with pytest.raises(PolicyViolation, match=r"\$\.agent\.runtime.*offers none"):
         plan.build(
             load_contract(SEED), HostPolicy(allowNetwork=True), job_id="j", host_uid=0, host_gid=0
         )

@@ -12,8 +12,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCKERFILES = [ROOT / "images" / "cpu" / "Dockerfile", ROOT / "images" / "gpu" / "Dockerfile",
-               ROOT / "images" / "proxy" / "Dockerfile"]  # fmt: skip
+DOCKERFILES = [
+    ROOT / "images" / "cpu" / "Dockerfile",
+    ROOT / "images" / "gpu" / "Dockerfile",
+    ROOT / "images" / "proxy" / "Dockerfile",
+    ROOT / "images" / "agent-scripted" / "Dockerfile",
+    ROOT / "images" / "agent-claude" / "Dockerfile",
+]
 
 
 def _hadolint() -> str:

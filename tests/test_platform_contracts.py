@@ -69,9 +69,11 @@ def _contract(tmp_path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
-def test_the_seed_contract_verbatim_verifies_and_is_refused_as_agent_planned(
+def test_the_seed_contract_verbatim_verifies_and_is_refused_without_its_agent_runtime(
     tmp_path: Path,
 ) -> None:
+    """agent_planned: refused on a host whose policy has no adapter for its runtime, naming
+    the field and what the host offers, before a job folder exists."""
     loaded = load_contract(SEED, Trust())
     assert loaded.digest == json.loads(SEED.read_text())["contractDigest"]
     assert loaded.model.execution_mode == "agent_planned"
@@ -79,23 +81,26 @@ def test_the_seed_contract_verbatim_verifies_and_is_refused_as_agent_planned(
         "verify", str(SEED), "--allow-unsigned", "--allow-network", "--allow-unpinned-image"
     )
     assert proc.returncode == 3, proc.stderr
-    assert "protocol_ambiguous" in proc.stderr
-    assert "$.protocol.executionMode" in proc.stderr and "agent_planned" in proc.stderr
+    assert "policy_violation" in proc.stderr
+    assert "$.agent.runtime" in proc.stderr and "'claude-code'" in proc.stderr
+    assert "offers none" in proc.stderr
     code, envelope, _ = run_job(SEED, tmp_path / "state", "--allow-network")
     assert code == 3
-    assert envelope["failure"]["category"] == "protocol_ambiguous"
+    assert envelope["failure"]["category"] == "policy_violation"
     assert envelope["failure"]["stage"] == "policy"
     assert not (tmp_path / "state" / "jobs").exists()  # refused before a job folder exists
 
 
-def test_an_explicit_agent_planned_contract_is_refused_even_with_a_command(
+def test_an_explicit_agent_planned_contract_without_an_agent_is_ambiguous(
     tmp_path: Path,
 ) -> None:
+    """executionMode agent_planned with a command and no agent: the command is not run."""
     data = json.loads((TOY / "task.json").read_text())
     data["protocol"]["executionMode"] = "agent_planned"
+    data.pop("agent", None)
     proc = run_cli("verify", str(_contract(tmp_path, data)), "--allow-unsigned")
     assert proc.returncode == 3
-    assert "protocol_ambiguous" in proc.stderr and "no executionMode" not in proc.stderr
+    assert "protocol_ambiguous" in proc.stderr and "$.agent.runtime" in proc.stderr
 
 
 def test_every_seed_field_is_accepted_and_unknown_ones_still_refused(tmp_path: Path) -> None:
@@ -116,11 +121,12 @@ def test_every_seed_field_is_accepted_and_unknown_ones_still_refused(tmp_path: P
         load_contract(_contract(tmp_path, data), Trust())
 
 
-def test_the_agent_planned_example_verifies_and_is_refused_until_agents_land() -> None:
+def test_the_agent_planned_example_verifies_and_needs_a_host_with_its_runtime() -> None:
     loaded = load_contract(EXAMPLE, Trust())
     assert loaded.model.execution_mode == "agent_planned"
     proc = run_cli("verify", str(EXAMPLE), "--allow-unsigned")
-    assert proc.returncode == 3 and "protocol_ambiguous" in proc.stderr
+    assert proc.returncode == 3 and "policy_violation" in proc.stderr
+    assert "$.agent.runtime" in proc.stderr
 
 
 LAYOUT_SCRIPT = r"""

@@ -22,11 +22,12 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             name,
             help=help,
             description=(
-                "Write the digest of each input the contract names into paper.digest and "
-                "repository.digest (their listings into <stem>.inputs.json beside the output); "
-                "with --image, look up a local image and write its manifest digest (when it has "
-                "one) or image id into environment.image and its id into environment.imageId; "
-                "then recompute contractDigest."
+                "Write the digest of each input the contract names into paper.digest, "
+                "repository.digest and agent.promptDigest (their listings into "
+                "<stem>.inputs.json beside the output); with --image, look up a local image "
+                "and write its manifest digest (when it has one) or image id into "
+                "environment.image and its id into environment.imageId; then recompute "
+                "contractDigest."
             ),
         )
         pin.add_argument("contract", metavar="CONTRACT")
@@ -71,10 +72,10 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             name,
             help=help,
             description="Stamp issuedAt (now) and expiresAt (now + --expires-in), optionally "
-            "audience and jobId, bind the inputs (paper.digest and repository.digest filled in, "
-            "or checked when present; their listings into <stem>.inputs.json beside the "
-            "envelope), recompute contractDigest, and sign the exact contract bytes with "
-            "Ed25519 into a DSSE envelope (payloadType "
+            "audience and jobId, bind the inputs (paper.digest, repository.digest, "
+            "agent.promptDigest filled in, or checked when present; their listings into "
+            "<stem>.inputs.json beside the envelope), recompute contractDigest, and sign the "
+            "exact contract bytes with Ed25519 into a DSSE envelope (payloadType "
             "application/vnd.citeark.execution-contract+json).",
         )
         sign.add_argument("contract", metavar="CONTRACT")

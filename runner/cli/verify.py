@@ -60,7 +60,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     loaded, trust = load_host(args)
     contract = load_contract(Path(args.contract), trust)
-    plan.check_mode(contract)
+    plan.check_mode(contract, loaded.policy)
     policy.check(contract, loaded.policy, datetime.now(UTC))
     p = plan.build(
         contract,
@@ -85,6 +85,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "image": m.environment.image,
         "imageId": p.image.image_id,
         "command": list(p.argv),
+        "agent": {"runtime": p.agent.runtime, "image": p.agent.adapter.image}
+        if p.agent is not None
+        else None,
         "timeoutSeconds": p.limits.timeout_seconds,
         "network": p.limits.network,
         "egress": [str(x) for x in p.egress.allow] if p.egress else None,
@@ -111,6 +114,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ("image", m.environment.image),
         ("network", p.limits.network),
         *((("egress", ", ".join(info["egress"])),) if p.egress else ()),
+        *((("agent", f"{p.agent.runtime} in {p.agent.adapter.image}"),) if p.agent else ()),
         ("command", " ".join(p.argv)),
         ("budget", fmt_clock(p.limits.timeout_seconds)),
         *(("measurement", line) for line in info["measurements"]),

@@ -10,8 +10,8 @@ re-serialisation). Fields the seed leaves to an agent and a runner needs are opt
 additions documented in each field's description: ``protocol.command``, ``protocol.stdoutPath``,
 ``protocol.stderrPath``, ``protocol.workingDirectory``, ``environment.imageId``,
 ``environment.pidsLimit``, ``environment.tmpfsMb``, ``environment.diskGb``,
-``environment.egress``, ``jobId``, ``issuedAt``, ``expiresAt``, ``audience``, ``paper.digest``
-and ``repository.digest``.
+``environment.egress``, ``jobId``, ``issuedAt``, ``expiresAt``, ``audience``, ``paper.digest``,
+``repository.digest``, ``agent.promptPath`` and ``agent.promptDigest``.
 
 ``contracts/execution-contract.schema.json`` is generated from these models
 (``python -m runner.schemas``); a test keeps the two in step.
@@ -297,15 +297,40 @@ class Agent(_Open):
     """The agent of an agent_planned run. The contract chooses the runtime and its limits; the
     host decides which runtimes exist."""
 
-    runtime: str | None = None
+    runtime: str | None = Field(
+        default=None,
+        description="The agent runtime (the host policy's agents name those it offers).",
+    )
+    promptPath: RelativePath | None = Field(
+        default=None,
+        description="Runner addition. The prompt the agent gets: a file relative to the "
+        "contract's folder, staged into /job/input at the same path like paper.path.",
+    )
+    promptDigest: Sha256 | None = Field(
+        default=None, description=_DIGEST_DOC.replace("what path names", "the prompt")
+    )
     model: str | None = None
     subagentModel: str | None = None
     autoCompactWindow: int | None = Field(default=None, ge=0)
     effort: str | None = None
     reasoningMode: str | None = None
-    maxTurns: int | None = Field(default=None, ge=0)
-    maxBudgetUsd: float | None = Field(default=None, ge=0)
+    maxTurns: int | None = Field(
+        default=None,
+        ge=0,
+        description="Turns the agent may take over every attempt; the runner stops it past "
+        "them (resource_exhausted).",
+    )
+    maxBudgetUsd: float | None = Field(
+        default=None,
+        ge=0,
+        description="USD the agent may spend over every attempt; the runner stops it past them.",
+    )
     validationRetries: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _digest_of_prompt(self) -> Agent:
+        _digest_needs_path(self.promptDigest, self.promptPath)
+        return self
 
 
 class Environment(_Strict):

@@ -1,0 +1,271 @@
+"""An agent_planned run's attempts: the agent's limits left, its guard, its usage in the ledger.
+
+The agent's turns and cost are budgets like the wall time: cumulative over every attempt
+(retries and reruns never reset them), recorded in the ledger as one ``agent.usage`` event per
+attempt, passed to each attempt's runtime as what is left (its argv's ``{maxTurns}`` and
+``{maxBudgetUsd}``), enforced by the runner from the transcript while the agent runs
+(:class:`~runner.transcript.AgentGuard` in the watch loop), and refused before an attempt
+starts once spent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from runner import agents, proxylog, safefs, transcript
+from runner.agents import AgentPlan
+from runner.backends.types import HostPort
+from runner.container import Outcome
+from runner.envelope import (
+    AgentLimits,
+    AgentRecord,
+    AgentUsageAttempt,
+    AgentUsageRecord,
+    Failure,
+)
+from runner.errors import Category, HostConfigError, ResourceExhausted
+from runner.ledger import Ledger, LedgerState
+from runner.plan import ExecutionPlan
+from runner.staging import JobDir
+
+LIMITS = {"agent.maxTurns": "turns", "agent.maxBudgetUsd": "USD"}
+
+
+def prices(agent: AgentPlan) -> transcript.Prices | None:
+    p = agent.adapter.prices
+    if p is None:
+        return None
+    return transcript.Prices(
+        p.inputPerMTok, p.outputPerMTok, p.cacheReadPerMTok, p.cacheWritePerMTok
+    )
+
+
+def left(agent: AgentPlan, state: LedgerState) -> tuple[int | None, float | None]:
+    """What is left of the agent's limits after the attempts the ledger has recorded."""
+    return agent.left(state.agent_turns, state.agent_cost)
+
+
+def refuse_spent(p: ExecutionPlan, state: LedgerState) -> None:
+    """Refuse a new attempt when earlier attempts spent the agent's turns or its budget."""
+    agent = p.agent
+    if agent is None:
+        return
+    turns_left, budget_left = left(agent, state)
+    if turns_left is not None and turns_left <= 0:
+        raise ResourceExhausted(
+            f"agent.maxTurns: job {p.job_id}'s agent has taken {state.agent_turns} turns of "
+            f"its {agent.max_turns} in earlier attempts; nothing is left to run it again",
+            hint="the agent's turns span every attempt; more turns need a new contract",
+        )
+    if budget_left is not None and budget_left <= 0:
+        raise ResourceExhausted(
+            f"agent.maxBudgetUsd: job {p.job_id}'s agent has spent ${state.agent_cost:g} of its "
+            f"${agent.max_budget_usd:g} in earlier attempts; nothing is left to run it again",
+            hint="the agent's budget spans every attempt; a larger budget needs a new contract",
+        )
+
+
+def limits(agent: AgentPlan, state: LedgerState) -> AgentLimits:
+    """The agent's limits as an attempt starting now gets them (its compute decision)."""
+    turns_left, budget_left = left(agent, state)
+    return AgentLimits(
+        runtime=agent.runtime,
+        maxTurns=turns_left,
+        maxBudgetUsd=None if budget_left is None else round(budget_left, 6),
+        turnsUsed=state.agent_turns,
+        costUsdUsed=state.agent_cost,
+    )
+
+
+def guard(p: ExecutionPlan, job: JobDir, state: LedgerState) -> transcript.AgentGuard | None:
+    """The guard of the attempt in flight: its transcript, and what is left for it."""
+    if p.agent is None or p.agent.adapter.usage == "none":
+        return None
+    meter = transcript.Meter(job.output, p.stdout_path, prices(p.agent))
+    return transcript.AgentGuard(meter, *left(p.agent, state))
+
+
+def ended(outcome: Outcome, agent_guard: transcript.AgentGuard | None) -> Outcome:
+    """The attempt's end with the agent's limits applied: an agent whose transcript shows it
+    past a limit (the runtime stopped itself there, or the runner's guard did not get to it
+    before it ended) ended at that limit; a stop for the wall budget or Ctrl-C stands."""
+    if agent_guard is None or outcome.stopped_for or outcome.timed_out or outcome.cancelled:
+        return outcome
+    over = agent_guard.final().over(agent_guard.turns_left, agent_guard.budget_left)
+    return outcome if over is None else dataclasses.replace(outcome, stopped_for=over)
+
+
+def scrub(p: ExecutionPlan, job: JobDir, n: int, secrets: dict[str, str] | None = None) -> None:
+    """An agent's secrets out of what the runner keeps of attempt ``n``: its transcript and
+    stderr, and the engine's log (the agent could have printed its own environment).
+    ``secrets`` None: read them again (an attempt picked up after a runner restart)."""
+    if p.agent is None or not p.agent.adapter.secrets:
+        return
+    if secrets is None:
+        try:
+            secrets = agents.secret_values(p.agent.adapter)
+        except HostConfigError:
+            return  # nothing to match against; the files stay as they are
+    agents.redact(job.output, [p.stdout_path, p.stderr_path], secrets)
+    agents.redact(job.attempt_record(n), ["engine.log"], secrets)
+
+
+def lost(
+    ledger: Ledger,
+    p: ExecutionPlan,
+    job: JobDir,
+    n: int,
+    agent_guard: transcript.AgentGuard | None,
+) -> None:
+    """Attempt ``n`` of an agent ended unseen (its container vanished or never started): its
+    usage is what its transcript shows, recorded before a new attempt counts what is left."""
+    if p.agent is not None:
+        record(ledger, n, usage_of(p, job, agent_guard))
+        scrub(p, job, n)
+
+
+def usage_of(
+    p: ExecutionPlan, job: JobDir, agent_guard: transcript.AgentGuard | None
+) -> transcript.Usage:
+    """An attempt's usage: from its guard, or read from its transcript file."""
+    if agent_guard is not None:
+        return agent_guard.final()
+    if p.agent is None or p.agent.adapter.usage == "none":
+        return transcript.Usage()
+    return transcript.Meter(job.output, p.stdout_path, prices(p.agent)).drain()
+
+
+def record(ledger: Ledger, n: int, usage: transcript.Usage, stopped_for: str | None = None) -> None:
+    """Append attempt ``n``'s agent.usage (once: a second call for it changes nothing)."""
+    state = ledger.state
+    if n in state.agent_usage:
+        return
+    data: dict[str, Any] = {
+        "attempt": n,
+        "turns": usage.turns,
+        "costUsd": usage.costUsd,
+        "reportedTurns": usage.reportedTurns,
+        "reportedCostUsd": usage.reportedCostUsd,
+        "requests": None,
+        "tokens": usage.tokens,
+        "stoppedFor": stopped_for if stopped_for in LIMITS else None,
+        "totalTurns": state.agent_turns + usage.turns,
+        "totalCostUsd": round(state.agent_cost + usage.costUsd, 6),
+    }
+    ledger.append(f"attempt-{n}.agent-usage", "agent.usage", data)
+
+
+def recorded(
+    ledger: Ledger,
+    p: ExecutionPlan,
+    job: JobDir,
+    agent_guard: transcript.AgentGuard | None,
+    outcome: Outcome,
+    failure: Failure | None,
+) -> Failure | None:
+    """Record the ended attempt's usage in the ledger; the failure of an attempt stopped at an
+    agent limit says how much was used, over every attempt, of what."""
+    n = len(ledger.state.attempts)
+    record(ledger, n, usage_of(p, job, agent_guard), outcome.stopped_for)
+    if failure is None or failure.category != Category.RESOURCE_EXHAUSTED:
+        return failure
+    reason = limit_reason(p, ledger.state, outcome.stopped_for or "")
+    return failure.model_copy(update={"reason": reason})
+
+
+MAX_EGRESS_LOG = 16 * 1024 * 1024
+
+
+def proxy_requests(p: ExecutionPlan, job: JobDir | None, n: int) -> int | None:
+    """The requests attempt ``n``'s agent made of its model's hosts, as the egress proxy
+    logged them (``record/attempts/<n>/egress.log``, runner-written): the count the agent
+    cannot touch. None when the attempt had no proxy."""
+    if p.agent is None or job is None or not p.agent.adapter.allow:
+        return None
+    try:
+        with safefs.open_under(job.attempt_record(n), "egress.log") as f:
+            text = f.read(MAX_EGRESS_LOG).decode("utf-8", "replace")
+    except (safefs.UnsafePath, OSError):
+        return None
+    hosts = {str(HostPort.parse(a)) for a in p.agent.adapter.allow}
+    return sum(
+        1
+        for c in proxylog.read_log(text)
+        if c.decision == "allowed" and f"{c.host}:{c.port}" in hosts
+    )
+
+
+def usage_record(
+    p: ExecutionPlan, state: LedgerState, job: JobDir | None = None
+) -> AgentUsageRecord | None:
+    """The envelope's agentUsage: every attempt's and the total, against the limits; the
+    model requests the proxy counted, where it kept a log."""
+    agent = p.agent
+    if agent is None:
+        return None
+    attempts = [
+        AgentUsageAttempt(
+            attempt=n,
+            turns=int(d.get("turns", 0)),
+            costUsd=float(d.get("costUsd", 0.0)),
+            reportedTurns=d.get("reportedTurns"),
+            reportedCostUsd=d.get("reportedCostUsd"),
+            requests=d.get("requests")
+            if d.get("requests") is not None
+            else proxy_requests(p, job, n),
+            stoppedFor=d.get("stoppedFor"),
+        )
+        for n, d in sorted(state.agent_usage.items())
+    ]
+    counted = [a.requests for a in attempts if a.requests is not None]
+    return AgentUsageRecord(
+        source=agent.adapter.usage,
+        maxTurns=agent.max_turns,
+        maxBudgetUsd=agent.max_budget_usd,
+        turns=state.agent_turns,
+        costUsd=state.agent_cost,
+        requests=sum(counted) if counted else None,
+        attempts=attempts,
+    )
+
+
+def agent_record(p: ExecutionPlan, state: LedgerState, n: int | None) -> AgentRecord | None:
+    """The envelope's agent: what ran, with attempt ``n``'s argv."""
+    agent = p.agent
+    if agent is None:
+        return None
+    starting = state.attempts[n - 1].starting if n and n <= len(state.attempts) else {}
+    return AgentRecord(
+        runtime=agent.runtime,
+        image=agent.adapter.image,
+        contractImage=agent.contract_image,
+        argv=[str(a) for a in starting.get("agentArgv", [])],
+        prompt=agent.prompt,
+        transcript=p.stdout_path,
+        allow=list(agent.adapter.allow),
+        network=p.limits.network,
+    )
+
+
+def records(
+    p: ExecutionPlan, state: LedgerState, n: int | None, job: JobDir | None = None
+) -> tuple[AgentRecord | None, AgentUsageRecord | None]:
+    """The envelope's agent (with attempt ``n``'s argv) and agentUsage."""
+    return agent_record(p, state, n), usage_record(p, state, job)
+
+
+def limit_reason(p: ExecutionPlan, state: LedgerState, which: str) -> str:
+    """Why an attempt stopped at an agent limit, with the usage so far."""
+    agent = p.agent
+    if agent is None:
+        return which
+    if which == "agent.maxTurns":
+        return (
+            f"the agent passed agent.maxTurns: {state.agent_turns} turns over every attempt, "
+            f"the contract allows {agent.max_turns}; it was stopped (usage in agentUsage)"
+        )
+    return (
+        f"the agent passed agent.maxBudgetUsd: ${state.agent_cost:g} over every attempt, the "
+        f"contract allows ${agent.max_budget_usd:g}; it was stopped (usage in agentUsage)"
+    )

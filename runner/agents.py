@@ -1,0 +1,399 @@
+"""Agent adapters: how this host runs an agent_planned contract's agent runtime.
+
+The host policy's ``agents`` maps a runtime name (a contract's ``agent.runtime``) to an
+:class:`AgentAdapter`: the pinned image the runtime runs in, the argv template that starts it,
+the environment and the secrets the host injects, the hosts it may reach, how its usage is
+read, and the host's own caps on its turns and cost. The contract chooses the runtime and its
+limits; the host decides which runtimes exist. An :class:`AgentPlan` is the adapter applied to
+one contract: the argv is rendered per attempt with what is left of the turn and cost limits
+after the earlier attempts.
+
+Secrets reach the agent's container as environment variables only: they are read when an
+attempt starts (:func:`secret_values`), handed to the engine, and never written by the runner
+into the job folder, the ledger, the envelope or a bundle; :func:`redact` scrubs them from the
+files the runner keeps of the attempt (the transcript, the engine's log) should the agent have
+printed them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, BinaryIO, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from runner import safefs
+from runner.contract import VerifiedContract
+from runner.errors import HostConfigError, PolicyViolation, ProtocolAmbiguous
+
+PLACEHOLDERS = {
+    "prompt": "the prompt file in the container (/job/input/<agent.promptPath>)",
+    "task": "the contract, /job/input/task.json",
+    "model": "agent.model",
+    "subagentModel": "agent.subagentModel",
+    "effort": "agent.effort",
+    "reasoningMode": "agent.reasoningMode",
+    "autoCompactWindow": "agent.autoCompactWindow",
+    "validationRetries": "agent.validationRetries",
+    "maxTurns": "agent.maxTurns left after the earlier attempts (the host's cap when the "
+    "contract names none)",
+    "maxBudgetUsd": "agent.maxBudgetUsd left after the earlier attempts (likewise)",
+}
+"""What an argv template may name, as ``{name}``."""
+
+_PLACEHOLDER = re.compile(r"\{([A-Za-z]+)\}")
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+_HOST_PORT = r"^[A-Za-z0-9*]([A-Za-z0-9.*-]{0,252}[A-Za-z0-9])?:[0-9]{1,5}$"
+
+SECRET_MAX_BYTES = 64 * 1024
+"""A secret file is at most this large."""
+
+REDACTED = "[redacted: {name}]"
+
+
+def _placeholders(text: str) -> list[str]:
+    return _PLACEHOLDER.findall(text)
+
+
+class AgentSecret(BaseModel):
+    """A secret the host injects as one environment variable of the agent's container: read
+    from a host file (its content, without a trailing newline) or from the runner's own
+    environment. Never written anywhere by the runner."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    env: Annotated[str, StringConstraints(pattern=_ENV_NAME)] = Field(
+        description="The variable the agent sees, e.g. ANTHROPIC_API_KEY."
+    )
+    file: str | None = Field(default=None, description="A host file holding the value.")
+    fromEnv: Annotated[str, StringConstraints(pattern=_ENV_NAME)] | None = Field(
+        default=None, description="A variable of the runner's own environment holding it."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AgentSecret:
+        if (self.file is None) == (self.fromEnv is None):
+            raise ValueError(f"secret {self.env}: give exactly one of file and fromEnv")
+        if self.file is not None and not os.path.isabs(self.file):
+            raise ValueError(f"secret {self.env}: file must be an absolute host path")
+        return self
+
+
+class AgentPrices(BaseModel):
+    """USD per million tokens, for the runner's own estimate of an agent's cost from the usage
+    its transcript shows (the runtime's own reported cost counts when higher)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inputPerMTok: float = Field(default=0, ge=0)
+    outputPerMTok: float = Field(default=0, ge=0)
+    cacheReadPerMTok: float = Field(default=0, ge=0)
+    cacheWritePerMTok: float = Field(default=0, ge=0)
+
+
+TemplateItem = str | list[str]
+
+
+class AgentAdapter(BaseModel):
+    """How this host runs one agent runtime."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str = Field(
+        min_length=1,
+        description="The runtime's image: 'name@sha256:<manifest digest>' or 'sha256:<image "
+        "id>' (a tag only where the policy allows unpinned images). The agent's commands run "
+        "in it; the contract's environment.image is recorded beside it.",
+    )
+    imageId: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = Field(
+        default=None, description="The image id the image must have."
+    )
+    argv: list[TemplateItem] = Field(
+        min_length=1,
+        description="The argv that starts the runtime. Strings may name placeholders "
+        "({prompt}, {task}, {model}, {effort}, {maxTurns}, {maxBudgetUsd}, ...; README). A "
+        "string whose placeholder has no value refuses the contract; a list is a group of "
+        "elements dropped together when one of its placeholders has no value (an option and "
+        'its value: ["--model", "{model}"]).',
+    )
+    env: dict[Annotated[str, StringConstraints(pattern=_ENV_NAME)], str] = Field(
+        default_factory=dict,
+        description="Environment of the runtime (not secret; RUNNER_* names are the runner's).",
+    )
+    secrets: list[AgentSecret] = Field(
+        default_factory=list, description="Secrets injected as environment variables only."
+    )
+    allow: list[Annotated[str, StringConstraints(pattern=_HOST_PORT)]] = Field(
+        default_factory=list,
+        description="host:port pairs the agent may reach (the model's API), through the "
+        "egress allowlist proxy.",
+    )
+    network: str | None = Field(
+        default=None,
+        description="An engine network the host operator made for agents (an internal one "
+        "with its own model gateway, say) that the agent's container joins; null: none.",
+    )
+    usage: Literal["claude-code", "none"] = Field(
+        default="none",
+        description="How the runner reads the agent's usage from its transcript (stdout): "
+        "claude-code is Claude Code's --output-format stream-json (the scripted runtime "
+        "speaks it too); none: turns and cost are not observed.",
+    )
+    prices: AgentPrices | None = Field(
+        default=None, description="Prices for the runner's own cost estimate from token usage."
+    )
+    maxTurns: int | None = Field(
+        default=None, ge=0, description="The most turns a contract may ask for (and the default)."
+    )
+    maxBudgetUsd: float | None = Field(
+        default=None, ge=0, description="The most USD a contract may ask for (and the default)."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentAdapter:
+        for item in self.argv:
+            for text in [item] if isinstance(item, str) else item:
+                unknown = [n for n in _placeholders(text) if n not in PLACEHOLDERS]
+                if unknown:
+                    raise ValueError(
+                        f"argv element {text!r} names {', '.join(unknown)}; placeholders are "
+                        + ", ".join("{" + n + "}" for n in PLACEHOLDERS)
+                    )
+            if isinstance(item, list) and not item:
+                raise ValueError("an argv group must not be empty")
+        names = [*self.env, *(s.env for s in self.secrets)]
+        runner_owned = [n for n in names if n.startswith("RUNNER_")]
+        if runner_owned:
+            raise ValueError(f"{', '.join(runner_owned)}: RUNNER_* variables are the runner's")
+        if len(set(names)) != len(names):
+            raise ValueError("a variable is named twice in env and secrets")
+        if self.network in {"host", "default"} or (
+            self.network is not None
+            and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", self.network)
+        ):
+            raise ValueError(f"network {self.network!r}: name a network made for agents")
+        return self
+
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """An adapter applied to one contract: what each attempt of its agent gets."""
+
+    runtime: str
+    adapter: AgentAdapter
+    contract_image: str
+    """The contract's environment.image: its statement, recorded; the adapter's image runs."""
+    prompt: str
+    """The prompt file in the container."""
+    values: Mapping[str, str]
+    """Placeholder values other than the limits."""
+    max_turns: int | None
+    max_budget_usd: float | None
+
+    def argv(self, turns_left: int | None, budget_left: float | None) -> tuple[str, ...]:
+        """The argv of an attempt with these limits left."""
+        values = dict(self.values)
+        if turns_left is not None:
+            values["maxTurns"] = str(turns_left)
+        if budget_left is not None:
+            values["maxBudgetUsd"] = _usd(budget_left)
+        return render(self.adapter.argv, values)
+
+    def left(self, turns: int, cost: float) -> tuple[int | None, float | None]:
+        """What is left of the limits after ``turns`` and ``cost`` of earlier attempts."""
+        turns_left = None if self.max_turns is None else self.max_turns - turns
+        budget_left = None if self.max_budget_usd is None else self.max_budget_usd - cost
+        return turns_left, budget_left
+
+
+def _usd(value: float) -> str:
+    return f"{max(value, 0.0):.6f}".rstrip("0").rstrip(".") or "0"
+
+
+def render(template: Sequence[TemplateItem], values: Mapping[str, str]) -> tuple[str, ...]:
+    """The argv: each placeholder replaced by its value (once: a value is never expanded
+    again); a group with a placeholder that has no value is dropped. Raises KeyError naming
+    the placeholder of a plain element that has none."""
+
+    def fill(text: str) -> str:
+        return _PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+
+    out: list[str] = []
+    for item in template:
+        if isinstance(item, str):
+            out.append(fill(item))
+        elif all(n in values for text in item for n in _placeholders(text)):
+            out.extend(fill(text) for text in item)
+    return tuple(out)
+
+
+def plan_for(contract: VerifiedContract, agents: Mapping[str, AgentAdapter]) -> AgentPlan:
+    """The agent plan of an agent_planned contract; refuses an unknown runtime, a missing
+    prompt, limits above the host's caps and a template the contract cannot fill."""
+    agent = contract.model.agent
+    runtime = agent.runtime if agent else None
+    offered = ", ".join(sorted(agents)) or "none"
+    if agent is None or not runtime:
+        raise ProtocolAmbiguous(
+            "$.agent.runtime: this contract is agent_planned and names no agent runtime",
+            hint=f'name one in "agent": {{"runtime": ...}} (this host offers: {offered})',
+        )
+    adapter = agents.get(runtime)
+    if adapter is None:
+        raise PolicyViolation(
+            f"$.agent.runtime: the contract asks for the agent runtime {runtime!r}; this host "
+            f"offers {offered}",
+            hint="issue the contract for a runtime this host offers, or add an adapter for it "
+            "to the host policy's 'agents'",
+        )
+    if not agent.promptPath:
+        raise ProtocolAmbiguous(
+            "$.agent.promptPath: an agent_planned contract names the prompt its agent gets",
+            hint='add "promptPath": "prompt.md" (relative to the contract\'s folder) to agent',
+        )
+    turns = _capped("maxTurns", agent.maxTurns, adapter.maxTurns, runtime)
+    max_turns = None if turns is None else int(turns)
+    max_budget = _capped("maxBudgetUsd", agent.maxBudgetUsd, adapter.maxBudgetUsd, runtime)
+    prompt = "/job/input/" + os.path.normpath(agent.promptPath)
+    values = {"prompt": prompt, "task": "/job/input/task.json"}
+    for name in ("model", "subagentModel", "effort", "reasoningMode"):
+        value = getattr(agent, name)
+        if value:
+            values[name] = str(value)
+    for name in ("autoCompactWindow", "validationRetries"):
+        if getattr(agent, name) is not None:
+            values[name] = str(getattr(agent, name))
+    plan = AgentPlan(
+        runtime, adapter, contract.model.environment.image, prompt, values, max_turns, max_budget
+    )
+    try:
+        plan.argv(max_turns, max_budget)
+    except KeyError as exc:
+        name = exc.args[0]
+        raise ProtocolAmbiguous(
+            f"$.agent.{name}: this host's {runtime!r} runtime is started with it and the "
+            "contract leaves it empty",
+            hint=f"give agent.{name} a value",
+        ) from None
+    return plan
+
+
+def _capped(name: str, asked: float | None, cap: float | None, runtime: str) -> float | None:
+    if asked is None:
+        return cap
+    if cap is not None and asked > cap:
+        raise PolicyViolation(
+            f"$.agent.{name}: the contract asks for {asked:g}; this host's {runtime!r} runtime "
+            f"allows at most {cap:g}",
+            hint=f"issue the contract with {name} <= {cap:g}",
+        )
+    return asked
+
+
+def secret_values(
+    adapter: AgentAdapter, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The adapter's secrets, read now: ``{variable: value}``. A secret that cannot be read
+    is the host's configuration failing (never the job's); the message names where it was
+    looked for, never a value."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for secret in adapter.secrets:
+        if secret.file is not None:
+            try:
+                raw = safefs.read_named(Path(secret.file), SECRET_MAX_BYTES)
+            except (OSError, safefs.UnsafePath) as exc:
+                why = exc.problem if isinstance(exc, safefs.UnsafePath) else exc.strerror
+                raise HostConfigError(
+                    f"the agent secret {secret.env} cannot be read from {secret.file}: {why}",
+                    hint="fix the file the host policy's agents.<runtime>.secrets names",
+                ) from None
+            try:
+                value = raw.decode().rstrip("\r\n")
+            except UnicodeDecodeError:
+                value = ""
+        else:
+            value = environ.get(secret.fromEnv or "", "")
+        if not value or "\x00" in value:
+            where = secret.file or f"the runner's environment variable {secret.fromEnv}"
+            raise HostConfigError(
+                f"the agent secret {secret.env} is empty (or not text) in {where}",
+                hint="put the value there, or remove the secret from the host policy",
+            )
+        out[secret.env] = value
+    return out
+
+
+def redact(root: Path, rels: Sequence[str], secrets: Mapping[str, str]) -> list[str]:
+    """Replace every occurrence of a secret's value in the files ``root/rel`` (each reached
+    without following a link, a regular file) with ``[redacted: NAME]``; the files changed.
+    Streams: a file is read in chunks and rewritten (beside it, then renamed) only when a value
+    occurs in it."""
+    pairs = [(v.encode(), REDACTED.format(name=k).encode()) for k, v in secrets.items() if v]
+    if not pairs:
+        return []
+    changed = []
+    for rel in rels:
+        with contextlib.suppress(safefs.UnsafePath, OSError):
+            if _redact_one(root, rel, pairs):
+                changed.append(rel)
+    return changed
+
+
+_CHUNK = 1024 * 1024
+
+
+def _scan(f: BinaryIO, pairs: list[tuple[bytes, bytes]], out: BinaryIO | None) -> bool:
+    """Whether a value occurs (and, with ``out``, the redacted bytes written there)."""
+    keep = max(len(v) for v, _ in pairs) - 1
+    found = False
+    tail = b""
+    while True:
+        chunk = f.read(_CHUNK)
+        data = tail + chunk
+        if not chunk:
+            tail_out = data
+            for value, mark in pairs:
+                found |= value in tail_out
+                tail_out = tail_out.replace(value, mark)
+            if out is not None:
+                out.write(tail_out)
+            return found
+        for value, mark in pairs:
+            if value in data:
+                found = True
+                data = data.replace(value, mark)
+        cut = max(len(data) - keep, 0)
+        if out is not None:
+            out.write(data[:cut])
+        tail = data[cut:]
+
+
+def _redact_one(root: Path, rel: str, pairs: list[tuple[bytes, bytes]]) -> bool:
+    with safefs.open_under(root, rel) as f:
+        if not _scan(f, pairs, None):
+            return False
+    with safefs.parent_fd(root, rel) as (parent, name):
+        src_fd = safefs.open_at(parent, name, rel)
+        tmp = f".{name}.redact.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=parent)
+        try:
+            with os.fdopen(src_fd, "rb") as src:
+                st = os.fstat(src.fileno())
+                with os.fdopen(os.open(tmp, flags, 0o600, dir_fd=parent), "wb") as dst:
+                    _scan(src, pairs, dst)
+                    os.fchmod(dst.fileno(), st.st_mode & 0o777)
+                    with contextlib.suppress(PermissionError):
+                        os.fchown(dst.fileno(), st.st_uid, st.st_gid)
+            os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=parent)
+    return True

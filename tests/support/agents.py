@@ -1,0 +1,160 @@
+"""Helpers for the agent-planned runs: the example's contract written with a prompt of the
+test's own, a host policy with one adapter, the scripted model server as a container on an
+internal network of the test's own, and a search for a secret in every file a run leaves."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import tarfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.contract import with_digest
+from tests.support.jobs import IMAGE, ROOT, SESSION_ID, SESSION_LABEL, docker
+
+EXAMPLE = ROOT / "examples" / "agent-evaluation"
+MODEL_SERVER = ROOT / "tests" / "support" / "model_server.py"
+
+SCRIPTED_ARGV: list[Any] = [
+    "python3",
+    "/opt/runner-agent/agent.py",
+    "--prompt",
+    "{prompt}",
+    ["--max-turns", "{maxTurns}"],
+    ["--max-budget-usd", "{maxBudgetUsd}"],
+    ["--model", "{model}"],
+]
+
+CLAUDE_ARGV: list[Any] = [
+    "/usr/local/bin/run-claude",
+    "{prompt}",
+    "--output-format",
+    "stream-json",
+    "--verbose",
+    ["--max-turns", "{maxTurns}"],
+    ["--max-budget-usd", "{maxBudgetUsd}"],
+    ["--model", "{model}"],
+    ["--effort", "{effort}"],
+    "--allowedTools",
+    "Bash,Read,Write",
+    "--no-session-persistence",
+]
+
+
+def agent_contract(
+    folder: Path,
+    *,
+    runtime: str = "scripted",
+    prompt: str | None = None,
+    agent: dict[str, Any] | None = None,
+    change: Callable[[dict[str, Any]], None] | None = None,
+) -> Path:
+    """The example's agent_planned contract in ``folder`` with its inputs, for ``runtime``,
+    its prompt ``prompt`` (default: the example's scripted prompt) and ``agent`` fields."""
+    data = json.loads((EXAMPLE / "task.scripted.json").read_text())
+    shutil.copytree(EXAMPLE / "repository", folder / "repository", dirs_exist_ok=True)
+    shutil.copy(EXAMPLE / "paper.md", folder / "paper.md")
+    text = prompt if prompt is not None else (EXAMPLE / "prompt.scripted.md").read_text()
+    (folder / "prompt.md").write_text(text)
+    data["agent"] = {"runtime": runtime, "promptPath": "prompt.md", **(agent or {})}
+    if change is not None:
+        change(data)
+    data.pop("contractDigest", None)
+    path = folder / "task.json"
+    path.write_text(json.dumps(with_digest(data), indent=2))
+    return path
+
+
+def agent_policy(folder: Path, runtime: str, image: str, **adapter: Any) -> Path:
+    """A host policy offering one agent runtime, pinned to the image id ``image``."""
+    path = folder / "policy.json"
+    path.write_text(json.dumps({"agents": {runtime: {"image": image, **adapter}}}, indent=2))
+    return path
+
+
+def files_holding(root: Path, needle: bytes) -> list[str]:
+    """Every regular file under ``root`` whose bytes hold ``needle`` (links are not followed)."""
+    found = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
+            found.append(str(path.relative_to(root)))
+    return found
+
+
+def members_holding(archive: Path, needle: bytes) -> list[str]:
+    """Every file in a tar archive (compressed or not) whose bytes hold ``needle``."""
+    found = []
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                f = tar.extractfile(member)
+                if f is not None and needle in f.read():
+                    found.append(member.name)
+    return found
+
+
+def transcript_events(path: Path) -> list[dict[str, Any]]:
+    events = []
+    for line in io.StringIO(path.read_text()):
+        with contextlib.suppress(ValueError):
+            events.append(json.loads(line))
+    return events
+
+
+@dataclass(frozen=True)
+class ModelServer:
+    """The scripted Messages API server, a container on the internal network ``network``
+    under the name ``host``; every request it answered is a line of ``log``."""
+
+    network: str
+    host: str
+    port: int
+    log: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def model_server(folder: Path, scenario: str) -> Iterator[ModelServer]:
+    """Start the scripted model (``scenario``) on an internal network made for the test (no
+    route out: the job can reach nothing else there), and remove both afterwards."""
+    suffix = uuid.uuid4().hex[:10]
+    network = f"runner-test-agents-{suffix}"
+    name = f"runner-test-model-{suffix}"
+    logs = folder / f"model-log-{suffix}"
+    logs.mkdir(mode=0o777)
+    logs.chmod(0o777)  # the server runs as the image's user
+    made = docker("network", "create", "--internal", "--label", f"{SESSION_LABEL}={SESSION_ID}",
+                  network)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    try:
+        started = docker(
+            "run", "-d", "--name", name, "--network", network, "--network-alias", "model.test",
+            "--label", f"{SESSION_LABEL}={SESSION_ID}", "--read-only",
+            "-v", f"{MODEL_SERVER}:/srv/model_server.py:ro", "-v", f"{logs}:/log",
+            IMAGE, "python3", "/srv/model_server.py", "--port", "8080", "--scenario", scenario,
+            "--log", "/log/requests.jsonl",
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        deadline = time.monotonic() + 30
+        while "serving" not in docker("logs", name).stderr:
+            assert time.monotonic() < deadline, docker("logs", name).stderr
+            time.sleep(0.1)
+        yield ModelServer(network, "model.test", 8080, logs / "requests.jsonl")
+    finally:
+        docker("rm", "-f", name)
+        docker("network", "rm", network)
