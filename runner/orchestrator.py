@@ -41,14 +41,12 @@ from runner.backends.base import Backend
 from runner.container import Progress
 from runner.contract import VerifiedContract, load_contract
 from runner.envelope import (
-    AttemptRecord,
     BudgetRecord,
     DiskRecord,
     Failure,
     FileRef,
     InputRecord,
     PolicyRecord,
-    RecordFile,
     ResultEnvelope,
     Stage,
     Status,
@@ -197,7 +195,9 @@ def _locked(
     known = replace(known, budget=budget, agent=agent, agent_usage=usage)
     with stage("parsers", known):
         envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
-        envelope = envelope.model_copy(update={"attempts": _attempts(ledger, job, opts)})
+        envelope = envelope.model_copy(
+            update={"attempts": records.attempt_records(ledger.state, job, _max_evidence(opts))}
+        )
     write_envelope(job, envelope)
     known = replace(known, written=True)
     with stage("envelope", known):
@@ -388,26 +388,8 @@ def _read_evidence(
     )
 
 
-def _attempts(ledger: Ledger, job: staging.JobDir, opts: RunOptions) -> list[AttemptRecord]:
-    """Every attempt in the ledger with the files kept of it under record/attempts/."""
-    max_bytes = int(opts.policy.policy.maxEvidenceMb * 1024 * 1024)
-    out = []
-    for a in ledger.state.attempts:
-        fin = a.finished or {}
-        files = [
-            RecordFile(path=rel, sha256=sha, size=size)
-            for rel, sha, size in records.attempt_files(job, a.number, max_bytes)
-        ]
-        out.append(
-            AttemptRecord(
-                attempt=a.number,
-                classification=fin.get("classification"),
-                seconds=round(a.seconds, 3),
-                how=fin.get("how"),
-                files=files,
-            )
-        )
-    return out
+def _max_evidence(opts: RunOptions) -> int:
+    return int(opts.policy.policy.maxEvidenceMb * 1024 * 1024)
 
 
 def _tail(output: Path, rel: str, limit: int = 300) -> str:

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from runner import safefs
+from runner.envelope import AttemptRecord, RecordFile
+from runner.ledger import LedgerState
 from runner.staging import JobDir, sha256_under, write_json
 
 
@@ -115,4 +117,25 @@ def attempt_files(job: JobDir, n: int, max_bytes: int) -> list[tuple[str, str | 
             except (safefs.UnsafePath, OSError):
                 continue
             out.append((rel, f"sha256:{sha}" if sha else None, size))
+    return out
+
+
+def attempt_records(state: LedgerState, job: JobDir, max_bytes: int) -> list[AttemptRecord]:
+    """Every attempt in the ledger, with how it ended and the hashed files kept of it."""
+    out = []
+    for a in state.attempts:
+        fin = a.finished or {}
+        files = [
+            RecordFile(path=rel, sha256=sha, size=size)
+            for rel, sha, size in attempt_files(job, a.number, max_bytes)
+        ]
+        out.append(
+            AttemptRecord(
+                attempt=a.number,
+                classification=fin.get("classification"),
+                seconds=round(a.seconds, 3),
+                how=fin.get("how"),
+                files=files,
+            )
+        )
     return out
