@@ -1,12 +1,12 @@
 """A real agent runtime against a scripted model (issue 15): Claude Code, the pinned native
 binary built into runner-agent-claude:local by scripts/setup.sh, run by `runner run` in its
 sealed container, driven by a scripted Messages API server (tests/support/model_server.py)
-that the test starts as a container of its own on an internal network.
+that the test starts as a container of its own on an internal network (the test's stand-in
+for the outside: it has no route out).
 
-The job reaches the model on that internal network, which the host policy's adapter names
-(`network`); nothing else is there and it has no route out. The egress allowlist proxy that
-will stand between the two (the adapter's `allow` list) is another branch's and is not wired
-here: these tests do not stand in for it.
+The job reaches the model only through the egress allowlist proxy: the adapter's `allow` names
+the model's host:port, the policy's egress names the model's network as the proxy's upstream,
+and the job itself sits on its own internal network with no route and no outside DNS.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def _run(
             argv=CLAUDE_ARGV,
             env={"ANTHROPIC_BASE_URL": server.base_url, "CLAUDE_CODE_MAX_RETRIES": "0"},
             secrets=[{"env": "ANTHROPIC_API_KEY", "file": str(key_file)}],
-            network=server.network,
+            allow=[f"{server.host}:{server.port}"],
             usage="claude-code",
+            egress={"upstreamNetwork": server.network},
         )
         code, env, err = run_job(
             contract,
@@ -80,6 +81,10 @@ def test_claude_code_driven_by_a_scripted_model_runs_the_evaluation(
     usage = env["agentUsage"]
     assert usage["turns"] == 3 and usage["attempts"][0]["reportedTurns"] == 3
     assert usage["costUsd"] > 0  # Claude Code priced the usage the model reported
+    # every model request went through the allowlist proxy, which counted them
+    assert env["egress"]["refused"] == 0 and env["egress"]["allowed"] >= len(turns)
+    assert {c["host"] for c in env["egress"]["connections"]} == {"model.test"}
+    assert usage["requests"] == env["egress"]["allowed"]
     job = Path(env["jobDir"])
     events = transcript_events(job / "output" / env["agent"]["transcript"])
     assert events[0]["type"] == "system" and events[0]["claude_code_version"] == "2.1.332"

@@ -72,10 +72,16 @@ def agent_contract(
     return path
 
 
-def agent_policy(folder: Path, runtime: str, image: str, **adapter: Any) -> Path:
-    """A host policy offering one agent runtime, pinned to the image id ``image``."""
+def agent_policy(
+    folder: Path, runtime: str, image: str, *, egress: dict[str, Any] | None = None, **adapter: Any
+) -> Path:
+    """A host policy offering one agent runtime, pinned to the image id ``image`` (and, with
+    ``egress``, the policy's egress grant: the allowlist proxy's upstream network)."""
     path = folder / "policy.json"
-    path.write_text(json.dumps({"agents": {runtime: {"image": image, **adapter}}}, indent=2))
+    policy: dict[str, Any] = {"agents": {runtime: {"image": image, **adapter}}}
+    if egress is not None:
+        policy["egress"] = egress
+    path.write_text(json.dumps(policy, indent=2))
     return path
 
 
