@@ -34,8 +34,9 @@ class RunOptions:
     gpu_lock_dir: Path | None = None
     """Where device locks live (default <state dir>/gpu-locks); share it across runners."""
     result_key: Path | None = None
-    """The runner's own signing key; when set, result.intoto.json is written beside the
-    envelope (the key is made on first use)."""
+    """The runner's own signing key; when set, result.intoto.json (SLSA provenance) and
+    result.envelope.intoto.json are written beside the envelope (the key is made on first
+    use)."""
     bundle: Path | None = None
     """A `docker save` tarball to load the pinned image from when it is not here."""
     heartbeat_seconds: float = 5.0
