@@ -11,6 +11,7 @@ that fails raises :class:`~runner.stages.Stopped` naming itself.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from runner import (
     gpus,
     images,
     layout,
+    log,
     policy,
     quotas,
     records,
@@ -250,6 +252,13 @@ def _new(job: Job, known: Known) -> AttemptResult:
     def created(container_id: str) -> None:
         data = {"attempt": n, "containerId": container_id}
         ledger.append(f"attempt-{n}.started", "attempt.started", data)
+        log.event(
+            logging.INFO,
+            f"attempt {n} started: container {spec.name}",
+            jobId=p.job_id,
+            stage="container",
+            attempt=n,
+        )
 
     progress.stage("container", f"attempt {n}: {spec.name}")
     guards = guards_for(p, job.dir)
@@ -364,7 +373,7 @@ def _gpu_allocator(job: Job) -> gpus.Allocator:
         except ContainerVanished:
             return False
 
-    lock_dir = job.options.gpu_lock_dir or job.options.state.gpu_locks
+    lock_dir = job.options.gpu_lock_dir or gpus.HOST_LOCK_DIR
     return gpus.Allocator(lock_dir, alive)
 
 

@@ -17,6 +17,7 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   ├── JobAlreadyFinished       the job id already ran to an end on this host
     │   └── BundleInvalid            bundle_invalid: a bundle that cannot be made, or that does
     │                                not verify (runner export, runner verify-bundle)
+    ├── JobNotFound                  job_not_found: no such job id or job folder here     (exit 5)
     ├── ResourceExhausted            resource_exhausted: earlier attempts spent the budget (exit 1)
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
     ├── GpuUnavailable               gpu_unavailable: no GPU to give, and no CPU fallback  (exit 4)
@@ -56,6 +57,8 @@ class Family(Enum):
     REFUSED = (3, "refused before anything ran (for `runner export` and `runner "
                "verify-bundle`: a bundle that cannot be made, or that does not "
                "verify)")  # fmt: skip
+    NOT_FOUND = (5, "no such job: the job id or folder given to status, parse, ledger, "
+                 "export ... is not on this host")  # fmt: skip
     JOB_FAILED = (1, "the job ran and failed (also `partial`), or its budget was already spent")
     SUCCEEDED = (0, "the job succeeded: it exited 0 and every measurement was read")
 
@@ -91,6 +94,7 @@ class Category(StrEnum):
     PARSE_ERROR = "parse_error"
     CANCELLED = "cancelled"
     BUNDLE_INVALID = "bundle_invalid"
+    JOB_NOT_FOUND = "job_not_found"
 
     @property
     def family(self) -> Family:
@@ -170,6 +174,9 @@ _TABLE: dict[Category, _Row] = {
         "not a job's failure: a bundle (`runner export`) that cannot be made, or that does not "
         "verify (`runner verify-bundle`): a changed, missing or extra file, a broken ledger, "
         "values that do not re-parse"),
+    Category.JOB_NOT_FOUND: _Row(_F.NOT_FOUND, False, False,
+        "not a job's failure: the job id (under the state folder) or job folder a command "
+        "names does not exist on this host"),
 }  # fmt: skip
 """The one table of failure categories."""
 
@@ -255,6 +262,12 @@ class BundleInvalid(RefusedError):
     """A bundle that cannot be made from this job, or that does not verify."""
 
     category = Category.BUNDLE_INVALID
+
+
+class JobNotFound(RunnerError):
+    """A command names a job (id or folder) this host does not have."""
+
+    category = Category.JOB_NOT_FOUND
 
 
 class ResourceExhausted(RunnerError):

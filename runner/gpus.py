@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -116,15 +117,52 @@ def parse_smi(text: str) -> list[Gpu]:
     return out
 
 
+HOST_LOCK_DIR = Path("/run/lock/runner-gpus")
+"""The default device-lock folder: one per host, shared by every user's runner (sticky and
+world-writable, like /tmp), so two users are never handed the same GPU. Emptied at boot, with
+the containers that held the devices."""
+
+
+def _shared_folder(path: Path) -> None:
+    """Create ``path`` for every user: mode 1777 (anyone may add a lock file, only its owner
+    may remove it) when this user made it."""
+    path.mkdir(parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != 0o1777:
+        os.chmod(path, 0o1777)  # noqa: S103 - shared by every user, sticky like /tmp
+
+
+def _open_shared(path: Path) -> int:
+    """A lock file every user's runner can read and write (0666), never through a link."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    if os.fstat(fd).st_uid == os.geteuid():
+        os.fchmod(fd, 0o666)
+    return fd
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    _shared_folder(path.parent)
+    fd = _open_shared(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _write_shared(path: Path, data: bytes) -> None:
+    """Replace a lock file's content in place (under the ``.allocate`` lock): its owner may be
+    another user, so it is rewritten rather than replaced."""
+    fd = _open_shared(path)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 Holder = dict[str, Any]
@@ -141,7 +179,8 @@ class Allocator:
     def _holder(self, gpu: Gpu) -> Holder | None:
         path = self.lock_dir / f"{gpu.uuid}.json"
         try:
-            data: Holder = json.loads(path.read_text())
+            text = path.read_text()
+            data: Holder | None = json.loads(text) if text.strip() else None  # empty: free
         except (OSError, ValueError):
             return None
         return data
@@ -178,10 +217,8 @@ class Allocator:
                 raise error
             chosen = free[:count]
             for gpu in chosen:
-                path = self.lock_dir / f"{gpu.uuid}.json"
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps({**owner, "gpu": asdict(gpu), "pid": os.getpid()}))
-                os.replace(tmp, path)
+                held = {**owner, "gpu": asdict(gpu), "pid": os.getpid(), "uid": os.geteuid()}
+                _write_shared(self.lock_dir / f"{gpu.uuid}.json", json.dumps(held).encode())
             return chosen
 
     def release(self, job_dir: str) -> None:
@@ -189,8 +226,22 @@ class Allocator:
         with _locked(self.lock_dir / ".allocate"):
             for path in self.lock_dir.glob("*.json"):
                 try:
-                    holder = json.loads(path.read_text())
+                    text = path.read_text()
+                    holder = json.loads(text) if text.strip() else {}
                 except (OSError, ValueError):
                     continue
                 if holder.get("jobDir") == job_dir:
-                    path.unlink(missing_ok=True)
+                    _write_shared(path, b"")  # free; the file stays, shared by every user
+
+    def holders(self) -> dict[str, Holder]:
+        """Devices held now, by UUID."""
+        out = {}
+        for path in self.lock_dir.glob("*.json"):
+            try:
+                text = path.read_text()
+            except OSError:
+                continue
+            if text.strip():
+                with contextlib.suppress(ValueError):
+                    out[path.stem] = json.loads(text)
+        return out

@@ -20,6 +20,8 @@ host policy                ``--policy``, else ``$RUNNER_POLICY``, else
                            ``<config>/policy.json`` when it exists, else the defaults
 the runner's result key    the policy's ``resultSigningKey``, else
                            ``<config>/runner-key/runner.key``
+GPU device locks           ``$RUNNER_GPU_LOCK_DIR``, else ``/run/lock/runner-gpus`` (one
+                           folder per host, mode 1777, shared by every user's runner)
 operator switches          ``RUNNER_ALLOW_NETWORK``, ``RUNNER_ALLOW_UNSIGNED``,
                            ``RUNNER_ALLOW_UNPINNED_IMAGES`` (or their flags)
 server socket              ``$RUNNER_SERVER`` (``off`` switches serving off), else
@@ -39,6 +41,12 @@ if TYPE_CHECKING:
 
     from runner.contract import Trust
     from runner.policy import LoadedPolicy
+
+
+def gpu_lock_dir() -> Path | None:
+    """``$RUNNER_GPU_LOCK_DIR``, else None: the host-wide default (``/run/lock/runner-gpus``)."""
+    given = os.environ.get("RUNNER_GPU_LOCK_DIR")
+    return Path(given) if given else None
 
 
 def env_flag(name: str) -> bool:

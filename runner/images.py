@@ -189,10 +189,18 @@ def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Pul
         raise ImageUnavailable(f"{pin.reference} has no manifest digest to pull by")
     ref = registry.parse_reference(pin.name, pin.manifest_digest)
     config = registry.docker_config_path(settings.docker_config)
-    creds = registry.credentials_for(ref.registry, config)
+    creds, searched = registry.find_credentials(ref.registry, config)
     insecure = registry.is_insecure(ref.registry, settings.insecure_registries)
+    if creds is not None:
+        progress.stage("registry", f"credentials for {ref.registry} from {creds.source}")
     progress.stage("image", f"asking {ref.registry} for {ref.repository}@{ref.digest[:19]}…")
-    tries = registry.probe(ref, creds, insecure=insecure, within_seconds=settings.retry_seconds)
+    tries = registry.probe(
+        ref,
+        creds,
+        insecure=insecure,
+        within_seconds=settings.retry_seconds,
+        searched=searched,
+    )
     if tries > 1:
         progress.stage("registry", f"{ref.registry} answered after {tries} tries")
     layers: dict[str, tuple[int, int]] = {}
@@ -206,7 +214,7 @@ def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Pul
             total = sum(t for _, t in layers.values())
             progress.transfer(f"pulling {len(layers)} layer(s)", done, total)
 
-    auth = {"username": creds.username, "password": creds.password} if creds else None
+    auth = creds.engine_auth(ref.registry) if creds else None
     for attempt in range(3):
         try:
             backend.pull(ref.pull_name, auth, on_chunk)
@@ -215,7 +223,7 @@ def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Pul
             # The engine reports a failed pull as text; the registry's status says whether it
             # is worth another try (a 5xx or an outage midway through the layers).
             try:
-                registry.probe_once(ref, creds, insecure=insecure, timeout=15)
+                registry.probe_once(ref, creds, insecure=insecure, timeout=15, searched=searched)
             except registry.TransientRegistryError:
                 if attempt == 2:
                     raise

@@ -32,7 +32,8 @@ class RunOptions:
     gpu_detector: gpus.Detector | None = None
     """How GPUs are found (NVML, else nvidia-smi); tests of pure logic pass their own."""
     gpu_lock_dir: Path | None = None
-    """Where device locks live (default <state dir>/gpu-locks); share it across runners."""
+    """Where device locks live: ``$RUNNER_GPU_LOCK_DIR``, else the host-wide
+    ``/run/lock/runner-gpus`` shared by every user's runner."""
     result_key: Path | None = None
     """The runner's own signing key; when set, result.intoto.json (SLSA provenance) and
     result.envelope.intoto.json are written beside the envelope (the key is made on first

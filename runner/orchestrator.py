@@ -16,6 +16,7 @@ classification of its end :mod:`runner.outcome`, the envelope :func:`runner.enve
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -28,6 +29,7 @@ from runner import (
     attest,
     errors,
     evidence,
+    log,
     plan,
     policy,
     records,
@@ -62,20 +64,9 @@ from runner.ledger import Ledger, LedgerCorrupt, read_state
 from runner.options import RunOptions
 from runner.outcome import classify
 from runner.plan import ExecutionPlan
-from runner.stages import Clock, Known, Stopped, now_iso, stage
+from runner.stages import Clock, Known, Logged, Silent, Stopped, log_end, now_iso, stage
 
 __all__ = ["RunOptions", "run"]
-
-
-class _Silent:
-    def stage(self, name: str, detail: str) -> None:
-        pass
-
-    def running(self, elapsed: float, budget: float) -> None:
-        pass
-
-    def transfer(self, label: str, done: int, total: int) -> None:
-        pass
 
 
 def run(
@@ -92,7 +83,9 @@ def run(
     """
     clock = Clock.start()
     try:
-        return _run(contract_path, options, backend, progress or _Silent(), clock)
+        envelope = _run(contract_path, options, backend, progress or Silent(), clock)
+        log_end(envelope)
+        return envelope
     except Stopped as stopped:
         envelope = _envelope(stopped.known, options, clock, _failure(stopped.stage, stopped.cause))
         job, cause = stopped.known.job, stopped.cause
@@ -103,6 +96,7 @@ def run(
             and not isinstance(cause, JobAlreadyFinished | JobBusy | LedgerCorrupt)
         ):
             write_envelope(job, envelope)
+        log_end(envelope)
         return envelope
 
 
@@ -114,6 +108,7 @@ def _run(
     clock: Clock,
 ) -> ResultEnvelope:
     """contract → policy → plan → the job folder, under its lock."""
+    progress = Logged(progress)
     known = Known()
     with stage("contract", known):
         contract = load_contract(contract_path, opts.trust)
@@ -127,6 +122,7 @@ def _run(
     with stage("contract", known):
         allow = opts.policy.policy.allowJobIdOverride
         job_id = plan.job_id_for(contract, opts.job_id, allow_override=allow)
+    progress = Logged(progress.inner, job_id)
     with stage("policy", known):
         # A job this host already accepted may be resumed (or shown) after its contract
         # expires: validity times are checked when a job is accepted (and before any new
@@ -289,6 +285,15 @@ def _record_end(
             "budget.exhausted",
             {"consumedSeconds": round(st.consumed, 3), "limitSeconds": limit},
         )
+    log.event(
+        logging.INFO,
+        f"attempt {n} ended: {failure.category if failure else 'succeeded'}",
+        jobId=p.job_id,
+        stage="container",
+        attempt=n,
+        category=failure.category if failure else None,
+        seconds=outcome.run_seconds,
+    )
     # Only now, with its end in the ledger, may the container go (see container.finish).
     backend.remove(outcome.container_id or outcome.name)
     budget = st.budget(limit)
@@ -330,10 +335,10 @@ def _read_evidence(
         for r in results
     ]
     logs: list[FileRef] = [
-        log.model_copy(
-            update={"droppedBytes": dropped.get(log.path, 0), "attempt": writer(log.path)}
+        ref.model_copy(
+            update={"droppedBytes": dropped.get(ref.path, 0), "attempt": writer(ref.path)}
         )
-        for log in evidence.hash_logs(job.output, [p.stdout_path, p.stderr_path], max_bytes)
+        for ref in evidence.hash_logs(job.output, [p.stdout_path, p.stderr_path], max_bytes)
     ]
     if any(dropped.values()):
         warnings.append(

@@ -76,8 +76,8 @@ class HostPolicy(BaseModel):
     )
     dockerConfig: str | None = Field(
         default=None,
-        description="Docker config file with registry credentials (default: $DOCKER_CONFIG/"
-        "config.json, else ~/.docker/config.json).",
+        description="Docker config file whose credHelpers, credsStore and auths give registry "
+        "credentials (default: $DOCKER_CONFIG/config.json, else ~/.docker/config.json).",
     )
     insecureRegistries: list[str] = Field(
         default_factory=list,

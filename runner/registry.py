@@ -6,14 +6,14 @@ the status: 200 pull; 401/403/404/429 do not retry, say what the registry said
 (``image_unavailable``); connection errors, timeouts and 5xx retry with backoff (tenacity)
 within a bounded time.
 
-Credentials come from the standard docker config (``~/.docker/config.json``, ``auths``) or a
-path the policy names, never from the contract, and never appear in messages or envelopes.
+Credentials come from the standard docker config (``$DOCKER_CONFIG/config.json``, else
+``~/.docker/config.json``) or a path the policy names, resolved by the docker SDK as the docker
+CLI resolves them (``credHelpers``, ``credsStore``, ``auths``); never from the contract, and
+they never appear in messages or envelopes (messages say where they came from).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import ipaddress
 import json
 import os
@@ -96,11 +96,24 @@ def is_insecure(registry: str, insecure: tuple[str, ...] = ()) -> bool:
 
 @dataclass(frozen=True)
 class Credentials:
+    """What the docker config gives for one registry, and where it came from (``source``: no
+    secret, fit for messages)."""
+
     username: str
     password: str
+    source: str = "the docker config"
+    identity_token: str | None = None
+    """An OAuth2 refresh token (``identitytoken``, or a helper's ``<token>`` user) instead of a
+    password."""
 
     def __repr__(self) -> str:  # never print the secret
-        return f"Credentials(username={self.username!r}, password=***)"
+        return f"Credentials(username={self.username!r}, password=***, source={self.source!r})"
+
+    def engine_auth(self, registry: str) -> dict[str, str]:
+        """The engine's ``X-Registry-Auth`` fields for a pull."""
+        if self.identity_token:
+            return {"identitytoken": self.identity_token, "serveraddress": registry}
+        return {"username": self.username, "password": self.password, "serveraddress": registry}
 
 
 def docker_config_path(explicit: Path | None = None) -> Path:
@@ -111,29 +124,108 @@ def docker_config_path(explicit: Path | None = None) -> Path:
     return Path.home() / ".docker" / "config.json"
 
 
-def credentials_for(registry: str, config: Path) -> Credentials | None:
-    """The ``auths`` entry for ``registry`` in a docker config file, if any."""
+def find_credentials(registry: str, config: Path) -> tuple[Credentials | None, str]:
+    """Credentials for ``registry`` from the docker config file ``config``, resolved by the
+    docker SDK as the docker CLI does: the credential helper ``credHelpers`` names for the
+    registry, else the ``credsStore`` helper (``docker-credential-<name>`` on PATH, asked with
+    ``get``), else the ``auths`` entry. Returns them (or None) and where they were looked for,
+    for messages. A helper that is missing or fails, or a config that cannot be read, raises
+    ImageUnavailable naming the registry and the config: the pull would fail anyway, less
+    clearly."""
     try:
-        data = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return None
-    auths = data.get("auths") or {}
-    keys = [registry, f"https://{registry}", f"http://{registry}"]
-    if registry == "docker.io":
-        keys += ["https://index.docker.io/v1/", "index.docker.io"]
-    for key in keys:
-        entry = auths.get(key)
-        if isinstance(entry, dict) and entry.get("auth"):
-            try:
-                user, _, password = base64.b64decode(entry["auth"]).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                return None
-            return Credentials(user, password)
-    return None
+        text = config.read_text()
+    except FileNotFoundError:
+        return None, f"{config} (no such file)"
+    except OSError as exc:
+        raise ImageUnavailable(
+            f"cannot read the docker config {config} for {registry}'s credentials: "
+            f"{exc.strerror or exc}",
+            hint="fix its permissions, or name another file in the policy's dockerConfig",
+        ) from exc
+    try:
+        data = json.loads(text) if text.strip() else {}
+    except ValueError as exc:
+        raise ImageUnavailable(
+            f"the docker config {config} is not JSON ({exc}); it was read for {registry}'s "
+            "credentials",
+            hint="fix the file (`docker login` writes it), or name another in the policy's "
+            "dockerConfig",
+        ) from exc
+    if not isinstance(data, dict) or not data:
+        # The SDK reads an empty dict as "no dict given" and would look elsewhere.
+        return None, f"{config} (no credentials in it)"
+
+    import warnings
+
+    import docker.auth
+    import docker.errors
+
+    try:
+        auth_config = docker.auth.load_config(config_dict=dict(data))  # it pops keys
+    except (docker.errors.DockerException, ValueError) as exc:
+        raise ImageUnavailable(
+            f"the docker config {config} has an entry that cannot be read ({exc}); it was read "
+            f"for {registry}'s credentials",
+            hint="fix the file (`docker login` writes it), or name another in the policy's "
+            "dockerConfig",
+        ) from exc
+    helper = auth_config.get_credential_store(registry)
+    if helper:
+        helpers = data.get("credHelpers")
+        # The SDK keys Docker Hub's helper by its index URL, as the docker CLI does.
+        hub = "https://index.docker.io/v1/" if registry == "docker.io" else registry
+        named = isinstance(helpers, dict) and helpers.get(hub) == helper
+        key = "credHelpers" if named else "credsStore"
+        asked = f"docker-credential-{helper} ({key} in {config})"
+        searched = f"{asked}, then the auths of {config}"
+    else:
+        asked = searched = f"the auths of {config}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the SDK warns when a helper is not on PATH
+            found = auth_config.resolve_authconfig(registry)
+    except (docker.errors.DockerException, ValueError, KeyError, TypeError) as exc:
+        # KeyError, TypeError, ValueError: a helper whose answer is not the protocol's JSON.
+        raise ImageUnavailable(
+            f"could not get {registry}'s credentials from {asked}: "
+            + (
+                _sdk_error_text(exc)
+                if isinstance(exc, docker.errors.DockerException)
+                else "its answer is not the JSON of the credential helper protocol "
+                "({ServerURL, Username, Secret})"
+            ),
+            hint="install the credential helper on PATH (or fix the docker config), or name "
+            "another config in the policy's dockerConfig",
+        ) from exc
+    if not found:
+        return None, searched
+    # A helper's answer carries "ServerAddress"; an auths entry does not (the SDK falls back
+    # to auths when the helper has nothing for the registry).
+    source = asked if helper and "ServerAddress" in found else f"the auths of {config}"
+    token = found.get("IdentityToken") or None
+    username = found.get("Username") or found.get("username") or ""
+    password = found.get("Password") or found.get("password") or ""
+    if not token and not (username or password):
+        return None, searched  # an empty auths entry (`docker login` with a store writes one)
+    creds = Credentials(str(username), str(password), source, str(token) if token else None)
+    return creds, searched
+
+
+def _sdk_error_text(exc: Exception) -> str:
+    text = str(exc)
+    # "Credentials store error: StoreError('docker-credential-x not installed ...')"
+    match = re.search(r"StoreError\((['\"])(.*)\1\)", text, re.DOTALL)
+    return (match.group(2) if match else text).strip()[:500]
+
+
+def credentials_for(registry: str, config: Path) -> Credentials | None:
+    """The credentials for ``registry`` in the docker config ``config`` (auths, credsStore,
+    credHelpers), if any."""
+    return find_credentials(registry, config)[0]
 
 
 def auth_of(creds: Credentials | None) -> tuple[str, str] | None:
-    return (creds.username, creds.password) if creds else None
+    return (creds.username, creds.password) if creds and not creds.identity_token else None
 
 
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
@@ -146,8 +238,17 @@ def _bearer_token(
     realm = params.pop("realm", None)
     if not realm:
         return None
-    auth = (creds.username, creds.password) if creds else None
-    resp = session.get(realm, params=params, auth=auth, timeout=timeout)
+    if creds is not None and creds.identity_token:
+        # OAuth2 refresh-token grant, as the docker CLI does with an identity token.
+        form = {
+            **params,
+            "grant_type": "refresh_token",
+            "refresh_token": creds.identity_token,
+            "client_id": "runner",
+        }
+        resp = session.post(realm, data=form, timeout=timeout)
+    else:
+        resp = session.get(realm, params=params, auth=auth_of(creds), timeout=timeout)
     if resp.status_code != 200:
         return None
     body = resp.json()
@@ -166,9 +267,15 @@ def _message(resp: requests.Response) -> str:
 
 
 def probe_once(
-    ref: Reference, creds: Credentials | None, *, insecure: bool, timeout: float
+    ref: Reference,
+    creds: Credentials | None,
+    *,
+    insecure: bool,
+    timeout: float,
+    searched: str = "the docker config",
 ) -> None:
-    """One manifest HEAD; raises ImageUnavailable (final) or TransientRegistryError."""
+    """One manifest HEAD; raises ImageUnavailable (final) or TransientRegistryError.
+    ``searched`` says where credentials were looked for (for a 401 or 403 message)."""
     scheme = "http" if insecure else "https"
     url = f"{scheme}://{ref.api_host}/v2/{ref.repository}/manifests/{ref.digest}"
     headers = {"Accept": MANIFEST_TYPES}
@@ -182,9 +289,8 @@ def probe_once(
                     if token:
                         headers["Authorization"] = f"Bearer {token}"
                         resp = session.head(url, headers=headers, timeout=timeout)
-                elif creds is not None:
-                    auth = (creds.username, creds.password)
-                    resp = session.head(url, headers=headers, timeout=timeout, auth=auth)
+                elif auth_of(creds) is not None:
+                    resp = session.head(url, headers=headers, timeout=timeout, auth=auth_of(creds))
             if 400 <= resp.status_code < 500:
                 # A HEAD answer has no body: ask again for the registry's own error message,
                 # with the same credentials (a bearer token if one was obtained, else basic).
@@ -199,18 +305,32 @@ def probe_once(
         return
     if status >= 500:
         raise TransientRegistryError(f"{ref.registry} answered {status}: {_message(resp)}")
-    what = {
-        401: "refused the credentials (or none were found in the docker config)",
-        403: "denied access",
-        404: "does not have that manifest",
-        429: "is rate-limiting this host",
-    }.get(status, f"answered {status}")
+    if status == 401:
+        what = (
+            f"refused the credentials from {creds.source}"
+            if creds is not None
+            else f"asked for credentials, and none were found for it in {searched}"
+        )
+    elif status == 403:
+        what = "denied access " + (
+            f"(credentials from {creds.source})"
+            if creds is not None
+            else f"(no credentials found for it in {searched})"
+        )
+    else:
+        what = {
+            404: "does not have that manifest",
+            429: "is rate-limiting this host",
+        }.get(status, f"answered {status}")
+    hint = {
+        401: f"log in to {ref.registry} (`docker login {ref.registry}` writes the docker "
+        "config's auths, or its credsStore or credHelpers helper), or name another config in "
+        "the policy's dockerConfig",
+        403: "check that the account may pull this repository",
+        429: "wait and run again later; the runner does not hammer a rate-limited registry",
+    }.get(status, "check the digest and the repository name")
     raise ImageUnavailable(
-        f"{ref.registry} {what}: {ref.repository}@{ref.digest} ({_message(resp)})",
-        hint="check the digest and the repository name; for a private registry put its "
-        "credentials in the docker config (`docker login`)"
-        if status != 429
-        else "wait and run again later; the runner does not hammer a rate-limited registry",
+        f"{ref.registry} {what}: {ref.repository}@{ref.digest} ({_message(resp)})", hint=hint
     )
 
 
@@ -221,6 +341,7 @@ def probe(
     insecure: bool,
     within_seconds: float = 120.0,
     request_timeout: float = 15.0,
+    searched: str = "the docker config",
 ) -> int:
     """Probe until the registry answers for good or ``within_seconds`` pass; return how many
     tries it took. Transient failures past the bound become ImageUnavailable (retryable)."""
@@ -235,7 +356,9 @@ def probe(
         for attempt in retrying:
             with attempt:
                 tries += 1
-                probe_once(ref, creds, insecure=insecure, timeout=request_timeout)
+                probe_once(
+                    ref, creds, insecure=insecure, timeout=request_timeout, searched=searched
+                )
     except RetryError as exc:
         last = exc.last_attempt.exception()
         error = ImageUnavailable(

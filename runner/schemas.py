@@ -179,6 +179,13 @@ def render(schema: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
+    if not (README.is_file() and CONTRACTS.is_dir()):
+        print(
+            "runner.schemas writes and checks contracts/ and README.md of a source checkout; "
+            f"this runner is installed ({CONTRACTS.parent} has neither). "
+            "`runner schema NAME` prints any schema from the installed models."
+        )
+        return 2
     stale = []
     for filename, schema in schemas().items():
         path = CONTRACTS / filename

@@ -10,17 +10,20 @@ it is made: a later stage makes a new :class:`Known` with :func:`dataclasses.rep
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from runner import log
 from runner.envelope import Allocation, BudgetRecord, GpuRecord, ImageRecord, Stage
 
 if TYPE_CHECKING:
-    from runner.container import Outcome
+    from runner.container import Outcome, Progress
     from runner.contract import VerifiedContract
+    from runner.envelope import ResultEnvelope
     from runner.plan import ExecutionPlan
     from runner.staging import JobDir
 
@@ -87,9 +90,63 @@ def stage(name: Stage, known: Known) -> Iterator[None]:
     """Run a stage: an error or Ctrl-C inside it becomes :class:`Stopped` with its name and
     ``known``. A :class:`Stopped` from a stage nested inside passes through unchanged, and so
     does anything that is neither an error nor Ctrl-C (the process is going away)."""
+    job_id = known.plan.job_id if known.plan else None
+    log.event(logging.DEBUG, f"{name}: begins", jobId=job_id, stage=name)
     try:
         yield
     except Stopped:
         raise
     except (Exception, KeyboardInterrupt) as exc:
+        category = getattr(
+            exc, "category", "cancelled" if isinstance(exc, KeyboardInterrupt) else None
+        )
+        log.event(
+            logging.WARNING, f"{name}: stopped: {exc}", jobId=job_id, stage=name, category=category
+        )
         raise Stopped(name, exc, known) from exc
+
+
+class Silent:
+    """Progress nobody watches."""
+
+    def stage(self, name: str, detail: str) -> None:
+        pass
+
+    def running(self, elapsed: float, budget: float) -> None:
+        pass
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        pass
+
+
+class Logged:
+    """Progress that is also logged (``runner --log-level info``), with the job's id once
+    it is known (a new wrapper then; nothing is changed in place)."""
+
+    def __init__(self, inner: Progress, job_id: str | None = None) -> None:
+        self.inner = inner
+        self.job_id = job_id
+
+    def stage(self, name: str, detail: str) -> None:
+        log.event(logging.INFO, detail, jobId=self.job_id, stage=name)
+        self.inner.stage(name, detail)
+
+    def running(self, elapsed: float, budget: float) -> None:
+        self.inner.running(elapsed, budget)
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        self.inner.transfer(label, done, total)
+
+
+def log_end(envelope: ResultEnvelope) -> None:
+    """The run's last log event: how it ended."""
+    failure = envelope.failure
+    log.event(
+        logging.INFO if failure is None else logging.WARNING,
+        f"job {envelope.status}" + (f": {failure.reason}" if failure else ""),
+        jobId=envelope.jobId,
+        stage=failure.stage if failure else None,
+        attempt=envelope.attempt,
+        category=failure.category if failure else None,
+        seconds=envelope.timings.totalSeconds,
+    )

@@ -5,7 +5,8 @@
 #   3. the base image runner-base:bookworm (built offline with debootstrap) or
 #      $RUNNER_BASE_IMAGE when set (a pinned public base, pulled if missing),
 #   4. the job image runner-cpu:local, built with no network,
-#   5. docker-registry (Debian's), which the image tests run on 127.0.0.1,
+#   5. docker-registry (Debian's), which the image tests run on 127.0.0.1, and htpasswd
+#      (apache2-utils) for the one that requires basic auth,
 #   6. gVisor's runsc (Debian's), registered with the engine as the runtime "runsc".
 # Safe to run many times; reruns are fast (stamp file, existing images, layer cache).
 #
@@ -146,6 +147,27 @@ ensure_venv() {
   printf '%s\n' "$want" >"$STAMP"
 }
 
+# The wheel smoke test (tests/test_wheel.py) installs the runner's wheel, without -e, into a
+# fresh venv with no network: its dependencies and build tools come from this folder.
+WHEELHOUSE="$ROOT/.wheelhouse"
+ensure_wheelhouse() {
+  local want have=""
+  want="$( (cat pyproject.toml; echo "wheelhouse-1") | sha256sum | cut -d' ' -f1)"
+  [ -r "$WHEELHOUSE/.stamp" ] && have="$(cat "$WHEELHOUSE/.stamp")"
+  if [ "$want" = "$have" ]; then
+    log "wheelhouse: reusing $WHEELHOUSE"
+    return 0
+  fi
+  log "wheelhouse: the dependencies' wheels and the build tools, for the wheel smoke test"
+  mkdir -p "$WHEELHOUSE"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip wheel -q -w "$WHEELHOUSE" . \
+    || die "wheelhouse: pip wheel . failed"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip download -q -d "$WHEELHOUSE" \
+    'setuptools>=77' wheel || die "wheelhouse: could not fetch setuptools and wheel"
+  rm -f "$WHEELHOUSE"/reproduction_runner-*.whl # the test builds the tree's own
+  printf '%s\n' "$want" >"$WHEELHOUSE/.stamp"
+}
+
 # --------------------------------------------------------------------------- images
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 
@@ -186,13 +208,20 @@ build_job_image() {
 
 # --------------------------------------------------------------------------- test tools
 # Debian's docker-registry: the tests run a real registry on 127.0.0.1 (they start it
-# themselves; the package's own service is not used).
+# themselves; the package's own service is not used). htpasswd (apache2-utils) writes the
+# bcrypt password file of the one that requires basic auth (tests/test_registry_auth.py).
 ensure_test_tools() {
   if command -v docker-registry >/dev/null 2>&1; then
     log "tools: reusing docker-registry"
   else
     log "tools: installing docker-registry (a real registry for the image tests)"
     apt_install docker-registry
+  fi
+  if command -v htpasswd >/dev/null 2>&1; then
+    log "tools: reusing htpasswd"
+  else
+    log "tools: installing apache2-utils (htpasswd, for the registry with basic auth)"
+    apt_install apache2-utils
   fi
 }
 
@@ -237,6 +266,7 @@ command -v python3 >/dev/null 2>&1 || apt_install python3
 ensure_gvisor
 ensure_test_tools
 ensure_venv
+ensure_wheelhouse
 ensure_base
 build_job_image
 log "done in $((SECONDS - start))s; $JOB_TAG is $(docker image inspect --format '{{.Id}}' "$JOB_TAG")"

@@ -23,7 +23,7 @@ def test_every_error_class_names_a_category_of_the_table() -> None:
 
 
 def test_families_and_exit_codes() -> None:
-    assert [f.code for f in Family] == [130, 4, 3, 1, 0]  # also the batch's precedence
+    assert [f.code for f in Family] == [130, 4, 3, 5, 1, 0]  # also the batch's precedence
     assert {c for c in Category if exit_family(c) == "refused"} == REFUSALS
     assert exit_family(None) == "succeeded"
     assert exit_family("timeout") == "job_failed"
@@ -63,6 +63,7 @@ def test_the_cli_agrees_with_the_table() -> None:
         Family.REFUSED: _common.EXIT_REFUSED,
         Family.INFRASTRUCTURE: _common.EXIT_INFRASTRUCTURE,
         Family.CANCELLED: _common.EXIT_CANCELLED,
+        Family.NOT_FOUND: _common.EXIT_NOT_FOUND,
     }
     assert all(family.code == code for family, code in constants.items())
     lines = _common.EXIT_CODES_HELP.splitlines()

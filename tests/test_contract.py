@@ -347,3 +347,38 @@ def test_cli_listing_is_the_full_parser_for_a_line_naming_no_command() -> None:
     (a,) = [x for x in full._actions if x.dest == "command"]
     (b,) = [x for x in listing._actions if x.dest == "command"]
     assert list(a.choices) == list(b.choices)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("pointer", ["/a~2", "/a~", "/~", "/ok/b~3c"])
+def test_a_pointer_with_an_invalid_escape_is_refused(tmp_path: Path, pointer: str) -> None:
+    """RFC 6901: '~' only as '~0' or '~1'; anything else is not a pointer."""
+    data = _toy()
+    data["measurements"][0]["parser"]["config"]["pointer"] = pointer
+    with pytest.raises(ContractError, match="pointer"):
+        load_contract(_write(tmp_path, data))
+
+
+def test_escaped_pointers_are_accepted(tmp_path: Path) -> None:
+    data = _toy()
+    data["measurements"][0]["parser"]["config"]["pointer"] = "/a~0b/c~1d/~01"
+    load_contract(_write(tmp_path, data))
+
+
+def test_status_of_a_missing_job_is_job_not_found(tmp_path: Path) -> None:
+    proc = run_cli("status", "no-such-job", "--state-dir", str(tmp_path))
+    assert proc.returncode == 5, proc.stderr
+    assert "job_not_found" in proc.stderr and "policy_violation" not in proc.stderr
+
+
+def test_version_and_schema_commands() -> None:
+    proc = run_cli("--version", "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["distribution"] == "reproduction-runner" and info["python"]
+    from runner._version import __version__
+
+    assert info["runner"] == __version__
+    proc = run_cli("schema", "execution-contract")
+    assert proc.returncode == 0
+    assert proc.stdout == (CONTRACTS / "execution-contract.schema.json").read_text()
+    assert run_cli("schema", "nope").returncode == 2

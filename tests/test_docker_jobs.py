@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -388,13 +387,14 @@ def test_running_job_has_every_cap_and_sigterm_stops_it(tmp_path: Path, image_id
 
 
 def test_no_temporary_files_left_behind(tmp_path: Path, image_id: str) -> None:
-    """A run leaves nothing in the system temp folder."""
-    before = set(os.listdir(tempfile.gettempdir()))
+    """A run leaves nothing in its temp folder (a test-owned TMPDIR: other programs on the
+    machine may come and go in the system's /tmp)."""
+    temp = tmp_path / "tmpdir"
+    temp.mkdir()
     contract = write_contract(tmp_path, image_id, command=["true"])
-    code, _, stderr = run_job(contract, tmp_path / "state")
+    code, _, stderr = run_job(contract, tmp_path / "state", env={"TMPDIR": str(temp)})
     assert code == 1, stderr  # ran, wrote no evidence: missing_evidence
-    after = set(os.listdir(tempfile.gettempdir()))
-    assert {p for p in after - before if not p.startswith("pytest-")} == set()
+    assert sorted(temp.iterdir()) == []
     assert session_containers() == []
 
 

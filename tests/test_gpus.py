@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from runner import orchestrator, policy
+from runner import gpus, orchestrator, policy
 from runner.contract import Trust
 from runner.errors import GpuUnavailable
 from runner.gpus import Allocator, Gpu, HostDetector, parse_smi
 from runner.ledger import read_state
-from tests.support import SESSION_ID, SESSION_LABEL, docker, write_contract
+from tests.support import ROOT, SESSION_ID, SESSION_LABEL, docker, write_contract
 
 FAKE = [
     Gpu(0, "GPU-00000000-fake-0000-0000-000000000000", "Fake H100", 80 * 1024**3, "550.54"),
@@ -151,7 +151,7 @@ def test_engine_without_driver_is_gpu_unavailable(tmp_path: Path, image_id: str)
     assert env.exitCode is None
     assert orchestrator.failure_exit_family(env) == "infrastructure"
     assert docker("ps", "-aq", "--filter", f"label=org.runner.job-id={env.jobId}").stdout == ""
-    assert list((tmp_path / "locks").glob("*.json")) == []
+    assert gpus.Allocator(tmp_path / "locks", lambda _: True).holders() == {}
     # The attempt is recorded as never started: a later run is not charged for it.
     assert env.jobDir is not None
     ledger = read_state(Path(env.jobDir) / "record" / "ledger.jsonl")
@@ -211,3 +211,71 @@ def test_nvml_strings_are_text_from_either_binding() -> None:
 
     assert _text(b"GPU-1234") == "GPU-1234"
     assert _text("NVIDIA H200") == "NVIDIA H200"
+
+
+ALLOCATE_AS_ANOTHER_USER = """
+import json, sys
+from pathlib import Path
+from runner.errors import GpuUnavailable
+from runner.gpus import Allocator, Gpu
+gpu = Gpu(**json.loads(sys.argv[2]))
+try:
+    allocator = Allocator(Path(sys.argv[1]), lambda holder: True)
+    got = allocator.allocate(1, [gpu], {"jobDir": "/jobs/b"})
+    print("got", got[0].uuid)
+except GpuUnavailable as exc:
+    print("busy", exc.message)
+"""
+
+
+def test_users_share_one_host_wide_lock_folder(request: pytest.FixtureRequest) -> None:
+    """Two users' runners (root and nobody here) are never handed the same GPU: the lock
+    folder is shared (mode 1777) and its lock files are readable and writable by both."""
+    import json
+    import os
+    import shutil
+    import stat
+    import subprocess
+    import sys
+    import tempfile
+    from dataclasses import asdict
+
+    assert os.geteuid() == 0, "the test suite runs as root (see README, Tests)"
+    # pytest's own folders are root's only: the shared folder's parent must be reachable.
+    shared = Path(tempfile.mkdtemp(prefix="runner-gpu-locks-test-"))
+    os.chmod(shared, 0o755)  # noqa: S103 - nobody must reach the shared folder
+    request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
+    locks = shared / "runner-gpus"
+
+    gpu = json.dumps(asdict(FAKE[0]))
+    # A Python that user can run (this venv's may live under root's home): the system's.
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+    def as_nobody() -> str:
+        def drop() -> None:
+            os.setgid(65534)
+            os.setuid(65534)
+
+        proc = subprocess.run(
+            [python, "-c", ALLOCATE_AS_ANOTHER_USER, str(locks), gpu],
+            capture_output=True,
+            text=True,
+            preexec_fn=drop,
+            env={"PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"},
+            check=False,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    root = Allocator(locks, lambda holder: True)
+    root.allocate(1, FAKE[:1], _owner("a"))
+    assert stat.S_IMODE(locks.stat().st_mode) == 0o1777
+    lock = locks / f"{FAKE[0].uuid}.json"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o666
+    assert as_nobody().startswith("busy")  # held by root's job: never handed out twice
+    root.release("/jobs/a")
+    assert as_nobody().startswith(f"got {FAKE[0].uuid}")  # free again, for any user
+    assert root.holders()[FAKE[0].uuid]["uid"] == 65534
+    with pytest.raises(GpuUnavailable):
+        root.allocate(1, FAKE[:1], _owner("c"))

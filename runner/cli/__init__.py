@@ -16,6 +16,8 @@ module               commands
 ``image.py``         image load
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
+``schema.py``        schema
+``completion.py``    completion
 ``serve.py``         serve
 ``_common.py``       exit codes, help texts, host options, progress, the summary
 ===================  ==========================================================
@@ -64,6 +66,8 @@ _TABLE = {
     "ledger": ("job", "inspect a job's budget ledger"),
     "cleanup": ("job", "remove containers of finished jobs that no runner watches"),
     "parsers": ("parsers", "list the registered evidence parsers (id, version, config schema)"),
+    "schema": ("schema", "print the JSON Schema of a contract, policy, envelope or result.json"),
+    "completion": ("completion", "print a bash, zsh or tcsh completion script"),
     "serve": (
         "serve",
         "keep a warm runner that `runner run` and `runner verify` hand their work to",
@@ -118,6 +122,25 @@ def build_parser(only: str | None = None, *, listing: bool = False) -> argparse.
         epilog=EXIT_CODES_HELP + "\n" + HOST_HELP + EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(
+        "-V",
+        "--version",
+        action="store_true",
+        help="print the runner's, Python's and the engine API's versions (with --json: as "
+        "JSON) and exit",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="log what the runner does on stderr from this level (default: no log; "
+        "$RUNNER_LOG_LEVEL); may also follow the command",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="text (default), or json: one object per line with ts, level, event, jobId, "
+        "stage, attempt, category ($RUNNER_LOG_FORMAT)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, line) in _TABLE.items():
         if listing:
@@ -127,8 +150,96 @@ def build_parser(only: str | None = None, *, listing: bool = False) -> argparse.
     return parser
 
 
+def version_info(*, engine: bool = True) -> dict[str, Any]:
+    """What ``runner --version`` says: this runner, its Python, and the engine API it speaks
+    (and the engine's, when one answers within a second)."""
+    import platform
+
+    from runner._version import DISTRIBUTION, __version__
+
+    info: dict[str, Any] = {
+        "runner": __version__,
+        "distribution": DISTRIBUTION,
+        "python": platform.python_version(),
+        "dockerSdk": None,
+        "engineApiDefault": None,
+        "engine": None,
+    }
+    if not engine:
+        return info
+    try:
+        import docker
+        from docker import constants
+    except ImportError:
+        return info
+    info["dockerSdk"] = docker.__version__
+    info["engineApiDefault"] = constants.DEFAULT_DOCKER_API_VERSION
+    try:
+        client = docker.from_env(timeout=1)
+        v = client.version()
+        info["engine"] = {"version": v.get("Version"), "apiVersion": v.get("ApiVersion")}
+    except Exception as exc:  # noqa: BLE001 - an absent engine is an answer here, not an error
+        info["engine"] = {"error": f"not reachable ({type(exc).__name__})"}
+    return info
+
+
+def _print_version(as_json: bool) -> int:
+    info = version_info()
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return EXIT_SUCCEEDED
+    engine = info["engine"] or {}
+    said = (
+        f"engine {engine['version']} (API {engine['apiVersion']})"
+        if "version" in engine
+        else f"engine {engine.get('error', 'unknown')}"
+    )
+    print(
+        f"runner {info['runner']} ({info['distribution']}), Python {info['python']}, "
+        f"docker SDK {info['dockerSdk']} (API {info['engineApiDefault']}), {said}"
+    )
+    return EXIT_SUCCEEDED
+
+
+def _logging_options(given: list[str]) -> list[str]:
+    """Take ``--log-level`` and ``--log-format`` from anywhere before ``--`` (else
+    ``$RUNNER_LOG_LEVEL``, ``$RUNNER_LOG_FORMAT``), set the log up, and return the rest."""
+    from runner import log
+
+    chosen: dict[str, str | None] = {
+        "--log-level": os.environ.get("RUNNER_LOG_LEVEL"),
+        "--log-format": os.environ.get("RUNNER_LOG_FORMAT"),
+    }
+    rest: list[str] = []
+    it = iter(given)
+    for arg in it:
+        if arg == "--":
+            rest.append(arg)
+            rest.extend(it)
+            break
+        name, eq, value = arg.partition("=")
+        if name in chosen:
+            chosen[name] = value if eq else next(it, None)
+        else:
+            rest.append(arg)
+    for name, allowed in (("--log-level", log.LEVELS), ("--log-format", log.FORMATS)):
+        given_value = chosen[name]
+        if given_value is not None and given_value.lower() not in allowed:
+            print(
+                f"runner: {name} wants one of {', '.join(allowed)}, got {given_value!r}",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
+    level, fmt = chosen["--log-level"], chosen["--log-format"]
+    log.configure(level.lower() if level else None, fmt.lower() if fmt else None)
+    return rest
+
+
 def dispatch(given: list[str]) -> int:
     """Run one command line in this process; its exit code."""
+    given = _logging_options(given)
+    if given and given[0] in ("--version", "-V"):
+        return _print_version("--json" in given[1:])
     # pydantic scans every installed package's entry points for its plug-ins on first use
     # (about 20 ms of each start); the runner uses none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")

@@ -30,6 +30,7 @@ EXIT_JOB_FAILED = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
 EXIT_INFRASTRUCTURE = 4
+EXIT_NOT_FOUND = 5
 EXIT_CANCELLED = 130
 
 EXIT_CODES_HELP = """\
@@ -43,6 +44,7 @@ exit codes:
        bundle that cannot be made or does not verify
   4    infrastructure: the engine is unreachable, the image is not here, no GPU to give,
        the host's policy or keys are broken, the runner failed
+  5    no such job: the job id or folder given (status, parse, ledger, export) is not here
   (a job that already finished prints its stored envelope and exits with its code)
   130  interrupted (Ctrl-C or SIGTERM); the container was stopped and an envelope written
 """

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner import host
 from runner.cli._common import EXIT_JOB_FAILED, EXIT_SUCCEEDED, envelope_exit, fmt_clock, summary
-from runner.errors import RefusedError
+from runner.errors import JobNotFound, RefusedError
 from runner.staging import JobDir, StateDir
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def _job_root(args: argparse.Namespace) -> Path:
         return given
     root: Path = StateDir(host.state_dir(args.state_dir)).job(str(args.job)).root
     if not root.is_dir():
-        raise RefusedError(
+        raise JobNotFound(
             f"no job {args.job!r} under {root.parent}",
             hint="pass the job id and the same --state-dir as `runner run`, or the job folder",
         )

@@ -162,6 +162,7 @@ def _run_options(
         stop_grace_seconds=args.stop_grace,
         heartbeat_seconds=args.heartbeat,
         protected=(Path(host.config_dir()),),
+        gpu_lock_dir=host.gpu_lock_dir(),
     )
 
 

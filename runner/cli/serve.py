@@ -41,8 +41,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if len(str(path)) > 100:
         usage(f"the socket path {path} is too long for a Unix socket; set RUNNER_SERVER")
 
+    import logging
+
+    from runner import log
+
     def announce(line: str) -> None:
-        print(f"runner serve: {line}", file=sys.stderr, flush=True)
+        # The server's own events: in the log when it is on (--log-level, --log-format),
+        # else on stderr as before.
+        if log.LOGGER.isEnabledFor(logging.INFO):
+            log.event(logging.INFO, line, stage="serve")
+        else:
+            print(f"runner serve: {line}", file=sys.stderr, flush=True)
 
     load_all()  # every command's module, as the server's warm-up does the rest of the runner
     return server.serve(path, dispatch, announce)

@@ -38,7 +38,8 @@ __all__ = ["MAX_TOKEN_BYTES", "TokenGuard"]  # with the names defined below
 
 POINTER_SCHEMA: dict[str, Any] = {
     "type": "string",
-    "pattern": "^(/.*)?$",
+    # RFC 6901: '~' only as '~0' or '~1' ('/a~2' and '/a~' are not pointers).
+    "pattern": "^(/([^/~]|~[01])*)*$",
     "description": (
         "An RFC 6901 JSON Pointer: '' is the whole document, '/a/b~1c/0' is key 'a', then key "
         "'b/c' (~1 is '/', ~0 is '~'), then array element 0 (no leading zeros)."
@@ -67,7 +68,14 @@ def split_pointer(pointer: str) -> tuple[str, ...]:
         return ()
     if not pointer.startswith("/"):
         raise ValueError(f"a JSON Pointer is empty or starts with '/': {pointer!r}")
-    return tuple(t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/"))
+    tokens = pointer[1:].split("/")
+    for t in tokens:
+        if "~" in t.replace("~0", "").replace("~1", ""):
+            raise ValueError(
+                f"{pointer!r} is not an RFC 6901 JSON Pointer: '~' must be written '~0', "
+                "and '/' inside a key '~1'"
+            )
+    return tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens)
 
 
 def join_pointer(tokens: Iterable[str | int]) -> str:
