@@ -4,9 +4,10 @@
 running is reattached to, one that ended while no runner watched is recorded, one that
 vanished or never started is closed in the ledger; an attempt that ended before its envelope
 was written is read back. Only when nothing is left to pick up does it start a new attempt
-(:func:`_new`): stage the inputs, acquire the image, hand out GPUs, create and watch the
-container. Either way it returns an :class:`AttemptResult`: values, nothing shared. A stage
-that fails raises :class:`~runner.stages.Stopped` naming itself.
+(:func:`_new`): stage the inputs, acquire the image, hand out GPUs, bring up the egress
+allowlist if the plan has one, create and watch the container. Either way it returns an
+:class:`AttemptResult`: values, nothing shared. A stage that fails raises
+:class:`~runner.stages.Stopped` naming itself.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from runner import (
     agent_result,
     container,
+    egress,
     envelope,
     errors,
     gpus,
@@ -32,7 +34,7 @@ from runner import (
     records,
     staging,
 )
-from runner.backends.base import Backend, ContainerState
+from runner.backends.base import Backend, Backstop, ContainerState
 from runner.container import Outcome, Progress, Watch
 from runner.contract import VerifiedContract
 from runner.envelope import Allocation, GpuRecord, ImageRecord
@@ -40,7 +42,7 @@ from runner.errors import ContainerVanished, GpuUnavailable, PolicyViolation, Re
 from runner.ledger import Budget, Ledger
 from runner.options import RunOptions
 from runner.plan import ExecutionPlan
-from runner.stages import Known, stage
+from runner.stages import Known, Stopped, stage
 
 FINAL = {"succeeded", *errors.FINAL}
 """Attempt classifications that end the job; after the others (cancelled, interrupted,
@@ -193,6 +195,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
     known = replace(known, image=None, gpus=())  # an earlier attempt's are not this one's
     since = time.monotonic()
     with stage("stage", known):
+        if st.attempts and st.attempts[-1].starting.get("egress"):  # what a crash left
+            _egress_down(job, st.attempts[-1].number)
         policy.refuse_expired(job.contract, datetime.now(UTC), what=NO_NEW_ATTEMPT)
         if consumed >= job.limit:
             data = {"consumedSeconds": round(consumed, 3), "limitSeconds": job.limit}
@@ -226,6 +230,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
     name = container.container_name(job.dir.root, p.job_id, n)
     with stage("image", known):
         _check_runtime(job)
+        eg = egress.prepare(job.backend, p.egress, name) if p.egress else None
         gpu_ids, given, fallback = _allocate_gpus(job, name)
     known = replace(known, gpus=given, gpu_fallback=fallback or known.gpu_fallback)
     decided = envelope.allocation(
@@ -236,7 +241,9 @@ def _new(job: Job, known: Known) -> AttemptResult:
         layout.add_input(job.dir, "compute-decision.json", decision)
     known = replace(known, allocation=decided)
     deadline = container.backstop(job.limit - consumed, opts.stop_grace_seconds)
-    spec = container.spec(p, job.dir, info.id, n, gpu_ids, deadline)
+    spec = container.spec(
+        p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None
+    )
     ledger.append(
         f"attempt-{n}.starting",
         "attempt.starting",
@@ -246,6 +253,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
             "engineDeadlineSeconds": deadline.after_seconds,
             "image": got[1].model_dump(mode="json"),
             "gpus": [g.model_dump(mode="json") for g in given],
+            **({"egress": eg.as_json()} if eg else {}),
         },
     )
 
@@ -265,6 +273,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
     with stage("container", known):
         w = _watch(job, n, consumed, 0.0, guards)
         try:
+            if eg is not None:
+                _egress_up(job, eg, spec.labels, deadline, n)
             outcome = container.run_attempt(
                 job.backend, spec, w, job.dir.attempt_record(n), progress, created
             )
@@ -287,8 +297,42 @@ def _new(job: Job, known: Known) -> AttemptResult:
                     "how": "not-started",
                 },
             )
+            if eg is not None:  # its egress goes with it, its log kept
+                gone = replace(known, egress=_egress_down(job, n))
+                raise Stopped("container", cause, gone) from None
             raise cause from None
     return AttemptResult(outcome, known, guards, n)
+
+
+def _egress_up(job: Job, eg: egress.Egress, labels: dict[str, str], job_deadline: Backstop,
+               n: int) -> None:  # fmt: skip
+    """Bring up attempt ``n``'s egress; a failure is the attempt's :class:`NotStarted`. Its
+    proxy and holder outlive the job's own engine deadline by a minute, then end by
+    themselves too."""
+    job.progress.stage("egress", f"proxy for {', '.join(map(str, eg.allow))} via "
+                       f"{eg.upstream_network}")  # fmt: skip
+    deadline = Backstop(job_deadline.after_seconds + 60, job_deadline.interval_seconds)
+    try:
+        egress.up(job.backend, eg, job.dir.attempt_record(n), labels=labels, deadline=deadline)
+    except (errors.RunnerError, KeyboardInterrupt) as exc:
+        raise container.NotStarted(exc) from exc
+
+
+def _egress_down(job: Job, n: int) -> envelope.EgressRecord | None:
+    """Take down attempt ``n``'s egress, as the ledger recorded it (nothing if it had none)."""
+    return egress_down(job.backend, job.ledger, job.dir, n)
+
+
+def egress_down(
+    backend: Backend, ledger: Ledger, job: staging.JobDir, n: int
+) -> envelope.EgressRecord | None:
+    """Take down attempt ``n``'s egress allowlist, as its ``attempt.starting`` event recorded
+    it, keeping the proxy's log in its record; None when it had none. Safe to repeat."""
+    mine = next((a for a in ledger.state.attempts if a.number == n), None)
+    started = mine.starting.get("egress") if mine is not None else None
+    if not started:
+        return None
+    return egress.down(backend, egress.Egress.from_json(started), job.attempt_record(n), job.root)
 
 
 def _acquire(job: Job) -> tuple[images.Acquired, ImageRecord]:

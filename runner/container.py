@@ -79,11 +79,14 @@ def spec(
     attempt: int,
     gpu_ids: tuple[str, ...] = (),
     deadline: Backstop | None = None,
+    network: str | None = None,
 ) -> ContainerSpec:
     """The attempt's container. Without GPUs, NVIDIA_VISIBLE_DEVICES=void keeps a GPU-aware
-    runtime from exposing devices even when the image asks for them."""
+    runtime from exposing devices even when the image asks for them. ``network``: another
+    than the plan's (the egress allowlist's ``container:<holder>``)."""
     return ContainerSpec(
         backstop=deadline,
+        network=network,
         name=container_name(job.root, p.job_id, attempt),
         image=image_id,
         entrypoint=p.entrypoint,

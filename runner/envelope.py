@@ -243,7 +243,9 @@ class Allocation(_Model):
         description="Why a contract asking for GPUs runs on CPU only (it allowed a fallback)."
     )
     runtime: str = Field(description="The container runtime: runc, or runsc (gVisor).")
-    network: str = Field(description="none: no network at all.")
+    network: str = Field(
+        description="none: no network at all; egress: only the allowlist, through the proxy."
+    )
     budgetLimitSeconds: float = Field(description="The job's budget across every attempt.")
     budgetRemainingSeconds: float = Field(description="What was left when this attempt started.")
 
@@ -348,6 +350,48 @@ def materials(
             )
         )
     return out
+
+
+class EgressConnection(_Model):
+    """One request the job made of the egress proxy, as the proxy's log tells it."""
+
+    at: str | None = Field(description="When the proxy read it (the engine's log time, UTC).")
+    method: str = Field(description="CONNECT for a tunnel (TLS), else the HTTP method.")
+    target: str = Field(description="What the job asked for: host:port, or the URL.")
+    host: str | None = Field(description="The host the proxy would connect to.")
+    port: int | None
+    decision: Literal["allowed", "refused", "incomplete"] = Field(
+        description="allowed: on the allowlist, so the proxy connected onward (or tried); "
+        "refused: answered with an error, nothing sent onward; incomplete: the request never "
+        "ended (the client gave up) or its end is not in the kept log."
+    )
+    detail: str = Field(
+        description="connected, unreachable; not on the allowlist, port not allowed, bad "
+        "request, not an HTTP proxy request; no outcome."
+    )
+
+
+class EgressRecord(_Model):
+    """What the job was allowed to reach, and every connection it asked the proxy for."""
+
+    allow: list[str] = Field(description="The host:port pairs the proxy let through.")
+    upstreamNetwork: str = Field(description="The engine network the proxy reached them on.")
+    proxyImage: str = Field(description="The proxy's image id.")
+    network: str = Field(description="The job's own network (internal: no way out).")
+    allowed: int = Field(description="Connections the proxy made (or tried) for the job.")
+    refused: int = Field(description="Requests it refused.")
+    incomplete: int = Field(description="Requests with no outcome in the log.")
+    connections: list[EgressConnection] = Field(
+        description="Each request, in the order the proxy read them (the first 1,000)."
+    )
+    connectionsDropped: int = Field(default=0, description="Requests past the first 1,000.")
+    log: str = Field(description="The proxy's log, relative to the job folder.")
+    logTruncated: bool = Field(
+        default=False, description="The log reached its cap; later requests are not counted."
+    )
+    problems: list[str] = Field(
+        default_factory=list, description="What went wrong taking it down, if anything."
+    )
 
 
 class BudgetRecord(_Model):
@@ -456,6 +500,11 @@ class ResultEnvelope(_Model):
     stderrPath: str | None = Field(
         default=None, description="The job's stderr file, relative to the output folder."
     )
+    egress: EgressRecord | None = Field(
+        default=None,
+        description="The egress allowlist the job ran behind: its connections, allowed and "
+        "refused, counted (null: it had none).",
+    )
 
 
 def applied_limits(p: ExecutionPlan) -> AppliedLimits:
@@ -523,6 +572,7 @@ def build(
     attempts: Sequence[AttemptRecord] = (),
     inputs: Sequence[InputRecord] = (),
     inputs_unchanged: bool | None = None,
+    egress: EgressRecord | None = None,
 ) -> ResultEnvelope:
     """The envelope of a run, a pure function of what the run produced (any of it may be
     missing: a run refused at the contract has no plan, no job folder, no container)."""
@@ -579,4 +629,5 @@ def build(
         attempts=list(attempts),
         stdoutPath=p.stdout_path if p else None,
         stderrPath=p.stderr_path if p else None,
+        egress=egress,
     )

@@ -190,6 +190,8 @@ def _locked(
         known = replace(known, warnings=(*known.warnings, f"ran on CPU only: {known.gpu_fallback}"))
     with stage("container", known):
         failure, budget = _record_end(got, ledger, p, job, backend, limit)
+        # The attempt's egress allowlist goes once its container has: the proxy's log is kept.
+        known = replace(known, egress=attempt.egress_down(backend, ledger, job, got.number))
     known = replace(known, budget=budget)
     with stage("parsers", known):
         envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
@@ -464,6 +466,7 @@ def _envelope(
         seconds=known.seconds,
         warnings=known.warnings,
         budget=known.budget,
+        egress=known.egress,
         **rest,
     )
 

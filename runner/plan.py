@@ -12,12 +12,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Literal
 
-from runner.backends.types import GIB, MIB, Limits
+from runner.backends.types import GIB, MIB, EgressPlan, Limits
 from runner.contract import VerifiedContract
 from runner.contract.models import JOB_ID_PATTERN
 from runner.errors import PolicyViolation, ProtocolAmbiguous
 from runner.images import ImagePin, parse_pin
-from runner.policy import HostPolicy, gpus_over_policy, isolation
+from runner.policy import HostPolicy, egress_granted, gpus_over_policy, isolation
 
 OVERRIDABLE = ("cpus", "memoryGb", "shmGb", "pidsLimit", "timeoutMinutes", "tmpfsMb")
 """Limits the host operator may tighten from the command line (``--limit KEY=VALUE``)."""
@@ -48,6 +48,8 @@ class ExecutionPlan:
     """Why a contract asking for GPUs will run on CPU only (its policy allows fewer GPUs and
     the contract allows a CPU fallback); None otherwise."""
     environment: dict[str, str] = field(default_factory=dict)
+    egress: EgressPlan | None = None
+    """The egress allowlist the job runs behind (``limits.network`` is then ``egress``)."""
 
     @property
     def entrypoint(self) -> list[str]:
@@ -252,6 +254,12 @@ def build(
     engine_value("timeoutMinutes", lim["timeoutMinutes"], ov)  # at least a second
     memory = engine_value("memoryGb", lim["memoryGb"], ov)
     runtime = isolation(contract, policy)
+    allow = egress_granted(contract, policy)
+    egress = (
+        EgressPlan(allow, policy.egress.upstreamNetwork, policy.egress.proxyImage)
+        if allow and policy.egress
+        else None
+    )
     limits = Limits(
         cpus=engine_value("cpus", lim["cpus"], ov) / 1e9,
         memory_bytes=memory,
@@ -260,7 +268,7 @@ def build(
         pids=None if runtime == "runsc" else engine_value("pidsLimit", lim["pidsLimit"], ov),
         tmpfs_bytes=engine_value("tmpfsMb", lim["tmpfsMb"], ov),
         gpus=gpus,
-        network="bridge" if env.networkAccess else "none",
+        network="bridge" if env.networkAccess else "egress" if egress else "none",
         timeout_seconds=lim["timeoutMinutes"] * 60,
         runtime=runtime,
         disk_quota_bytes=engine_value("diskGb", env.diskGb or policy.maxima.diskGb, ov),
@@ -274,6 +282,12 @@ def build(
             "$.environment.networkAccess: runsc (gVisor) runs jobs with no network here; a job "
             "that needs network runs under runc",
             hint="ask for isolation runc, or drop networkAccess",
+        )
+    if limits.runtime == "runsc" and egress:
+        raise PolicyViolation(
+            "$.environment.egress: runsc (gVisor) runs jobs with no network here; a job behind "
+            "the egress allowlist runs under runc",
+            hint="ask for isolation runc, or drop egress",
         )
     user = f"{JOB_UID}:{JOB_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"
     protocol = contract.model.protocol
@@ -306,5 +320,7 @@ def build(
             # kept across its attempts and counted in its disk quota.
             "XDG_CACHE_HOME": "/job/runtime-cache",
             "PIP_CACHE_DIR": "/job/runtime-cache/pip",
+            **(egress.environment() if egress else {}),
         },
+        egress=egress,
     )

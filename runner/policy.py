@@ -13,11 +13,12 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import rfc8785
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runner.backends.types import HOST_PORT_PATTERN, HostPort
 from runner.contract import VerifiedContract
 from runner.errors import ContractError, HostConfigError, PolicyViolation, SignatureInvalid
 from runner.images import registry_of
@@ -44,6 +45,30 @@ class Maxima(BaseModel):
     diskGb: float = Field(default=100, gt=0, description="output/ + workspace/ a job may ask.")
 
 
+class EgressGrant(BaseModel):
+    """The egress allowlist this host grants: contracts may ask for these pairs, or fewer."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allow: list[Annotated[str, Field(pattern=HOST_PORT_PATTERN, max_length=259)]] = Field(
+        default_factory=list,
+        description="host:port pairs a contract's environment.egress may name (exact names, "
+        "any case; an IP literal is never one).",
+    )
+    upstreamNetwork: str = Field(
+        min_length=1,
+        description="The engine network the proxy reaches them through: a bridge network with "
+        "a route out, made by the operator (`docker network create runner-egress`). Only the "
+        "proxy joins it, never the job.",
+    )
+    proxyImage: str = Field(
+        default="runner-proxy:local",
+        min_length=1,
+        description="The proxy's image (scripts/setup.sh builds runner-proxy:local); its id is "
+        "recorded in the envelope.",
+    )
+
+
 class HostPolicy(BaseModel):
     """What this host allows. The defaults are the safe ones."""
 
@@ -66,6 +91,11 @@ class HostPolicy(BaseModel):
     )
     maxima: Maxima = Field(default_factory=Maxima)
     allowNetwork: bool = Field(default=False, description="Whether network may ever be granted.")
+    egress: EgressGrant | None = Field(
+        default=None,
+        description="The egress allowlist this host grants (null: none): a contract's "
+        "environment.egress may name these host:port pairs, never others.",
+    )
     allowedRegistries: list[str] = Field(
         default_factory=lambda: ["*"],
         description="Registries images may come from ('docker.io', 'localhost:5000', '*' "
@@ -267,6 +297,7 @@ def check(
             hint="issue the contract with networkAccess false, or run it on a host whose policy "
             "sets allowNetwork (or that passes --allow-network)",
         )
+    egress_granted(contract, policy)
     registry = registry_of(env.image)
     allowed = policy.allowedRegistries
     if registry is not None and "*" not in allowed and registry not in allowed:
@@ -294,6 +325,39 @@ def _check_input_digests(contract: VerifiedContract, policy: HostPolicy) -> None
                 hint="fill the digests in with `runner pin CONTRACT` (or `runner sign`, which "
                 "does so before signing) and sign the contract again",
             )
+
+
+def egress_granted(contract: VerifiedContract, policy: HostPolicy) -> tuple[HostPort, ...]:
+    """The pairs the contract's ``environment.egress`` asks for, each granted by the policy
+    (never more than it asks); refuses a pair the policy does not grant."""
+    env = contract.model.environment
+    if env.egress is None:
+        return ()
+    if env.networkAccess:
+        raise PolicyViolation(
+            "$.environment.egress: the contract asks for the full network (networkAccess true) "
+            "and for an egress allowlist; one of them would be ignored",
+            hint="drop networkAccess to run behind the allowlist, or drop egress",
+        )
+    grant = policy.egress
+    granted = {HostPort.parse(x) for x in grant.allow} if grant else set()
+    asked = []
+    for i, text in enumerate(env.egress):
+        pair = HostPort.parse(text)
+        if pair not in granted:
+            raise PolicyViolation(
+                f"$.environment.egress[{i}]: the contract asks to reach {pair}; this host "
+                + (
+                    f"grants egress to {', '.join(sorted(map(str, granted)))} only"
+                    if granted
+                    else "grants no egress"
+                ),
+                hint=f"issue the contract without {pair}, or run it on a host whose policy "
+                "lists it in egress.allow",
+            )
+        if pair not in asked:
+            asked.append(pair)
+    return tuple(asked)
 
 
 def isolation(contract: VerifiedContract, policy: HostPolicy) -> Literal["runc", "runsc"]:

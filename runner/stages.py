@@ -18,7 +18,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from runner import log
-from runner.envelope import Allocation, BudgetRecord, GpuRecord, ImageRecord, Stage
+from runner.envelope import (
+    Allocation,
+    BudgetRecord,
+    EgressRecord,
+    GpuRecord,
+    ImageRecord,
+    Stage,
+)
 
 if TYPE_CHECKING:
     from runner.container import Outcome, Progress
@@ -68,6 +75,8 @@ class Known:
     """What the attempt that produced the result was given (its compute-decision.json)."""
     written: bool = False
     """The run's envelope is in the job folder already: a later failure must not replace it."""
+    egress: EgressRecord | None = None
+    """The attempt's egress allowlist, its connections read from the proxy's log."""
 
     def timed(self, key: str, since: float) -> Known:
         """This record with stage ``key`` timed from ``since`` (monotonic) to now."""

@@ -2,7 +2,9 @@
 
 A container is removed when no runner holds its job's lock and the job's ledger says its
 attempt has finished (or the job has). One whose ledger says it is still running is listed and
-left alone: `runner run` on that job reattaches to it.
+left alone: `runner run` on that job reattaches to it. The egress allowlist's proxy and
+namespace holder are containers of their attempt like the job's own, and its network is
+removed by the same rule, after them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from runner import ledger
-from runner.backends.base import Backend, ContainerSummary
+from runner.backends.base import Backend
+from runner.errors import RunnerError
 from runner.staging import JobDir
 
 
@@ -30,9 +33,9 @@ def runner_alive(job_root: Path) -> bool:
     return False
 
 
-def _verdict(c: ContainerSummary) -> tuple[bool, str]:
-    """(remove?, why)"""
-    job_dir = c.labels.get("org.runner.job-dir")
+def _verdict(labels: dict[str, str]) -> tuple[bool, str]:
+    """(remove?, why) for a container or network carrying these labels."""
+    job_dir = labels.get("org.runner.job-dir")
     if not job_dir or not Path(job_dir).is_dir():
         return False, f"its job folder {job_dir or '(unlabelled)'} is not here; remove it by hand"
     root = Path(job_dir)
@@ -42,7 +45,7 @@ def _verdict(c: ContainerSummary) -> tuple[bool, str]:
     if not path.exists():
         return False, "its job has no ledger; remove it by hand"
     state = ledger.read_state(path)
-    attempt = int(c.labels.get("org.runner.attempt", "0") or 0)
+    attempt = int(labels.get("org.runner.attempt", "0") or 0)
     mine = next((a for a in state.attempts if a.number == attempt), None)
     if mine is None or mine.finished is not None or state.finished is not None:
         return True, "its attempt has finished and no runner watches it"
@@ -57,7 +60,7 @@ def sweep(backend: Backend | None = None, *, dry_run: bool = False) -> dict[str,
     removed: list[dict[str, str]] = []
     kept: list[dict[str, str]] = []
     for c in backend.find({"org.runner.managed": "true"}):
-        remove, why = _verdict(c)
+        remove, why = _verdict(c.labels)
         item = {"id": c.id, "name": c.name, "status": c.status, "why": why}
         if remove:
             if not dry_run:
@@ -65,4 +68,13 @@ def sweep(backend: Backend | None = None, *, dry_run: bool = False) -> dict[str,
             removed.append(item)
         else:
             kept.append(item)
+    for n in backend.find_networks({"org.runner.managed": "true"}):
+        remove, why = _verdict(n.labels)
+        item = {"id": n.id, "name": n.name, "status": "network", "why": why}
+        if remove and not dry_run:
+            try:
+                backend.remove_network(n.name)
+            except RunnerError as exc:  # a container not ours is still on it
+                remove, item["why"] = False, f"it could not be removed: {exc.message}"
+        (removed if remove else kept).append(item)
     return {"removed": removed, "kept": kept, "dryRun": dry_run}

@@ -7,7 +7,9 @@
 #   4. the job image runner-cpu:local, built with no network,
 #   5. docker-registry (Debian's), which the image tests run on 127.0.0.1, and htpasswd
 #      (apache2-utils) for the one that requires basic auth,
-#   6. gVisor's runsc (Debian's), registered with the engine as the runtime "runsc".
+#   6. gVisor's runsc (Debian's), registered with the engine as the runtime "runsc",
+#   7. the egress proxy image runner-proxy:local, built with no network from Debian's
+#      tinyproxy-bin and busybox-static (downloaded on the host with apt-get download).
 # Safe to run many times; reruns are fast (stamp file, existing images, layer cache).
 #
 # Environment:
@@ -25,6 +27,8 @@ cd "$ROOT"
 
 BASE_TAG="runner-base:bookworm"
 JOB_TAG="runner-cpu:local"
+PROXY_TAG="runner-proxy:local"
+PROXY_DEBS="$ROOT/images/proxy/debs"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.runner-install-stamp"
 DOCKERD_LOG="${RUNNER_DOCKERD_LOG:-/var/log/runner-dockerd.log}"
@@ -206,6 +210,43 @@ build_job_image() {
   rm -f "$build_log"
 }
 
+# The egress proxy's image: Debian's tinyproxy-bin and busybox-static, fetched on the host (the
+# build itself has no network) into the git-ignored images/proxy/debs/, then built like the job
+# image. A package already there is kept; delete debs/ to take a newer one.
+ensure_proxy_debs() {
+  local pkg missing=()
+  for pkg in tinyproxy-bin busybox-static; do
+    compgen -G "$PROXY_DEBS/${pkg}_*.deb" >/dev/null || missing+=("$pkg")
+  done
+  if [ "${#missing[@]}" -eq 0 ]; then
+    log "proxy: reusing $(cd "$PROXY_DEBS" && echo *.deb)"
+    return 0
+  fi
+  command -v apt-get >/dev/null 2>&1 || die "proxy: apt-get not found; put ${missing[*]} .debs into $PROXY_DEBS"
+  mkdir -p "$PROXY_DEBS"
+  log "proxy: apt-get download ${missing[*]} into $PROXY_DEBS"
+  # apt's sandbox user cannot write here; download as ourselves (a warning says so).
+  if ! (cd "$PROXY_DEBS" && apt-get download "${missing[@]}" >/dev/null 2>&1); then
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    (cd "$PROXY_DEBS" && apt-get download "${missing[@]}" >/dev/null 2>&1) \
+      || die "proxy: apt-get download ${missing[*]} failed"
+  fi
+}
+
+build_proxy_image() {
+  ensure_proxy_debs
+  log "image: building $PROXY_TAG from images/proxy (base $BASE, --network none)"
+  local build_log
+  build_log="$(mktemp)"
+  if ! docker build --network none --build-arg "BASE=$BASE" -t "$PROXY_TAG" "$ROOT/images/proxy" \
+    >"$build_log" 2>&1; then
+    cat "$build_log" >&2
+    rm -f "$build_log"
+    die "image: docker build of $PROXY_TAG failed (log above)"
+  fi
+  rm -f "$build_log"
+}
+
 # --------------------------------------------------------------------------- test tools
 # Debian's docker-registry: the tests run a real registry on 127.0.0.1 (they start it
 # themselves; the package's own service is not used). htpasswd (apache2-utils) writes the
@@ -269,4 +310,5 @@ ensure_venv
 ensure_wheelhouse
 ensure_base
 build_job_image
+build_proxy_image
 log "done in $((SECONDS - start))s; $JOB_TAG is $(docker image inspect --format '{{.Id}}' "$JOB_TAG")"

@@ -39,6 +39,7 @@ def test_benchmark_smoke_runs(image_id: str, tmp_path: Path) -> None:
         "staging",
         "regex.scalar",
         "toy jobs at once",
+        "egress allowlist",
     ):
         assert figure in proc.stdout + proc.stderr, figure
     assert sorted((ROOT / "benchmarks").glob("*")) == before

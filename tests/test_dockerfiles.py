@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCKERFILES = [ROOT / "images" / "cpu" / "Dockerfile", ROOT / "images" / "gpu" / "Dockerfile"]
+DOCKERFILES = [ROOT / "images" / "cpu" / "Dockerfile", ROOT / "images" / "gpu" / "Dockerfile",
+               ROOT / "images" / "proxy" / "Dockerfile"]  # fmt: skip
 
 
 def _hadolint() -> str:

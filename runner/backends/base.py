@@ -24,6 +24,8 @@ __all__ = [
     "ImageInfo",
     "Limits",
     "Mount",
+    "NetworkInfo",
+    "NetworkSummary",
 ]
 
 
@@ -54,6 +56,18 @@ class ContainerSpec:
     log_max_bytes: int = 1024 * 1024
     backstop: Backstop | None = None
     """A deadline the engine enforces on its own, should the runner be down at the end."""
+    network: str | None = None
+    """The network it joins, by name, or ``container:<name>`` to share another container's
+    network namespace; None: ``limits.network`` (``none``, or ``bridge``)."""
+    aliases: tuple[str, ...] = ()
+    """Names other containers on ``network`` reach it by."""
+    extra_networks: tuple[str, ...] = ()
+    """Further networks it joins before it starts (the egress proxy's way out)."""
+    dns: tuple[str, ...] = ()
+    """Resolvers the engine's embedded DNS forwards unknown names to; ``("127.0.0.1",)`` in a
+    namespace where nothing listens on port 53 leaves it none."""
+    dns_options: tuple[str, ...] = ()
+    """resolv.conf options (``timeout:1``: a name that cannot resolve fails within a second)."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,24 @@ class ContainerSummary:
     labels: dict[str, str]
 
 
+@dataclass(frozen=True)
+class NetworkInfo:
+    """A network the runner created: its IPv4 subnet and the address the engine's host holds
+    on it (the gateway)."""
+
+    id: str
+    name: str
+    subnet: str
+    gateway: str
+
+
+@dataclass(frozen=True)
+class NetworkSummary:
+    id: str
+    name: str
+    labels: dict[str, str]
+
+
 class Backend(Protocol):
     def ping(self) -> None:
         """Check the engine answers; raise EngineUnavailable when not."""
@@ -172,3 +204,14 @@ class Backend(Protocol):
 
     def find(self, labels: dict[str, str]) -> list[ContainerSummary]:
         """Containers (any state) carrying all ``labels``."""
+
+    def create_network(self, name: str, labels: dict[str, str], *, internal: bool) -> NetworkInfo:
+        """Create a bridge network (``internal``: the engine gives it no way out); a name in
+        use is InfrastructureError."""
+
+    def remove_network(self, name: str) -> None:
+        """Remove the network; one already gone is not an error, one a running container is
+        still on is InfrastructureError."""
+
+    def find_networks(self, labels: dict[str, str]) -> list[NetworkSummary]:
+        """Networks carrying all ``labels``."""

@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from runner.backends.base import ContainerSpec, ContainerState, ContainerSummary
+from runner.backends.base import (
+    ContainerSpec,
+    ContainerState,
+    ContainerSummary,
+    NetworkInfo,
+    NetworkSummary,
+)
 from runner.backends.types import ImageInfo
 from runner.errors import (
     ContainerVanished,
@@ -347,7 +353,7 @@ class DockerBackend:
                 }
                 for m in spec.mounts
             ],
-            "NetworkMode": lim.network,
+            "NetworkMode": spec.network or lim.network,
             "ReadonlyRootfs": lim.read_only_rootfs,
             "Tmpfs": {"/tmp": f"rw,nosuid,nodev,size={lim.tmpfs_bytes}"},  # noqa: S108 - in the box
             "CapDrop": list(lim.cap_drop),
@@ -365,6 +371,12 @@ class DockerBackend:
         }
         if lim.pids is not None:
             host_config["PidsLimit"] = lim.pids
+        if lim.cap_add:
+            host_config["CapAdd"] = list(lim.cap_add)
+        if spec.dns:
+            host_config["Dns"] = list(spec.dns)
+        if spec.dns_options:
+            host_config["DnsOptions"] = list(spec.dns_options)
         if spec.gpu_ids:
             host_config["DeviceRequests"] = [
                 {
@@ -391,6 +403,10 @@ class DockerBackend:
             "Tty": False,
             "HostConfig": host_config,
         }
+        if spec.aliases and spec.network:
+            config["NetworkingConfig"] = {
+                "EndpointsConfig": {spec.network: {"Aliases": list(spec.aliases)}}
+            }
         if spec.backstop is not None:
             config["Healthcheck"] = {
                 "Test": ["CMD-SHELL", spec.backstop.script],
@@ -406,7 +422,25 @@ class DockerBackend:
             )
         except _NotFound as exc:
             raise InfrastructureError(f"{action}: {exc.message}") from exc
-        return str(created["Id"])
+        container_id = str(created["Id"])
+        for network in spec.extra_networks:  # one network at create on API 1.41: the rest now
+            try:
+                self._call(
+                    "POST",
+                    f"/networks/{quote(network, safe='')}/connect",
+                    f"connecting {spec.name} to the network {network}",
+                    body={"Container": container_id},
+                )
+            except (_NotFound, InfrastructureError) as exc:
+                self.remove(container_id)
+                if isinstance(exc, _NotFound):
+                    raise InfrastructureError(
+                        f"{action}: the network {network} does not exist",
+                        hint=f"create it (`docker network create {network}`) or name another "
+                        "in the host policy",
+                    ) from exc
+                raise
+        return container_id
 
     def start(self, container_id: str) -> None:
         # 304: already started, which is the goal.
@@ -527,4 +561,40 @@ class DockerBackend:
                 labels=dict(c.get("Labels") or {}),
             )
             for c in found
+        ]
+
+    def create_network(self, name: str, labels: dict[str, str], *, internal: bool) -> NetworkInfo:
+        action = f"creating the network {name}"
+        body = {
+            "Name": name,
+            "CheckDuplicate": True,
+            "Driver": "bridge",
+            "Internal": internal,
+            "Labels": labels,
+        }
+        try:
+            created = self._call("POST", "/networks/create", action, body=body)
+            data = self._call("GET", f"/networks/{quote(str(created['Id']))}", action)
+        except _NotFound as exc:
+            raise InfrastructureError(f"{action}: {exc.message}") from exc
+        configs = (data.get("IPAM") or {}).get("Config") or []
+        ipv4 = [c for c in configs if "." in c.get("Subnet", "")]
+        if not ipv4 or not ipv4[0].get("Gateway"):
+            self.remove_network(name)
+            raise InfrastructureError(f"{action}: the engine gave it no IPv4 subnet and gateway")
+        return NetworkInfo(str(data["Id"]), name, str(ipv4[0]["Subnet"]), str(ipv4[0]["Gateway"]))
+
+    def remove_network(self, name: str) -> None:
+        with contextlib.suppress(_NotFound):  # already gone: the goal
+            path = f"/networks/{quote(name, safe='')}"
+            self._call("DELETE", path, f"removing the network {name}")
+
+    def find_networks(self, labels: dict[str, str]) -> list[NetworkSummary]:
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+        found = self._call(
+            "GET", "/networks", "listing networks", query={"filters": json.dumps(filters)}
+        )
+        return [
+            NetworkSummary(str(n["Id"]), str(n["Name"]), dict(n.get("Labels") or {}))
+            for n in found or []
         ]

@@ -23,7 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner.backends.base import ContainerSpec, ContainerState, ContainerSummary
+from runner.backends.base import (
+    ContainerSpec,
+    ContainerState,
+    ContainerSummary,
+    NetworkInfo,
+    NetworkSummary,
+)
 from runner.backends.types import ImageInfo
 from runner.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 
@@ -45,6 +51,8 @@ class FakeJob:
     """The engine refuses to start it with this message (its State.Error)."""
     work: Callable[[dict[str, Path]], None] | None = None
     """Called at start with ``{container path: host folder}`` of its mounts: what it writes."""
+    log: bytes = b""
+    """Its engine log once started (what ``save_logs`` writes)."""
 
 
 def _iso(when: datetime | None) -> str:
@@ -109,6 +117,8 @@ class FakeBackend:
     """The calling runner has died (a test simulating kill -9): stop, kill and remove reach
     no engine, so its containers stay as a dead runner leaves them."""
     containers: dict[str, _Container] = field(default_factory=dict)
+    networks: dict[str, NetworkSummary] = field(default_factory=dict)
+    """Networks by name (add one with ``create_network``)."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     # ------------------------------------------------------------------ helpers for tests
@@ -193,6 +203,9 @@ class FakeBackend:
         self._call("create", spec.name)
         if any(c.spec.name == spec.name for c in self.containers.values()):
             raise InfrastructureError(f"creating {spec.name}: the name is in use (fake engine)")
+        for name in spec.extra_networks:
+            if name not in self.networks:
+                raise InfrastructureError(f"connecting {spec.name}: no network {name} (fake)")
         cid = hashlib.sha256(f"{spec.name}-{next(self._ids)}".encode()).hexdigest()
         job = self.jobs(spec) if callable(self.jobs) else self.jobs
         self.containers[cid] = _Container(cid, spec, job)
@@ -242,9 +255,10 @@ class FakeBackend:
 
     def save_logs(self, container_id: str, dest: Path, max_bytes: int) -> int:
         self._call("save_logs", container_id)
-        self._get(container_id)
-        dest.write_bytes(b"")
-        return 0
+        c = self._get(container_id)
+        log = c.job.log[:max_bytes] if c.started is not None else b""
+        dest.write_bytes(log)
+        return len(log)
 
     def remove(self, container_id: str) -> None:
         self._call("remove", container_id)
@@ -261,3 +275,26 @@ class FakeBackend:
             for c in self.containers.values()
             if all(c.spec.labels.get(k) == v for k, v in labels.items())
         ]
+
+    def create_network(self, name: str, labels: dict[str, str], *, internal: bool) -> NetworkInfo:
+        self._call("create_network", name)
+        if name in self.networks:
+            raise InfrastructureError(f"creating the network {name}: it exists (fake engine)")
+        n = len(self.networks) + 20
+        self.networks[name] = NetworkSummary(f"net{n}", name, dict(labels))
+        return NetworkInfo(f"net{n}", name, f"172.{n}.0.0/16", f"172.{n}.0.1")
+
+    def remove_network(self, name: str) -> None:
+        self._call("remove_network", name)
+        if self.frozen or name not in self.networks:
+            return
+        on = [c.spec.name for c in self.containers.values() if c.status == "running"
+              and name in (c.spec.network, *c.spec.extra_networks)]  # fmt: skip
+        if on:
+            raise InfrastructureError(f"removing the network {name}: {on} still on it (fake)")
+        del self.networks[name]
+
+    def find_networks(self, labels: dict[str, str]) -> list[NetworkSummary]:
+        self._call("find_networks", labels)
+        wanted = labels.items()
+        return [n for n in self.networks.values() if all(n.labels.get(k) == v for k, v in wanted)]

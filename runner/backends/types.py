@@ -1,5 +1,6 @@
 """The values of the container seam that the layers above it plan with: the caps
-(:class:`Limits`, with their units) and what the engine says of an image (:class:`ImageInfo`).
+(:class:`Limits`, with their units), what the engine says of an image (:class:`ImageInfo`),
+and the egress a job is granted (:class:`HostPort` pairs, :class:`EgressPlan`).
 Nothing here imports any other module of the runner, so every layer may use them; the
 container's own values (its spec, its state) live with the protocol in ``base``.
 """
@@ -7,6 +8,7 @@ container's own values (its spec, its state) live with the protocol in ``base``.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,6 +38,8 @@ class Limits:
     stop_on_log_limit: bool = False
     read_only_rootfs: bool = True
     cap_drop: tuple[str, ...] = ("ALL",)
+    cap_add: tuple[str, ...] = ()
+    """Never for a job; the egress allowlist's namespace holder gets NET_ADMIN alone."""
     security_opt: tuple[str, ...] = ("no-new-privileges",)
     init: bool = True
 
@@ -60,3 +64,53 @@ class ImageInfo:
     architecture: str
     os: str
     size: int
+
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_TOP = r"[A-Za-z](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_PORT = r"(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+HOST_PORT_PATTERN = rf"^(?:{_LABEL}\.)*{_TOP}:{_PORT}$"
+"""``host:port``: a DNS name (its last label starts with a letter, so an IP literal never is
+one) and a port in 1..65535. Names compare without regard to case."""
+
+
+@dataclass(frozen=True, order=True)
+class HostPort:
+    """One pair of an egress allowlist: a host name (lower case) and a TCP port."""
+
+    host: str
+    port: int
+
+    @staticmethod
+    def parse(text: str) -> HostPort:
+        """``api.example:443`` -> HostPort; ValueError for anything else (an IP literal, no
+        port, a port out of range, a name longer than 253)."""
+        if len(text) > 259 or not re.fullmatch(HOST_PORT_PATTERN, text):
+            raise ValueError(f"{text!r} is not host:port (a DNS name and a port in 1..65535)")
+        host, _, port = text.rpartition(":")
+        if len(host) > 253:
+            raise ValueError(f"{text!r}: the host name is longer than 253 characters")
+        return HostPort(host.lower(), int(port))
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class EgressPlan:
+    """What a job may reach, and how: the pairs its contract asked for and the host granted,
+    the engine network the proxy reaches them through, and the proxy's image."""
+
+    allow: tuple[HostPort, ...]
+    upstream_network: str
+    proxy_image: str
+
+    PROXY_ALIAS = "egress-proxy"
+    PROXY_PORT = 3128
+
+    def environment(self) -> dict[str, str]:
+        """What the job is told: the proxy for both schemes, in both spellings, and no
+        exceptions (``NO_PROXY`` empty: nothing is reachable without the proxy anyway)."""
+        url = f"http://{self.PROXY_ALIAS}:{self.PROXY_PORT}"
+        names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+        return {**dict.fromkeys(names, url), "NO_PROXY": "", "no_proxy": ""}

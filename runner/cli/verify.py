@@ -126,6 +126,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "command": list(p.argv),
         "timeoutSeconds": p.limits.timeout_seconds,
         "network": p.limits.network,
+        "egress": [str(x) for x in p.egress.allow] if p.egress else None,
         "policy": {"source": loaded.source, "digest": loaded.digest},
         "measurements": [
             f"{x.measurementId} ({x.metric}, {x.unit}) via {x.parser.id}@{x.parser.version} "
@@ -148,6 +149,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ("jobId", p.job_id),
         ("image", m.environment.image),
         ("network", p.limits.network),
+        *((("egress", ", ".join(info["egress"])),) if p.egress else ()),
         ("command", " ".join(p.argv)),
         ("budget", fmt_clock(p.limits.timeout_seconds)),
         *(("measurement", line) for line in info["measurements"]),

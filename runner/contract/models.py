@@ -9,8 +9,9 @@ reaches the job's ``/job/input/task.json`` byte for byte (the verified bytes are
 re-serialisation). Fields the seed leaves to an agent and a runner needs are optional
 additions documented in each field's description: ``protocol.command``, ``protocol.stdoutPath``,
 ``protocol.stderrPath``, ``protocol.workingDirectory``, ``environment.imageId``,
-``environment.pidsLimit``, ``environment.tmpfsMb``, ``environment.diskGb``, ``jobId``,
-``issuedAt``, ``expiresAt``, ``audience``, ``paper.digest`` and ``repository.digest``.
+``environment.pidsLimit``, ``environment.tmpfsMb``, ``environment.diskGb``,
+``environment.egress``, ``jobId``, ``issuedAt``, ``expiresAt``, ``audience``, ``paper.digest``
+and ``repository.digest``.
 
 ``contracts/execution-contract.schema.json`` is generated from these models
 (``python -m runner.schemas``); a test keeps the two in step.
@@ -22,6 +23,8 @@ import posixpath
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+from runner.backends.types import HOST_PORT_PATTERN
 
 SHA256_PATTERN = r"^sha256:[0-9a-f]{64}$"
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -346,6 +349,13 @@ class Environment(_Strict):
     )
     tmpfsMb: int = Field(
         default=256, ge=1, le=65536, description="Runner addition. Size of the /tmp tmpfs."
+    )
+    egress: list[Annotated[str, Field(pattern=HOST_PORT_PATTERN, max_length=259)]] | None = Field(
+        default=None,
+        max_length=256,
+        description="Runner addition. host:port pairs the job may reach, and nothing else: "
+        "through the runner's proxy (HTTPS_PROXY, HTTP_PROXY), each pair granted by the host "
+        "policy's egress.allow. Null: no network (unless networkAccess).",
     )
 
 
