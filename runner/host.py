@@ -13,7 +13,8 @@ config dir                 ``$RUNNER_CONFIG_DIR``, else the user's (``~/.config/
 state dir                  ``--state-dir``, else ``$RUNNER_STATE_DIR``, else the user's
 trusted issuer keys        ``--trusted-keys``, else ``$RUNNER_TRUSTED_KEYS``, else
                            ``<config>/trusted-keys``
-trusted runner keys        ``--trusted-keys`` (verify-result), else
+trusted runner keys        ``--key``/``--trusted-keys`` (verify-result), else this host's
+                           runner key and
                            ``<config>/trusted-runner-keys``
 host policy                ``--policy``, else ``$RUNNER_POLICY``, else
                            ``<config>/policy.json`` when it exists, else the defaults

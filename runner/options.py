@@ -35,8 +35,9 @@ class RunOptions:
     """Where device locks live: ``$RUNNER_GPU_LOCK_DIR``, else the host-wide
     ``/run/lock/runner-gpus`` shared by every user's runner."""
     result_key: Path | None = None
-    """The runner's own signing key; when set, result.intoto.json is written beside the
-    envelope (the key is made on first use)."""
+    """The runner's own signing key; when set, result.intoto.json (SLSA provenance) and
+    result.envelope.intoto.json are written beside the envelope (the key is made on first
+    use)."""
     bundle: Path | None = None
     """A `docker save` tarball to load the pinned image from when it is not here."""
     heartbeat_seconds: float = 5.0

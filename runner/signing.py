@@ -6,6 +6,10 @@ encoding ``PAE(payloadType, payload)``. Verification follows the DSSE rules:
 
 - the ``keyid`` in a signature is a hint only: every trusted key may be tried, and the key id
   recorded is the one recomputed from the trusted key's own bytes;
+- a key's id is securesystemslib's default one (:func:`key_id`), so that its DSSE verifier,
+  which only tries a key whose id equals the signature's ``keyid``, accepts what the runner
+  signs with its defaults; the runner's earlier form (:func:`raw_key_id`) is still recognised
+  as a hint;
 - the threshold counts distinct keys (one key listed twice, or signing twice, counts once);
 - ``payloadType`` must be the contract type;
 - the payload is parsed only from the bytes that verified.
@@ -39,10 +43,26 @@ def pae(payload_type: str, payload: bytes) -> bytes:
     return b"DSSEv1 %d %b %d %b" % (len(t), t, len(payload), payload)
 
 
+def _raw(public: Ed25519PublicKey) -> bytes:
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
 def key_id(public: Ed25519PublicKey) -> str:
-    """``sha256:<hex>`` of the raw 32-byte public key: computed, never read from a signature."""
-    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
+    """The key's id as securesystemslib computes it by default (``SSlibKey.from_crypto``): the
+    hex SHA-256 of the canonical JSON of ``{"keytype": "ed25519", "keyval": {"public": <hex of
+    the raw key>}, "scheme": "ed25519"}``. Computed, never read from a signature.
+
+    Canonical JSON here is sorted keys and no whitespace; every value is a plain ASCII string
+    (names and hex), so ``json.dumps`` writes exactly the canonical bytes."""
+    key = {"keytype": "ed25519", "keyval": {"public": _raw(public).hex()}, "scheme": "ed25519"}
+    canonical = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def raw_key_id(public: Ed25519PublicKey) -> str:
+    """The runner's earlier key id, ``sha256:`` + hex SHA-256 of the raw 32-byte public key:
+    what signatures made before the change name; still taken as a hint for this key."""
+    return "sha256:" + hashlib.sha256(_raw(public)).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,10 @@ class TrustedKey:
     keyid: str
     public: Ed25519PublicKey
     source: str
+
+    def named_by(self, hint: object) -> bool:
+        """Whether a signature's ``keyid`` names this key, in either form."""
+        return hint in (self.keyid, raw_key_id(self.public))
 
 
 def load_public_key(path: Path) -> TrustedKey:
@@ -190,7 +214,7 @@ def verify_envelope(
         sig = _b64(entry.get("sig"), f"signatures[{i}].sig")
         hint = entry.get("keyid")
         # The keyid is only a hint for which key to try first; every trusted key is tried.
-        ordered = sorted(trusted, key=lambda k: k.keyid != hint)
+        ordered = sorted(trusted, key=lambda k: not k.named_by(hint))
         for key in ordered:
             try:
                 key.public.verify(sig, message)

@@ -115,7 +115,8 @@ def test_export_then_verify_passes(toy: Signed, tmp_path: Path) -> None:
     for rel in (
         "bagit.txt", "bag-info.txt", "manifest-sha256.txt", "tagmanifest-sha256.txt",
         "bundle.intoto.json", "runner-bundle.json", "data/result.json",
-        "data/result.intoto.json", "data/input/task.json", "data/input/task.dsse.json",
+        "data/result.intoto.json", "data/result.envelope.intoto.json",
+        "data/input/task.json", "data/input/task.dsse.json",
         "data/execution/input-manifest.json", "data/record/ledger.jsonl",
         "data/output/logs/evaluation.log", "data/output/logs/evaluation.err",
     ):  # fmt: skip
@@ -200,7 +201,8 @@ def test_verify_needs_no_engine_and_no_docker_sdk(
 
     code, report = audit("--allow-untrusted")
     assert code == 0 and report["valid"]
-    assert len(report["warnings"]) == 3 and all("UNVERIFIED" in w for w in report["warnings"])
+    # The seal, the contract and the two result statements.
+    assert len(report["warnings"]) == 4 and all("UNVERIFIED" in w for w in report["warnings"])
 
 
 TARGETS = [
@@ -372,6 +374,7 @@ def test_values_are_re_parsed_not_taken_from_the_envelope(
 
     from runner import attest, signing
     from runner.bundle.export import seal
+    from runner.envelope import ResultEnvelope
 
     work = tmp_path / "work"
     with tarfile.open(toy_tar) as tar:
@@ -379,12 +382,17 @@ def test_values_are_re_parsed_not_taken_from_the_envelope(
     bag = work / "toy"
     envelope = bag / "data" / "result.json"
     envelope.write_text(envelope.read_text().replace('"value": 0.819', '"value": 0.9'))
-    private = signing.load_private_key(_runner_pub().with_suffix(".key"))
-    statement = bag / "data" / "result.intoto.json"
-    payload = json.loads(base64.b64decode(json.loads(statement.read_text())["payload"]))
-    payload["predicate"] = json.loads(envelope.read_text())
-    raw = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    statement.write_text(signing.dumps_envelope(signing.sign(raw, private, attest.PAYLOAD_TYPE)))
+    key = _runner_pub().with_suffix(".key")
+    before = json.loads(
+        base64.b64decode(json.loads((bag / "data" / "result.intoto.json").read_text())["payload"])
+    )
+    # Both statements signed anew, as the runner signs them, over the changed envelope.
+    attest.sign_result(ResultEnvelope.model_validate_json(envelope.read_text()), bag / "data", key)
+    after = json.loads(
+        base64.b64decode(json.loads((bag / "data" / "result.intoto.json").read_text())["payload"])
+    )
+    assert after["subject"][0] != before["subject"][0]  # result.json's new digest
+    private = signing.load_private_key(key)
     (bag / "bundle.intoto.json").unlink()
     bagit.Bag(str(bag)).save(manifests=True)
     seal(bag, private, "forged")

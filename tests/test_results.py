@@ -193,13 +193,22 @@ def test_signed_result_verifies_and_catches_tampering(tmp_path: Path, image_id: 
     assert info["measurements"] == {"toy-accuracy": 0.819}
     assert info["subjectsChecked"] == info["subjects"] >= 2
 
-    # A changed value inside the signed statement.
-    dsse = json.loads(statement.read_text())
+    # A changed value inside the signed envelope statement.
+    signed = job / "result.envelope.intoto.json"
+    dsse = json.loads(signed.read_text())
     payload = base64.b64decode(dsse["payload"]).replace(b"0.819", b"0.919")
-    forged = tmp_path / "forged.json"
-    forged.write_text(json.dumps({**dsse, "payload": base64.b64encode(payload).decode()}))
-    bad = run_cli("verify-result", str(forged), *args)
+    signed.write_text(json.dumps({**dsse, "payload": base64.b64encode(payload).decode()}))
+    bad = run_cli("verify-result", str(job), *args)
     assert bad.returncode == 3 and "signature_invalid" in bad.stderr
+    signed.write_text(json.dumps(dsse))
+
+    # A changed value in result.json, which the provenance signs by digest.
+    envelope = job / "result.json"
+    original = envelope.read_text()
+    envelope.write_text(original.replace("0.819", "0.919"))
+    bad = run_cli("verify-result", str(job), *args)
+    assert bad.returncode == 3 and "is not the result.json that" in bad.stderr
+    envelope.write_text(original)
 
     # An untrusted key.
     empty = tmp_path / "empty"

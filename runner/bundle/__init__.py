@@ -15,7 +15,7 @@ single top folder is the bag::
       bundle.intoto.json          the seal: an in-toto statement, DSSE-signed with the runner's
                                   key, whose one subject is tagmanifest-sha256.txt
       data/                       the payload, laid out as the job folder is
-        result.json  result.intoto.json
+        result.json  result.intoto.json  result.envelope.intoto.json
         input/task.json  input/task.dsse.json  input/parser-catalog.json
         execution/input-manifest.json  execution/runtime-budget.json
         record/...                every file of record/ but its lock

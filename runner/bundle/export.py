@@ -59,7 +59,11 @@ from runner.errors import BundleInvalid, InfrastructureError
 CHUNK = 1024 * 1024
 MAX_ENVELOPE_BYTES = 64 * 1024 * 1024
 
-RUNNER_FILES = ("result.json", "result.intoto.json")
+RUNNER_FILES = (
+    attest.ENVELOPE_FILE,
+    attest.STATEMENT_FILE,
+    attest.ENVELOPE_STATEMENT_FILE,
+)
 """The job folder's own files, bundled when present."""
 INPUT_FILES = ("input/task.json", "input/task.dsse.json", "input/parser-catalog.json")
 """What the runner itself put in input/: the contract as it ran and the parser catalog."""
@@ -374,7 +378,7 @@ def _make_bag(
         "skipped": [{"path": s.path, "why": s.why} for s in skipped],
         "keys": {
             "runner": [_pem(private.public_key())],
-            "issuer": [_pem(k.public) for k in issuer_keys if k.keyid in signers],
+            "issuer": [_pem(k.public) for k in issuer_keys if any(k.named_by(s) for s in signers)],
         },
     }
     (bag / INFO_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

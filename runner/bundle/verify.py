@@ -15,8 +15,11 @@ The checks, in this order; each problem names its file, relative to the bag's fo
 5. *ledger*: its hash chain, order and pairing (:func:`runner.ledger.verify_file`);
 6. *contract*: ``task.json`` verifies (schema, digest) and is the one the envelope names;
    ``task.dsse.json`` verifies against a trusted issuer key and signs exactly it;
-7. *statement*: ``result.intoto.json`` verifies against a trusted runner key; its predicate
-   is the bundled envelope and each subject's digest the bundled file's;
+7. *statement*: ``result.intoto.json`` (SLSA provenance) and ``result.envelope.intoto.json``
+   verify against a trusted runner key; the provenance is of this runner's build type, signs
+   the bundled ``result.json`` and names its contract; the envelope statement's predicate is
+   the bundled envelope; each file either signs is bundled with that digest (a result signed
+   before provenance has the envelope statement alone, as ``result.intoto.json``);
 8. *envelope*: every file it hashed is bundled with that digest, and the ledger's
    ``job.finished`` names it (or, once re-graded, an earlier revision bundled in record/);
 9. *measurements*: each value, re-parsed from the bundled evidence with the parser (id,
@@ -73,6 +76,7 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 REQUIRED_TAGS = ("bagit.txt", "bag-info.txt", MANIFEST, INFO_FILE)
 ENVELOPE = "data/result.json"
 STATEMENT = "data/result.intoto.json"
+ENVELOPE_STATEMENT = "data/result.envelope.intoto.json"
 LEDGER = "data/record/ledger.jsonl"
 CONTRACT = "data/input/task.json"
 SIGNED_CONTRACT = "data/input/task.dsse.json"
@@ -706,29 +710,91 @@ class _Verifier:
                 STATEMENT, "is missing: the result is not signed", Category.SIGNATURE_INVALID
             )
             return None
-        payload, by = self.signed(STATEMENT, raw, attest.PAYLOAD_TYPE, "runner")
-        if payload is None:
+        stmt, files, by = self.result_statement(STATEMENT, raw)
+        if stmt is None:
             return None
+        if stmt.get("predicateType") == attest.ENVELOPE_PREDICATE_TYPE:
+            # A result signed before SLSA provenance: the envelope statement alone.
+            count = self.envelope_statement(STATEMENT, stmt, files)
+            return f"{by}; its {count} files and the envelope are the bundled ones"
+        count = self.provenance(stmt, files)
+        raw = self.read(ENVELOPE_STATEMENT, 64 * MiB)
+        if raw is None:
+            self.problem(
+                ENVELOPE_STATEMENT,
+                f"is missing: {STATEMENT} is there, the envelope's own statement is not",
+                Category.SIGNATURE_INVALID,
+            )
+            return None
+        envelope_stmt, files, _ = self.result_statement(ENVELOPE_STATEMENT, raw)
+        if envelope_stmt is not None:
+            self.envelope_statement(ENVELOPE_STATEMENT, envelope_stmt, files)
+        many = f"{count} output file{'s' if count != 1 else ''}"
+        return f"{by}; its provenance (result.json, {many}) and envelope statement match the bag"
+
+    def result_statement(
+        self, rel: str, raw: bytes
+    ) -> tuple[dict[str, Any] | None, dict[str, str], str]:
+        """The in-toto statement in ``rel``, the files it signs and who signed it, if a
+        runner key verifies it and it is one of the runner's two (None after recording a
+        problem)."""
+        payload, by = self.signed(rel, raw, attest.PAYLOAD_TYPE, "runner")
+        if payload is None:
+            return None, {}, by
         try:
             stmt = json.loads(payload)
             if stmt.get("_type") != attest.STATEMENT_TYPE:
                 raise ValueError("not an in-toto statement")
-            if stmt.get("predicateType") != attest.PREDICATE_TYPE:
-                raise ValueError(f"its predicateType is {stmt.get('predicateType')!r}")
-            subjects = [(str(s["name"]), str(s["digest"]["sha256"])) for s in stmt["subject"]]
+            kind = stmt.get("predicateType")
+            if kind not in (attest.PROVENANCE_TYPE, attest.ENVELOPE_PREDICATE_TYPE):
+                raise ValueError(f"its predicateType is {kind!r}")
+            files = dict(attest.signed_files(stmt))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            self.problem(STATEMENT, f"is not a runner result statement: {exc}")
-            return None
+            self.problem(rel, f"is not a runner result statement: {exc}")
+            return None, {}, by
+        return stmt, files, by
+
+    def provenance(self, stmt: dict[str, Any], files: dict[str, str]) -> int:
+        """SLSA provenance: of this runner's build type, signing the bundled result.json and
+        output files, made from the contract the envelope names."""
+        build = stmt["predicate"].get("buildDefinition", {})
+        if build.get("buildType") != attest.BUILD_TYPE:
+            self.problem(
+                STATEMENT, f"is provenance of another build type: {build.get('buildType')!r}"
+            )
+        files = dict(files)
+        want = files.pop(attest.ENVELOPE_FILE, None)
+        have = hashlib.sha256(self.envelope_raw).hexdigest()
+        if want != have:
+            self.problem(ENVELOPE, f"sha256 is {have}; {STATEMENT} signs {want}")
+        contract = self.loaded().contractDigest
+        deps = {
+            f"sha256:{d.get('digest', {}).get('sha256')}"
+            for d in build.get("resolvedDependencies", [])
+            if str(d.get("name", "")).startswith("contract:")
+        }
+        if contract is not None and deps != {contract}:
+            self.problem(STATEMENT, f"names contract {sorted(deps)}; the envelope ran {contract}")
+        self.signed_outputs(STATEMENT, files)
+        return len(files)
+
+    def envelope_statement(self, rel: str, stmt: dict[str, Any], files: dict[str, str]) -> int:
+        """The envelope as the predicate: the bundled one, and its files the bundled ones."""
+        if stmt.get("predicateType") != attest.ENVELOPE_PREDICATE_TYPE:
+            self.problem(rel, f"its predicateType is {stmt.get('predicateType')!r}")
         if stmt.get("predicate") != json.loads(self.envelope_raw):
-            self.problem(ENVELOPE, f"is not the envelope that {STATEMENT} signs")
-        for name, want in subjects:
-            rel = self.payload_path(name.removeprefix("output/"))
-            have = self.digests.get(rel) if rel else None
+            self.problem(ENVELOPE, f"is not the envelope that {rel} signs")
+        self.signed_outputs(rel, files)
+        return len(files)
+
+    def signed_outputs(self, rel: str, files: dict[str, str]) -> None:
+        for name, want in files.items():
+            path = self.payload_path(name.removeprefix("output/"))
+            have = self.digests.get(path) if path and name.startswith("output/") else None
             if have is None:
-                self.problem(STATEMENT, f"signs {name}, which is not in the bundle{self.why(rel)}")
+                self.problem(rel, f"signs {name}, which is not in the bundle{self.why(path)}")
             elif have != want:
-                self.problem(rel, f"sha256 is {have}; the signed statement says {want}")
-        return f"{by}; its {len(subjects)} files and the envelope are the bundled ones"
+                self.problem(path, f"sha256 is {have}; the signed statement says {want}")
 
     def payload_path(self, output_rel: str) -> str:
         """``data/output/<path>`` for a path under output/ ('' when it leaves output/)."""

@@ -54,7 +54,7 @@ _TABLE = {
     "parse": ("job", "re-grade a finished job from its stored evidence, running nothing"),
     "verify-result": (
         "verify",
-        "check a signed result (result.intoto.json) and, optionally, its files",
+        "check a signed result (a job folder, result.json or result.intoto.json) and its files",
     ),
     "export": ("bundle", "write a job's run as one archive anyone can verify offline"),
     "verify-bundle": (

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from runner.envelope import ResultEnvelope
     from runner.errors import RunnerError
     from runner.policy import LoadedPolicy
+    from runner.signing import TrustedKey
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
     """What each command module's ``register`` adds its parser to."""
@@ -120,6 +121,23 @@ def usage(message: str) -> NoReturn:
     """A command-line mistake: say so and exit 2, as argparse does."""
     print(f"runner: error: {message}", file=sys.stderr)
     raise SystemExit(EXIT_USAGE)
+
+
+def own_runner_keys() -> list[TrustedKey]:
+    """The runner keys a host trusts when none are named: its own (the policy's
+    ``resultSigningKey``, else ``<config>/runner-key/runner.pub``) and
+    ``<config>/trusted-runner-keys``; each key's ``source`` says which."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from runner import host, policy, signing
+
+    loaded = policy.load(host.policy_path(None))
+    own = Path(host.result_key_path(loaded.policy.resultSigningKey)).with_suffix(".pub")
+    keys = [signing.load_public_key(own)] if own.is_file() else []
+    labelled = [replace(k, source=f"this host's runner key {k.source}") for k in keys]
+    others = signing.load_trusted_keys(host.trusted_runner_keys_dir())
+    return labelled + [replace(k, source=f"trusted runner key {k.source}") for k in others]
 
 
 def fmt_clock(seconds: float) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner import host
-from runner.cli._common import EXIT_SUCCEEDED, exit_code_of, usage
+from runner.cli._common import EXIT_SUCCEEDED, exit_code_of, own_runner_keys, usage
 
 if TYPE_CHECKING:
     from runner.bundle.verify import Keys
@@ -202,18 +202,8 @@ def _keys(args: argparse.Namespace) -> Keys:
     from runner import signing
     from runner.bundle.verify import Keys
 
-    if args.key:
-        runner = [signing.load_public_key(Path(p)) for p in args.key]
-    else:
-        own = _runner_key_path(None).with_suffix(".pub")
-        runner = (
-            _labelled([signing.load_public_key(own)], "this host's runner key")
-            if own.is_file()
-            else []
-        )
-        runner += _labelled(
-            signing.load_trusted_keys(host.trusted_runner_keys_dir()), "trusted runner key"
-        )
+    named = [signing.load_public_key(Path(p)) for p in args.key]
+    runner = named or own_runner_keys()
     if args.issuer_key:
         issuer = [signing.load_public_key(Path(p)) for p in args.issuer_key]
     else:

@@ -9,10 +9,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner import host
-from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, fmt_clock, host_options, load_host
+from runner.cli._common import (
+    EXIT_SUCCEEDED,
+    HOST_HELP,
+    fmt_clock,
+    host_options,
+    load_host,
+    own_runner_keys,
+)
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
+    from runner.signing import TrustedKey
 
 
 def register(sub: Subparsers, name: str, help: str) -> None:
@@ -36,20 +44,51 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         vres = sub.add_parser(
             name,
             help=help,
-            description="Verify the in-toto statement's DSSE signature against trusted runner keys "
-            "and, with --output-dir, the SHA-256 of every file it names.",
-            epilog="The runner's own public key is <config>/runner-key/runner.pub; an auditor "
-            "trusts it with: runner trust runner.pub --trusted-keys <config>/trusted-runner-keys",
+            description="Verify a signed result: the DSSE signatures of its in-toto statements "
+            "(result.intoto.json, SLSA provenance; result.envelope.intoto.json, the envelope), "
+            "that result.json is the one signed, and the SHA-256 of every output file they "
+            "sign.",
+            epilog=VERIFY_RESULT_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        vres.add_argument("statement", metavar="FILE", help="a job's result.intoto.json")
-        vres.add_argument("--output-dir", metavar="DIR", help="the job's output folder")
+        vres.add_argument(
+            "result",
+            metavar="RESULT",
+            help="a job folder, its result.json, or its result.intoto.json",
+        )
+        vres.add_argument(
+            "--output-dir",
+            metavar="DIR",
+            help="the output folder to check (default: output/ beside the result)",
+        )
+        vres.add_argument(
+            "--key",
+            action="append",
+            default=[],
+            metavar="PUB",
+            help="trust this runner public key (repeatable); then only the keys named are",
+        )
         vres.add_argument(
             "--trusted-keys",
             metavar="DIR",
-            help="trusted runner keys (default <config>/trusted-runner-keys)",
+            help="trust the runner keys in DIR; then only the keys named are",
         )
         vres.add_argument("--json", action="store_true")
         vres.set_defaults(func=cmd_verify_result)
+
+
+VERIFY_RESULT_EPILOG = """\
+keys: with neither --key nor --trusted-keys, the keys this host trusts for its own results:
+its runner key (<config>/runner-key/runner.pub, or the policy's resultSigningKey) and
+<config>/trusted-runner-keys; the output says which key verified. An auditor elsewhere names
+the producing host's runner.pub: --key runner.pub (or `runner trust runner.pub
+--trusted-keys <config>/trusted-runner-keys` once).
+
+exit codes:
+  0    every signature and every signed file checked out
+  3    it does not (signature_invalid), or RESULT is not a result (the message names the
+       file it needs)
+"""
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -125,30 +164,71 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_SUCCEEDED
 
 
-def cmd_verify_result(args: argparse.Namespace) -> int:
-    from runner import attest, signing
+def _result_keys(args: argparse.Namespace) -> tuple[list[TrustedKey], bool]:
+    """The trusted runner keys, and whether they are this host's defaults."""
+    from dataclasses import replace
 
-    keys = signing.load_trusted_keys(host.trusted_runner_keys_dir(args.trusted_keys))
+    from runner import signing
+
+    if not args.key and not args.trusted_keys:
+        return own_runner_keys(), True
+    keys = [replace(signing.load_public_key(Path(p)), source=f"--key {p}") for p in args.key]
+    if args.trusted_keys:
+        folder = host.trusted_runner_keys_dir(args.trusted_keys)
+        keys += [
+            replace(k, source=f"trusted runner key {k.source}")
+            for k in signing.load_trusted_keys(folder)
+        ]
+    return keys, False
+
+
+def cmd_verify_result(args: argparse.Namespace) -> int:
+    from runner import attest
+    from runner.errors import SignatureInvalid
+
+    keys, by_default = _result_keys(args)
     output = Path(args.output_dir) if args.output_dir else None
-    verified = attest.verify_result(Path(args.statement), keys, output)
-    predicate = verified.statement["predicate"]
-    info = {
+    try:
+        verified = attest.verify_result(Path(args.result), keys, output)
+    except SignatureInvalid as exc:
+        if by_default and ("trusted key" in exc.message):
+            raise SignatureInvalid(
+                f"{exc.message}; trusted by default: this host's own runner key and "
+                "<config>/trusted-runner-keys",
+                hint="a result made on another host verifies with that host's runner key: "
+                "--key RUNNER.pub (its <config>/runner-key/runner.pub)",
+            ) from exc
+        raise
+    sources = {k.keyid: k.source for k in keys}
+    envelope, loc = verified.envelope, verified.location
+    info: dict[str, Any] = {
         "valid": True,
-        "signedBy": list(verified.keyids),
-        "jobId": predicate.get("jobId"),
-        "status": predicate.get("status"),
-        "contractDigest": predicate.get("contractDigest"),
-        "subjects": len(verified.statement.get("subject", [])),
+        "signedBy": [{"keyId": k, "trustedAs": sources.get(k)} for k in verified.keyids],
+        "trust": "this host's runner keys (default)" if by_default else "the keys named",
+        "statements": [{"file": str(p), "predicateType": t} for p, t in verified.statements],
+        "jobId": envelope.get("jobId"),
+        "status": envelope.get("status"),
+        "contractDigest": envelope.get("contractDigest"),
+        "subjects": verified.signed,
         "subjectsChecked": verified.checked,
-        "measurements": {m["measurementId"]: m["value"] for m in predicate["measurements"]},
+        "outputDir": str(loc.output) if loc.output else None,
+        "measurements": {m["measurementId"]: m["value"] for m in envelope.get("measurements", [])},
+        "notes": list(verified.notes),
     }
     if args.json:
         print(json.dumps(info, indent=2))
+        return EXIT_SUCCEEDED
+    names = ", ".join(p.name for p, _ in verified.statements)
+    print(f"ok: the result in {loc.job} verifies ({names})")
+    for k in verified.keyids:
+        print(f"  signed by {k} ({sources.get(k)})")
+    print(f"  job {info['jobId']} ({info['status']}), contract {info['contractDigest']}")
+    for mid, value in info["measurements"].items():
+        print(f"  {mid} = {value}")
+    if loc.output:
+        print(f"  {verified.checked} of {verified.signed} signed output files match {loc.output}")
     else:
-        print(f"ok: {args.statement} is signed by {', '.join(verified.keyids)}")
-        print(f"  job {info['jobId']} ({info['status']}), contract {info['contractDigest']}")
-        for mid, value in info["measurements"].items():
-            print(f"  {mid} = {value}")
-        checked = f"{verified.checked} of {info['subjects']} files checked against {output}"
-        print(f"  {checked if output else 'files not checked (pass --output-dir)'}")
+        print("  output files not checked: no output/ beside it (pass --output-dir)")
+    for note in verified.notes:
+        print(f"  note: {note}")
     return EXIT_SUCCEEDED
