@@ -199,18 +199,22 @@ ensure_base() {
   fi
 }
 
-build_job_image() {
-  log "image: building $JOB_TAG from images/cpu (base $BASE, --network none)"
-  local build_log
+# Quiet unless it fails: the full build log is shown then. Every image builds with no network.
+build_quietly() { # TAG CONTEXT [docker build args...]
+  local tag="$1" context="$2" build_log
+  shift 2
   build_log="$(mktemp)"
-  # Quiet unless it fails: the full build log is shown then.
-  if ! docker build --network none --build-arg "BASE=$BASE" -t "$JOB_TAG" "$ROOT/images/cpu" \
-    >"$build_log" 2>&1; then
+  if ! docker build --network none --build-arg "BASE=$BASE" "$@" -t "$tag" "$context" >"$build_log" 2>&1; then
     cat "$build_log" >&2
     rm -f "$build_log"
-    die "image: docker build of $JOB_TAG failed (log above)"
+    die "image: docker build of $tag failed (log above)"
   fi
   rm -f "$build_log"
+}
+
+build_job_image() {
+  log "image: building $JOB_TAG from images/cpu (base $BASE, --network none)"
+  build_quietly "$JOB_TAG" "$ROOT/images/cpu"
 }
 
 # The egress proxy's image: Debian's tinyproxy-bin and busybox-static, fetched on the host (the
@@ -239,15 +243,7 @@ ensure_proxy_debs() {
 build_proxy_image() {
   ensure_proxy_debs
   log "image: building $PROXY_TAG from images/proxy (base $BASE, --network none)"
-  local build_log
-  build_log="$(mktemp)"
-  if ! docker build --network none --build-arg "BASE=$BASE" -t "$PROXY_TAG" "$ROOT/images/proxy" \
-    >"$build_log" 2>&1; then
-    cat "$build_log" >&2
-    rm -f "$build_log"
-    die "image: docker build of $PROXY_TAG failed (log above)"
-  fi
-  rm -f "$build_log"
+  build_quietly "$PROXY_TAG" "$ROOT/images/proxy"
 }
 
 # --------------------------------------------------------------------------- agent images
@@ -261,18 +257,6 @@ lock_value() { sed -n "s/^$1=//p" "$CLAUDE_DIR/claude-code.lock"; }
 # The image's inputs, hashed: a build is skipped when the image carries the same hash.
 inputs_hash() { (docker image inspect --format '{{.Id}}' "$BASE"; cat "$@") | sha256sum | cut -d' ' -f1; }
 built_from() { docker image inspect --format '{{index .Config.Labels "org.runner.inputs"}}' "$1" 2>/dev/null || true; }
-
-build_quietly() { # TAG CONTEXT [docker build args...]
-  local tag="$1" context="$2" build_log
-  shift 2
-  build_log="$(mktemp)"
-  if ! docker build --network none --build-arg "BASE=$BASE" "$@" -t "$tag" "$context" >"$build_log" 2>&1; then
-    cat "$build_log" >&2
-    rm -f "$build_log"
-    die "image: docker build of $tag failed (log above)"
-  fi
-  rm -f "$build_log"
-}
 
 build_scripted_agent() {
   local want
