@@ -9,6 +9,7 @@ raises a :class:`~runner.errors.RunnerError` subclass when it refuses. ``runner 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -62,6 +63,8 @@ class BadDuration(ValueError):
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_LIFETIME_SECONDS = 3650 * 86400
+"""Ten years: the longest lifetime ``--expires-in`` takes (a host policy may allow less)."""
 
 
 def parse_duration(text: str) -> timedelta:
@@ -71,6 +74,11 @@ def parse_duration(text: str) -> timedelta:
         seconds = float(text[:-1]) * _UNITS[unit] if unit in _UNITS else float(text)
     except ValueError as exc:
         raise BadDuration(f"a duration looks like 90s, 30m, 24h or 7d; got {text!r}") from exc
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_LIFETIME_SECONDS:
+        raise BadDuration(
+            f"a lifetime is more than 0 and at most {MAX_LIFETIME_SECONDS // 86400} days "
+            f"(e.g. 90s, 30m, 24h, 7d); got {text!r}"
+        )
     return timedelta(seconds=seconds)
 
 

@@ -11,7 +11,7 @@ import pytest
 from runner import issuer
 from runner.contract import Trust, load_contract
 from runner.errors import ContractError, RefusedError
-from tests.support import contract_data, copy_toy_inputs
+from tests.support import TOY, contract_data, copy_toy_inputs, run_cli
 
 
 def test_keygen_and_sign_return_what_they_wrote(tmp_path: Path) -> None:
@@ -58,3 +58,21 @@ def test_sign_refusals(tmp_path: Path) -> None:
         issuer.sign(signed.envelope, pair.private_key)
     with pytest.raises(ContractError, match="cannot read"):
         issuer.sign(tmp_path / "missing.json", pair.private_key)
+
+
+@pytest.mark.parametrize("lifetime", ["infh", "nanh", "0s", "-1h", "4000d"])
+def test_a_lifetime_that_is_no_lifetime_is_a_usage_error(tmp_path: Path, lifetime: str) -> None:
+    proc = run_cli(
+        "sign", str(TOY / "task.json"), "--key", str(tmp_path / "none.key"),
+        f"--expires-in={lifetime}",
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "lifetime" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_file_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    target = tmp_path / "missing-folder" / "pinned.json"
+    proc = run_cli("pin", str(TOY / "task.json"), "-o", str(target))
+    assert proc.returncode == 4, proc.stderr
+    assert f"runner: infrastructure: {target}: No such file or directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
