@@ -1,4 +1,10 @@
-"""The job directory: where a job's inputs, outputs and records live on the host.
+"""Long on purpose: staging is one walker over hostile folders (no link followed, links below an
+input copied as links, special files refused, caps counted) used three ways — to copy the
+inputs into ``input/``, to hash them for the issuer (:func:`hash_input`), and to re-check
+``input/`` after the job (:func:`recheck_inputs`) — and splitting it would mean three walkers
+to keep equally careful.
+
+The job directory: where a job's inputs, outputs and records live on the host.
 
 Layout of ``<state>/jobs/<job id>/``::
 
@@ -15,12 +21,6 @@ Layout of ``<state>/jobs/<job id>/``::
                     attempts/<n>/ (each attempt's container state, engine log, output manifest
                     and, once a later attempt starts, its stdout and stderr)
     result.json     the result envelope, written last and atomically
-
-Long on purpose: staging is one walker over hostile folders (no link followed, links below an
-input copied as links, special files refused, caps counted) used three ways — to copy the
-inputs into ``input/``, to hash them for the issuer (:func:`hash_input`), and to re-check
-``input/`` after the job (:func:`recheck_inputs`) — and splitting it would mean three walkers
-to keep equally careful.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""``runner verify-bundle ARCHIVE``: check a bundle of one run, offline, with no engine.
+"""Long on purpose: the ten checks are one sequence over one unpacked bag, each a method of one
+verifier that records what it found, so that the order in which problems are found (and so
+the file the first one names) is read in one place.
+
+``runner verify-bundle ARCHIVE``: check a bundle of one run, offline, with no engine.
 
 The checks, in this order; each problem names its file, relative to the bag's folder:
 
@@ -29,10 +33,6 @@ The checks, in this order; each problem names its file, relative to the bag's fo
 A signature that only a key the bundle carries verifies (none trusted here), and an unsigned
 contract, are reported UNVERIFIED: a problem, unless ``allow_untrusted``. Nothing here
 imports the docker SDK or talks to an engine.
-
-Long on purpose: the ten checks are one sequence over one unpacked bag, each a method of one
-verifier that records what it found, so that the order in which problems are found (and so
-the file the first one names) is read in one place.
 """
 
 from __future__ import annotations
