@@ -30,6 +30,7 @@ log into connections, each allowed, refused or incomplete.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -50,17 +51,17 @@ LOG_MAX_BYTES = 16 * MIB
 MAX_CONNECTIONS = 1000
 """Connections listed in the envelope; all are counted."""
 READY_SECONDS = 60.0
-_READY = {"proxy": b"Accepting connections", "netns": b"egress-netns: ready"}
-_START = "Initializing tinyproxy"
-"""tinyproxy's first line: a kept log without it lost its start."""
+_READY = {"proxy": b"egress-proxy: accepting connections", "netns": b"egress-netns: ready"}
+_START = "egress-proxy: accepting connections"
+"""The proxy's first line: a kept log without it lost its start."""
 
 PROXY_USER = "10002:10002"
 _BOX: dict[str, Any] = {"gpus": "none", "network": "none", "timeout_seconds": 1.0}
 PROXY_LIMITS = Limits(
-    cpus=1.0, memory_bytes=256 * MIB, memory_swap_bytes=256 * MIB, shm_bytes=MIB, pids=256,
+    cpus=2.0, memory_bytes=256 * MIB, memory_swap_bytes=256 * MIB, shm_bytes=MIB, pids=256,
     tmpfs_bytes=MIB, **_BOX,
 )  # fmt: skip
-"""tinyproxy runs a thread per connection (at most MaxClients, 100)."""
+"""The proxy runs two threads per connection (at most 100 connections at once)."""
 HOLDER_LIMITS = Limits(
     cpus=0.1, memory_bytes=16 * MIB, memory_swap_bytes=16 * MIB, shm_bytes=MIB, pids=16,
     tmpfs_bytes=MIB, cap_add=("NET_ADMIN",), **_BOX,
@@ -127,41 +128,15 @@ def prepare(backend: Backend, plan: EgressPlan, container_name: str) -> Egress:
     )
 
 
-def proxy_config(allow: tuple[HostPort, ...], clients: str) -> tuple[str, str]:
-    """tinyproxy's configuration and filter for ``allow``, serving only ``clients`` (the job's
-    network): default deny, the filter matched against what the job asked for (FilterURLs),
-    each pattern anchored at both ends, CONNECT only to the allowed ports."""
-    ports = sorted({x.port for x in allow})
-    config = "\n".join(
-        [
-            "# The runner's egress proxy: only these host:port pairs, nothing else.",
-            "Port 3128",
-            "Timeout 600",
-            "MaxClients 100",
-            "LogLevel Info",
-            f"Allow {clients}",
-            'Filter "/tmp/filter"',
-            "FilterURLs On",
-            "FilterType ere",
-            "FilterDefaultDeny Yes",
-            "FilterCaseSensitive No",
-            *(f"ConnectPort {p}" for p in ports),
-            "DisableViaHeader Yes",
-            "XTinyproxy No",
-        ]
-    )
-    patterns = []
-    for x in allow:
-        host = x.host.replace(".", r"\.")  # names hold only [a-z0-9.-]: "." is all to escape
-        port = f"(:{x.port})?" if x.port == 80 else f":{x.port}"
-        patterns += [f"^{host}:{x.port}$", f"^http://{host}{port}(/|$)"]
-    return config, "\n".join(patterns)
+def proxy_rules(allow: tuple[HostPort, ...], lease: str) -> str:
+    """The proxy's rules for ``allow`` (JSON): the pairs it lets through, compared whole on
+    what the job asked for; everything else is refused."""
+    return json.dumps({"lease": lease, "allow": [str(x) for x in allow]}, sort_keys=True)
 
 
 def _specs(
     eg: Egress, net: NetworkInfo, labels: dict[str, str], deadline: Backstop | None
 ) -> tuple[ContainerSpec, ContainerSpec]:
-    config, patterns = proxy_config(eg.allow, net.subnet)
     common: dict[str, Any] = {
         "image": eg.proxy_image,
         "command": [],
@@ -175,8 +150,8 @@ def _specs(
         entrypoint=["/usr/local/bin/egress-proxy"],
         user=PROXY_USER,
         environment={
-            "EGRESS_CONFIG": config,
-            "EGRESS_FILTER": patterns,
+            "EGRESS_RULES": proxy_rules(eg.allow, eg.proxy),
+            "EGRESS_CLIENTS": net.subnet,
             "NVIDIA_VISIBLE_DEVICES": "void",
         },
         labels={**labels, ROLE: "egress-proxy"},
@@ -324,7 +299,7 @@ def down(backend: Backend, eg: Egress, record_dir: Path, job_root: Path) -> Egre
             before = EgressRecord.model_validate_json(kept.read_bytes())
             return before.model_copy(update={"problems": [*before.problems, *problems]})
     text = log.read_text(errors="replace") if log.exists() else ""
-    connections = read_log(text)
+    connections = read_log(text, eg.proxy)
     record = EgressRecord(
         allow=[str(x) for x in eg.allow],
         upstreamNetwork=eg.upstream_network,

@@ -1,11 +1,12 @@
 """The egress allowlist: a job reaches the host:port pairs its contract asks for and its host
 policy grants, through the runner's proxy, and nothing else; every request is recorded.
 
-The first part needs no engine: pairs, policy and plan, the proxy's configuration, its log
-read back (from a real tinyproxy log), and the stage's life (up, down, a crashed runner, the
-sweeper) against the in-memory fake. The second runs real jobs against an "outside" the test
-makes itself (tests/support/egress.py): an internal network with HTTP test hosts on it, named
-in the host policy as the proxy's upstream. No test traffic goes anywhere else.
+The first part needs no engine: pairs, policy and plan, the proxy's rules, and the stage's
+life (up, down, a crashed runner, the sweeper) against the in-memory fake (the proxy program
+itself, and its log read back, are tested in tests/test_egress_proxy.py). The second runs
+real jobs against an "outside" the test makes itself (tests/support/egress.py): an internal
+network with HTTP test hosts on it, named in the host policy as the proxy's upstream. No test
+traffic goes anywhere else.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from runner.backends.types import EgressPlan, HostPort
 from runner.contract import Trust, load_contract, with_digest
 from runner.errors import ContractError, InfrastructureError, PolicyViolation
 from runner.ledger import read_state
-from runner.proxylog import read_log
 from tests.support import (
     SESSION_ID,
     SESSION_LABEL,
@@ -42,9 +42,22 @@ from tests.support import (
 )
 from tests.support.egress import Outside, left_behind, outside
 
-FIXTURE = Path(__file__).parent / "fixtures" / "egress" / "tinyproxy.log"
-"""A real tinyproxy 1.11.1 log (Debian's tinyproxy-bin, the runner's configuration) as the
-engine keeps it, of a client trying CONNECT and plain requests, allowed and not."""
+
+def _proxy_log(lease: str | None = None) -> bytes:
+    """The proxy's log as the engine keeps it (its time first), of a client asking for five
+    pairs: two allowed (one connected, one unreachable), two refused, one abandoned."""
+    lines = []
+    for i, (target, outcome) in enumerate(
+        [("api.example:443", "connected"), ("api.example:443", "unreachable"),
+         ("other.example:443", "refused"), ("api.example:80", "refused"), ("x:1", None)]
+    ):  # fmt: skip
+        common = {"id": i, "lease": lease, "at": "2026-12-01T00:00:00Z"}
+        lines.append({**common, "event": "request", "method": "CONNECT", "target": target})
+        if outcome is not None:
+            lines.append({**common, "event": outcome, "detail": "not on the allowlist"})
+    return "".join(f"2026-12-01T00:00:00.1Z {json.dumps(x)}\n" for x in lines).encode()
+
+
 INF = float("inf")
 
 
@@ -155,95 +168,17 @@ def _now() -> Any:
     return datetime.now(UTC)
 
 
-# ------------------------------------------------------------------ the proxy's configuration
+# ------------------------------------------------------------------ the proxy's rules
 
 
-def test_the_proxy_refuses_by_default_and_matches_whole_names() -> None:
-    config, patterns = egress.proxy_config(
-        (HostPort("api.example", 443), HostPort("files.example", 80)), "172.30.0.0/16"
-    )
-    lines = config.splitlines()
-    for line in ("FilterDefaultDeny Yes", "FilterURLs On", "FilterType ere",
-                 "Allow 172.30.0.0/16", "ConnectPort 80", "ConnectPort 443"):  # fmt: skip
-        assert line in lines
-    assert len([x for x in lines if x.startswith("ConnectPort")]) == 2
-    assert patterns.splitlines() == [
-        r"^api\.example:443$",
-        r"^http://api\.example:443(/|$)",
-        r"^files\.example:80$",
-        r"^http://files\.example(:80)?(/|$)",
-    ]
-
-
-# ------------------------------------------------------------------ the proxy's log, read
-
-
-def test_a_real_tinyproxy_log_read_back() -> None:
-    """Every request of the captured log, with its outcome: allowed (connected), refused by
-    the filter (another host, a path after the port, a user-info trick, a transparent request
-    to another host), by the CONNECT port, as a bad request, and one the client abandoned."""
-    got = [(c.method, c.target[:48], c.host and c.host[:20], c.port, c.decision, c.detail)
-           for c in read_log(FIXTURE.read_text())]  # fmt: skip
-    a, o = "allowed.test", "other.test"
-    assert got == [
-        ("CONNECT", f"{a}:8000", a, 8000, "allowed", "connected"),
-        ("CONNECT", f"{o}:8000", o, 8000, "refused", "not on the allowlist"),
-        ("CONNECT", f"{a}:9000", a, 9000, "refused", "port not allowed"),
-        ("CONNECT", f"{a}:8000/x", a, 8000, "refused", "not on the allowlist"),
-        ("CONNECT", "ALLOWED.test:8000", "ALLOWED.test", 8000, "allowed", "connected"),
-        ("GET", f"http://{a}:8000/", a, 8000, "allowed", "connected"),
-        ("GET", f"http://{o}:8000/", o, 8000, "refused", "not on the allowlist"),
-        ("GET", f"http://{a}:8000@{o}:8000/", o, 8000, "refused", "not on the allowlist"),
-        ("GET", f"http://{a}:8000", a, 8000, "allowed", "connected"),
-        ("GET", "/", a, 8000, "allowed", "connected"),
-        ("GET", "/", o, 8000, "refused", "not on the allowlist"),
-        ("GARBAGE", "GARBAGE", None, None, "refused", "bad request"),
-        ("GET", "https://allowed.test:8000/", "x:80https", 80, "refused", "not on the allowlist"),
-        ("GET", "http://" + "a" * 41, "a" * 20, 80, "refused", "not on the allowlist"),
-        ("CONNECT", f"{o}:8000", o, 8000, "incomplete", "no outcome"),
-    ]
-    assert all(c.at and c.at.endswith("Z") for c in read_log(FIXTURE.read_text()))
-
-
-def _line(msg: str) -> str:
-    return f"INFO      Dec 01 04:09:30.478 [8]: {msg}"
-
-
-def test_interleaved_requests_are_told_apart() -> None:
-    """Two requests to one host:port on their own threads: the allowed one's onward
-    connection is logged before the other's refusal; refusals are placed first, so the
-    refused one is never counted as allowed. An unreachable host is still an allowed one. A
-    carriage return in a request forges no line."""
-    forged = "\r" + _line("opensock: opening connection to evil.example:80")
-    url = "http://evil.example/" + forged.split(" ")[0]  # tinyproxy's URL ends at a space
-    text = "\n".join(
-        _line(m)
-        for m in [
-            "Request (file descriptor 5): GET http://user@api.example:443/ HTTP/1.1",
-            "Request (file descriptor 6): CONNECT api.example:443 HTTP/1.1",
-            "opensock: opening connection to api.example:443",
-            'Proxying refused on filtered url "http://user@api.example:443/"',
-            'Established connection to host "api.example" using file descriptor 7.',
-            "Request (file descriptor 5): CONNECT down.example:443 HTTP/1.1",
-            "opensock: opening connection to down.example:443",
-            "opensock: Could not retrieve address info for down.example:443: Name unknown",
-            "not a tinyproxy line at all",
-            f"Request (file descriptor 8): GET http://evil.example/{forged} HTTP/1.1",
-            f'Proxying refused on filtered url "{url}"',
-        ]
-    )
-    got = [(c.method, c.decision, c.detail) for c in read_log(text)]
-    assert got == [
-        ("GET", "refused", "not on the allowlist"),
-        ("CONNECT", "allowed", "connected"),
-        ("CONNECT", "allowed", "unreachable"),
-        ("GET", "refused", "not on the allowlist"),
-    ]
+def test_the_proxy_rules_are_the_pairs_and_the_lease() -> None:
+    rules = egress.proxy_rules((HostPort("api.example", 443), HostPort("files.example", 80)), "L")
+    assert json.loads(rules) == {"lease": "L", "allow": ["api.example:443", "files.example:80"]}
 
 
 # ------------------------------------------------------------------ up and down (fake engine)
 
-READY = b"INFO      Dec 01 04:09:23.956 [8]: Starting main loop. Accepting connections.\n"
+READY = b"2026-12-01T00:00:00.0Z egress-proxy: accepting connections on port 3128\n"
 
 
 def _egress_jobs(
@@ -256,7 +191,9 @@ def _egress_jobs(
         if specs is not None:
             specs.append(spec)
         if spec.name.endswith("-proxy"):
-            return FakeJob(seconds=INF, log=READY + proxy_log)
+            lease = json.loads(spec.environment["EGRESS_RULES"])["lease"]  # the attempt's
+            mine = proxy_log.replace(b'"lease": null', f'"lease": "{lease}"'.encode())
+            return FakeJob(seconds=INF, log=READY + mine)
         if spec.name.endswith("-netns"):
             return FakeJob(seconds=INF, log=b"egress-netns: ready\n")
         return job
@@ -277,7 +214,7 @@ PLAN = EgressPlan((HostPort("api.example", 443),), "up", "runner-proxy:local")
 
 
 def test_up_makes_a_hardened_proxy_and_holder_and_down_takes_all(tmp_path: Path) -> None:
-    fake = _fake(proxy_log=FIXTURE.read_bytes())
+    fake = _fake(proxy_log=_proxy_log() + _proxy_log("another attempt's"))
     eg = egress.prepare(fake, PLAN, "runner-j-a1")
     net = egress.up(fake, eg, tmp_path / "rec", labels={"org.runner.managed": "true"})
     specs = {c.spec.name: c.spec for c in fake.containers.values()}
@@ -293,12 +230,13 @@ def test_up_makes_a_hardened_proxy_and_holder_and_down_takes_all(tmp_path: Path)
         assert lim.cap_drop == ("ALL",) and lim.security_opt == ("no-new-privileges",)
         assert lim.read_only_rootfs and lim.init and lim.pids and lim.memory_bytes <= 256 << 20
         assert spec.image == fake.images[eg.proxy_image].id
-    assert f"Allow {net.subnet}" in proxy.environment["EGRESS_CONFIG"]
+    assert proxy.environment["EGRESS_CLIENTS"] == net.subnet
+    assert json.loads(proxy.environment["EGRESS_RULES"])["allow"] == ["api.example:443"]
     assert holder.environment == {"EGRESS_SUBNET": net.subnet, "EGRESS_GATEWAY": net.gateway,
                                   "NVIDIA_VISIBLE_DEVICES": "void"}  # fmt: skip
     record = egress.down(fake, eg, tmp_path / "rec", tmp_path)
     assert fake.containers == {} and list(fake.networks) == ["up"]
-    assert (record.allowed, record.refused, record.incomplete) == (5, 9, 1)
+    assert (record.allowed, record.refused, record.incomplete) == (2, 2, 1)
     assert record.log == "rec/egress.log" and (tmp_path / "rec" / "egress.log").exists()
     assert egress.down(fake, eg, tmp_path / "rec", tmp_path) == record  # again: the same
 
@@ -360,7 +298,7 @@ def test_a_run_behind_the_allowlist_and_a_rerun_after_a_crash(tmp_path: Path) ->
     counts its requests. A runner killed mid-run leaves proxy, holder and network up for the
     job it may reattach to; the next run reattaches, then takes them down."""
     specs: list[ContainerSpec] = []
-    fake = _fake(FakeJob(seconds=0.3, work=_writes), FIXTURE.read_bytes(), specs)
+    fake = _fake(FakeJob(seconds=0.3, work=_writes), _proxy_log(), specs)
     image = fake.add_image("job:1", content="job").id
     contract = _toy(tmp_path / "c1", image)
     env = orchestrator.as_json(
@@ -368,7 +306,7 @@ def test_a_run_behind_the_allowlist_and_a_rerun_after_a_crash(tmp_path: Path) ->
     )
     assert env["status"] == "succeeded", env["failure"]
     assert env["limits"]["network"] == "egress" and env["allocation"]["network"] == "egress"
-    assert (env["egress"]["allowed"], env["egress"]["refused"]) == (5, 9)
+    assert (env["egress"]["allowed"], env["egress"]["refused"]) == (2, 2)
     (job,) = [s for s in specs if s.name.endswith("-a1")]
     assert job.network == f"container:{job.name}-netns"
     assert job.environment["HTTPS_PROXY"] == "http://egress-proxy:3128"
@@ -551,7 +489,7 @@ def test_the_allowlist_holds_from_inside_a_job(
     probe = json.loads((Path(env["jobDir"]) / "output" / "egress-probe.json").read_text())
 
     assert probe["get_allowed"]["ok"][:2] == [200, "hello from allowed\n"]
-    assert probe["connect_allowed"]["ok"] == ["HTTP/1.0 200 Connection established",
+    assert probe["connect_allowed"]["ok"] == ["HTTP/1.1 200 Connection established",
                                               "hello from allowed\n"]  # fmt: skip
     assert "gaierror" in probe["direct_allowed_name"]["error"]
     assert probe["direct_allowed_ip"]["errno"] == 101, probe["direct_allowed_ip"]  # unreachable
@@ -590,8 +528,9 @@ def test_the_allowlist_holds_from_inside_a_job(
     assert (eg["allowed"], eg["refused"], eg["incomplete"]) == (4, 6, 0)
     log = (Path(env["jobDir"]) / eg["log"]).read_text()
     assert eg["log"] == "record/attempts/1/egress.log"
-    assert "Proxying refused on filtered url" in log and "bWFkZS11cA" in log
-    assert "opening connection to bWFkZS11cA" not in log  # a refused name is never resolved
+    assert '"event":"refused"' in log and "bWFkZS11cA" in log
+    onward = [x for x in log.splitlines() if '"event":"connected"' in x or "unreachable" in x]
+    assert len(onward) == 4 and not [x for x in onward if "bWFkZS11cA" in x]  # never resolved
     assert left_behind(JOB_LABELS) == {"containers": [], "networks": []}
 
 
