@@ -64,7 +64,10 @@ _TABLE = {
     "image": ("image", "offline image bundles"),
     "status": ("job", "a job's attempts, budget used and left, and its container"),
     "ledger": ("job", "inspect a job's budget ledger"),
-    "cleanup": ("job", "remove containers of finished jobs that no runner watches"),
+    "cleanup": (
+        "job",
+        "remove containers of finished jobs that no runner watches, and free egress slots",
+    ),
     "parsers": ("parsers", "list the registered evidence parsers (id, version, config schema)"),
     "schema": ("schema", "print the JSON Schema of a contract, policy, envelope or result.json"),
     "completion": ("completion", "print a bash, zsh or tcsh completion script"),
