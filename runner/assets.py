@@ -315,6 +315,8 @@ def stage(
     """The job's assets, cached (fetched first where the policy allows), as read-only mounts
     at ``/job/assets/<path>``; what the job uses is recorded first (``record/assets.json``)."""
     wanted = contract.model.fetched_assets
+    if not wanted:
+        return []
     record = {
         "schemaVersion": "1.0",
         "assets": [
@@ -323,8 +325,6 @@ def stage(
         ],
     }
     write_json(job.record / RECORD, record)
-    if not wanted:
-        return []
     mounts = []
     for a in wanted:
         if grant.fetchOnRun:

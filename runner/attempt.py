@@ -36,7 +36,7 @@ from runner import (
     records,
     staging,
 )
-from runner.backends.base import Backend, Backstop, ContainerState
+from runner.backends.base import Backend, Backstop, ContainerState, Mount
 from runner.container import Outcome, Progress, Watch
 from runner.contract import VerifiedContract
 from runner.envelope import Allocation, GpuRecord, ImageRecord
@@ -81,6 +81,8 @@ class Job:
     limit: float
     """The job's budget in seconds (the ledger's, never more than the plan's)."""
     progress: Progress
+    assets: tuple[Mount, ...] = ()
+    """The contract's assets, cached, as read-only mounts below /job/assets."""
 
 
 def run(job: Job, known: Known) -> AttemptResult:
@@ -263,7 +265,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
     )  # an agent's: with what is left of its turns and budget
     spec = container.spec(
         p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None,
-        argv=argv, secrets=secrets,
+        argv=argv, secrets=secrets, assets=job.assets,
     )  # fmt: skip
     ledger.append(
         f"attempt-{n}.starting",
