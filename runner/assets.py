@@ -331,7 +331,7 @@ def stage(
             got = fetch(a, contract.base_dir, cache, grant)
             if on_fetched is not None:
                 on_fetched(got)
-        else:
+        else:  # only what is cached already
             with cache.locked(hex_of(a)):
                 if not cache.present(a):
                     raise AssetUnavailable(
@@ -341,6 +341,9 @@ def stage(
                         "or set assets.fetchOnRun in the host policy",
                     )
                 cache.touch(a)
+            if on_fetched is not None:
+                on_fetched(Fetched(a.id, a.sha256, a.size, cache.mount_source(a), True, 0, None,
+                                   0.0))  # fmt: skip
         mounts.append(Mount(cache.mount_source(a), f"/job/assets/{a.path}", read_only=True))
         _mount_point(job, a)
     return mounts

@@ -26,7 +26,7 @@ from runner.contract.models import Asset
 from runner.errors import AssetDigestMismatch, AssetUnavailable, ContractError
 from runner.policy import AssetGrant
 from runner.staging import StateDir, prepare
-from tests.support import FAKE_IMAGE_ID, run_cli, write_contract
+from tests.support import FAKE_IMAGE_ID, ROOT, run_cli, write_contract
 from tests.support.asset_server import AssetServer, Served, asset_server
 
 BODY = os.urandom(3 * 1024 * 1024 + 17)
@@ -419,3 +419,42 @@ def test_threads_in_one_process_also_download_once(tmp_path: Path, server: Asset
         t.join(60)
     assert sorted(r.cached for r in results) == [False, True]
     assert server.gets("blob") == 1
+
+
+def test_the_example_contract_fetches_from_the_serve_script(tmp_path: Path) -> None:
+    """examples/asset-evaluation: its asset is the served file (digest and size), and
+    scripts/serve_assets.py answers ranges, so a fetch from it resumes like any source."""
+    import importlib.util
+    from http.server import ThreadingHTTPServer
+
+    import requests
+
+    example = ROOT / "examples" / "asset-evaluation"
+    loaded = load_contract(example / "task.json", Trust(keys=[]))
+    (a,) = loaded.model.fetched_assets
+    served = (example / "served" / a.path).read_bytes()
+    assert a.sha256 == "sha256:" + hashlib.sha256(served).hexdigest() and a.size == len(served)
+    spec = importlib.util.spec_from_file_location(
+        "serve_assets", ROOT / "scripts" / "serve_assets.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), module.make_handler(example / "served"))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        part = requests.get(f"{base}/labels.txt", headers={"Range": "bytes=10-"}, timeout=10)
+        assert part.status_code == 206 and part.content == served[10:]
+        assert requests.get(f"{base}/../task.json", timeout=10).status_code == 404
+        cache = cache_of(tmp_path)
+        partial = cache.partial(a.sha256.removeprefix("sha256:"))
+        partial.parent.mkdir(parents=True)
+        partial.write_bytes(served[:100])  # as a killed fetch would leave it
+        local = a.model_copy(update={"sources": [f"{base}/labels.txt"]})
+        got = fetch(local, tmp_path, cache, grant())
+        assert got.downloaded == len(served) - 100
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
