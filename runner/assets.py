@@ -258,8 +258,8 @@ def _from_sources(
         )
     raise AssetUnavailable(
         f"asset {asset.id!r} ({asset.sha256}) could not be fetched: " + "; ".join(tried),
-        hint="check the sources, and that the host policy's assets.allowHosts names their "
-        "hosts; `runner fetch CONTRACT` shows each source's answer",
+        hint="check each source (its answer is listed above) and that the host policy's "
+        "assets.allowHosts names its host",
     )
 
 

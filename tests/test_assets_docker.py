@@ -197,3 +197,45 @@ def test_prune_keeps_the_assets_of_a_running_job(
     after = json.loads(run_cli("cache", "prune", "--state-dir", str(state), "--json").stdout)
     assert after["removedBytes"] > len(BODY)
     assert not AssetCache.of_state(state).blob(HEX).exists()
+
+
+def test_two_jobs_at_once_download_their_asset_once(
+    tmp_path: Path, server: AssetServer, image_id: str
+) -> None:
+    """Two `runner run` of jobs that need the same (slowly served) assets, at once, with
+    fetchOnRun: each asset is downloaded once and both jobs read it."""
+    server.files["blob.bin"].delay_per_chunk = 0.05
+    contract = _contract(tmp_path, server, ["python3", "-c", READER], image_id)
+    policy = _policy(tmp_path, fetchOnRun=True)
+    state = tmp_path / "state"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "runner",
+                "run",
+                str(contract),
+                "--state-dir",
+                str(state),
+                "--policy",
+                str(policy),
+                "--json",
+                "--job-id",
+                f"twin-{i}",
+                "--label",
+                f"{SESSION_LABEL}={SESSION_ID}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1] for o in outs]
+    for out, _ in outs:
+        job = Path(json.loads(out)["jobDir"])
+        assert json.loads((job / "output" / "out.json").read_text())["digest"] == HEX
+    assert server.gets("blob.bin") == 1
+    assert server.gets("labels.tgz") == 1

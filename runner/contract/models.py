@@ -11,7 +11,9 @@ additions documented in each field's description: ``protocol.command``, ``protoc
 ``protocol.stderrPath``, ``protocol.workingDirectory``, ``environment.imageId``,
 ``environment.pidsLimit``, ``environment.tmpfsMb``, ``environment.diskGb``,
 ``environment.egress``, ``jobId``, ``issuedAt``, ``expiresAt``, ``audience``, ``paper.digest``,
-``repository.digest``, ``agent.promptPath`` and ``agent.promptDigest``.
+``repository.digest``, ``agent.promptPath`` and ``agent.promptDigest``. ``assets`` entries
+that name sources, sha256, size and path are the runner's to fetch and mount
+(:mod:`runner.contract.assetspec`); legacy entries are carried.
 
 ``contracts/execution-contract.schema.json`` is generated from these models
 (``python -m runner.schemas``); a test keeps the two in step.
