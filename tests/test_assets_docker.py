@@ -204,7 +204,7 @@ def test_two_jobs_at_once_download_their_asset_once(
 ) -> None:
     """Two `runner run` of jobs that need the same (slowly served) assets, at once, with
     fetchOnRun: each asset is downloaded once and both jobs read it."""
-    server.files["blob.bin"].delay_per_chunk = 0.05
+    server.files["blob.bin"].delay_per_chunk = 0.75  # 4 chunks: about 3 s, long enough to overlap
     contract = _contract(tmp_path, server, ["python3", "-c", READER], image_id)
     policy = _policy(tmp_path, fetchOnRun=True)
     state = tmp_path / "state"
