@@ -266,7 +266,7 @@ def test_the_cache_size_limit_refuses_a_fetch_that_would_pass_it(
 
 def test_two_concurrent_fetches_download_once(tmp_path: Path, server: AssetServer) -> None:
     """Two runners (processes) ask for the same asset at once: one GET, both succeed."""
-    server.files["blob"] = Served(BODY, delay_per_chunk=0.01)
+    server.files["blob"] = Served(BODY, delay_per_chunk=0.03)  # about 1.5 s: the two overlap
     path = contract_with(tmp_path, [asset(server.url("blob"))])
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps({"acceptUnsigned": True, "assets": {"allowHosts": ["127.0.0.1"]}}))
