@@ -458,3 +458,19 @@ def test_the_example_contract_fetches_from_the_serve_script(tmp_path: Path) -> N
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_the_json_schema_agrees_with_the_models_on_assets() -> None:
+    """contracts/execution-contract.schema.json (python-jsonschema, an independent validator)
+    accepts a fetched asset and a legacy entry, and refuses a fetched asset missing a field,
+    as the models do."""
+    import jsonschema
+
+    schema = json.loads((ROOT / "contracts" / "execution-contract.schema.json").read_text())
+    check = jsonschema.Draft202012Validator(schema)
+    data = json.loads((ROOT / "examples" / "asset-evaluation" / "task.json").read_text())
+    assert list(check.iter_errors(data)) == []
+    legacy = {**data, "assets": [{"id": "labels", "acquisition": {"requiredPaths": ["x"]}}]}
+    assert list(check.iter_errors(legacy)) == []
+    broken = {**data, "assets": [{k: v for k, v in data["assets"][0].items() if k != "size"}]}
+    assert list(check.iter_errors(broken)) != []

@@ -7,7 +7,7 @@ import posixpath
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Discriminator, Field, Tag
+from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag
 
 from runner.contract.base import Sha256, _no_control, _Open, _relative_path, _Strict
 
@@ -84,6 +84,13 @@ class Asset(_Strict):
 
 class CarriedAsset(_Open):
     """A legacy asset entry (id, acquisition hints ...): carried for the job, not fetched."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        frozen=True,
+        # In the JSON Schema too, an entry naming any fetched field is an Asset, never this.
+        json_schema_extra={"not": {"anyOf": [{"required": [k]} for k in sorted(ASSET_FIELDS)]}},
+    )
 
     id: str | None = None
 
