@@ -474,3 +474,10 @@ def test_the_json_schema_agrees_with_the_models_on_assets() -> None:
     assert list(check.iter_errors(legacy)) == []
     broken = {**data, "assets": [{k: v for k, v in data["assets"][0].items() if k != "size"}]}
     assert list(check.iter_errors(broken)) != []
+
+
+def test_runner_verify_lists_the_assets() -> None:
+    contract = ROOT / "examples" / "asset-evaluation" / "task.json"
+    proc = run_cli("verify", str(contract), "--policy", str(contract.with_name("policy.json")))
+    assert proc.returncode == 0, proc.stderr
+    assert "asset           toy-labels (sha256:3a6cbf0c4402…, 1,001 bytes) at " in proc.stdout
