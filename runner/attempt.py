@@ -36,7 +36,7 @@ from runner import (
     records,
     staging,
 )
-from runner.backends.base import Backend, ContainerState
+from runner.backends.base import Backend, ContainerState, Mount
 from runner.backends.types import EgressPlan
 from runner.container import Outcome, Progress, Watch
 from runner.contract import VerifiedContract
@@ -82,6 +82,8 @@ class Job:
     limit: float
     """The job's budget in seconds (the ledger's, never more than the plan's)."""
     progress: Progress
+    assets: tuple[Mount, ...] = ()
+    """The contract's assets, cached, as read-only mounts below /job/assets."""
 
 
 def run(job: Job, known: Known) -> AttemptResult:
@@ -266,7 +268,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
     try:
         spec = container.spec(
             p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None,
-            argv=argv, secrets=secrets,
+            argv=argv, secrets=secrets, assets=job.assets,
         )  # fmt: skip
         if eg is not None:  # the slot is busy while the job's container exists
             spec = replace(spec, labels={**spec.labels, **eg.job_labels()})

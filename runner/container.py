@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,11 +84,13 @@ def spec(
     *,
     argv: tuple[str, ...] | None = None,
     secrets: dict[str, str] | None = None,
+    assets: Sequence[Mount] = (),
 ) -> ContainerSpec:
     """The attempt's container. Without GPUs, NVIDIA_VISIBLE_DEVICES=void keeps a GPU-aware
     runtime from exposing devices even when the image asks for them. ``network``: another
     than the plan's (the egress allowlist's ``container:<holder>``). An agent's attempt has
-    its own ``argv`` (its limits left) and the host's ``secrets`` in its environment only."""
+    its own ``argv`` (its limits left) and the host's ``secrets`` in its environment only.
+    ``assets``: the contract's assets, read-only, at /job/assets/<path>."""
     return ContainerSpec(
         backstop=deadline,
         network=network,
@@ -118,6 +120,7 @@ def spec(
             Mount(job.runtime_venv, "/job/runtime-venv", read_only=False),
             Mount(job.assets, "/job/assets", read_only=True),
             Mount(job.execution, "/job/execution", read_only=True),
+            *assets,  # read-only, each over its mount point in assets/ (the engine sorts them)
         ],
         limits=p.limits,
     )

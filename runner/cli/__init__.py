@@ -14,6 +14,7 @@ module               commands
 ``issuer.py``        keygen, trust, sign, pin
 ``job.py``           status, ledger verify, cleanup, parse
 ``image.py``         image load
+``fetch.py``         fetch, cache ls, cache prune
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
 ``schema.py``        schema
@@ -62,6 +63,8 @@ _TABLE = {
         "check an exported run offline: signatures, every hash, the ledger, the values",
     ),
     "image": ("image", "offline image bundles"),
+    "fetch": ("fetch", "fetch a contract's assets into this host's cache, verified"),
+    "cache": ("fetch", "the asset cache: list it, prune it (never what a running job uses)"),
     "status": ("job", "a job's attempts, budget used and left, and its container"),
     "ledger": ("job", "inspect a job's budget ledger"),
     "cleanup": (
