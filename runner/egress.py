@@ -20,8 +20,8 @@ runner while the attempt runs, and no container of an earlier attempt still in i
 when none is free, and writes the attempt's rules (``<state>/egress/<slot>/rules.json``,
 mounted read-only into the proxy, read by it at each request). :func:`down` refuses
 everything again, keeps the attempt's lines of the proxy's log in its record and frees the
-slot. A slot idle for :data:`IDLE_SECONDS` is removed by the next runner of the pool that
-ends an attempt, and ``runner cleanup`` removes every free slot at once.
+slot. A slot idle for :data:`IDLE_SECONDS` is removed by the next runner of the state folder
+that ends an attempt, and ``runner cleanup`` removes every free slot at once.
 
 The job's container joins ``container:<slot>-netns``. Docker 20.10 gives a container on an
 internal network a default route through the host's bridge address, and its embedded DNS
@@ -455,8 +455,8 @@ def down(backend: Backend, eg: Egress, record_dir: Path, job_root: Path) -> Egre
     )
     kept.write_text(record.model_dump_json(indent=2) + "\n")
     _release(eg)
-    with contextlib.suppress(RunnerError, OSError):  # the pool's long-idle slots, if any
-        reap(backend, folder=Path(eg.rules).parent.parent, pool=eg.pool)
+    with contextlib.suppress(RunnerError, OSError):  # long-idle slots of the state folder's
+        reap(backend, folder=Path(eg.rules).parent.parent)  # pools (an older proxy image's too)
     return record
 
 
