@@ -4,8 +4,8 @@
 running is reattached to, one that ended while no runner watched is recorded, one that
 vanished or never started is closed in the ledger; an attempt that ended before its envelope
 was written is read back. Only when nothing is left to pick up does it start a new attempt
-(:func:`_new`): stage the inputs, acquire the image, hand out GPUs, bring up the egress
-allowlist if the plan has one, create and watch the container. Either way it returns an
+(:func:`_new`): stage the inputs, acquire the image, hand out GPUs, lease the egress
+allowlist's slot if the plan has one, create and watch the container. Either way it returns an
 :class:`AttemptResult`: values, nothing shared. A stage that fails raises
 :class:`~runner.stages.Stopped` naming itself.
 """
@@ -212,7 +212,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
     secrets: dict[str, str] = {}
     with stage("stage", known):
         if st.attempts and st.attempts[-1].starting.get("egress"):  # what a crash left
-            _egress_down(job, st.attempts[-1].number)
+            egress_down(job.backend, job.ledger, job.dir, st.attempts[-1].number)
         policy.refuse_expired(job.contract, datetime.now(UTC), what=NO_NEW_ATTEMPT)
         if consumed >= job.limit:
             data = {"consumedSeconds": round(consumed, 3), "limitSeconds": job.limit}
@@ -329,7 +329,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 },
             )
             if eg is not None:  # its egress goes with it, its log kept
-                gone = replace(known, egress=_egress_down(job, n))
+                gone = replace(known, egress=egress_down(job.backend, job.ledger, job.dir, n))
                 raise Stopped("container", cause, gone) from None
             raise cause from None
     outcome = agent_run.ended(outcome, guards.agent)
@@ -346,16 +346,12 @@ def _egress_lease(job: Job, plan: EgressPlan, name: str) -> egress.Egress:
     return egress.lease(job.backend, plan, name, opts.state_dir, labels=opts.labels)
 
 
-def _egress_down(job: Job, n: int) -> envelope.EgressRecord | None:
-    """Take down attempt ``n``'s egress, as the ledger recorded it (nothing if it had none)."""
-    return egress_down(job.backend, job.ledger, job.dir, n)
-
-
 def egress_down(
     backend: Backend, ledger: Ledger, job: staging.JobDir, n: int
 ) -> envelope.EgressRecord | None:
-    """Take down attempt ``n``'s egress allowlist, as its ``attempt.starting`` event recorded
-    it, keeping the proxy's log in its record; None when it had none. Safe to repeat."""
+    """End attempt ``n``'s egress lease, as its ``attempt.starting`` event recorded it,
+    keeping its lines of the proxy's log in its record; None when it had none. Safe to
+    repeat."""
     mine = next((a for a in ledger.state.attempts if a.number == n), None)
     started = mine.starting.get("egress") if mine is not None else None
     if not started or "slot" not in started:  # none, or an earlier runner's (the sweeper's)

@@ -73,7 +73,8 @@ LOCK = "org.runner.egress-lock"
 LOG_MAX_BYTES = 16 * MIB
 """An attempt's lines of the proxy's log kept in its record: some 50,000 requests."""
 PROXY_LOG_BYTES = 64 * MIB
-"""The engine's log of a slot's proxy (it serves many attempts)."""
+"""The engine's log of a slot's proxy, two files of it (it serves many attempts, one at a time,
+and logs at most 15 MiB of each: an attempt's lines always fit in the newest file)."""
 MAX_CONNECTIONS = 1000
 """Connections listed in the envelope; all are counted."""
 READY_SECONDS = 60.0
@@ -221,6 +222,9 @@ def lease(
         handle = _try_lock(folder / f"{slot}.lock")
         if handle is None:
             continue
+        if _in_use(backend, pool, slot):  # a job container made since the listing
+            os.close(handle)
+            continue
         try:
             eg = Egress(
                 slot=slot,
@@ -254,6 +258,11 @@ def _slots(found: list[ContainerSummary]) -> dict[str, list[ContainerSummary]]:
         if c.labels.get(ROLE) in ("egress-proxy", "egress-netns") and SLOT in c.labels:
             slots.setdefault(c.labels[SLOT], []).append(c)
     return slots
+
+
+def _in_use(backend: Backend, pool: str, slot: str) -> bool:
+    """Whether a job container is in the slot (looked up now, the slot's lock held)."""
+    return any(c.labels.get(ROLE) is None for c in backend.find({POOL: pool, SLOT: slot}))
 
 
 def _healthy(backend: Backend, eg: Egress, listed: list[ContainerSummary]) -> bool:
@@ -335,6 +344,7 @@ def _specs(
         mounts=[Mount(folder / eg.slot, "/egress", read_only=True)],
         limits=PROXY_LIMITS,
         log_max_bytes=PROXY_LOG_BYTES,
+        log_files=2,
         aliases=(EgressPlan.PROXY_ALIAS,),
         extra_networks=(eg.upstream_network,),
         **common,
@@ -450,7 +460,7 @@ def down(backend: Backend, eg: Egress, record_dir: Path, job_root: Path) -> Egre
         connections=connections[:MAX_CONNECTIONS],
         connectionsDropped=max(len(connections) - MAX_CONNECTIONS, 0),
         log=str(log.relative_to(job_root)),
-        logTruncated=len(text) >= LOG_MAX_BYTES or (saved or 0) >= 4 * LOG_MAX_BYTES,
+        logTruncated=_truncated(text, saved),
         problems=problems,
     )
     kept.write_text(record.model_dump_json(indent=2) + "\n")
@@ -458,6 +468,14 @@ def down(backend: Backend, eg: Egress, record_dir: Path, job_root: Path) -> Egre
     with contextlib.suppress(RunnerError, OSError):  # long-idle slots of the state folder's
         reap(backend, folder=Path(eg.rules).parent.parent)  # pools (an older proxy image's too)
     return record
+
+
+def _truncated(text: str, saved: int | None) -> bool:
+    """Whether the kept lines may lack some of the lease's: the proxy stopped logging it (at
+    15 MiB), the runner's own cap cut them, or lines of it exist but not its first."""
+    if '"event":"log-capped"' in text or len(text) >= LOG_MAX_BYTES:
+        return True
+    return (saved or 0) >= 4 * LOG_MAX_BYTES or (bool(text) and '"event":"lease"' not in text)
 
 
 def _mine(raw: Path, lease: str) -> str:
@@ -484,10 +502,21 @@ def release(eg: Egress) -> None:
 
 
 def _deny(eg: Egress) -> None:
-    """Refuse everything again, unless the slot serves another lease already."""
-    with contextlib.suppress(OSError, ValueError):
-        if json.loads(Path(eg.rules).read_text()).get("lease") == eg.lease:
-            _write_rules(Path(eg.rules), proxy_rules((), None))
+    """Refuse everything again, unless the slot serves another lease already: done holding
+    the slot's lock (this process's, or taken now: a rerun after a crash holds none), so that
+    no runner leasing the slot meanwhile has its rules overwritten."""
+    with _held_lock:
+        mine = eg.slot in _held
+    handle = None if mine else _try_lock(Path(eg.rules).parent.parent / f"{eg.slot}.lock")
+    if not mine and handle is None:
+        return  # another runner holds the slot: it is theirs now
+    try:
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(Path(eg.rules).read_text()).get("lease") == eg.lease:
+                _write_rules(Path(eg.rules), proxy_rules((), None))
+    finally:
+        if handle is not None:
+            os.close(handle)
 
 
 def _release(eg: Egress) -> None:

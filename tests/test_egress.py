@@ -46,7 +46,7 @@ from tests.support.egress import Outside, left_behind, outside
 def _proxy_log(lease: str | None = None) -> bytes:
     """The proxy's log as the engine keeps it (its time first), of a client asking for five
     pairs: two allowed (one connected, one unreachable), two refused, one abandoned."""
-    lines = []
+    lines: list[dict[str, Any]] = [{"event": "lease", "lease": lease}]
     for i, (target, outcome) in enumerate(
         [("api.example:443", "connected"), ("api.example:443", "unreachable"),
          ("other.example:443", "refused"), ("api.example:80", "refused"), ("x:1", None)]
@@ -55,7 +55,8 @@ def _proxy_log(lease: str | None = None) -> bytes:
         lines.append({**common, "event": "request", "method": "CONNECT", "target": target})
         if outcome is not None:
             lines.append({**common, "event": outcome, "detail": "not on the allowlist"})
-    return "".join(f"2026-12-01T00:00:00.1Z {json.dumps(x)}\n" for x in lines).encode()
+    compact = [json.dumps(x, separators=(",", ":")) for x in lines]  # as the proxy writes
+    return "".join(f"2026-12-01T00:00:00.1Z {x}\n" for x in compact).encode()
 
 
 INF = float("inf")
@@ -256,7 +257,7 @@ def test_a_lease_makes_a_hardened_slot_and_down_frees_it(tmp_path: Path) -> None
     _serve(fake)
     record = egress.down(fake, eg, tmp_path / "rec", tmp_path)
     assert (record.allowed, record.refused, record.incomplete) == (2, 2, 1)
-    assert record.log == "rec/egress.log"
+    assert record.log == "rec/egress.log" and not record.logTruncated
     kept = (tmp_path / "rec" / "egress.log").read_text()
     assert eg.lease in kept and "another attempt" not in kept  # its own lines only
     assert json.loads((rules_dir / "rules.json").read_text()) == {"lease": None, "allow": []}
@@ -267,6 +268,10 @@ def test_a_lease_makes_a_hardened_slot_and_down_frees_it(tmp_path: Path) -> None
     assert again.slot == eg.slot and _slot_resources(fake) == made  # reused: nothing made
     egress.release(again)
     assert json.loads((rules_dir / "rules.json").read_text())["lease"] is None
+
+    third = egress.lease(fake, PLAN, "runner-j-a3", state)
+    _serve(fake, lambda lease: _proxy_log(lease).split(b"\n", 1)[1])  # its first line lost
+    assert egress.down(fake, third, tmp_path / "rec3", tmp_path).logTruncated
 
 
 def test_a_slot_serves_one_attempt_at_a_time(tmp_path: Path) -> None:

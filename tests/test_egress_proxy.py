@@ -27,14 +27,19 @@ PROXY = Path(__file__).parents[1] / "images" / "proxy" / "egress-proxy"
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
+    def do_POST(self) -> None:
+        self.do_GET()
+
     def do_GET(self) -> None:
         if self.path.startswith("/bytes/"):
             size = int(self.path.split("/")[2])
             body = bytes(range(256)) * (size // 256)
         else:
+            length = int(self.headers.get("Content-Length") or 0)
             seen = {
                 "path": self.path,
                 "headers": {k.lower(): v for k, v in self.headers.items()},
+                "body": self.rfile.read(length).decode(),
             }
             body = json.dumps(seen).encode()
         self.send_response(200)
@@ -69,25 +74,33 @@ class Proxy:
         return out.decode()
 
 
+def _start(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    process = subprocess.Popen([sys.executable, "-I", str(PROXY)], env=env, stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    first = process.stdout.readline().decode()
+    assert first.startswith("egress-proxy: accepting connections on port ")
+    return process, int(first.rsplit(" ", 1)[1])
+
+
+def _env(**more: str) -> dict[str, str]:
+    return {
+        "EGRESS_CLIENTS": "127.0.0.0/8",
+        "EGRESS_ADDRESS": "127.0.0.1",
+        "EGRESS_PORT": "0",
+        "PATH": os.environ["PATH"],
+        **more,
+    }
+
+
 @pytest.fixture
 def proxy() -> Iterator[Proxy]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     rules = {"lease": "L1", "allow": [f"localhost:{port}"]}
-    env = {
-        "EGRESS_RULES": json.dumps(rules),
-        "EGRESS_CLIENTS": "127.0.0.0/8",
-        "EGRESS_ADDRESS": "127.0.0.1",
-        "EGRESS_PORT": "0",
-        "PATH": os.environ["PATH"],
-    }
-    process = subprocess.Popen([sys.executable, "-I", str(PROXY)], env=env, stdout=subprocess.PIPE)
-    assert process.stdout is not None
-    first = process.stdout.readline().decode()
-    assert first.startswith("egress-proxy: accepting connections on port ")
+    process, listening = _start(_env(EGRESS_RULES=json.dumps(rules)))
     try:
-        yield Proxy(int(first.rsplit(" ", 1)[1]), port, process)
+        yield Proxy(listening, port, process)
     finally:
         process.kill()
         process.wait()
@@ -113,15 +126,32 @@ def test_a_tunnel_to_an_allowed_pair_carries_every_byte(proxy: Proxy) -> None:
 
 
 def test_plain_http_is_forwarded_once_without_the_proxy_headers(proxy: Proxy) -> None:
+    """Its Host is the URL's; its body what Content-Length says; a second request pipelined
+    after it (to another host, as its own Host says) is never sent."""
+    second = b"GET http://forbidden.example/secret HTTP/1.1\r\nHost: forbidden.example\r\n\r\n"
     got = proxy.ask(
-        f"GET http://LOCALHOST:{proxy.upstream}/a?b=1 HTTP/1.1\r\nHost: localhost\r\n"
-        "Proxy-Authorization: secret\r\nConnection: keep-alive\r\n\r\n".encode()
+        f"POST http://LOCALHOST:{proxy.upstream}/a?b=1 HTTP/1.1\r\nHost: internal.example\r\n"
+        "Proxy-Authorization: secret\r\nConnection: keep-alive\r\nContent-Length: 3\r\n"
+        "\r\nabc".encode()
+        + second
     )
     assert got.startswith(b"HTTP/1.1 200 OK")
     seen = json.loads(got.split(b"\r\n\r\n", 1)[1])
-    assert seen["path"] == "/a?b=1"
+    assert seen["path"] == "/a?b=1" and seen["body"] == "abc"
+    assert seen["headers"]["host"] == f"localhost:{proxy.upstream}"
     assert "proxy-authorization" not in seen["headers"]
     assert seen["headers"]["connection"] == "close"
+    assert got.count(b"HTTP/1.1 ") == 1
+    [c] = read_log(proxy.log())
+    assert c.target == f"http://LOCALHOST:{proxy.upstream}/a?b=1"
+
+
+def test_a_chunked_request_body_is_refused(proxy: Proxy) -> None:
+    got = proxy.ask(
+        f"POST http://localhost:{proxy.upstream}/ HTTP/1.1\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n".encode()
+    )
+    assert got.startswith(b"HTTP/1.1 411 ")
 
 
 @pytest.mark.parametrize(
@@ -169,3 +199,84 @@ def test_an_abandoned_request_is_incomplete() -> None:
     line = '{"id":3,"lease":"L","event":"request","method":"CONNECT","target":"a:1","at":"T"}'
     [c] = read_log(line + "\nnot json\n{}\n")
     assert (c.method, c.decision, c.detail, c.at) == ("CONNECT", "incomplete", "no outcome", "T")
+
+
+def test_a_new_lease_cuts_the_connections_of_the_last(tmp_path: Path) -> None:
+    """The rules file is read at every request and watched: a tunnel made under one lease is
+    cut when the next begins, and the next lease's rules hold at once, however fast the file
+    changed (same size, the inode number reused)."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
+    rules = tmp_path / "rules.json"
+
+    def lease(name: str, allow: list[str]) -> None:
+        tmp = tmp_path / "rules.tmp"
+        tmp.write_text(json.dumps({"lease": name, "allow": allow}))
+        os.replace(tmp, rules)
+
+    lease("A1", [f"localhost:{port}"])
+    process, listening = _start(_env(EGRESS_RULES_FILE=str(rules)))
+    try:
+        tunnel = socket.create_connection(("127.0.0.1", listening), timeout=10)
+        tunnel.sendall(f"CONNECT localhost:{port} HTTP/1.1\r\n\r\n".encode())
+        assert tunnel.recv(1024).startswith(b"HTTP/1.1 200 ")
+        lease("B1", [f"localhost:{port + 1}"])  # the same size as A1's
+        tunnel.settimeout(5)
+        assert tunnel.recv(1024) == b""  # cut
+        with socket.create_connection(("127.0.0.1", listening), timeout=10) as again:
+            again.sendall(f"CONNECT localhost:{port} HTTP/1.1\r\n\r\n".encode())
+            assert again.recv(1024).startswith(b"HTTP/1.1 403 ")
+    finally:
+        process.terminate()
+        out, _ = process.communicate(timeout=10)
+        silent.close()
+    text = out.decode()
+    assert [c.decision for c in read_log(text, "A1")] == ["allowed"]
+    assert [c.decision for c in read_log(text, "B1")] == ["refused"]
+    assert '{"event":"lease","lease":"B1"' in text
+
+
+def test_a_lease_logs_at_most_its_share() -> None:
+    """Past its share of the log one line says so, and the lease logs nothing more: a job
+    cannot push its own earlier lines, or another attempt's, out of the engine's log."""
+    env = _env(EGRESS_RULES=json.dumps({"lease": "L", "allow": []}), EGRESS_LEASE_LOG_BYTES="2000")
+    process, listening = _start(env)
+    try:
+        for i in range(20):
+            with socket.create_connection(("127.0.0.1", listening), timeout=10) as s:
+                s.sendall(f"CONNECT x{i}.example:443 HTTP/1.1\r\n\r\n".encode())
+                s.recv(1024)
+    finally:
+        process.terminate()
+        out, _ = process.communicate(timeout=10)
+    text = out.decode()
+    found = read_log(text, "L")
+    assert 3 < len(found) < 20 and found[0].target == "x0.example:443"
+    assert text.count('"event":"log-capped"') == 1
+    assert len(text) < 2600
+
+
+def test_too_many_connections_are_refused_and_logged() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    env = _env(EGRESS_RULES=json.dumps({"lease": "L", "allow": [f"localhost:{port}"]}))
+    process, listening = _start(env)
+    tunnels = []
+    try:
+        for _ in range(100):
+            s = socket.create_connection(("127.0.0.1", listening), timeout=10)
+            s.sendall(f"CONNECT localhost:{port} HTTP/1.1\r\n\r\n".encode())
+            assert s.recv(1024).startswith(b"HTTP/1.1 200 ")
+            tunnels.append(s)
+        with socket.create_connection(("127.0.0.1", listening), timeout=10) as one_more:
+            assert one_more.recv(1024).startswith(b"HTTP/1.1 503 ")
+    finally:
+        for s in tunnels:
+            s.close()
+        process.terminate()
+        out, _ = process.communicate(timeout=10)
+        server.close()
+    refused = [c for c in read_log(out.decode(), "L") if c.decision == "refused"]
+    assert [c.detail for c in refused] == ["too many connections"]

@@ -54,6 +54,8 @@ class ContainerSpec:
     gpu_ids: tuple[str, ...] = ()
     """Device ids (UUIDs) handed to the container; empty: no GPU at all."""
     log_max_bytes: int = 1024 * 1024
+    log_files: int = 1
+    """The engine keeps this many files of ``log_max_bytes`` (the oldest dropped first)."""
     backstop: Backstop | None = None
     """A deadline the engine enforces on its own, should the runner be down at the end."""
     network: str | None = None

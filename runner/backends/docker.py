@@ -365,7 +365,7 @@ class DockerBackend:
             "Init": lim.init,
             "LogConfig": {
                 "Type": "json-file",
-                "Config": {"max-size": str(spec.log_max_bytes), "max-file": "1"},
+                "Config": {"max-size": str(spec.log_max_bytes), "max-file": str(spec.log_files)},
             },
             "Runtime": lim.runtime,
         }
