@@ -254,6 +254,30 @@ def test_refusals_exit_3_and_write_nothing(
     assert not out_dir.exists()
 
 
+def test_signed_contract_renders_under_its_signed_job_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A contract signed by a trusted issuer (inputs pinned by `runner sign`) renders without
+    --allow-unsigned, under its own job id; another --job-id is refused as by `runner run`."""
+    contract = write_contract(tmp_path, DIGEST_IMAGE)
+    keys = tmp_path / "trusted"
+    assert dispatch(["keygen", "--out", str(tmp_path / "issuer")]) == 0
+    assert dispatch(["trust", str(tmp_path / "issuer.pub"), "--trusted-keys", str(keys)]) == 0
+    capsys.readouterr()
+    assert dispatch(["sign", str(contract), "--key", str(tmp_path / "issuer.key"), "--json"]) == 0
+    envelope = json.loads(capsys.readouterr().out)["envelope"]
+    base = ["render", envelope, "--to", "kubernetes", "--trusted-keys", str(keys)]
+    code = dispatch([*base, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    info = json.loads(out)
+    validate(info["manifests"]["items"])
+    assert info["jobId"].startswith("toy-checkpoint-evaluation-")
+    code = dispatch([*base, "--job-id", "another"])
+    out, err = capsys.readouterr()
+    assert code == 3 and out == "" and "signed contract runs under" in err
+
+
 def test_unsigned_contract_is_refused_without_the_switch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
