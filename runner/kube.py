@@ -59,6 +59,9 @@ NOT_ENFORCED = (
     "included), and no ledger is written: the cluster's run is not an attempt in the ledger",
     "inputs: the job folder on the claim is used as found; its input digests are not checked "
     "again here",
+    "network: the NetworkPolicy is enforced only by a network plugin that implements "
+    "NetworkPolicy (Calico, Cilium ...); others ignore it silently",
+    "runtime-budget.json: not updated while the cluster runs the job",
 )
 """What `runner run` enforces and a rendered Job does not (said in the README as well)."""
 
