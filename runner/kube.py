@@ -339,15 +339,24 @@ def _get(data: Any, *keys: str | int) -> Any:
     return data
 
 
-def _container_rules(c: Any, pod: Any, volumes: dict[Any, Any]) -> list[str]:
+def _dict(value: Any) -> dict[str, Any]:
+    """``value`` when it is a mapping, else an empty one (rules read hostile shapes too)."""
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
     name = _get(c, "name")
     at = f"container {name!r}"
     out: list[str] = []
     image = _get(c, "image")
     if not isinstance(image, str) or not _DIGEST_REF.fullmatch(image):
         out.append(f"{at}: image {image!r} is not pinned by digest (name@sha256:<64 hex>)")
-    sc = _get(c, "securityContext") or {}
-    psc = _get(pod, "securityContext") or {}
+    sc = _dict(_get(c, "securityContext"))
+    psc = _dict(_get(pod, "securityContext"))
     if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
         out.append(f"{at}: runAsNonRoot is not true")
     if sc.get("runAsUser", psc.get("runAsUser")) == 0:
@@ -358,27 +367,34 @@ def _container_rules(c: Any, pod: Any, volumes: dict[Any, Any]) -> list[str]:
         out.append(f"{at}: allowPrivilegeEscalation is not false")
     if sc.get("privileged") is True:
         out.append(f"{at}: privileged")
-    caps = sc.get("capabilities") or {}
+    caps = _dict(sc.get("capabilities"))
     if caps.get("drop") != ["ALL"] or caps.get("add"):
         out.append(f"{at}: capabilities are not drop [ALL] with none added")
     seccomp = _get(sc, "seccompProfile", "type") or _get(psc, "seccompProfile", "type")
     if seccomp != "RuntimeDefault":
         out.append(f"{at}: seccompProfile is not RuntimeDefault")
-    requests = _get(c, "resources", "requests") or {}
-    limits = _get(c, "resources", "limits") or {}
+    requests = _dict(_get(c, "resources", "requests"))
+    limits = _dict(_get(c, "resources", "limits"))
     for key in ("cpu", "memory"):
         if key not in limits or requests.get(key) != limits.get(key):
             out.append(f"{at}: {key} requests {requests.get(key)!r} != limits {limits.get(key)!r}")
     if requests.get("nvidia.com/gpu") != limits.get("nvidia.com/gpu"):
         out.append(f"{at}: nvidia.com/gpu requests != limits")
-    mounts = {m.get("mountPath"): m for m in _get(c, "volumeMounts") or [] if isinstance(m, dict)}
+    mounts = {
+        m["mountPath"]: m
+        for m in _list(_get(c, "volumeMounts"))
+        if isinstance(m, dict) and isinstance(m.get("mountPath"), str)
+    }
     for path in ("/job/input", "/job/execution", "/job/assets"):
         if path in mounts and mounts[path].get("readOnly") is not True:
             out.append(f"{at}: {path} is not mounted read-only")
     if "/job/input" not in mounts:
         out.append(f"{at}: /job/input is not mounted")
     tmp = mounts.get("/tmp")  # noqa: S108 - a path in the pod
-    size = _get(volumes.get(_get(tmp, "name")), "emptyDir", "sizeLimit")
+    tmp_name = _get(tmp, "name")
+    size = (
+        _get(volumes.get(tmp_name), "emptyDir", "sizeLimit") if isinstance(tmp_name, str) else None
+    )
     if tmp is None or not size:
         out.append(f"{at}: /tmp is not a size-limited emptyDir")
     return out
@@ -386,13 +402,13 @@ def _container_rules(c: Any, pod: Any, volumes: dict[Any, Any]) -> list[str]:
 
 def _job_rules(job: Manifest) -> list[str]:
     out: list[str] = []
-    spec = _get(job, "spec") or {}
+    spec = _dict(_get(job, "spec"))
     if spec.get("backoffLimit") != 0:
         out.append(f"Job: backoffLimit is {spec.get('backoffLimit')!r}, not 0")
     deadline = spec.get("activeDeadlineSeconds")
     if not isinstance(deadline, int) or isinstance(deadline, bool) or deadline < 1:
         out.append(f"Job: activeDeadlineSeconds is {deadline!r}, not a positive integer")
-    pod = _get(spec, "template", "spec") or {}
+    pod = _dict(_get(spec, "template", "spec"))
     if pod.get("restartPolicy") != "Never":
         out.append("Job: restartPolicy is not Never")
     if pod.get("automountServiceAccountToken") is not False:
@@ -400,17 +416,21 @@ def _job_rules(job: Manifest) -> list[str]:
     for key in ("hostNetwork", "hostPID", "hostIPC"):
         if pod.get(key):
             out.append(f"Job: {key} is set")
-    volumes = {v.get("name"): v for v in pod.get("volumes") or [] if isinstance(v, dict)}
+    volumes = {
+        v["name"]: v
+        for v in _list(pod.get("volumes"))
+        if isinstance(v, dict) and isinstance(v.get("name"), str)
+    }
     for v in volumes.values():
         if "hostPath" in v:
             out.append(f"Job: volume {v.get('name')!r} is a hostPath")
-    containers = [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]
+    containers = [*_list(pod.get("initContainers")), *_list(pod.get("containers"))]
     if not containers:
         out.append("Job: no container")
     for c in containers:
         out.extend(_container_rules(c, pod, volumes))
-    labels = _get(job, "metadata", "labels") or {}
-    pod_labels = _get(spec, "template", "metadata", "labels") or {}
+    labels = _dict(_get(job, "metadata", "labels"))
+    pod_labels = _dict(_get(spec, "template", "metadata", "labels"))
     for key in (JOB_LABEL, CONTRACT_LABEL):
         if not labels.get(key) or pod_labels.get(key) != labels.get(key):
             out.append(f"Job: label {key} is missing on the Job or its pods")
@@ -419,13 +439,13 @@ def _job_rules(job: Manifest) -> list[str]:
 
 def _policy_rules(policy: Manifest, job: Manifest | None) -> list[str]:
     out: list[str] = []
-    spec = _get(policy, "spec") or {}
-    if "Egress" not in (spec.get("policyTypes") or []):
+    spec = _dict(_get(policy, "spec"))
+    if "Egress" not in _list(spec.get("policyTypes")):
         out.append("NetworkPolicy: Egress is not among its policyTypes")
     if spec.get("egress"):
         out.append("NetworkPolicy: it allows some egress")
-    selector = _get(spec, "podSelector", "matchLabels") or {}
-    pod_labels = _get(job, "spec", "template", "metadata", "labels") or {}
+    selector = _dict(_get(spec, "podSelector", "matchLabels"))
+    pod_labels = _dict(_get(job, "spec", "template", "metadata", "labels"))
     if not selector or any(pod_labels.get(k) != v for k, v in selector.items()):
         out.append("NetworkPolicy: its podSelector does not select the Job's pods")
     elif _get(policy, "metadata", "namespace") != _get(job, "metadata", "namespace"):

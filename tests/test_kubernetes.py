@@ -14,6 +14,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from runner import kube
 from runner.cli import dispatch
@@ -485,3 +487,51 @@ def test_render_refuses_to_hand_out_broken_manifests(
     monkeypatch.setattr(kube, "check_rules", without_backoff)
     with pytest.raises(InfrastructureError, match="backoffLimit"):
         kube.render(_plan(tmp_path), deadline=60)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {"kind": st.sampled_from(["Job", "NetworkPolicy", "Pod"])},
+            optional={"spec": JSON, "metadata": JSON},
+        ),
+        max_size=3,
+    )
+)
+def test_check_rules_reads_any_shape_without_crashing(manifests: list[dict[str, Any]]) -> None:
+    """Manifests of any JSON shape (a hand-edited file) get violations, never an exception."""
+    found = kube.check_rules(manifests)
+    assert isinstance(found, list)
+    assert found  # none of these is a Job and a NetworkPolicy keeping every rule
+
+
+@given(st.data())
+@settings(max_examples=100, deadline=None)
+def test_check_rules_survives_any_field_replaced(
+    good: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    """Any one field of valid manifests replaced by any JSON value: violations or none, but
+    never an exception."""
+    manifests = copy.deepcopy(good)
+    node: Any = manifests
+    while True:
+        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+        if not keys:
+            break
+        key = data.draw(st.sampled_from(keys))
+        child = node[key]
+        if not isinstance(child, dict | list) or not child or data.draw(st.booleans()):
+            node[key] = data.draw(JSON)
+            break
+        node = child
+    assert isinstance(kube.check_rules(manifests), list)
