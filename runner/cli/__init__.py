@@ -15,6 +15,7 @@ module               commands
 ``job.py``           status, ledger verify, cleanup, parse
 ``image.py``         image load
 ``fetch.py``         fetch, cache ls, cache prune
+``render.py``        render (manifests for a cluster: Kubernetes)
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
 ``schema.py``        schema
@@ -61,6 +62,10 @@ _TABLE = {
     "verify-bundle": (
         "bundle",
         "check an exported run offline: signatures, every hash, the ledger, the values",
+    ),
+    "render": (
+        "render",
+        "write the manifests for a cluster to run a contract's job (Kubernetes)",
     ),
     "image": ("image", "offline image bundles"),
     "fetch": ("fetch", "fetch a contract's assets into this host's cache, verified"),
