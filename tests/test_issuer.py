@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -76,3 +79,19 @@ def test_a_file_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path: Pat
     assert proc.returncode == 4, proc.stderr
     assert f"runner: infrastructure: {target}: No such file or directory" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_reader_that_goes_away_is_no_error() -> None:
+    """`runner parsers | head -1`: stdout's reader is gone before the runner writes; exit 0,
+    and nothing about a broken pipe on stderr."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "runner", "parsers"], stdout=write, stderr=subprocess.PIPE,
+            text=True, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 0, done.stderr
+    assert "pipe" not in done.stderr.lower(), done.stderr

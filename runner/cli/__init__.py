@@ -279,16 +279,16 @@ def dispatch(given: list[str]) -> int:
     except KeyboardInterrupt:
         print("runner: interrupted", file=sys.stderr)
         code = EXIT_CANCELLED
+    except BrokenPipeError:  # before OSError, its base
+        # The reader went away (`runner parsers | head`): not an error worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_SUCCEEDED
     except OSError as exc:
         # A file the command reads or writes (a key, a contract, an -o path): the host's
         # answer, said in one line, not a traceback.
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"runner: infrastructure: {where}{exc.strerror or exc}", file=sys.stderr)
         code = EXIT_INFRASTRUCTURE
-    except BrokenPipeError:
-        # The reader went away (`runner parsers | head`): not an error worth a traceback.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = EXIT_SUCCEEDED
     except Exception as exc:  # noqa: BLE001 - a bug is the runner's failure, never the job's
         import traceback
 
