@@ -310,9 +310,7 @@ def _make(
     _write_rules(rules_dir / RULES, proxy_rules((), None))
     _remove_all(backend, eg)
     try:
-        net = backend.create_network(
-            eg.network, _labels(eg, folder, "egress-network", labels), internal=True
-        )
+        net = _network(backend, eg, _labels(eg, folder, "egress-network", labels))
         proxy, holder = _specs(eg, net, folder, labels)
         ids = {"proxy": backend.create(proxy), "netns": backend.create(holder)}
         _together([lambda: backend.start(ids["proxy"]), lambda: backend.start(ids["netns"])])
@@ -320,6 +318,18 @@ def _make(
     except BaseException:
         _remove_all(backend, eg)
         raise
+
+
+def _network(backend: Backend, eg: Egress, labels: dict[str, str]) -> NetworkInfo:
+    """The slot's network. The engine has a few dozen address pools (Docker's defaults: 31);
+    when they are all taken, the free slots of every state folder (a cache: no runner holds
+    them, no job is in them) are removed, and the network asked for once more."""
+    try:
+        return backend.create_network(eg.network, labels, internal=True)
+    except InfrastructureError as exc:
+        if "address pool" not in str(exc) or not reap(backend, idle_seconds=0.0):
+            raise
+    return backend.create_network(eg.network, labels, internal=True)
 
 
 def _specs(

@@ -61,6 +61,18 @@ def claude_agent_image(image_id: str) -> str:
     return _local_image("runner-agent-claude:local")
 
 
+@pytest.fixture(autouse=True)
+def _free_egress_slots(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each engine test, the session's free egress slots go (as `runner cleanup`
+    removes them): each test's state folder has its own pool, and every slot holds one of
+    the engine's few address pools."""
+    yield
+    if request.node.get_closest_marker("docker") is not None:
+        from runner import backends, egress
+
+        egress.reap(backends.default(), idle_seconds=0.0, labels={SESSION_LABEL: SESSION_ID})
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_containers_left() -> Iterator[None]:
     """After the session, no container of this test session may remain."""

@@ -309,6 +309,31 @@ def test_a_slot_that_fails_to_come_up_leaves_nothing(tmp_path: Path) -> None:
     assert egress.lease(fake, PLAN, "runner-j-a1", state).slot.endswith("-001")  # not locked
 
 
+def test_out_of_address_pools_the_free_slots_go_first(tmp_path: Path) -> None:
+    """The engine has a few dozen address pools and each slot's network holds one: when none
+    is left, free slots (of any state folder) are removed and the network asked for again;
+    a busy slot is never touched."""
+    fake = _fake()
+    create = fake.create_network
+
+    def few_pools(name: str, labels: dict[str, str], *, internal: bool) -> Any:
+        if len(fake.networks) >= 3:  # "up" and two slots
+            raise InfrastructureError(
+                f"creating the network {name}: could not find an available, non-overlapping "
+                "IPv4 address pool among the defaults to assign to the network"
+            )
+        return create(name, labels, internal=internal)
+
+    fake.create_network = few_pools  # type: ignore[method-assign]
+    busy = egress.lease(fake, PLAN, "runner-a-a1", tmp_path / "a")
+    free = egress.lease(fake, PLAN, "runner-b-a1", tmp_path / "b")
+    egress.down(fake, free, tmp_path / "rec", tmp_path)
+    third = egress.lease(fake, PLAN, "runner-c-a1", tmp_path / "c")
+    assert free.network not in fake.networks and {busy.network, third.network} < set(fake.networks)
+    with pytest.raises(InfrastructureError, match="address pool"):  # none free: said so
+        egress.lease(fake, PLAN, "runner-d-a1", tmp_path / "d")
+
+
 def test_idle_slots_go_and_busy_ones_stay(tmp_path: Path) -> None:
     fake, state = _fake(), tmp_path / "state"
     held = egress.lease(fake, PLAN, "runner-j-a1", state)
