@@ -130,11 +130,14 @@ class AssetCache:
     def usage(self) -> int:
         """Bytes the cache holds: verified bytes, unpacked trees, partial downloads."""
         total = 0
-        for sub in ("sha256", "trees", "partial"):
-            for folder, _dirs, files in os.walk(self.root / sub):
-                for name in files:
-                    with contextlib.suppress(FileNotFoundError):
-                        total += os.lstat(os.path.join(folder, name)).st_size
+        for sub in ("sha256", "partial"):
+            total += archives.tree_bytes(self.root / sub) if (self.root / sub).is_dir() else 0
+        trees = self.root / "trees"
+        if trees.is_dir():
+            for entry in os.scandir(trees):
+                if entry.name.startswith("."):
+                    continue  # an unpack in progress, or one a killed runner left (removed later)
+                total += archives.tree_bytes(Path(entry.path))
         return total
 
     def touch(self, asset: Asset, *, fetched: bool = False, source: str | None = None) -> None:
@@ -227,6 +230,7 @@ def _from_sources(
     wrong: WrongBytes | None = None
     for source in asset.sources:
         try:
+            d.begin(source)  # a partial file from another source is not resumed: started over
             if _is_url(source):
                 for attempt in retrying(grant):
                     with attempt:
@@ -246,7 +250,10 @@ def _from_sources(
             os.fsync(f.fileno())
         os.chmod(d.partial, 0o444)
         os.replace(d.partial, blob)
+        d.done()
         return d.received, source
+    if not d.partial.exists():
+        d.done()  # nothing to resume: no record of where it came from either
     if wrong is not None:
         why = f" ({wrong.why})" if wrong.why else ""
         raise AssetDigestMismatch(
@@ -271,6 +278,7 @@ def _unpack(asset: Asset, cache: AssetCache, grant: AssetGrant) -> None:
     dest = cache.tree(hexd, kind)
     if dest.is_dir():
         return
+    archives.remove_stale(dest.parent, dest.name)  # what a killed unpack left (we hold the lock)
     try:
         _files, size = archives.unpack(
             cache.blob(hexd), kind, dest,

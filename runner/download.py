@@ -2,10 +2,17 @@
 :mod:`runner.assets` for the cache around it).
 
 HTTP(S) with ``requests``, streamed: resumed with ``Range: bytes=N-`` where the partial file
-stops (a 206 must answer the very range asked; a 200 starts over), every redirect's host checked
-against the host policy, a 4xx given up at once, a 5xx, a timeout or a broken connection
-retried with tenacity (exponential wait). The bytes are hashed as they arrive, never past the
-asset's size; a local source beside the contract is read without following a link.
+stops (a 206 must answer the very range asked; a 200 starts over), a 4xx given up at once, a
+5xx, a timeout or a broken connection retried with tenacity (exponential wait). The bytes are
+hashed as they arrive, never past the asset's size; a local source beside the contract is read
+without following a link.
+
+Every request's host -- the first URL's and every redirect's -- is checked against the host
+policy on the URL as ``requests`` prepared it, parsed by urllib3 (which is what connects), not
+by another parser that may read a hostile ``Location`` otherwise. The session ignores the
+environment (no ``.netrc`` login, no proxy variables): a source gets no ambient credentials.
+A partial file is resumed only from the source that began it (``<hex>.partial.source`` holds
+that source's SHA-256), never on top of another mirror's bytes.
 """
 
 from __future__ import annotations
@@ -83,6 +90,29 @@ class Download:
         self.partial.unlink(missing_ok=True)
         self.hasher, self.hashed = hashlib.sha256(), 0
 
+    @property
+    def sidecar(self) -> Path:
+        """Names the source the partial file's bytes came from (its SHA-256: no token kept)."""
+        return self.partial.with_name(self.partial.name + ".source")
+
+    def begin(self, source: str) -> None:
+        """Bytes from ``source`` follow: keep the partial file only when that source began it
+        (a resume), else start over -- never resume on top of another mirror's bytes."""
+        mark = hashlib.sha256(source.encode()).hexdigest()
+        try:
+            before = self.sidecar.read_text(encoding="ascii", errors="replace")
+        except OSError:
+            before = ""
+        if before != mark:
+            self.restart()
+            atomic = self.sidecar.with_name(self.sidecar.name + ".tmp")
+            atomic.write_text(mark, encoding="ascii")
+            os.replace(atomic, self.sidecar)
+
+    def done(self) -> None:
+        """The partial file is gone (renamed into place or refused): forget its source."""
+        self.sidecar.unlink(missing_ok=True)
+
     def write_from(self, chunks: Iterator[bytes], mode: str) -> None:
         with self.partial.open(mode) as out:
             for chunk in chunks:
@@ -103,16 +133,40 @@ class Download:
     def finish(self) -> None:
         """Check size and digest; the partial file is removed when they are wrong."""
         self.have()
-        digest = "sha256:" + self.hasher.hexdigest()
-        if self.hashed != self.asset.size or digest != self.asset.sha256:
+        digest, size = "sha256:" + self.hasher.hexdigest(), self.hashed
+        if size != self.asset.size or digest != self.asset.sha256:
             self.restart()
-            raise WrongBytes(digest, self.hashed, "")
+            raise WrongBytes(digest, size, "")
 
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
 def http(url: str, d: Download, grant: AssetGrant) -> None:
+    """One try of ``url`` into ``d``. Raises :class:`Transient` (worth another try),
+    :class:`SourceFailed` (not this source) or :class:`WrongBytes`; whatever else ``requests``
+    raises on what a hostile server sends is one of those, never an uncaught error."""
+    import requests
+
+    try:
+        _http(url, d, grant)
+    except (Transient, SourceFailed, WrongBytes):
+        raise
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise Transient(f"the connection broke: {type(exc).__name__}") from None
+    except requests.exceptions.ChunkedEncodingError:
+        raise Transient("the connection broke mid-transfer") from None
+    except (requests.RequestException, ValueError) as exc:
+        # a body that does not decode as its Content-Encoding says, a URL that does not parse
+        raise SourceFailed(f"{redacted(url)}: {type(exc).__name__}: {_short(exc)}") from None
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _http(url: str, d: Download, grant: AssetGrant) -> None:
     import requests
 
     have = d.have()
@@ -122,6 +176,7 @@ def http(url: str, d: Download, grant: AssetGrant) -> None:
     if have:
         headers["Range"] = f"bytes={have}-"
     with requests.Session() as session:
+        session.trust_env = False  # no .netrc login, no proxy from the environment
         resp = _get(session, url, headers, grant)
         with resp:
             code = resp.status_code
@@ -143,41 +198,62 @@ def http(url: str, d: Download, grant: AssetGrant) -> None:
                 mode = "wb"
             else:
                 raise SourceFailed(f"{redacted(url)} answered {code} {resp.reason}")
-            try:
-                d.write_from(resp.iter_content(CHUNK), mode)
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                raise Transient(f"the connection broke: {type(exc).__name__}") from None
-            except requests.exceptions.ChunkedEncodingError:
-                raise Transient("the connection broke mid-transfer") from None
+            d.write_from(resp.iter_content(CHUNK), mode)
+
+
+_BAD_LOCATION = re.compile(r"[\\\s\x00-\x1f\x7f]")
+"""A backslash, whitespace or a control character: parsers disagree on what such a URL names."""
+
+
+def _checked(url: str, grant: AssetGrant) -> tuple[str, int]:
+    """The host and port ``url`` (as prepared) connects to, when the policy allows them."""
+    from urllib3.util import parse_url
+
+    parsed = parse_url(url)  # what urllib3 connects to; raises a ValueError when it cannot
+    other = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise SourceFailed(f"{redacted(url)} is not an http(s) URL")
+    if parsed.auth or other.username is not None or other.password is not None:
+        raise SourceFailed(f"{redacted(url)} carries credentials (user@host); refused")
+    host = parsed.host.strip("[]")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if (other.hostname or "") != host.lower() or (other.port or port) != port:
+        raise SourceFailed(f"{redacted(url)} reads as another host to another parser; refused")
+    if not grant.allows(host, port):
+        raise SourceFailed(f"{host}:{port} is not in the host policy's assets.allowHosts")
+    return host, port
 
 
 def _get(session: Any, url: str, headers: dict[str, str], grant: AssetGrant) -> Any:
-    """GET ``url``, following redirects by hand so that every hop's host is checked."""
+    """GET ``url``, following redirects by hand so that every hop's host is checked, on the
+    URL as prepared for sending (the one fetched)."""
     import requests
 
     for _ in range(MAX_REDIRECTS + 1):
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SourceFailed(f"{redacted(url)} is not an http(s) URL")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        if not grant.allows(parts.hostname, port):
+        if _BAD_LOCATION.search(url):
             raise SourceFailed(
-                f"{parts.hostname}:{port} is not in the host policy's assets.allowHosts"
+                f"{redacted(url)!r} holds a backslash, whitespace or a control character"
             )
+        prepared = session.prepare_request(requests.Request("GET", url, headers=headers))
+        host, port = _checked(prepared.url, grant)
         try:
-            resp = session.get(
-                url,
-                headers=headers,
+            resp = session.send(
+                prepared,
                 stream=True,
                 allow_redirects=False,
                 timeout=(CONNECT_TIMEOUT, READ_TIMEOUT),
             )
         except (requests.ConnectionError, requests.Timeout) as exc:
-            why = f"cannot reach {parts.hostname}:{port}: {type(exc).__name__}"
-            raise Transient(why) from None
+            raise Transient(f"cannot reach {host}:{port}: {type(exc).__name__}") from None
         if resp.is_redirect and "Location" in resp.headers:
-            url = urljoin(url, resp.headers["Location"])
+            location = resp.headers["Location"]
             resp.close()
+            if _BAD_LOCATION.search(location):
+                raise SourceFailed(
+                    f"{redacted(url)} redirects to {redacted(location)!r}, which holds a "
+                    "backslash, whitespace or a control character; refused"
+                )
+            url = urljoin(prepared.url, location)
             continue
         return resp
     raise SourceFailed(f"more than {MAX_REDIRECTS} redirects")

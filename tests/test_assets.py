@@ -23,6 +23,7 @@ from runner.assets import AssetCache, fetch, stage
 from runner.contract import load_contract, with_digest
 from runner.contract.load import Trust
 from runner.contract.models import Asset
+from runner.download import Download
 from runner.errors import AssetDigestMismatch, AssetUnavailable, ContractError
 from runner.policy import AssetGrant
 from runner.staging import StateDir, prepare
@@ -451,8 +452,9 @@ def test_the_example_contract_fetches_from_the_serve_script(tmp_path: Path) -> N
         cache = cache_of(tmp_path)
         partial = cache.partial(a.sha256.removeprefix("sha256:"))
         partial.parent.mkdir(parents=True)
-        partial.write_bytes(served[:100])  # as a killed fetch would leave it
         local = a.model_copy(update={"sources": [f"{base}/labels.txt"]})
+        Download(local, partial, None).begin(local.sources[0])  # as a killed fetch leaves it:
+        partial.write_bytes(served[:100])  # the first bytes, and the source they came from
         got = fetch(local, tmp_path, cache, grant())
         assert got.downloaded == len(served) - 100
     finally:
