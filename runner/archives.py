@@ -73,7 +73,7 @@ class _Writer:
             raise UnsafeArchive(f"member {raw!r} climbs out with '..'")
         if len(parts) > MAX_DEPTH:
             raise UnsafeArchive(
-                f"member {raw[:80]!r}... is {len(parts):,} folders deep, more than {MAX_DEPTH}"
+                f"member {raw[:80]!r}... is {len(parts):,} parts deep, more than {MAX_DEPTH}"
             )
         if len(os.fsencode(raw)) > MAX_PATH or any(
             len(os.fsencode(p)) > MAX_COMPONENT for p in parts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import stat
 import tarfile
 import zipfile
@@ -98,6 +99,13 @@ HOSTILE_TARS: dict[str, tuple[bytes, str]] = {
         "more than 10 files",
     ),
     "not-a-tar": (b"this is not an archive at all" * 100, "not a readable tar"),
+    # 3 files, but 9 folders their names imply: 12 made, more than the 10 allowed
+    "implied-folders": (
+        _tar(lambda t: _members(t, [f"d{i}/a/b/f" for i in range(3)])),
+        "more than 10 files",
+    ),
+    "too-deep": (_tar(lambda t: _member(t, "a/" * 100 + "f")), "101 parts deep, more than 64"),
+    "long-part": (_tar(lambda t: _member(t, "x" * 300)), "longer than 255"),
 }
 
 HOSTILE_ZIPS: dict[str, tuple[bytes, str]] = {
@@ -110,6 +118,11 @@ HOSTILE_ZIPS: dict[str, tuple[bytes, str]] = {
     # zipfile reads no more than the header's size; the checksum of those bytes then fails.
     "lying-bomb": (_lying_zip(), "Bad CRC-32"),
     "too-many-files": (_zip([(f"f{i}", b"", 0o100644) for i in range(20)]), "more than 10"),
+    "implied-folders": (
+        _zip([(f"d{i}/a/b/f", b"", 0o100644) for i in range(3)]),
+        "more than 10 files",
+    ),
+    "too-deep": (_zip([("a/" * 100 + "f", b"", 0o100644)]), "more than 64"),
 }
 
 GRANT = AssetGrant(maxUnpackedBytes=1024 * 1024, maxUnpackedFiles=10)
@@ -171,3 +184,94 @@ def test_a_clean_archive_unpacks_read_only(tmp_path: Path) -> None:
     cache = _fetch(tmp_path / "z", z, "zip")
     ztree = cache.tree(hashlib.sha256(z).hexdigest(), "zip")
     assert (ztree / "x" / "b.txt").read_bytes() == b"world"
+
+
+def _deep_tree(root: Path, depth: int) -> None:
+    """``root/a/a/…`` ``depth`` folders deep, a file at the bottom, folders 0555 as an unpack
+    makes them (made through descriptors, as a path this long may pass PATH_MAX)."""
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    fds = [fd]
+    for _ in range(depth):
+        os.mkdir("a", 0o755, dir_fd=fd)
+        fd = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        fds.append(fd)
+        if len(fds) > 64:  # keep few descriptors open: close the older ones
+            os.close(fds.pop(0))
+    os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o444, dir_fd=fd))
+    for fd in fds:
+        os.fchmod(fd, 0o555)
+        os.close(fd)
+
+
+def test_the_reviewers_deep_archive_is_refused_and_the_cache_stays_usable(tmp_path: Path) -> None:
+    """20 members 1,900 folders deep passed maxUnpackedFiles=20, made 38,022 folders, then a
+    RecursionError; the clean-up failed too and AssetCache.usage() failed from then on. Now
+    refused by depth, nothing left, and a clean archive fetches after it."""
+
+    def add(t: tarfile.TarFile) -> None:
+        for k in range(20):
+            _member(t, f"m{k}/" + "a/" * 1900 + "f")
+
+    data = _tar(add, "w:gz")
+    assert len(data) < 4096
+    with pytest.raises(AssetUnavailable, match="1,902 parts deep"):
+        _fetch(tmp_path, data, "tar")
+    cache = AssetCache.of_state(tmp_path / "state")
+    assert list((cache.root / "trees").iterdir()) == []
+    assert cache.usage() == len(data)
+    (tmp_path / "next").mkdir()
+    _fetch(tmp_path / "next", _tar(lambda t: _member(t, "d/ok.txt", b"ok")), "tar")
+
+
+def test_debris_of_an_old_deep_unpack_is_swept_and_not_counted(tmp_path: Path) -> None:
+    """A tree 1,500 folders deep (deeper than Python's recursion limit, as an earlier runner
+    could leave one) in trees/ as a temporary folder: usage() still answers, and prune and the
+    next fetch of that digest remove it, read-only folders and all."""
+    from runner.assetcache import prune
+    from runner.staging import StateDir
+
+    cache = AssetCache.of_state(tmp_path / "state")
+    cache.prepare()
+    hexd = "0" * 64
+    _deep_tree(cache.root / "trees" / f".{hexd}.tar.999999.tmp", 1500)
+    assert cache.usage() == 0
+    prune(cache, StateDir(tmp_path / "state"))
+    assert list((cache.root / "trees").iterdir()) == []
+    data = _tar(lambda t: _member(t, "d/ok.txt", b"ok"))
+    hexd = hashlib.sha256(data).hexdigest()
+    _deep_tree(cache.root / "trees" / f".{hexd}.tar.999999.tmp", 1500)
+    _fetch(tmp_path, data, "tar")
+    assert [p.name for p in (cache.root / "trees").iterdir()] == [f"{hexd}.tar"]
+
+
+def test_remove_tree_removes_a_deep_read_only_tree_without_following_links(
+    tmp_path: Path,
+) -> None:
+    _deep_tree(tmp_path / "deep", 1200)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    (tmp_path / "deep").chmod(0o755)
+    (tmp_path / "deep" / "link").symlink_to(outside)
+    (tmp_path / "deep").chmod(0o555)
+    archives.remove_tree(tmp_path / "deep")
+    assert not (tmp_path / "deep").exists()
+    assert (outside / "keep.txt").read_text() == "keep"
+
+
+def test_a_failure_while_unpacking_is_a_refusal_and_leaves_nothing(tmp_path: Path) -> None:
+    """A name within the caps whose full path in the cache passes PATH_MAX: the OSError
+    (ENAMETOOLONG) is the archive's refusal, not an uncaught error, and nothing is left."""
+    name = "/".join(["y" * 255] * 15) + "/" + "z" * 200
+    data = _tar(lambda t: _member(t, name))
+    (tmp_path / "archive").write_bytes(data)
+    asset = Asset.model_validate(
+        {"id": "long", "sources": ["archive"], "size": len(data), "path": "tree",
+         "sha256": "sha256:" + hashlib.sha256(data).hexdigest(), "unpack": "tar"}
+    )  # fmt: skip
+    cache = AssetCache.of_state(tmp_path / "state")
+    grant = AssetGrant(maxUnpackedBytes=1024 * 1024, maxUnpackedFiles=100)
+    with pytest.raises(AssetUnavailable, match=r"cannot unpack: .*File name too long"):
+        fetch(asset, tmp_path, cache, grant)
+    assert list((cache.root / "trees").iterdir()) == []
