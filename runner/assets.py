@@ -7,6 +7,7 @@ under ``/job/assets``. The runner keeps them in a content-addressed cache in its
         sha256/<hex>          the verified bytes (0444); only ever appears whole and checked
         trees/<hex>.<kind>/   an archive unpacked (tar, zip): files 0444, folders 0555
         partial/<hex>.partial a download in progress (resumed from here with an HTTP Range)
+        partial/<hex>.partial.source  the SHA-256 of its source (resumed only from that one)
         locks/<hex>.lock      flock(2) per digest: one fetch at a time, prune waits for none
         meta/<hex>.json       ids and sources it was fetched for, when fetched, last used
 
