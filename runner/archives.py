@@ -14,8 +14,9 @@ only by this module, from scratch:
   claims: a zip bomb's sizes may lie) against the host policy's ``maxUnpackedFiles`` and
   ``maxUnpackedBytes``.
 
-Files are created with ``O_EXCL | O_NOFOLLOW`` below folders this module made, then every file
-is made read-only (0444) and every folder 0555. A refused archive leaves nothing behind; any
+Files are created with ``O_EXCL | O_NOFOLLOW`` below folders this module made (each fsynced
+when written), then every file is made read-only (0444) and every folder 0555, every folder is
+fsynced, and only then is the tree renamed into place. A refused archive leaves nothing behind; any
 failure while unpacking is :class:`UnsafeArchive`. Trees are walked iteratively (no recursion
 however deep), and removed one folder at a time through file descriptors, never following a
 link.
@@ -152,6 +153,8 @@ class _Writer:
                 if self.bytes > self.max_bytes:
                     raise self._too_big()
                 out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the tree is renamed into place
         if written != declared:
             raise UnsafeArchive(f"member {raw!r} holds {written:,} bytes, its header says "
                                 f"{declared:,}")  # fmt: skip
@@ -258,6 +261,17 @@ def make_read_only(root: Path) -> None:
         os.chmod(folder, 0o555)  # noqa: S103 - read-only: r-x for everyone is the point
 
 
+def sync_folders(root: Path, *, below: bool = True) -> None:
+    """fsync ``root`` (and every folder below it): their entries are on disk, so a tree renamed
+    into place after this is whole after a crash, never a folder with files missing."""
+    for folder in (f for f, _d, _o in _walk(root)) if below else [os.fspath(root)]:
+        fd = os.open(folder, _DIR_FLAGS)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def remove_tree(root: Path) -> None:
     """Remove a tree (read-only folders made writable first), however deep: one folder open
     at a time, entered and left through file descriptors (``..`` to go up), so neither a path
@@ -339,7 +353,9 @@ def unpack(
         try:
             (_tar_members if kind == "tar" else _zip_members)(archive, w)
             make_read_only(tmp)
+            sync_folders(tmp)
             os.rename(tmp, dest)
+            sync_folders(dest.parent, below=False)
         except UnsafeArchive:
             raise
         except Exception as exc:  # noqa: BLE001 - whatever it is, the archive is not unpacked

@@ -251,6 +251,7 @@ def _from_sources(
             os.fsync(f.fileno())
         os.chmod(d.partial, 0o444)
         os.replace(d.partial, blob)
+        archives.sync_folders(blob.parent, below=False)  # the rename itself on disk
         d.done()
         return d.received, source
     if not d.partial.exists():

@@ -8,18 +8,21 @@ import hashlib
 import io
 import os
 import stat
+import subprocess
 import tarfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from runner import archives
+from runner.assetcache import prune
 from runner.assets import AssetCache, fetch
 from runner.contract.models import Asset
 from runner.errors import AssetUnavailable
 from runner.policy import AssetGrant
+from runner.staging import StateDir
 
 pytestmark = pytest.mark.hostile
 
@@ -128,10 +131,10 @@ HOSTILE_ZIPS: dict[str, tuple[bytes, str]] = {
 GRANT = AssetGrant(maxUnpackedBytes=1024 * 1024, maxUnpackedFiles=10)
 
 
-def _fetch(tmp_path: Path, data: bytes, kind: str) -> AssetCache:
-    (tmp_path / "archive").write_bytes(data)
+def _fetch(tmp_path: Path, data: bytes, kind: str, name: str = "archive") -> AssetCache:
+    (tmp_path / name).write_bytes(data)
     asset = Asset.model_validate(
-        {"id": "hostile", "sources": ["archive"], "size": len(data), "path": "tree",
+        {"id": "hostile", "sources": [name], "size": len(data), "path": "tree",
          "sha256": "sha256:" + hashlib.sha256(data).hexdigest(), "unpack": kind}
     )  # fmt: skip
     cache = AssetCache.of_state(tmp_path / "state")
@@ -186,6 +189,17 @@ def test_a_clean_archive_unpacks_read_only(tmp_path: Path) -> None:
     assert (ztree / "x" / "b.txt").read_bytes() == b"world"
 
 
+@pytest.fixture
+def deep_tmp(tmp_path: Path) -> Iterator[Path]:
+    """tmp_path, emptied with rm -rf afterwards whatever the test left: a tree deeper than
+    Python's recursion limit would break pytest's own clean-up of old temporary folders
+    (shutil.rmtree recurses on 3.11)."""
+    yield tmp_path
+    for child in tmp_path.iterdir():
+        subprocess.run(["chmod", "-R", "u+rwx", "--", str(child)], check=False)
+        subprocess.run(["rm", "-rf", "--", str(child)], check=True)
+
+
 def _deep_tree(root: Path, depth: int) -> None:
     """``root/a/a/…`` ``depth`` folders deep, a file at the bottom, folders 0555 as an unpack
     makes them (made through descriptors, as a path this long may pass PATH_MAX)."""
@@ -204,10 +218,11 @@ def _deep_tree(root: Path, depth: int) -> None:
         os.close(fd)
 
 
-def test_the_reviewers_deep_archive_is_refused_and_the_cache_stays_usable(tmp_path: Path) -> None:
+def test_the_reviewers_deep_archive_is_refused_and_the_cache_stays_usable(deep_tmp: Path) -> None:
     """20 members 1,900 folders deep passed maxUnpackedFiles=20, made 38,022 folders, then a
     RecursionError; the clean-up failed too and AssetCache.usage() failed from then on. Now
     refused by depth, nothing left, and a clean archive fetches after it."""
+    tmp_path = deep_tmp
 
     def add(t: tarfile.TarFile) -> None:
         for k in range(20):
@@ -220,17 +235,16 @@ def test_the_reviewers_deep_archive_is_refused_and_the_cache_stays_usable(tmp_pa
     cache = AssetCache.of_state(tmp_path / "state")
     assert list((cache.root / "trees").iterdir()) == []
     assert cache.usage() == len(data)
-    (tmp_path / "next").mkdir()
-    _fetch(tmp_path / "next", _tar(lambda t: _member(t, "d/ok.txt", b"ok")), "tar")
+    clean = _tar(lambda t: _member(t, "d/ok.txt", b"ok"))
+    _fetch(tmp_path, clean, "tar", name="clean")  # the same cache
+    assert (cache.tree(hashlib.sha256(clean).hexdigest(), "tar") / "d" / "ok.txt").exists()
 
 
-def test_debris_of_an_old_deep_unpack_is_swept_and_not_counted(tmp_path: Path) -> None:
+def test_debris_of_an_old_deep_unpack_is_swept_and_not_counted(deep_tmp: Path) -> None:
     """A tree 1,500 folders deep (deeper than Python's recursion limit, as an earlier runner
     could leave one) in trees/ as a temporary folder: usage() still answers, and prune and the
     next fetch of that digest remove it, read-only folders and all."""
-    from runner.assetcache import prune
-    from runner.staging import StateDir
-
+    tmp_path = deep_tmp
     cache = AssetCache.of_state(tmp_path / "state")
     cache.prepare()
     hexd = "0" * 64
@@ -246,8 +260,9 @@ def test_debris_of_an_old_deep_unpack_is_swept_and_not_counted(tmp_path: Path) -
 
 
 def test_remove_tree_removes_a_deep_read_only_tree_without_following_links(
-    tmp_path: Path,
+    deep_tmp: Path,
 ) -> None:
+    tmp_path = deep_tmp
     _deep_tree(tmp_path / "deep", 1200)
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -275,3 +290,40 @@ def test_a_failure_while_unpacking_is_a_refusal_and_leaves_nothing(tmp_path: Pat
     with pytest.raises(AssetUnavailable, match=r"cannot unpack: .*File name too long"):
         fetch(asset, tmp_path, cache, grant)
     assert list((cache.root / "trees").iterdir()) == []
+
+
+def test_a_tree_is_on_disk_before_it_is_renamed_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every file and folder of the unpacked tree is fsynced before the rename that makes it
+    visible, and the folder it is renamed into after (a crash never leaves a partial tree
+    under the digest). The real fsync runs; the spy only notes which path each was for."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src: object, dst: object) -> None:
+        events.append(("rename", os.fspath(src)))  # type: ignore[arg-type]
+        real_rename(src, dst)  # type: ignore[arg-type]
+
+    def add(t: tarfile.TarFile) -> None:
+        _member(t, "d/", b"", type=tarfile.DIRTYPE)
+        _member(t, "d/a.txt", b"hello")
+        _member(t, "e/f/b.txt", b"world")
+
+    data = _tar(add)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    cache = _fetch(tmp_path, data, "tar")
+    monkeypatch.undo()
+    tree = cache.tree(hashlib.sha256(data).hexdigest(), "tar")
+    (at,) = [i for i, e in enumerate(events) if e[0] == "rename"]
+    tmp = events[at][1]
+    before = {p for kind, p in events[:at] if kind == "fsync"}
+    want = {os.path.join(tmp, rel) for rel in ("", "d", "d/a.txt", "e", "e/f", "e/f/b.txt")}
+    assert {os.path.normpath(p) for p in want} <= {os.path.normpath(p) for p in before}
+    assert ("fsync", str(tree.parent)) in events[at:]
+    assert (tree / "e" / "f" / "b.txt").read_bytes() == b"world"
