@@ -61,6 +61,9 @@ from runner.policy import AssetGrant
 from runner.staging import JobDir, atomic_write, write_json
 
 RECORD = "assets.json"
+STAGE_LOCK_WAIT = 2 * 3600.0
+"""Seconds a job waits on another runner's fetch of one of its assets before it gives up
+(``asset_unavailable``); ``runner fetch`` waits as long as it takes."""
 
 
 def _now() -> str:
@@ -101,16 +104,28 @@ class AssetCache:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     @contextlib.contextmanager
-    def locked(self, hexd: str, *, wait: bool = True) -> Iterator[bool]:
-        """Hold the digest's lock (exclusive); yields False when ``wait`` is off and another
-        holds it. One open file description per use: never nest two for one digest."""
+    def locked(
+        self, hexd: str, *, wait: bool = True, timeout: float | None = None
+    ) -> Iterator[bool]:
+        """Hold the digest's lock (exclusive); yields False when ``wait`` is off, or
+        ``timeout`` seconds have passed, and another holds it. One open file description per
+        use: never nest two for one digest."""
         self.prepare()
         with self.lock_file(hexd).open("a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
+            if wait and timeout is None:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                yield True
                 return
+            deadline = time.monotonic() + (timeout or 0.0)
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not wait or time.monotonic() >= deadline:
+                        yield False
+                        return
+                    time.sleep(0.2)
             yield True
 
     def mount_source(self, asset: Asset) -> Path:
@@ -199,13 +214,17 @@ def fetch(
     grant: AssetGrant,
     *,
     on_bytes: OnBytes | None = None,
+    lock_timeout: float | None = None,
 ) -> Fetched:
     """Make sure ``asset`` is in the cache, verified (and unpacked); download it at most once
-    however many runners ask at the same time. Raises :class:`AssetDigestMismatch` for wrong
-    bytes and :class:`AssetUnavailable` when no source gives it."""
+    however many runners ask at the same time (waiting on another's fetch at most
+    ``lock_timeout`` seconds; None: as long as it takes). Raises :class:`AssetDigestMismatch`
+    for wrong bytes and :class:`AssetUnavailable` when no source gives it."""
     since = time.monotonic()
     hexd = hex_of(asset)
-    with cache.locked(hexd):
+    with cache.locked(hexd, timeout=lock_timeout) as got:
+        if not got:
+            raise _busy(asset, lock_timeout)
         if cache.present(asset):
             cache.touch(asset)
             return Fetched(asset.id, asset.sha256, asset.size, cache.mount_source(asset), True,
@@ -299,6 +318,15 @@ def _unpack(asset: Asset, cache: AssetCache, grant: AssetGrant) -> None:
         raise _over_cache(asset, grant, size)
 
 
+def _busy(asset: Asset, waited: float | None) -> AssetUnavailable:
+    return AssetUnavailable(
+        f"$.assets: asset {asset.id!r} ({asset.sha256}): another runner has been fetching it "
+        f"(holding its lock) for more than the {waited or 0:g} s this job waits",
+        hint="try again once that fetch ends (`runner cache ls` lists the cache), or fetch it "
+        "first with `runner fetch CONTRACT`",
+    )
+
+
 def _check_room(cache: AssetCache, grant: AssetGrant, asset: Asset) -> None:
     if grant.cacheMaxBytes is None:
         return
@@ -321,9 +349,11 @@ def stage(
     grant: AssetGrant,
     *,
     on_fetched: Callable[[Fetched], None] | None = None,
+    lock_timeout: float = STAGE_LOCK_WAIT,
 ) -> list[Mount]:
     """The job's assets, cached (fetched first where the policy allows), as read-only mounts
-    at ``/job/assets/<path>``; what the job uses is recorded first (``record/assets.json``)."""
+    at ``/job/assets/<path>``; what the job uses is recorded first (``record/assets.json``).
+    Waits at most ``lock_timeout`` seconds on another runner's fetch of one asset."""
     wanted = contract.model.fetched_assets
     if not wanted:
         return []
@@ -338,11 +368,13 @@ def stage(
     mounts = []
     for a in wanted:
         if grant.fetchOnRun:
-            got = fetch(a, contract.base_dir, cache, grant)
+            got = fetch(a, contract.base_dir, cache, grant, lock_timeout=lock_timeout)
             if on_fetched is not None:
                 on_fetched(got)
         else:  # only what is cached already
-            with cache.locked(hex_of(a)):
+            with cache.locked(hex_of(a), timeout=lock_timeout) as locked:
+                if not locked:
+                    raise _busy(a, lock_timeout)
                 if not cache.present(a):
                     raise AssetUnavailable(
                         f"$.assets: asset {a.id!r} ({a.sha256}) is not in this host's asset "

@@ -17,9 +17,12 @@ that source's SHA-256), never on top of another mirror's bytes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -33,6 +36,13 @@ CHUNK = 1024 * 1024
 MAX_REDIRECTS = 5
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
+MIN_RATE = 16 * 1024
+"""Bytes a second a source must keep up, on average over each ``RATE_WINDOW``: a source that
+trickles (a byte every 59 s defeats the read timeout) is cut off rather than hold the digest's
+lock -- and every runner waiting on it -- for ever."""
+RATE_WINDOW = 120.0
+READ_CHUNK = 64 * 1024
+"""Bytes read from a response at a time (small enough for the rate to be seen moving)."""
 
 OnBytes = Callable[[Asset, int, int], None]
 """Progress: called with the asset, the bytes it has so far and its size."""
@@ -198,7 +208,53 @@ def _http(url: str, d: Download, grant: AssetGrant) -> None:
                 mode = "wb"
             else:
                 raise SourceFailed(f"{redacted(url)} answered {code} {resp.reason}")
-            d.write_from(resp.iter_content(CHUNK), mode)
+            with _Watchdog(resp, d) as dog:
+                try:
+                    d.write_from(resp.iter_content(READ_CHUNK), mode)
+                except requests.RequestException:
+                    if dog.expired:
+                        raise dog.too_slow(url) from None
+                    raise
+                if dog.expired:  # cut off between two reads
+                    raise dog.too_slow(url)
+
+
+class _Watchdog:
+    """Cuts a response's connection when fewer than ``MIN_RATE * RATE_WINDOW`` bytes arrived
+    in the last ``RATE_WINDOW`` seconds (a thread; shutting the socket down wakes the read)."""
+
+    def __init__(self, resp: Any, d: Download) -> None:
+        self.resp, self.d = resp, d
+        self.expired = False
+        self.window, self.least = RATE_WINDOW, int(MIN_RATE * RATE_WINDOW)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="asset-rate", daemon=True)
+
+    def __enter__(self) -> _Watchdog:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _watch(self) -> None:
+        seen = self.d.received
+        while not self.stop.wait(self.window):
+            if self.d.received - seen < self.least:
+                self.expired = True
+                sock = getattr(getattr(self.resp.raw, "connection", None), "sock", None)
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                return
+            seen = self.d.received
+
+    def too_slow(self, url: str) -> SourceFailed:
+        return SourceFailed(
+            f"{redacted(url)} sent fewer than {self.least:,} bytes in {self.window:g} s (less "
+            f"than {MIN_RATE:,} bytes a second); cut off as too slow"
+        )
 
 
 _BAD_LOCATION = re.compile(r"[\\\s\x00-\x1f\x7f]")

@@ -179,3 +179,30 @@ def test_a_digest_mismatch_names_the_size_received(tmp_path: Path, server: Asset
         fetch(_asset(server.url("blob")), tmp_path, AssetCache(tmp_path / "c"), _grant())
     got = "sha256:" + hashlib.sha256(b"w" * 1000).hexdigest()
     assert f"got {got} (1,000 bytes)" in str(err.value)
+
+
+def test_a_source_that_trickles_is_cut_off_and_a_steady_one_is_not(
+    tmp_path: Path, server: AssetServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A byte every 59 s never trips a 60 s read timeout, and held the digest's lock (and every
+    runner waiting on it) for ever. With the minimum rate scaled down (10,000 bytes a second
+    over 0.5 s windows): a source sending 200 bytes a second is cut off within a window or
+    two, naming the rate; one sending about 640 KiB a second is not."""
+    import time
+
+    import runner.download
+
+    monkeypatch.setattr(runner.download, "MIN_RATE", 10_000, raising=False)
+    monkeypatch.setattr(runner.download, "RATE_WINDOW", 0.5, raising=False)
+    slow = os.urandom(2000)
+    server.files["slow"] = Served(slow, chunk=100, delay_per_chunk=0.5)  # 10 s in all
+    since = time.monotonic()
+    with pytest.raises(AssetUnavailable, match="cut off as too slow"):
+        fetch(_asset(server.url("slow"), body=slow), tmp_path, AssetCache(tmp_path / "c"),
+              _grant())  # fmt: skip
+    assert time.monotonic() - since < 5
+    steady = os.urandom(1024 * 1024)
+    server.files["steady"] = Served(steady, chunk=64 * 1024, delay_per_chunk=0.1)
+    got = fetch(_asset(server.url("steady"), body=steady), tmp_path, AssetCache(tmp_path / "c"),
+                _grant())  # fmt: skip
+    assert got.downloaded == len(steady)
