@@ -12,7 +12,9 @@ policy on the URL as ``requests`` prepared it, parsed by urllib3 (which is what 
 by another parser that may read a hostile ``Location`` otherwise. The session ignores the
 environment (no ``.netrc`` login, no proxy variables): a source gets no ambient credentials.
 A partial file is resumed only from the source that began it (``<hex>.partial.source`` holds
-that source's SHA-256), never on top of another mirror's bytes.
+that source's SHA-256), never on top of another mirror's bytes. A body that arrives slower
+than ``MIN_RATE`` (over each ``RATE_WINDOW``) is cut off, so a trickling source cannot hold the
+digest's lock for ever (the wait for the headers is bounded only by the read timeout per read).
 """
 
 from __future__ import annotations
