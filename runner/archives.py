@@ -4,23 +4,29 @@ The archive's bytes match the digest its contract binds, but whoever made the ar
 trusted. So every member is checked before anything of it is written, and the folder is written
 only by this module, from scratch:
 
-- names: relative, no ``..``, no NUL or backslash, each at most once;
+- names: relative, no ``..``, no NUL or backslash, each at most once; at most
+  ``MAX_DEPTH`` components of at most ``MAX_COMPONENT`` bytes, ``MAX_PATH`` bytes in all;
 - kinds: regular files and folders only. Links (symbolic or hard) are refused outright rather
   than judged "inside" or "outside" (a job that needs one can make it in its workspace), and so
   are devices, FIFOs and sockets;
-- caps: the files and folders counted, and the bytes actually written (not what a header
+- caps: the files and folders counted -- every folder made, named by a member or only
+  implied by a deeper member's name -- and the bytes actually written (not what a header
   claims: a zip bomb's sizes may lie) against the host policy's ``maxUnpackedFiles`` and
   ``maxUnpackedBytes``.
 
-Files are created with ``O_EXCL | O_NOFOLLOW`` below folders this module made, then every file
-is made read-only (0444) and every folder 0555. A refused archive leaves nothing behind.
+Files are created with ``O_EXCL | O_NOFOLLOW`` below folders this module made (each fsynced
+when written), then every file is made read-only (0444) and every folder 0555, every folder is
+fsynced, and only then is the tree renamed into place. A refused archive leaves nothing behind; any
+failure while unpacking is :class:`UnsafeArchive`. Trees are walked iteratively (no recursion
+however deep), and removed one folder at a time through file descriptors, never following a
+link.
 """
 
 from __future__ import annotations
 
+import contextlib
 import lzma
 import os
-import shutil
 import stat
 import tarfile
 import zipfile
@@ -30,6 +36,13 @@ from pathlib import Path
 from typing import IO, Literal
 
 CHUNK = 1024 * 1024
+MAX_DEPTH = 64
+"""Most components in a member's name (a deep name makes a folder per component)."""
+MAX_COMPONENT = 255
+"""Most bytes in one component of a member's name (NAME_MAX)."""
+MAX_PATH = 4096
+"""Most bytes in a member's whole name (PATH_MAX)."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class UnsafeArchive(Exception):
@@ -44,8 +57,12 @@ class _Writer:
         self.max_bytes = max_bytes
         self.max_files = max_files
         self.files = 0
+        """Files and folders made (folders implied by a deeper member's name included)."""
         self.bytes = 0
         self.seen: set[str] = set()
+        """Names of the members so far."""
+        self.folders: set[str] = set()
+        """Folders made so far (relative)."""
 
     def _name(self, raw: str) -> list[str]:
         if not raw or "\x00" in raw or "\\" in raw:
@@ -55,47 +72,69 @@ class _Writer:
         parts = [p for p in raw.split("/") if p not in ("", ".")]
         if ".." in parts:
             raise UnsafeArchive(f"member {raw!r} climbs out with '..'")
+        if len(parts) > MAX_DEPTH:
+            raise UnsafeArchive(
+                f"member {raw[:80]!r}... is {len(parts):,} parts deep, more than {MAX_DEPTH}"
+            )
+        if len(os.fsencode(raw)) > MAX_PATH or any(
+            len(os.fsencode(p)) > MAX_COMPONENT for p in parts
+        ):
+            raise UnsafeArchive(
+                f"member {raw[:80]!r}... has a name longer than {MAX_PATH} bytes or a part "
+                f"longer than {MAX_COMPONENT}"
+            )
         return parts
 
-    def _count(self, raw: str, parts: list[str]) -> str | None:
+    def _count(self) -> None:
+        self.files += 1
+        if self.files > self.max_files:
+            raise UnsafeArchive(
+                f"the archive holds more than {self.max_files:,} files and folders "
+                "(the host policy's assets.maxUnpackedFiles; folders a member's name implies "
+                "count too)"
+            )
+
+    def _member(self, raw: str, parts: list[str]) -> str | None:
         if not parts:  # the archive's own root ("./")
             return None
         rel = "/".join(parts)
         if rel in self.seen:
             raise UnsafeArchive(f"member {raw!r} appears twice")
         self.seen.add(rel)
-        self.files += 1
-        if self.files > self.max_files:
-            raise UnsafeArchive(
-                f"the archive holds more than {self.max_files:,} files and folders "
-                "(the host policy's assets.maxUnpackedFiles)"
-            )
         return rel
 
     def folder(self, raw: str) -> None:
-        rel = self._count(raw, self._name(raw))
-        if rel is not None:
-            self._makedirs(rel, raw)
+        parts = self._name(raw)
+        if self._member(raw, parts) is not None:
+            self._makedirs(parts, raw)
 
-    def _makedirs(self, rel: str, raw: str) -> None:
+    def _makedirs(self, parts: list[str], raw: str) -> None:
+        """Make the folders ``parts`` names, each counted against the cap when made."""
         where = self.root
-        for part in rel.split("/"):
+        for i, part in enumerate(parts):
             where = where / part
+            rel = "/".join(parts[: i + 1])
+            if rel in self.folders:
+                continue
             try:
                 st = os.lstat(where)
             except FileNotFoundError:
+                self._count()
                 os.mkdir(where, 0o755)
+                self.folders.add(rel)
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 raise UnsafeArchive(f"member {raw!r} needs {part!r} as a folder; it is a file")
+            self.folders.add(rel)
 
     def file(self, raw: str, src: IO[bytes], declared: int) -> None:
         parts = self._name(raw)
-        rel = self._count(raw, parts)
+        rel = self._member(raw, parts)
         if rel is None:
             raise UnsafeArchive(f"member {raw!r} is a file without a name")
         if len(parts) > 1:
-            self._makedirs("/".join(parts[:-1]), raw)
+            self._makedirs(parts[:-1], raw)
+        self._count()
         if self.bytes + declared > self.max_bytes:
             raise self._too_big()
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -114,6 +153,8 @@ class _Writer:
                 if self.bytes > self.max_bytes:
                     raise self._too_big()
                 out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the tree is renamed into place
         if written != declared:
             raise UnsafeArchive(f"member {raw!r} holds {written:,} bytes, its header says "
                                 f"{declared:,}")  # fmt: skip
@@ -184,25 +225,114 @@ def _zip_members(archive: Path, w: _Writer) -> None:
         raise UnsafeArchive(f"cannot unpack: {exc}") from None
 
 
-def _walk_bottom_up(root: Path) -> Iterator[tuple[str, list[str], list[str]]]:
-    yield from os.walk(root, topdown=False)
+def _walk(root: Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """(folder, subfolders, other entries) for ``root`` and every folder below it, top-down,
+    with a stack rather than recursion (os.walk recurses on Python 3.11); no link followed."""
+    stack = [os.fspath(root)]
+    while stack:
+        folder = stack.pop()
+        dirs: list[str] = []
+        others: list[str] = []
+        with os.scandir(folder) as it:
+            for entry in it:
+                (dirs if entry.is_dir(follow_symlinks=False) else others).append(entry.name)
+        yield folder, dirs, others
+        stack.extend(os.path.join(folder, d) for d in dirs)
+
+
+def tree_bytes(root: Path) -> int:
+    """The bytes of the files below ``root`` (walked without recursion, no link followed)."""
+    total = 0
+    for folder, _dirs, others in _walk(root):
+        for name in others:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
 
 
 def make_read_only(root: Path) -> None:
     """Files 0444, folders 0555, below and including ``root`` (no link is there to follow)."""
-    for folder, _dirs, files in _walk_bottom_up(root):
+    folders = []
+    for folder, _dirs, files in _walk(root):
         for name in files:
             os.chmod(os.path.join(folder, name), 0o444, follow_symlinks=False)
+        folders.append(folder)
+    for folder in reversed(folders):  # the deepest first: a 0555 folder's entries stay settable
         os.chmod(folder, 0o555)  # noqa: S103 - read-only: r-x for everyone is the point
 
 
+def sync_folders(root: Path, *, below: bool = True) -> None:
+    """fsync ``root`` (and every folder below it): their entries are on disk, so a tree renamed
+    into place after this is whole after a crash, never a folder with files missing."""
+    for folder in (f for f, _d, _o in _walk(root)) if below else [os.fspath(root)]:
+        fd = os.open(folder, _DIR_FLAGS)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def remove_tree(root: Path) -> None:
-    """Remove a read-only tree this module made (folders made writable first)."""
-    if not root.exists():
+    """Remove a tree (read-only folders made writable first), however deep: one folder open
+    at a time, entered and left through file descriptors (``..`` to go up), so neither a path
+    longer than PATH_MAX nor a deep tree's open descriptors nor recursion stop it; a link is
+    removed, never followed."""
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
         return
-    for folder, _dirs, _files in os.walk(root):
-        os.chmod(folder, 0o755)  # noqa: S103 - writable again by its owner, to be removed
-    shutil.rmtree(root)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(root)
+        return
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        stack: list[tuple[str, list[str]]] = []
+        here, todo = "", _clear(fd)
+        while True:
+            if todo:
+                name = todo.pop()
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = child
+                stack.append((here, todo))
+                here, todo = name, _clear(fd)
+                continue
+            if not stack:
+                break
+            parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            os.rmdir(here, dir_fd=fd)
+            here, todo = stack.pop()
+    finally:
+        os.close(fd)
+    os.rmdir(root)
+
+
+def _clear(fd: int) -> list[str]:
+    """Make the open folder writable, remove what is not a folder in it; its subfolders."""
+    os.fchmod(fd, 0o700)
+    dirs = []
+    with os.scandir(fd) as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                dirs.append(entry.name)
+            else:
+                os.unlink(entry.name, dir_fd=fd)
+    return dirs
+
+
+def remove_stale(folder: Path, prefix: str) -> None:
+    """Remove the temporary folders (``.<prefix>….tmp``) that unpacks left in ``folder`` (a
+    killed runner, a failed clean-up); the caller holds the digest's lock. Best effort."""
+    try:
+        names = [e.name for e in os.scandir(folder)]
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(f".{prefix}") and name.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                remove_tree(folder / name)
 
 
 def unpack(
@@ -220,10 +350,18 @@ def unpack(
     tmp.mkdir(mode=0o755)
     w = _Writer(tmp, max_bytes, max_files)
     try:
-        (_tar_members if kind == "tar" else _zip_members)(archive, w)
-        make_read_only(tmp)
-        os.rename(tmp, dest)
+        try:
+            (_tar_members if kind == "tar" else _zip_members)(archive, w)
+            make_read_only(tmp)
+            sync_folders(tmp)
+            os.rename(tmp, dest)
+            sync_folders(dest.parent, below=False)
+        except UnsafeArchive:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the archive is not unpacked
+            raise UnsafeArchive(f"cannot unpack: {type(exc).__name__}: {exc}") from None
     except BaseException:
-        remove_tree(tmp)
+        with contextlib.suppress(OSError):  # what is left is removed by the next fetch
+            remove_tree(tmp)
         raise
     return w.files, w.bytes

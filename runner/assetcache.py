@@ -60,14 +60,6 @@ class Entry:
         }
 
 
-def _tree_bytes(root: Path) -> int:
-    total = 0
-    for folder, _dirs, files in os.walk(root):
-        for name in files:
-            total += os.lstat(os.path.join(folder, name)).st_size
-    return total
-
-
 def entries(cache: AssetCache, state: StateDir | None = None) -> list[Entry]:
     """Every digest in the cache, with its users when ``state`` is given."""
     found: dict[str, Entry] = {}
@@ -93,7 +85,7 @@ def entries(cache: AssetCache, state: StateDir | None = None) -> list[Entry]:
             e = entry(name)
             if kind == "tree":
                 e.kinds.append(f"tree:{sort}")
-                e.bytes += _tree_bytes(path)
+                e.bytes += archives.tree_bytes(path)
             else:
                 e.kinds.append(kind)
                 e.bytes += os.lstat(path).st_size
@@ -206,11 +198,29 @@ def prune(
             _remove(cache, e.sha256)
         removed.append(e)
         total -= e.bytes
+    _remove_stale(cache)
     return Pruned(removed, in_use_kept, busy, total)
+
+
+def _remove_stale(cache: AssetCache) -> None:
+    """Remove what unpacks that did not finish left in trees/ (``.<hex>.<kind>.<pid>.tmp``),
+    each under its digest's lock (not while another runner unpacks it)."""
+    trees = cache.root / "trees"
+    if not trees.is_dir():
+        return
+    for hexd in sorted({p.name[1:65] for p in trees.glob(".*.tmp")}):
+        if not _HEX.match(hexd):
+            continue
+        with cache.locked(hexd, wait=False) as got:
+            if got:
+                archives.remove_stale(trees, hexd)
 
 
 def _remove(cache: AssetCache, hexd: str) -> None:
     for tree in (cache.root / "trees").glob(f"{hexd}.*"):
         archives.remove_tree(tree)
-    for path in (cache.blob(hexd), cache.partial(hexd), cache.meta(hexd)):
+    archives.remove_stale(cache.root / "trees", hexd)
+    partial = cache.partial(hexd)
+    source = partial.with_name(partial.name + ".source")  # see download.Download.sidecar
+    for path in (cache.blob(hexd), partial, source, cache.meta(hexd)):
         path.unlink(missing_ok=True)

@@ -7,6 +7,7 @@ under ``/job/assets``. The runner keeps them in a content-addressed cache in its
         sha256/<hex>          the verified bytes (0444); only ever appears whole and checked
         trees/<hex>.<kind>/   an archive unpacked (tar, zip): files 0444, folders 0555
         partial/<hex>.partial a download in progress (resumed from here with an HTTP Range)
+        partial/<hex>.partial.source  the SHA-256 of its source (resumed only from that one)
         locks/<hex>.lock      flock(2) per digest: one fetch at a time, prune waits for none
         meta/<hex>.json       ids and sources it was fetched for, when fetched, last used
 
@@ -60,6 +61,9 @@ from runner.policy import AssetGrant
 from runner.staging import JobDir, atomic_write, write_json
 
 RECORD = "assets.json"
+STAGE_LOCK_WAIT = 2 * 3600.0
+"""Seconds a job waits on another runner's fetch of one of its assets before it gives up
+(``asset_unavailable``); ``runner fetch`` waits as long as it takes."""
 
 
 def _now() -> str:
@@ -100,16 +104,28 @@ class AssetCache:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     @contextlib.contextmanager
-    def locked(self, hexd: str, *, wait: bool = True) -> Iterator[bool]:
-        """Hold the digest's lock (exclusive); yields False when ``wait`` is off and another
-        holds it. One open file description per use: never nest two for one digest."""
+    def locked(
+        self, hexd: str, *, wait: bool = True, timeout: float | None = None
+    ) -> Iterator[bool]:
+        """Hold the digest's lock (exclusive); yields False when ``wait`` is off, or
+        ``timeout`` seconds have passed, and another holds it. One open file description per
+        use: never nest two for one digest."""
         self.prepare()
         with self.lock_file(hexd).open("a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                yield False
+            if wait and timeout is None:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                yield True
                 return
+            deadline = time.monotonic() + (timeout or 0.0)
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not wait or time.monotonic() >= deadline:
+                        yield False
+                        return
+                    time.sleep(0.2)
             yield True
 
     def mount_source(self, asset: Asset) -> Path:
@@ -130,11 +146,14 @@ class AssetCache:
     def usage(self) -> int:
         """Bytes the cache holds: verified bytes, unpacked trees, partial downloads."""
         total = 0
-        for sub in ("sha256", "trees", "partial"):
-            for folder, _dirs, files in os.walk(self.root / sub):
-                for name in files:
-                    with contextlib.suppress(FileNotFoundError):
-                        total += os.lstat(os.path.join(folder, name)).st_size
+        for sub in ("sha256", "partial"):
+            total += archives.tree_bytes(self.root / sub) if (self.root / sub).is_dir() else 0
+        trees = self.root / "trees"
+        if trees.is_dir():
+            for entry in os.scandir(trees):
+                if entry.name.startswith("."):
+                    continue  # an unpack in progress, or one a killed runner left (removed later)
+                total += archives.tree_bytes(Path(entry.path))
         return total
 
     def touch(self, asset: Asset, *, fetched: bool = False, source: str | None = None) -> None:
@@ -195,13 +214,17 @@ def fetch(
     grant: AssetGrant,
     *,
     on_bytes: OnBytes | None = None,
+    lock_timeout: float | None = None,
 ) -> Fetched:
     """Make sure ``asset`` is in the cache, verified (and unpacked); download it at most once
-    however many runners ask at the same time. Raises :class:`AssetDigestMismatch` for wrong
-    bytes and :class:`AssetUnavailable` when no source gives it."""
+    however many runners ask at the same time (waiting on another's fetch at most
+    ``lock_timeout`` seconds; None: as long as it takes). Raises :class:`AssetDigestMismatch`
+    for wrong bytes and :class:`AssetUnavailable` when no source gives it."""
     since = time.monotonic()
     hexd = hex_of(asset)
-    with cache.locked(hexd):
+    with cache.locked(hexd, timeout=lock_timeout) as got:
+        if not got:
+            raise _busy(asset, lock_timeout)
         if cache.present(asset):
             cache.touch(asset)
             return Fetched(asset.id, asset.sha256, asset.size, cache.mount_source(asset), True,
@@ -227,6 +250,7 @@ def _from_sources(
     wrong: WrongBytes | None = None
     for source in asset.sources:
         try:
+            d.begin(source)  # a partial file from another source is not resumed: started over
             if _is_url(source):
                 for attempt in retrying(grant):
                     with attempt:
@@ -246,7 +270,11 @@ def _from_sources(
             os.fsync(f.fileno())
         os.chmod(d.partial, 0o444)
         os.replace(d.partial, blob)
+        archives.sync_folders(blob.parent, below=False)  # the rename itself on disk
+        d.done()
         return d.received, source
+    if not d.partial.exists():
+        d.done()  # nothing to resume: no record of where it came from either
     if wrong is not None:
         why = f" ({wrong.why})" if wrong.why else ""
         raise AssetDigestMismatch(
@@ -271,6 +299,7 @@ def _unpack(asset: Asset, cache: AssetCache, grant: AssetGrant) -> None:
     dest = cache.tree(hexd, kind)
     if dest.is_dir():
         return
+    archives.remove_stale(dest.parent, dest.name)  # what a killed unpack left (we hold the lock)
     try:
         _files, size = archives.unpack(
             cache.blob(hexd), kind, dest,
@@ -287,6 +316,15 @@ def _unpack(asset: Asset, cache: AssetCache, grant: AssetGrant) -> None:
     if grant.cacheMaxBytes is not None and cache.usage() > grant.cacheMaxBytes:
         archives.remove_tree(dest)
         raise _over_cache(asset, grant, size)
+
+
+def _busy(asset: Asset, waited: float | None) -> AssetUnavailable:
+    return AssetUnavailable(
+        f"$.assets: asset {asset.id!r} ({asset.sha256}): another runner has been fetching it "
+        f"(holding its lock) for more than the {waited or 0:g} s this job waits",
+        hint="try again once that fetch ends (`runner cache ls` lists the cache), or fetch it "
+        "first with `runner fetch CONTRACT`",
+    )
 
 
 def _check_room(cache: AssetCache, grant: AssetGrant, asset: Asset) -> None:
@@ -311,9 +349,11 @@ def stage(
     grant: AssetGrant,
     *,
     on_fetched: Callable[[Fetched], None] | None = None,
+    lock_timeout: float = STAGE_LOCK_WAIT,
 ) -> list[Mount]:
     """The job's assets, cached (fetched first where the policy allows), as read-only mounts
-    at ``/job/assets/<path>``; what the job uses is recorded first (``record/assets.json``)."""
+    at ``/job/assets/<path>``; what the job uses is recorded first (``record/assets.json``).
+    Waits at most ``lock_timeout`` seconds on another runner's fetch of one asset."""
     wanted = contract.model.fetched_assets
     if not wanted:
         return []
@@ -328,11 +368,13 @@ def stage(
     mounts = []
     for a in wanted:
         if grant.fetchOnRun:
-            got = fetch(a, contract.base_dir, cache, grant)
+            got = fetch(a, contract.base_dir, cache, grant, lock_timeout=lock_timeout)
             if on_fetched is not None:
                 on_fetched(got)
         else:  # only what is cached already
-            with cache.locked(hex_of(a)):
+            with cache.locked(hex_of(a), timeout=lock_timeout) as locked:
+                if not locked:
+                    raise _busy(a, lock_timeout)
                 if not cache.present(a):
                     raise AssetUnavailable(
                         f"$.assets: asset {a.id!r} ({a.sha256}) is not in this host's asset "

@@ -2,17 +2,29 @@
 :mod:`runner.assets` for the cache around it).
 
 HTTP(S) with ``requests``, streamed: resumed with ``Range: bytes=N-`` where the partial file
-stops (a 206 must answer the very range asked; a 200 starts over), every redirect's host checked
-against the host policy, a 4xx given up at once, a 5xx, a timeout or a broken connection
-retried with tenacity (exponential wait). The bytes are hashed as they arrive, never past the
-asset's size; a local source beside the contract is read without following a link.
+stops (a 206 must answer the very range asked; a 200 starts over), a 4xx given up at once, a
+5xx, a timeout or a broken connection retried with tenacity (exponential wait). The bytes are
+hashed as they arrive, never past the asset's size; a local source beside the contract is read
+without following a link.
+
+Every request's host -- the first URL's and every redirect's -- is checked against the host
+policy on the URL as ``requests`` prepared it, parsed by urllib3 (which is what connects), not
+by another parser that may read a hostile ``Location`` otherwise. The session ignores the
+environment (no ``.netrc`` login, no proxy variables): a source gets no ambient credentials.
+A partial file is resumed only from the source that began it (``<hex>.partial.source`` holds
+that source's SHA-256), never on top of another mirror's bytes. A body that arrives slower
+than ``MIN_RATE`` (over each ``RATE_WINDOW``) is cut off, so a trickling source cannot hold the
+digest's lock for ever (the wait for the headers is bounded only by the read timeout per read).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -26,6 +38,13 @@ CHUNK = 1024 * 1024
 MAX_REDIRECTS = 5
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
+MIN_RATE = 16 * 1024
+"""Bytes a second a source must keep up, on average over each ``RATE_WINDOW``: a source that
+trickles (a byte every 59 s defeats the read timeout) is cut off rather than hold the digest's
+lock -- and every runner waiting on it -- for ever."""
+RATE_WINDOW = 120.0
+READ_CHUNK = 64 * 1024
+"""Bytes read from a response at a time (small enough for the rate to be seen moving)."""
 
 OnBytes = Callable[[Asset, int, int], None]
 """Progress: called with the asset, the bytes it has so far and its size."""
@@ -83,6 +102,29 @@ class Download:
         self.partial.unlink(missing_ok=True)
         self.hasher, self.hashed = hashlib.sha256(), 0
 
+    @property
+    def sidecar(self) -> Path:
+        """Names the source the partial file's bytes came from (its SHA-256: no token kept)."""
+        return self.partial.with_name(self.partial.name + ".source")
+
+    def begin(self, source: str) -> None:
+        """Bytes from ``source`` follow: keep the partial file only when that source began it
+        (a resume), else start over -- never resume on top of another mirror's bytes."""
+        mark = hashlib.sha256(source.encode()).hexdigest()
+        try:
+            before = self.sidecar.read_text(encoding="ascii", errors="replace")
+        except OSError:
+            before = ""
+        if before != mark:
+            self.restart()
+            atomic = self.sidecar.with_name(self.sidecar.name + ".tmp")
+            atomic.write_text(mark, encoding="ascii")
+            os.replace(atomic, self.sidecar)
+
+    def done(self) -> None:
+        """The partial file is gone (renamed into place or refused): forget its source."""
+        self.sidecar.unlink(missing_ok=True)
+
     def write_from(self, chunks: Iterator[bytes], mode: str) -> None:
         with self.partial.open(mode) as out:
             for chunk in chunks:
@@ -103,16 +145,40 @@ class Download:
     def finish(self) -> None:
         """Check size and digest; the partial file is removed when they are wrong."""
         self.have()
-        digest = "sha256:" + self.hasher.hexdigest()
-        if self.hashed != self.asset.size or digest != self.asset.sha256:
+        digest, size = "sha256:" + self.hasher.hexdigest(), self.hashed
+        if size != self.asset.size or digest != self.asset.sha256:
             self.restart()
-            raise WrongBytes(digest, self.hashed, "")
+            raise WrongBytes(digest, size, "")
 
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
 def http(url: str, d: Download, grant: AssetGrant) -> None:
+    """One try of ``url`` into ``d``. Raises :class:`Transient` (worth another try),
+    :class:`SourceFailed` (not this source) or :class:`WrongBytes`; whatever else ``requests``
+    raises on what a hostile server sends is one of those, never an uncaught error."""
+    import requests
+
+    try:
+        _http(url, d, grant)
+    except (Transient, SourceFailed, WrongBytes):
+        raise
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise Transient(f"the connection broke: {type(exc).__name__}") from None
+    except requests.exceptions.ChunkedEncodingError:
+        raise Transient("the connection broke mid-transfer") from None
+    except (requests.RequestException, ValueError) as exc:
+        # a body that does not decode as its Content-Encoding says, a URL that does not parse
+        raise SourceFailed(f"{redacted(url)}: {type(exc).__name__}: {_short(exc)}") from None
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _http(url: str, d: Download, grant: AssetGrant) -> None:
     import requests
 
     have = d.have()
@@ -122,6 +188,7 @@ def http(url: str, d: Download, grant: AssetGrant) -> None:
     if have:
         headers["Range"] = f"bytes={have}-"
     with requests.Session() as session:
+        session.trust_env = False  # no .netrc login, no proxy from the environment
         resp = _get(session, url, headers, grant)
         with resp:
             code = resp.status_code
@@ -143,41 +210,108 @@ def http(url: str, d: Download, grant: AssetGrant) -> None:
                 mode = "wb"
             else:
                 raise SourceFailed(f"{redacted(url)} answered {code} {resp.reason}")
-            try:
-                d.write_from(resp.iter_content(CHUNK), mode)
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                raise Transient(f"the connection broke: {type(exc).__name__}") from None
-            except requests.exceptions.ChunkedEncodingError:
-                raise Transient("the connection broke mid-transfer") from None
+            with _Watchdog(resp, d) as dog:
+                try:
+                    d.write_from(resp.iter_content(READ_CHUNK), mode)
+                except requests.RequestException:
+                    if dog.expired:
+                        raise dog.too_slow(url) from None
+                    raise
+                if dog.expired:  # cut off between two reads
+                    raise dog.too_slow(url)
+
+
+class _Watchdog:
+    """Cuts a response's connection when fewer than ``MIN_RATE * RATE_WINDOW`` bytes arrived
+    in the last ``RATE_WINDOW`` seconds (a thread; shutting the socket down wakes the read)."""
+
+    def __init__(self, resp: Any, d: Download) -> None:
+        self.resp, self.d = resp, d
+        self.expired = False
+        self.window, self.least = RATE_WINDOW, int(MIN_RATE * RATE_WINDOW)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="asset-rate", daemon=True)
+
+    def __enter__(self) -> _Watchdog:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _watch(self) -> None:
+        seen = self.d.received
+        while not self.stop.wait(self.window):
+            if self.d.received - seen < self.least:
+                self.expired = True
+                sock = getattr(getattr(self.resp.raw, "connection", None), "sock", None)
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                return
+            seen = self.d.received
+
+    def too_slow(self, url: str) -> SourceFailed:
+        return SourceFailed(
+            f"{redacted(url)} sent fewer than {self.least:,} bytes in {self.window:g} s (less "
+            f"than {MIN_RATE:,} bytes a second); cut off as too slow"
+        )
+
+
+_BAD_LOCATION = re.compile(r"[\\\s\x00-\x1f\x7f]")
+"""A backslash, whitespace or a control character: parsers disagree on what such a URL names."""
+
+
+def _checked(url: str, grant: AssetGrant) -> tuple[str, int]:
+    """The host and port ``url`` (as prepared) connects to, when the policy allows them."""
+    from urllib3.util import parse_url
+
+    parsed = parse_url(url)  # what urllib3 connects to; raises a ValueError when it cannot
+    other = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise SourceFailed(f"{redacted(url)} is not an http(s) URL")
+    if parsed.auth or other.username is not None or other.password is not None:
+        raise SourceFailed(f"{redacted(url)} carries credentials (user@host); refused")
+    host = parsed.host.strip("[]")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if (other.hostname or "") != host.lower() or (other.port or port) != port:
+        raise SourceFailed(f"{redacted(url)} reads as another host to another parser; refused")
+    if not grant.allows(host, port):
+        raise SourceFailed(f"{host}:{port} is not in the host policy's assets.allowHosts")
+    return host, port
 
 
 def _get(session: Any, url: str, headers: dict[str, str], grant: AssetGrant) -> Any:
-    """GET ``url``, following redirects by hand so that every hop's host is checked."""
+    """GET ``url``, following redirects by hand so that every hop's host is checked, on the
+    URL as prepared for sending (the one fetched)."""
     import requests
 
     for _ in range(MAX_REDIRECTS + 1):
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SourceFailed(f"{redacted(url)} is not an http(s) URL")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        if not grant.allows(parts.hostname, port):
+        if _BAD_LOCATION.search(url):
             raise SourceFailed(
-                f"{parts.hostname}:{port} is not in the host policy's assets.allowHosts"
+                f"{redacted(url)!r} holds a backslash, whitespace or a control character"
             )
+        prepared = session.prepare_request(requests.Request("GET", url, headers=headers))
+        host, port = _checked(prepared.url, grant)
         try:
-            resp = session.get(
-                url,
-                headers=headers,
+            resp = session.send(
+                prepared,
                 stream=True,
                 allow_redirects=False,
                 timeout=(CONNECT_TIMEOUT, READ_TIMEOUT),
             )
         except (requests.ConnectionError, requests.Timeout) as exc:
-            why = f"cannot reach {parts.hostname}:{port}: {type(exc).__name__}"
-            raise Transient(why) from None
+            raise Transient(f"cannot reach {host}:{port}: {type(exc).__name__}") from None
         if resp.is_redirect and "Location" in resp.headers:
-            url = urljoin(url, resp.headers["Location"])
+            location = resp.headers["Location"]
             resp.close()
+            if _BAD_LOCATION.search(location):
+                raise SourceFailed(
+                    f"{redacted(url)} redirects to {redacted(location)!r}, which holds a "
+                    "backslash, whitespace or a control character; refused"
+                )
+            url = urljoin(prepared.url, location)
             continue
         return resp
     raise SourceFailed(f"more than {MAX_REDIRECTS} redirects")

@@ -23,6 +23,7 @@ from runner.assets import AssetCache, fetch, stage
 from runner.contract import load_contract, with_digest
 from runner.contract.load import Trust
 from runner.contract.models import Asset
+from runner.download import Download
 from runner.errors import AssetDigestMismatch, AssetUnavailable, ContractError
 from runner.policy import AssetGrant
 from runner.staging import StateDir, prepare
@@ -344,6 +345,24 @@ def test_prune_never_removes_an_asset_a_job_that_has_not_ended_uses(tmp_path: Pa
     assert entries(cache) == []
 
 
+def test_a_job_waits_on_another_runners_fetch_only_so_long(tmp_path: Path) -> None:
+    """Another runner holds the asset's lock (a fetch that does not end): stage gives up after
+    its lock timeout with asset_unavailable naming the asset, whether it may fetch or not."""
+    (tmp_path / "a.bin").write_bytes(b"a" * 100)
+    a = asset("a.bin", body=b"a" * 100)
+    contract = load_contract(contract_with(tmp_path, [a]), Trust(keys=[]))
+    cache = cache_of(tmp_path)
+    job = prepare(StateDir(tmp_path / "state").job("j1").root)
+    with cache.locked(a["sha256"].removeprefix("sha256:")) as held:
+        assert held
+        for fetch_on_run in (True, False):
+            since = time.monotonic()
+            with pytest.raises(AssetUnavailable, match="another runner has been fetching it"):
+                stage(job, contract, cache, AssetGrant(fetchOnRun=fetch_on_run), lock_timeout=0.5)
+            assert 0.5 <= time.monotonic() - since < 5
+    assert stage(job, contract, cache, AssetGrant(fetchOnRun=True), lock_timeout=0.5)
+
+
 def _finish(ledger: Path) -> None:
     from runner.ledger import Ledger
 
@@ -451,8 +470,9 @@ def test_the_example_contract_fetches_from_the_serve_script(tmp_path: Path) -> N
         cache = cache_of(tmp_path)
         partial = cache.partial(a.sha256.removeprefix("sha256:"))
         partial.parent.mkdir(parents=True)
-        partial.write_bytes(served[:100])  # as a killed fetch would leave it
         local = a.model_copy(update={"sources": [f"{base}/labels.txt"]})
+        Download(local, partial, None).begin(local.sources[0])  # as a killed fetch leaves it:
+        partial.write_bytes(served[:100])  # the first bytes, and the source they came from
         got = fetch(local, tmp_path, cache, grant())
         assert got.downloaded == len(served) - 100
     finally:

@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import stat
+import subprocess
 import tarfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from runner import archives
+from runner.assetcache import prune
 from runner.assets import AssetCache, fetch
 from runner.contract.models import Asset
 from runner.errors import AssetUnavailable
 from runner.policy import AssetGrant
+from runner.staging import StateDir
 
 pytestmark = pytest.mark.hostile
 
@@ -98,6 +102,13 @@ HOSTILE_TARS: dict[str, tuple[bytes, str]] = {
         "more than 10 files",
     ),
     "not-a-tar": (b"this is not an archive at all" * 100, "not a readable tar"),
+    # 3 files, but 9 folders their names imply: 12 made, more than the 10 allowed
+    "implied-folders": (
+        _tar(lambda t: _members(t, [f"d{i}/a/b/f" for i in range(3)])),
+        "more than 10 files",
+    ),
+    "too-deep": (_tar(lambda t: _member(t, "a/" * 100 + "f")), "101 parts deep, more than 64"),
+    "long-part": (_tar(lambda t: _member(t, "x" * 300)), "longer than 255"),
 }
 
 HOSTILE_ZIPS: dict[str, tuple[bytes, str]] = {
@@ -110,15 +121,20 @@ HOSTILE_ZIPS: dict[str, tuple[bytes, str]] = {
     # zipfile reads no more than the header's size; the checksum of those bytes then fails.
     "lying-bomb": (_lying_zip(), "Bad CRC-32"),
     "too-many-files": (_zip([(f"f{i}", b"", 0o100644) for i in range(20)]), "more than 10"),
+    "implied-folders": (
+        _zip([(f"d{i}/a/b/f", b"", 0o100644) for i in range(3)]),
+        "more than 10 files",
+    ),
+    "too-deep": (_zip([("a/" * 100 + "f", b"", 0o100644)]), "more than 64"),
 }
 
 GRANT = AssetGrant(maxUnpackedBytes=1024 * 1024, maxUnpackedFiles=10)
 
 
-def _fetch(tmp_path: Path, data: bytes, kind: str) -> AssetCache:
-    (tmp_path / "archive").write_bytes(data)
+def _fetch(tmp_path: Path, data: bytes, kind: str, name: str = "archive") -> AssetCache:
+    (tmp_path / name).write_bytes(data)
     asset = Asset.model_validate(
-        {"id": "hostile", "sources": ["archive"], "size": len(data), "path": "tree",
+        {"id": "hostile", "sources": [name], "size": len(data), "path": "tree",
          "sha256": "sha256:" + hashlib.sha256(data).hexdigest(), "unpack": kind}
     )  # fmt: skip
     cache = AssetCache.of_state(tmp_path / "state")
@@ -171,3 +187,143 @@ def test_a_clean_archive_unpacks_read_only(tmp_path: Path) -> None:
     cache = _fetch(tmp_path / "z", z, "zip")
     ztree = cache.tree(hashlib.sha256(z).hexdigest(), "zip")
     assert (ztree / "x" / "b.txt").read_bytes() == b"world"
+
+
+@pytest.fixture
+def deep_tmp(tmp_path: Path) -> Iterator[Path]:
+    """tmp_path, emptied with rm -rf afterwards whatever the test left: a tree deeper than
+    Python's recursion limit would break pytest's own clean-up of old temporary folders
+    (shutil.rmtree recurses on 3.11)."""
+    yield tmp_path
+    for child in tmp_path.iterdir():
+        subprocess.run(["chmod", "-R", "u+rwx", "--", str(child)], check=False)
+        subprocess.run(["rm", "-rf", "--", str(child)], check=True)
+
+
+def _deep_tree(root: Path, depth: int) -> None:
+    """``root/a/a/…`` ``depth`` folders deep, a file at the bottom, folders 0555 as an unpack
+    makes them (made through descriptors, as a path this long may pass PATH_MAX)."""
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    fds = [fd]
+    for _ in range(depth):
+        os.mkdir("a", 0o755, dir_fd=fd)
+        fd = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        fds.append(fd)
+        if len(fds) > 64:  # keep few descriptors open: close the older ones
+            os.close(fds.pop(0))
+    os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o444, dir_fd=fd))
+    for fd in fds:
+        os.fchmod(fd, 0o555)
+        os.close(fd)
+
+
+def test_the_reviewers_deep_archive_is_refused_and_the_cache_stays_usable(deep_tmp: Path) -> None:
+    """20 members 1,900 folders deep passed maxUnpackedFiles=20, made 38,022 folders, then a
+    RecursionError; the clean-up failed too and AssetCache.usage() failed from then on. Now
+    refused by depth, nothing left, and a clean archive fetches after it."""
+    tmp_path = deep_tmp
+
+    def add(t: tarfile.TarFile) -> None:
+        for k in range(20):
+            _member(t, f"m{k}/" + "a/" * 1900 + "f")
+
+    data = _tar(add, "w:gz")
+    assert len(data) < 4096
+    with pytest.raises(AssetUnavailable, match="1,902 parts deep"):
+        _fetch(tmp_path, data, "tar")
+    cache = AssetCache.of_state(tmp_path / "state")
+    assert list((cache.root / "trees").iterdir()) == []
+    assert cache.usage() == len(data)
+    clean = _tar(lambda t: _member(t, "d/ok.txt", b"ok"))
+    _fetch(tmp_path, clean, "tar", name="clean")  # the same cache
+    assert (cache.tree(hashlib.sha256(clean).hexdigest(), "tar") / "d" / "ok.txt").exists()
+
+
+def test_debris_of_an_old_deep_unpack_is_swept_and_not_counted(deep_tmp: Path) -> None:
+    """A tree 1,500 folders deep (deeper than Python's recursion limit, as an earlier runner
+    could leave one) in trees/ as a temporary folder: usage() still answers, and prune and the
+    next fetch of that digest remove it, read-only folders and all."""
+    tmp_path = deep_tmp
+    cache = AssetCache.of_state(tmp_path / "state")
+    cache.prepare()
+    hexd = "0" * 64
+    _deep_tree(cache.root / "trees" / f".{hexd}.tar.999999.tmp", 1500)
+    assert cache.usage() == 0
+    prune(cache, StateDir(tmp_path / "state"))
+    assert list((cache.root / "trees").iterdir()) == []
+    data = _tar(lambda t: _member(t, "d/ok.txt", b"ok"))
+    hexd = hashlib.sha256(data).hexdigest()
+    _deep_tree(cache.root / "trees" / f".{hexd}.tar.999999.tmp", 1500)
+    _fetch(tmp_path, data, "tar")
+    assert [p.name for p in (cache.root / "trees").iterdir()] == [f"{hexd}.tar"]
+
+
+def test_remove_tree_removes_a_deep_read_only_tree_without_following_links(
+    deep_tmp: Path,
+) -> None:
+    tmp_path = deep_tmp
+    _deep_tree(tmp_path / "deep", 1200)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    (tmp_path / "deep").chmod(0o755)
+    (tmp_path / "deep" / "link").symlink_to(outside)
+    (tmp_path / "deep").chmod(0o555)
+    archives.remove_tree(tmp_path / "deep")
+    assert not (tmp_path / "deep").exists()
+    assert (outside / "keep.txt").read_text() == "keep"
+
+
+def test_a_failure_while_unpacking_is_a_refusal_and_leaves_nothing(tmp_path: Path) -> None:
+    """A name within the caps whose full path in the cache passes PATH_MAX: the OSError
+    (ENAMETOOLONG) is the archive's refusal, not an uncaught error, and nothing is left."""
+    name = "/".join(["y" * 255] * 15) + "/" + "z" * 200
+    data = _tar(lambda t: _member(t, name))
+    (tmp_path / "archive").write_bytes(data)
+    asset = Asset.model_validate(
+        {"id": "long", "sources": ["archive"], "size": len(data), "path": "tree",
+         "sha256": "sha256:" + hashlib.sha256(data).hexdigest(), "unpack": "tar"}
+    )  # fmt: skip
+    cache = AssetCache.of_state(tmp_path / "state")
+    grant = AssetGrant(maxUnpackedBytes=1024 * 1024, maxUnpackedFiles=100)
+    with pytest.raises(AssetUnavailable, match=r"cannot unpack: .*File name too long"):
+        fetch(asset, tmp_path, cache, grant)
+    assert list((cache.root / "trees").iterdir()) == []
+
+
+def test_a_tree_is_on_disk_before_it_is_renamed_into_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every file and folder of the unpacked tree is fsynced before the rename that makes it
+    visible, and the folder it is renamed into after (a crash never leaves a partial tree
+    under the digest). The real fsync runs; the spy only notes which path each was for."""
+    events: list[tuple[str, str]] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src: object, dst: object) -> None:
+        events.append(("rename", os.fspath(src)))  # type: ignore[arg-type]
+        real_rename(src, dst)  # type: ignore[arg-type]
+
+    def add(t: tarfile.TarFile) -> None:
+        _member(t, "d/", b"", type=tarfile.DIRTYPE)
+        _member(t, "d/a.txt", b"hello")
+        _member(t, "e/f/b.txt", b"world")
+
+    data = _tar(add)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    cache = _fetch(tmp_path, data, "tar")
+    monkeypatch.undo()
+    tree = cache.tree(hashlib.sha256(data).hexdigest(), "tar")
+    (at,) = [i for i, e in enumerate(events) if e[0] == "rename"]
+    tmp = events[at][1]
+    before = {p for kind, p in events[:at] if kind == "fsync"}
+    want = {os.path.join(tmp, rel) for rel in ("", "d", "d/a.txt", "e", "e/f", "e/f/b.txt")}
+    assert {os.path.normpath(p) for p in want} <= {os.path.normpath(p) for p in before}
+    assert ("fsync", str(tree.parent)) in events[at:]
+    assert (tree / "e" / "f" / "b.txt").read_bytes() == b"world"

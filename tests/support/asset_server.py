@@ -28,6 +28,8 @@ class Served:
     chunk: int = 64 * 1024
     ranges: bool = True
     redirect_to: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    """Extra headers on a 200/206 answer (a Content-Encoding the body does not have ...)."""
 
 
 @dataclass
@@ -36,10 +38,12 @@ class Log:
     """(path, Range header) per request."""
     sent: list[int] = field(default_factory=list)
     """Body bytes sent per request."""
+    authorization: list[str | None] = field(default_factory=list)
+    """The Authorization header per request (None: none sent)."""
 
 
 class AssetServer:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.files: dict[str, Served] = {}
         self.log = Log()
         self.lock = threading.Lock()
@@ -54,19 +58,21 @@ class AssetServer:
             def do_GET(self) -> None:
                 server._get(self)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = host
+        self.httpd = ThreadingHTTPServer((host, 0), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{path.lstrip('/')}"
+        return f"http://{self.host}:{self.port}/{path.lstrip('/')}"
 
     def _get(self, h: BaseHTTPRequestHandler) -> None:
         path = h.path.lstrip("/")
         rng = h.headers.get("Range")
         with self.lock:
             self.log.requests.append((path, rng))
+            self.log.authorization.append(h.headers.get("Authorization"))
             index = len(self.log.sent)
             self.log.sent.append(0)
             served = self.files.get(path)
@@ -103,6 +109,8 @@ class AssetServer:
         else:
             h.send_response(200)
         h.send_header("Content-Length", str(len(body) - start))
+        for name, value in served.headers.items():
+            h.send_header(name, value)
         h.end_headers()
         cut = served.cut_after
         served.cut_after = None
@@ -132,8 +140,9 @@ class AssetServer:
 
 
 @contextmanager
-def asset_server() -> Iterator[AssetServer]:
-    s = AssetServer()
+def asset_server(host: str = "127.0.0.1") -> Iterator[AssetServer]:
+    """A server on ``host`` (another loopback address, 127.0.0.2, is another host)."""
+    s = AssetServer(host)
     s.thread.start()
     try:
         yield s
