@@ -329,6 +329,11 @@ class DockerBackend:
             return True
         return shutil.which("nvidia-container-runtime-hook") is not None
 
+    def cdi_native(self) -> bool:
+        """Docker 25+ lists its CDI spec folders in /info while the ``cdi`` feature is on."""
+        info = self._call("GET", "/info", "asking the engine about CDI") or {}
+        return bool(info.get("CDISpecDirs"))
+
     def runtimes(self) -> list[str]:
         info = self._call("GET", "/info", "asking the engine for its runtimes") or {}
         return sorted((info.get("Runtimes") or {}).keys())
@@ -377,7 +382,17 @@ class DockerBackend:
             host_config["Dns"] = list(spec.dns)
         if spec.dns_options:
             host_config["DnsOptions"] = list(spec.dns_options)
-        if spec.gpu_ids:
+        if spec.devices is not None and spec.devices.mode == "cdi-native":
+            host_config["DeviceRequests"] = [
+                {"Driver": "cdi", "DeviceIDs": list(spec.devices.cdi_devices)}
+            ]
+        elif spec.devices is not None:
+            host_config["Devices"] = [
+                {"PathOnHost": n.host_path, "PathInContainer": n.container_path,
+                 "CgroupPermissions": n.permissions}
+                for n in spec.devices.nodes
+            ]  # fmt: skip
+        elif spec.gpu_ids:
             host_config["DeviceRequests"] = [
                 {
                     "Driver": "",
