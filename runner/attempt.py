@@ -23,6 +23,7 @@ from runner import (
     agent_result,
     agent_run,
     agents,
+    cdi,
     container,
     egress,
     envelope,
@@ -36,7 +37,7 @@ from runner import (
     records,
     staging,
 )
-from runner.backends.base import Backend, Backstop, ContainerState
+from runner.backends.base import Backend, Backstop, ContainerState, DeviceEdits
 from runner.container import Outcome, Progress, Watch
 from runner.contract import VerifiedContract
 from runner.envelope import Allocation, GpuRecord, ImageRecord
@@ -247,7 +248,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
     with stage("image", known):
         _check_runtime(job)
         eg = egress.prepare(job.backend, p.egress, name) if p.egress else None
-        gpu_ids, given, fallback = _allocate_gpus(job, name)
+        gpu_ids, given, fallback, devices = _allocate_gpus(job, name)
     known = replace(known, gpus=given, gpu_fallback=fallback or known.gpu_fallback)
     agent_limits = agent_run.limits(p.agent, st) if p.agent is not None else None
     decided = envelope.allocation(
@@ -263,7 +264,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
     )  # an agent's: with what is left of its turns and budget
     spec = container.spec(
         p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None,
-        argv=argv, secrets=secrets,
+        argv=argv, secrets=secrets, devices=devices,
     )  # fmt: skip
     ledger.append(
         f"attempt-{n}.starting",
@@ -447,30 +448,31 @@ def _gpu_allocator(job: Job) -> gpus.Allocator:
 
 def _allocate_gpus(
     job: Job, name: str
-) -> tuple[tuple[str, ...], tuple[GpuRecord, ...], str | None]:
-    """Device ids for this attempt, their records, and why it runs on CPU only (if it does):
-    specific GPUs, locked for this job; none for CPU jobs. Without enough GPUs, a contract
-    that allows it falls back to CPU (and says so)."""
+) -> tuple[tuple[str, ...], tuple[GpuRecord, ...], str | None, DeviceEdits | None]:
+    """Device ids for the engine's NVIDIA runtime or CDI edits for this attempt (see
+    ``runner.cdi``), their records, and why it runs on CPU only (if it does): specific GPUs,
+    locked for this job; none for CPU jobs. Without enough GPUs, or without a way to hand
+    them to the container, a contract that allows it falls back to CPU (and says so)."""
     p, progress = job.plan, job.progress
     want = p.limits.gpus
     if want == "none":
-        return (), (), p.gpu_fallback
+        return (), (), p.gpu_fallback, None
     detector = job.options.gpu_detector or gpus.HostDetector()
-    owner = {"jobDir": str(job.dir.root.resolve()), "containerName": name}
+    job_dir = str(job.dir.root.resolve())
+    owner = {"jobDir": job_dir, "containerName": name}
     try:
-        host = detector.detect()
-        if host and not job.backend.gpu_capable():
-            raise GpuUnavailable(
-                f"this host has {len(host)} GPU(s) but the engine cannot hand them to "
-                "containers (no nvidia runtime, no NVIDIA container toolkit)",
-                hint="install the NVIDIA container toolkit and restart the engine",
-            )
-        chosen = _gpu_allocator(job).allocate(want, host, owner)
+        chosen = _gpu_allocator(job).allocate(want, detector.detect(), owner)
+        try:
+            edits = cdi.inject(job.backend, chosen, job.options.cdi_dirs or cdi.SPEC_DIRS)
+        except GpuUnavailable:
+            _gpu_allocator(job).release(job_dir)
+            raise
     except GpuUnavailable as exc:
         if not policy.cpu_fallback_allowed(job.contract):
             raise
         progress.stage("gpu", f"no GPU: running on CPU only ({exc.message})")
-        return (), (), f"{exc.message}; the contract allows a CPU fallback"
+        return (), (), f"{exc.message}; the contract allows a CPU fallback", None
+    names: list[str | None] = [*edits.cdi_devices] or [None] * len(chosen)
     records = tuple(
         GpuRecord(
             index=g.index,
@@ -478,11 +480,16 @@ def _allocate_gpus(
             model=g.model,
             memoryBytes=g.memory_bytes,
             driverVersion=g.driver_version,
+            injection=edits.mode,
+            cdiDevice=cdi_name,
         )
-        for g in chosen
+        for g, cdi_name in zip(chosen, names, strict=True)
     )
-    progress.stage("gpu", ", ".join(f"{g.index}: {g.model} ({g.uuid})" for g in chosen))
-    return tuple(g.uuid for g in chosen), records, None
+    progress.stage("gpu", ", ".join(f"{g.index}: {g.model} ({g.uuid})" for g in chosen)
+                   + f" [{edits.mode}]")  # fmt: skip
+    if edits.mode == "nvidia-runtime":
+        return tuple(g.uuid for g in chosen), records, None, None
+    return (), records, None, edits
 
 
 def _input_rules(opts: RunOptions) -> staging.InputRules:
