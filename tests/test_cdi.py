@@ -178,15 +178,15 @@ def test_specs_are_read_from_both_folders_the_later_wins(tmp_path: Path) -> None
 def test_a_spec_file_that_is_not_a_small_regular_file_is_refused(tmp_path: Path) -> None:
     """A FIFO is refused without blocking, a folder and an oversized file by name."""
     os.mkfifo(tmp_path / "fifo.json")
-    with pytest.raises(GpuUnavailable, match="fifo.json.*not a regular file"):
+    with pytest.raises(GpuUnavailable, match=r"fifo\.json.*not a regular file"):
         cdi.find([tmp_path])
     os.unlink(tmp_path / "fifo.json")
     (tmp_path / "big.json").write_bytes(b" " * (cdi.MAX_SPEC_BYTES + 1))
-    with pytest.raises(GpuUnavailable, match="big.json"):
+    with pytest.raises(GpuUnavailable, match=r"big\.json"):
         cdi.find([tmp_path])
     os.unlink(tmp_path / "big.json")
     (tmp_path / "bad.yaml").write_text("cdiVersion: [unclosed\n")
-    with pytest.raises(GpuUnavailable, match="bad.yaml: is not valid YAML"):
+    with pytest.raises(GpuUnavailable, match=r"bad\.yaml: is not valid YAML"):
         cdi.find([tmp_path])
     (tmp_path / "bad.yaml").write_text("!!python/object/apply:os.system ['true']\n")
     with pytest.raises(GpuUnavailable, match="not valid YAML"):  # safe_load: no objects
@@ -252,7 +252,7 @@ def test_a_spec_the_runner_cannot_apply_is_refused(edits: dict[str, Any], messag
 
 def test_a_device_no_spec_names_is_refused() -> None:
     spec = _spec_with({"deviceNodes": [{"path": "/dev/null"}]})
-    with pytest.raises(GpuUnavailable, match="no CDI spec names the device nvidia.com/gpu=1"):
+    with pytest.raises(GpuUnavailable, match=r"no CDI spec names the device nvidia\.com/gpu=1"):
         cdi.apply([spec], ["nvidia.com/gpu=1"])
 
 
