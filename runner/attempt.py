@@ -449,17 +449,15 @@ def _gpu_allocator(job: Job) -> gpus.Allocator:
 def _allocate_gpus(
     job: Job, name: str
 ) -> tuple[tuple[str, ...], tuple[GpuRecord, ...], str | None, DeviceEdits | None]:
-    """Device ids for the engine's NVIDIA runtime or CDI edits for this attempt (see
-    ``runner.cdi``), their records, and why it runs on CPU only (if it does): specific GPUs,
-    locked for this job; none for CPU jobs. Without enough GPUs, or without a way to hand
-    them to the container, a contract that allows it falls back to CPU (and says so)."""
+    """Device ids for the NVIDIA runtime or CDI edits (``runner.cdi``), their records, and why
+    it runs on CPU only (if it does): specific GPUs, locked for this job; none for CPU jobs.
+    Without enough GPUs, or a way to hand them over, a contract may fall back to CPU."""
     p, progress = job.plan, job.progress
     want = p.limits.gpus
     if want == "none":
         return (), (), p.gpu_fallback, None
     detector = job.options.gpu_detector or gpus.HostDetector()
-    job_dir = str(job.dir.root.resolve())
-    owner = {"jobDir": job_dir, "containerName": name}
+    owner = {"jobDir": (job_dir := str(job.dir.root.resolve())), "containerName": name}
     try:
         chosen = _gpu_allocator(job).allocate(want, detector.detect(), owner)
         try:
@@ -474,19 +472,13 @@ def _allocate_gpus(
         return (), (), f"{exc.message}; the contract allows a CPU fallback", None
     names: list[str | None] = [*edits.cdi_devices] or [None] * len(chosen)
     records = tuple(
-        GpuRecord(
-            index=g.index,
-            uuid=g.uuid,
-            model=g.model,
-            memoryBytes=g.memory_bytes,
-            driverVersion=g.driver_version,
-            injection=edits.mode,
-            cdiDevice=cdi_name,
-        )
+        GpuRecord(index=g.index, uuid=g.uuid, model=g.model, memoryBytes=g.memory_bytes,
+                  driverVersion=g.driver_version, injection=edits.mode, cdiDevice=cdi_name)
         for g, cdi_name in zip(chosen, names, strict=True)
+    )  # fmt: skip
+    progress.stage(
+        "gpu", ", ".join(f"{g.index}: {g.model} ({g.uuid}, {edits.mode})" for g in chosen)
     )
-    progress.stage("gpu", ", ".join(f"{g.index}: {g.model} ({g.uuid})" for g in chosen)
-                   + f" [{edits.mode}]")  # fmt: skip
     if edits.mode == "nvidia-runtime":
         return tuple(g.uuid for g in chosen), records, None, None
     return (), records, None, edits

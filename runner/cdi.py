@@ -22,6 +22,9 @@ Every spec is checked against the CDI JSON Schema (vendored, ``cdi-spec.schema.j
 against the version it declares: a spec that uses a field newer than its ``cdiVersion`` is
 refused, as the reference implementation refuses it. Any problem is :class:`GpuUnavailable`
 naming the file and the field (a contract that allows it falls back to CPU).
+
+Long on purpose: the CDI format is one thing to know, so reading, checking, writing and
+applying it stay in one module.
 """
 
 from __future__ import annotations
@@ -506,4 +509,10 @@ def dump(spec: dict[str, Any], fmt: str) -> str:
         return json.dumps(spec, indent=2) + "\n"
     import yaml
 
-    return str(yaml.safe_dump(spec, sort_keys=False))
+    class Plain(yaml.SafeDumper):
+        """No anchors and aliases: every device's edits written out, as other tools expect."""
+
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return str(yaml.dump(spec, Dumper=Plain, sort_keys=False))

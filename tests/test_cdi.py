@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from runner import cdi
 from runner.backends.fake import FakeBackend
 from runner.errors import GpuUnavailable
 from runner.gpus import Gpu
+from tests.support.jobs import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cdi"
 LDCACHE = (FIXTURES / "ldconfig-h200.txt").read_text()
@@ -302,3 +304,48 @@ def test_without_a_spec_one_is_generated_and_applied(tmp_path: Path) -> None:
     broken = copy.deepcopy(_minimal(devices=[{"name": "7", "containerEdits": {}}]))
     with pytest.raises(GpuUnavailable, match="does not name the GPUs allotted"):
         cdi.inject(FakeBackend(), H200, [tmp_path / "none"], lambda _: broken)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("gpu", "cdi", *args, timeout=60)
+
+
+def test_cli_writes_the_spec_from_a_captured_report(tmp_path: Path) -> None:
+    """`runner gpu cdi` with the H200 report, its loader cache and driver files: the spec
+    written as YAML (no aliases), then found as the description of that GPU."""
+    root = driver_root(tmp_path)
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    report = ["--report", str(FIXTURES / "nvml-h200.json")]
+    given = [*report, "--ldcache", str(FIXTURES / "ldconfig-h200.txt"), "--driver-root", str(root)]
+    out = _cli(*given, "--spec-dir", str(specs), "--output", str(specs / "nvidia.yaml"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"wrote {specs / 'nvidia.yaml'}: nvidia.com/gpu=0, ")
+    text = (specs / "nvidia.yaml").read_text()
+    assert "&id" not in text and "*id" not in text
+    (spec,) = cdi.find([specs])
+    assert spec.raw == h200_spec(tmp_path / "again")
+    again = _cli(*report, "--spec-dir", str(specs), "--json")
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["written"] is None and summary["devices"] == [f"nvidia.com/gpu={UUID}"]
+    assert summary["existing"] == [str(specs / "nvidia.yaml")]
+    forced = _cli(*given, "--spec-dir", str(specs), "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout)["spec"]["kind"] == "nvidia.com/gpu"
+
+
+def test_cli_on_this_gpu_less_machine_and_with_bad_input(tmp_path: Path) -> None:
+    none = _cli("--spec-dir", str(tmp_path))
+    assert none.returncode == 4 and "no GPU to write a CDI spec for" in none.stderr
+    report = tmp_path / "in" / "r.json"
+    report.parent.mkdir()
+    report.write_text('{"gpus": [{"index": 0}]}')
+    bad = _cli("--report", str(report), "--spec-dir", str(tmp_path / "none"))
+    assert bad.returncode == 2 and "not a detection report" in bad.stderr
+    nowhere = _cli(
+        "--report", str(FIXTURES / "nvml-h200.json"), "--ldcache",
+        str(FIXTURES / "ldconfig-h200.txt"), "--driver-root", str(driver_root(tmp_path)),
+        "--spec-dir", str(tmp_path / "none"), "--output", str(tmp_path / "no" / "such" / "x.yaml"),
+    )  # fmt: skip
+    assert nowhere.returncode == 2 and "cannot write there" in nowhere.stderr

@@ -14,6 +14,7 @@ module               commands
 ``issuer.py``        keygen, trust, sign, pin
 ``job.py``           status, ledger verify, cleanup, parse
 ``image.py``         image load
+``gpu.py``           gpu ls, gpu cdi
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
 ``schema.py``        schema
@@ -62,6 +63,7 @@ _TABLE = {
         "check an exported run offline: signatures, every hash, the ledger, the values",
     ),
     "image": ("image", "offline image bundles"),
+    "gpu": ("gpu", "this host's GPUs, and a CDI spec that hands them to containers"),
     "status": ("job", "a job's attempts, budget used and left, and its container"),
     "ledger": ("job", "inspect a job's budget ledger"),
     "cleanup": ("job", "remove containers of finished jobs that no runner watches"),
