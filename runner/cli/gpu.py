@@ -65,7 +65,8 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         action="append",
         type=Path,
         metavar="DIR",
-        help="where existing specs are looked for (repeatable; default /etc/cdi, /var/run/cdi)",
+        help="where existing specs are looked for (repeatable; default $RUNNER_CDI_DIRS, else "
+        "/etc/cdi and /var/run/cdi)",
     )
     cdi.add_argument(
         "--report",
@@ -160,7 +161,9 @@ def cmd_gpu_cdi(args: argparse.Namespace) -> int:
     from runner import cdi
 
     found = _gpus_from(args)
-    dirs = args.spec_dir or list(cdi.SPEC_DIRS)
+    from runner import host
+
+    dirs = args.spec_dir or host.cdi_dirs() or cdi.SPEC_DIRS
     specs = cdi.find(dirs)
     names = cdi.names_for(specs, found) if found else None
     if names is not None and not args.force:
