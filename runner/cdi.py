@@ -73,6 +73,7 @@ DRIVER_LIBRARY = re.compile(
     r"^lib(?:cuda|cudadebugger|nvcuvid|nvoptix|nvidia-[a-z0-9-]+)\.so(?:\.[0-9.]+)?$"
 )
 """The driver's user-space libraries (libcuda, libnvidia-ml, libnvidia-ptxjitcompiler, ...)."""
+_FULL_VERSION = re.compile(r"\.so\.[0-9]+\.[0-9]+(?:\.[0-9]+)?$")
 _REQUIRED_LIBRARIES = ("libcuda.so", "libnvidia-ml.so")
 _HINT = (
     "fix or remove the spec (`runner gpu cdi --output /etc/cdi/nvidia.yaml` writes one for "
@@ -412,20 +413,25 @@ def driver_libraries(
     """(host path, container path) of the driver's libraries for ``driver_version``: each
     name the loader cache (or a search folder) has for a file ``lib*.so.<version>``, the file
     mounted under that name and under its own."""
-    candidates = [(e.name, e.path) for e in entries]
+    candidates = [(e.name, e.path, False) for e in entries]
     for folder in search_dirs:
         try:
             names = sorted(os.listdir(root / folder.lstrip("/")))
         except OSError:
             continue
-        candidates += [(n, f"{folder.rstrip('/')}/{n}") for n in names]
+        candidates += [(n, f"{folder.rstrip('/')}/{n}", True) for n in names]
     suffix = f".so.{driver_version}"
     out: dict[str, str] = {}
-    for name, path in candidates:
+    for name, path, driver_folder in candidates:
         if not DRIVER_LIBRARY.match(name) or path in out:
             continue
         real = _resolve(root, path)
-        if real is not None and real.endswith(suffix):
+        if real is None:
+            continue
+        # In a driver folder, a library copied under its soname (no version in its name) is
+        # the driver's too; one of another driver version never is.
+        unversioned = driver_folder and not _FULL_VERSION.search(real)
+        if real.endswith(suffix) or unversioned:
             out[path] = real
             out.setdefault(real, real)
     return sorted((real, path) for path, real in out.items())

@@ -118,6 +118,18 @@ def test_a_library_folder_outside_the_loader_cache_is_searched(tmp_path: Path) -
     assert {f"{LIB}/libcuda.so.1", f"{LIB}/libnvidia-ml.so.1"} <= targets
 
 
+def test_a_driver_folder_of_plain_copies_is_taken(tmp_path: Path) -> None:
+    """A driver folder whose libraries are copies under their sonames (no versioned file, as
+    some device plugins lay them out) is the driver's; another version's file is not."""
+    folder = tmp_path / "usr/local/nvidia/lib64"
+    folder.mkdir(parents=True)
+    for name in ("libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-cfg.so.570.1.2"):
+        (folder / name).write_bytes(b"")
+    spec = cdi.generate(H200, DRIVER, "", root=tmp_path)
+    hosts = sorted(m["hostPath"] for m in spec["containerEdits"]["mounts"])
+    assert hosts == [f"{LIB}/libcuda.so.1", f"{LIB}/libnvidia-ml.so.1"]
+
+
 def _minimal(**changes: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "cdiVersion": "0.5.0",
