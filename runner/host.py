@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 def gpu_lock_dir() -> Path | None:
     """``$RUNNER_GPU_LOCK_DIR``, else None: the host-wide default (``/run/lock/runner-gpus``)."""
+    from pathlib import Path  # not at start-up (see the module's docstring)
+
     given = os.environ.get("RUNNER_GPU_LOCK_DIR")
     return Path(given) if given else None
 

@@ -361,3 +361,15 @@ def test_cli_on_this_gpu_less_machine_and_with_bad_input(tmp_path: Path) -> None
         "--spec-dir", str(tmp_path / "none"), "--output", str(tmp_path / "no" / "such" / "x.yaml"),
     )  # fmt: skip
     assert nowhere.returncode == 2 and "cannot write there" in nowhere.stderr
+
+
+def test_the_host_folders_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """RUNNER_CDI_DIRS (and RUNNER_GPU_LOCK_DIR, which failed with a NameError before)."""
+    from runner import host
+
+    monkeypatch.setenv("RUNNER_CDI_DIRS", "/a/cdi::/b/cdi")
+    monkeypatch.setenv("RUNNER_GPU_LOCK_DIR", "/a/locks")
+    assert host.cdi_dirs() == (Path("/a/cdi"), Path("/b/cdi"))
+    assert host.gpu_lock_dir() == Path("/a/locks")
+    monkeypatch.delenv("RUNNER_CDI_DIRS")
+    assert host.cdi_dirs() is None
