@@ -51,6 +51,7 @@ die() {
   exit 1
 }
 
+# shellcheck disable=SC2329 # run by the EXIT trap
 finish() {
   local rc=$?
   set +e
@@ -78,7 +79,7 @@ finish() {
   done
   # The engine's data (overlay mounts are gone with dockerd) and the unpacked binaries.
   umount -R "$W/data" 2>/dev/null
-  rm -rf "$W/data" "$W/bin" "$W/site" "$W/image.tar"
+  rm -rf "${W:?}/data" "${W:?}/bin" "${W:?}/site" "${W:?}/image.tar"
   exit "$rc"
 }
 trap finish EXIT
@@ -143,7 +144,7 @@ for f in "$BUNDLE"/engine/*.xz; do
   esac
 done
 export PATH="$W/bin:$PATH"
-log "engine: unpacked $(ls "$W/bin" | paste -sd' ' -)"
+log "engine: unpacked $(cd "$W/bin" && echo *)"
 cat >"$W/containerd.toml" <<EOF
 version = 2
 root = "$W/containerd-root"
@@ -161,7 +162,7 @@ for _ in $(seq 1 60); do [ -S "$W/containerd.sock" ] && break; sleep 0.5; done
 LD_LIBRARY_PATH="$W/lib" dockerd --containerd "$W/containerd.sock" \
   --data-root "$W/data" --exec-root "$W/exec" --pidfile "$W/dockerd.pid" \
   -H "unix://$W/docker.sock" --iptables=false --ip-masq=false --bridge=none \
-  --storage-driver overlay2 --cgroup-parent /runner-gpu-e2e >"$W/dockerd.log" 2>&1 &
+  --storage-driver overlay2 >"$W/dockerd.log" 2>&1 &
 DOCKERD_PID=$!
 export DOCKER_HOST="unix://$W/docker.sock"
 "$PY" - "$W/docker.sock" "$W/engine-version.json" <<'EOF' || die "dockerd did not answer: $(tail -5 "$W/dockerd.log")"
@@ -242,6 +243,11 @@ mode="$(envelope_field "$W/envelope.json" '(d["gpus"] or [{}])[0].get("injection
 check "injected by the runner (no CDI in Docker 20.10)" "$([ "$mode" = cdi-applied ] && echo PASS || echo FAIL)" "injection = $mode"
 count="$(envelope_field "$W/envelope.json" '{m["measurementId"]: m["value"] for m in d["measurements"]}.get("gpu-device-count")')"
 check "the job sees exactly one device" "$([ "$count" = 1 ] && echo PASS || echo FAIL)" "cuDeviceGetCount = $count"
+if [ "$REHEARSAL" != 1 ]; then # the stand-in spec brings no nvidia-smi
+  smi_in="$(envelope_field "$W/evidence.json" 'd.get("nvidiaSmi")' 2>/dev/null || echo '?')"
+  smi_n="$(envelope_field "$W/evidence.json" 'len(d["nvidiaSmi"]) if isinstance(d.get("nvidiaSmi"), list) else -1' 2>/dev/null || echo -1)"
+  check "nvidia-smi inside lists exactly one GPU" "$([ "$smi_n" = 1 ] && echo PASS || echo FAIL)" "$smi_in"
+fi
 held="$(grep -c held "$W/lock-trace.txt" || true)"
 check "device lock held while the job ran" "$([ "$held" -gt 0 ] && echo PASS || echo FAIL)" "$held of $(wc -l <"$W/lock-trace.txt") samples held"
 check "device lock freed after" "$(lock_held && echo FAIL || echo PASS)" "$(cat "$W"/locks/*.json 2>/dev/null | head -c 200)"
@@ -259,8 +265,8 @@ smi="$(envelope_field "$W/evidence-cpu.json" 'd.get("nvidiaSmi")' 2>/dev/null ||
 check "without a GPU the job sees none" "$(case "$why" in "no driver"*) echo PASS ;; *) echo FAIL ;; esac)" "exit $rc: $why"
 check "without a GPU nvidia-smi fails inside" "$(case "$smi" in nvidia-smi:*) echo PASS ;; *) echo FAIL ;; esac)" "$smi"
 
-variant slow 'd["protocol"]["command"] = ["sh", "-c", "sleep 12 && exec python3 /opt/gpu-smoke/gpu_smoke.py --output /job/output/gpu-smoke.json"]'
-runner run "$W/slow.pinned.json" --allow-unsigned --json >"$W/envelope-killed.json" 2>"$W/run-killed.log" &
+variant slow 'd["protocol"].update(requiredCommandFragments=[], command=["sh", "-c", "python3 -c \"import time; time.sleep(12)\" && exec python3 /opt/gpu-smoke/gpu_smoke.py --output /job/output/gpu-smoke.json"])'
+"$PY" -m runner run "$W/slow.pinned.json" --allow-unsigned --json >"$W/envelope-killed.json" 2>"$W/run-killed.log" &  # $! is the runner itself
 victim=$!
 for _ in $(seq 1 100); do lock_held && break; sleep 0.2; done
 sleep 3
@@ -273,7 +279,7 @@ rc=$?
 set -e
 attempts="$(envelope_field "$W/envelope-rerun.json" 'len(d.get("attempts") or [])' 2>/dev/null || echo '?')"
 check "rerun after kill -9 finishes the job" "$([ "$rc" = 0 ] && echo PASS || echo FAIL)" "exit $rc, $attempts attempt(s)"
-check "lock freed after the rerun" "$(lock_held && echo FAIL || echo PASS)" "$(ls "$W/locks" 2>/dev/null | paste -sd' ' -)"
+check "lock freed after the rerun" "$(lock_held && echo FAIL || echo PASS)" "$(cat "$W"/locks/*.json 2>/dev/null | head -c 160)"
 
 grep -q $'\tFAIL\t' "$W/checks.tsv" && die "some checks failed (see the report)"
 exit 0

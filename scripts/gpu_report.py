@@ -57,11 +57,11 @@ def report(work: Path) -> str:
     status = _text(work / "status") or "unknown"
     gpus = envelope.get("gpus") or []
     values = {m["measurementId"]: m["value"] for m in envelope.get("measurements") or []}
+    rehearsal = " (rehearsal: no GPU, a stand-in driver)" if facts.get("rehearsal") else ""
     lines = [
         "# GPU end to end: the smoke contract through `runner run`",
         "",
-        f"- result: **{status}**" + (" (rehearsal: no GPU, a stand-in driver)"
-                                     if facts.get("rehearsal") else ""),  # fmt: skip
+        f"- result: **{status}**{rehearsal}",
         f"- when: {facts.get('date', '?')}, runner {facts.get('commit', '?')}",
         f"- machine: {facts.get('os', '?')}, kernel {facts.get('kernel', '?')}, "
         f"cgroup {facts.get('cgroup', '?')}, Python {facts.get('python', '?')}",
