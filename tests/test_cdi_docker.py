@@ -155,3 +155,32 @@ def test_a_spec_that_cannot_be_applied_starts_nothing(tmp_path: Path, image_id: 
     )
     assert loose.status == "succeeded", (loose.failure, loose.exitCode)
     assert loose.gpus == [] and loose.gpuFallback and "is not a device" in loose.gpuFallback
+
+
+@pytest.mark.docker
+def test_native_cdi_asks_the_engine_by_name(image_id: str) -> None:
+    """A cdi-native container asks for the device by CDI name (DeviceRequests, driver cdi);
+    this engine (20.10, no CDI) accepts it at create and cannot start it: gpu_unavailable.
+    An engine without CDI reports no CDI spec folders."""
+    from dataclasses import replace
+
+    from runner.backends.docker import DockerBackend
+    from runner.backends.types import DeviceEdits
+    from runner.errors import GpuUnavailable
+    from tests.support import docker
+    from tests.test_engine_api import _spec
+
+    backend = DockerBackend()
+    assert backend.cdi_native() is False
+    name = f"nvidia.com/gpu={TWO[0].uuid}"
+    spec = replace(_spec(image_id, ["true"]), devices=DeviceEdits("cdi-native", (name,)))
+    cid = backend.create(spec)
+    try:
+        host = json.loads(docker("inspect", cid).stdout)[0]["HostConfig"]
+        (request,) = host["DeviceRequests"]
+        assert (request["Driver"], request["DeviceIDs"]) == ("cdi", [name])
+        assert not host["Devices"]
+        with pytest.raises(GpuUnavailable, match="cdi"):
+            backend.start(cid)
+    finally:
+        backend.remove(cid)
