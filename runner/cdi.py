@@ -333,9 +333,12 @@ def inject(
     """How ``chosen`` reach the container on ``backend`` (see the module's docstring).
     ``make_spec``: the generator used when no spec describes them (the live host's by
     default)."""
+    native = backend.cdi_native()
+    if not native and backend.gpu_capable():  # no spec is read: none can stand in its way
+        return DeviceEdits("nvidia-runtime")
     specs = find(dirs)
     names = names_for(specs, chosen)
-    if names is not None and backend.cdi_native():
+    if names is not None and native:
         return DeviceEdits("cdi-native", cdi_devices=tuple(names))
     if backend.gpu_capable():
         return DeviceEdits("nvidia-runtime")

@@ -295,6 +295,11 @@ def test_how_a_gpu_reaches_the_container(tmp_path: Path) -> None:
     applied = cdi.inject(FakeBackend(), H200, [folder])
     assert applied.mode == "cdi-applied"
     assert [n.container_path for n in applied.nodes] == ["/dev/null"]
+    # The NVIDIA runtime's path reads no spec: a broken one does not stand in its way.
+    (folder / "broken.yaml").write_text("cdiVersion: [")
+    assert cdi.inject(FakeBackend(gpus=True), H200, [folder]).mode == "nvidia-runtime"
+    with pytest.raises(GpuUnavailable, match=r"broken\.yaml"):
+        cdi.inject(FakeBackend(), H200, [folder])
 
 
 def test_without_a_spec_one_is_generated_and_applied(tmp_path: Path) -> None:
