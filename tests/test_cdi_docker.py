@@ -180,7 +180,8 @@ def test_native_cdi_asks_the_engine_by_name(image_id: str) -> None:
         (request,) = host["DeviceRequests"]
         assert (request["Driver"], request["DeviceIDs"]) == ("cdi", [name])
         assert not host["Devices"]
-        with pytest.raises(GpuUnavailable, match="cdi"):
+        with pytest.raises(GpuUnavailable, match="cdi") as refused:
             backend.start(cid)
+        assert "CDI support" in (refused.value.hint or "")
     finally:
         backend.remove(cid)

@@ -465,10 +465,13 @@ class DockerBackend:
             # A device request the engine accepted at create but cannot honour: no NVIDIA
             # runtime or driver ("could not select device driver", nvidia-container-cli).
             if type(exc) is InfrastructureError and _GPU_START_ERROR.search(exc.message):
+                cdi = '"cdi"' in exc.message  # a CDI request to an engine without CDI
                 raise GpuUnavailable(
                     exc.message,
-                    hint="install the NVIDIA driver and container toolkit on this host, or run "
-                    "the job on a GPU host",
+                    hint="turn on the engine's CDI support (Docker 25+: the cdi feature)"
+                    if cdi
+                    else "install the NVIDIA driver and container toolkit on this host, or "
+                    "run the job on a GPU host",
                 ) from exc
             raise
 
