@@ -37,7 +37,8 @@ from runner import (
     records,
     staging,
 )
-from runner.backends.base import Backend, Backstop, ContainerState, DeviceEdits
+from runner.backends.base import Backend, ContainerState, DeviceEdits, Mount
+from runner.backends.types import EgressPlan
 from runner.container import Outcome, Progress, Watch
 from runner.contract import VerifiedContract
 from runner.envelope import Allocation, GpuRecord, ImageRecord
@@ -82,6 +83,8 @@ class Job:
     limit: float
     """The job's budget in seconds (the ledger's, never more than the plan's)."""
     progress: Progress
+    assets: tuple[Mount, ...] = ()
+    """The contract's assets, cached, as read-only mounts below /job/assets."""
 
 
 def run(job: Job, known: Known) -> AttemptResult:
@@ -247,7 +250,6 @@ def _new(job: Job, known: Known) -> AttemptResult:
     name = container.container_name(job.dir.root, p.job_id, n)
     with stage("image", known):
         _check_runtime(job)
-        eg = egress.prepare(job.backend, p.egress, name) if p.egress else None
         gpu_ids, given, fallback, devices = _allocate_gpus(job, name)
     known = replace(known, gpus=given, gpu_fallback=fallback or known.gpu_fallback)
     agent_limits = agent_run.limits(p.agent, st) if p.agent is not None else None
@@ -262,23 +264,32 @@ def _new(job: Job, known: Known) -> AttemptResult:
     argv = (
         p.agent.argv(*agent_run.left(p.agent, st)) if p.agent is not None else p.argv
     )  # an agent's: with what is left of its turns and budget
-    spec = container.spec(
-        p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None,
-        argv=argv, secrets=secrets, devices=devices,
-    )  # fmt: skip
-    ledger.append(
-        f"attempt-{n}.starting",
-        "attempt.starting",
-        {
-            "attempt": n,
-            "containerName": spec.name,
-            "engineDeadlineSeconds": deadline.after_seconds,
-            "image": got[1].model_dump(mode="json"),
-            "gpus": [g.model_dump(mode="json") for g in given],
-            **({"egress": eg.as_json()} if eg else {}),
-            **({"agentArgv": list(argv)} if p.agent is not None else {}),
-        },
-    )
+    with stage("container", known):
+        eg = _egress_lease(job, p.egress, name) if p.egress else None
+    try:
+        spec = container.spec(
+            p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None,
+            argv=argv, secrets=secrets, assets=job.assets, devices=devices,
+        )  # fmt: skip
+        if eg is not None:  # the slot is busy while the job's container exists
+            spec = replace(spec, labels={**spec.labels, **eg.job_labels()})
+        ledger.append(
+            f"attempt-{n}.starting",
+            "attempt.starting",
+            {
+                "attempt": n,
+                "containerName": spec.name,
+                "engineDeadlineSeconds": deadline.after_seconds,
+                "image": got[1].model_dump(mode="json"),
+                "gpus": [g.model_dump(mode="json") for g in given],
+                **({"egress": eg.as_json()} if eg else {}),
+                **({"agentArgv": list(argv)} if p.agent is not None else {}),
+            },
+        )
+    except BaseException:
+        if eg is not None:  # not recorded: nothing will end its lease but this
+            egress.release(eg)
+        raise
 
     def created(container_id: str) -> None:
         data = {"attempt": n, "containerId": container_id}
@@ -296,8 +307,6 @@ def _new(job: Job, known: Known) -> AttemptResult:
     with stage("container", known):
         w = _watch(job, n, consumed, 0.0, guards)
         try:
-            if eg is not None:
-                _egress_up(job, eg, spec.labels, deadline, n)
             outcome = container.run_attempt(
                 job.backend, spec, w, job.dir.attempt_record(n), progress, created
             )
@@ -329,18 +338,13 @@ def _new(job: Job, known: Known) -> AttemptResult:
     return AttemptResult(outcome, known, guards, n)
 
 
-def _egress_up(job: Job, eg: egress.Egress, labels: dict[str, str], job_deadline: Backstop,
-               n: int) -> None:  # fmt: skip
-    """Bring up attempt ``n``'s egress; a failure is the attempt's :class:`NotStarted`. Its
-    proxy and holder outlive the job's own engine deadline by a minute, then end by
-    themselves too."""
-    job.progress.stage("egress", f"proxy for {', '.join(map(str, eg.allow))} via "
-                       f"{eg.upstream_network}")  # fmt: skip
-    deadline = Backstop(job_deadline.after_seconds + 60, job_deadline.interval_seconds)
-    try:
-        egress.up(job.backend, eg, job.dir.attempt_record(n), labels=labels, deadline=deadline)
-    except (errors.RunnerError, KeyboardInterrupt) as exc:
-        raise container.NotStarted(exc) from exc
+def _egress_lease(job: Job, plan: EgressPlan, name: str) -> egress.Egress:
+    """Lease a slot of the state folder's egress pool for the attempt named ``name`` (making
+    one when none is free: the first attempt of a pool, or more at once than before)."""
+    job.progress.stage("egress", f"proxy for {', '.join(map(str, plan.allow))} via "
+                       f"{plan.upstream_network}")  # fmt: skip
+    opts = job.options
+    return egress.lease(job.backend, plan, name, opts.state_dir, labels=opts.labels)
 
 
 def _egress_down(job: Job, n: int) -> envelope.EgressRecord | None:
@@ -355,7 +359,7 @@ def egress_down(
     it, keeping the proxy's log in its record; None when it had none. Safe to repeat."""
     mine = next((a for a in ledger.state.attempts if a.number == n), None)
     started = mine.starting.get("egress") if mine is not None else None
-    if not started:
+    if not started or "slot" not in started:  # none, or an earlier runner's (the sweeper's)
         return None
     return egress.down(backend, egress.Egress.from_json(started), job.attempt_record(n), job.root)
 

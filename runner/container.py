@@ -11,7 +11,7 @@ import contextlib
 import hashlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,14 +92,16 @@ def spec(
     argv: tuple[str, ...] | None = None,
     secrets: dict[str, str] | None = None,
     devices: DeviceEdits | None = None,
+    assets: Sequence[Mount] = (),
 ) -> ContainerSpec:
     """The attempt's container. Without GPUs, NVIDIA_VISIBLE_DEVICES=void keeps a GPU-aware
     runtime from exposing devices even when the image asks for them. ``network``: another
     than the plan's (the egress allowlist's ``container:<holder>``). An agent's attempt has
     its own ``argv`` (its limits left) and the host's ``secrets`` in its environment only.
-    ``devices``: CDI devices; applied by the runner (``cdi-applied``), their mounts join the
-    job's (read-only) and their environment wins over the contract's, as under an engine
-    that applies CDI itself."""
+    ``assets``: the contract's assets, read-only, at /job/assets/<path>. ``devices``: CDI
+    devices; applied by the runner (``cdi-applied``), their mounts join the job's (read-only)
+    and their environment wins over the contract's, as under an engine that applies CDI
+    itself."""
     applied = devices if devices is not None and devices.mode == "cdi-applied" else None
     return ContainerSpec(
         backstop=deadline,
@@ -132,6 +134,7 @@ def spec(
             Mount(job.runtime_venv, "/job/runtime-venv", read_only=False),
             Mount(job.assets, "/job/assets", read_only=True),
             Mount(job.execution, "/job/execution", read_only=True),
+            *assets,  # read-only, each over its mount point in assets/ (the engine sorts them)
             *(Mount(Path(h), c, read_only=True) for h, c in (applied.mounts if applied else ())),
         ],
         limits=p.limits,

@@ -1,17 +1,29 @@
 """The egress allowlist: a job that reaches named ``host:port`` pairs through a proxy, and
-nothing else. A stage whose lifetime is one attempt's: :func:`up` before the job's container is
-created, :func:`down` after it is removed.
+nothing else.
 
-Per attempt, three engine resources, named after the attempt's container and carrying its
-labels (so that a rerun after a crash, and ``runner cleanup``, find them):
+Long on purpose: a slot's whole life (lease, make, free, reap) is one set of rules about one
+lock and the engine's view of the slot; split, each half would have to restate them.
 
-    <name>-net    an internal bridge network: the engine forwards nothing out of it
-    <name>-proxy  tinyproxy (the runner-proxy image) on <name>-net, reached as ``egress-proxy``,
-                  and on the policy's upstream network: the only way out
-    <name>-netns  the job's network namespace: on <name>-net with every route cut but the one
-                  to <name>-net, and the host's bridge address unreachable
+The network a job needs is leased, not built, per attempt: building it (an internal network,
+a proxy, a namespace holder) takes the engine about a second, and tearing it down half as
+long again, on every attempt. So each state folder keeps a small pool of *slots*, made on
+first need and reused, one attempt at a time:
 
-The job's container joins ``container:<name>-netns``. Docker 20.10 gives a container on an
+    <slot>-net    an internal bridge network: the engine forwards nothing out of it
+    <slot>-proxy  the runner's proxy (runner-proxy image) on <slot>-net, reached as
+                  ``egress-proxy``, and on the policy's upstream network: the only way out
+    <slot>-netns  the job's network namespace: on <slot>-net with every route cut but the one
+                  to <slot>-net, and the host's bridge address unreachable
+
+:func:`lease` takes a free slot (a lock file per slot under ``<state>/egress/``, held by the
+runner while the attempt runs, and no container of an earlier attempt still in it), makes one
+when none is free, and writes the attempt's rules (``<state>/egress/<slot>/rules.json``,
+mounted read-only into the proxy, read by it at each request). :func:`down` refuses
+everything again, keeps the attempt's lines of the proxy's log in its record and frees the
+slot. A slot idle for :data:`IDLE_SECONDS` is removed by the next runner of the state folder
+that ends an attempt, and ``runner cleanup`` removes every free slot at once.
+
+The job's container joins ``container:<slot>-netns``. Docker 20.10 gives a container on an
 internal network a default route through the host's bridge address, and its embedded DNS
 forwards names it does not know to the host's resolvers (from the host itself when those are
 on loopback): the holder removes the route, and its resolver is ``127.0.0.1`` in that
@@ -21,15 +33,22 @@ through only the allowed pairs, matched whole on what the job asked for: ``CONNE
 host:port`` (a TLS tunnel) and ``http://host:port/...`` (plain HTTP, forwarded). An IP
 literal, another port, another host, a user-info trick (``http://a:1@b/``) never match, and a
 refused name is never resolved; a redirect to another host is a new request, refused the
-same way.
+same way. A namespace that served one attempt serves the next: the job's processes end with
+its container, and without NET_ADMIN it changed nothing in the namespace.
 
-The proxy logs every request (tinyproxy's ``LogLevel Info``); :mod:`runner.proxylog` turns that
-log into connections, each allowed, refused or incomplete.
+The proxy logs every request as JSON lines naming the lease (the attempt) it was served
+under; :mod:`runner.proxylog` turns an attempt's lines into connections, each allowed,
+refused or incomplete.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.backends.base import Backend, Backstop, ContainerSpec, NetworkInfo
+from runner.backends.base import Backend, ContainerSpec, ContainerSummary, Mount, NetworkInfo
 from runner.backends.types import MIB, EgressPlan, HostPort, Limits
 from runner.envelope import EgressRecord
 from runner.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
@@ -45,71 +64,143 @@ from runner.proxylog import read_log
 
 ROLE = "org.runner.role"
 """Label naming what an egress resource is: egress-network, egress-proxy, egress-netns."""
+POOL = "org.runner.egress-pool"
+"""Label on a slot's resources, and on the job containers in it: the pool's id."""
+SLOT = "org.runner.egress-slot"
+"""Label on a slot's resources, and on the job container in it: the slot's name."""
+LOCK = "org.runner.egress-lock"
+"""Label on a slot's resources: its lock file (``runner cleanup`` frees only what is free)."""
 LOG_MAX_BYTES = 16 * MIB
-"""The proxy's log kept in the record: some 20,000 requests (a request logs 5 to 8 lines)."""
+"""An attempt's lines of the proxy's log kept in its record: some 50,000 requests."""
+PROXY_LOG_BYTES = 64 * MIB
+"""The engine's log of a slot's proxy (it serves many attempts)."""
 MAX_CONNECTIONS = 1000
 """Connections listed in the envelope; all are counted."""
 READY_SECONDS = 60.0
-_READY = {"proxy": b"Accepting connections", "netns": b"egress-netns: ready"}
-_START = "Initializing tinyproxy"
-"""tinyproxy's first line: a kept log without it lost its start."""
+IDLE_SECONDS = 600.0
+"""A slot unused this long is removed when an attempt of its pool ends."""
+MAX_SLOTS = 256
+"""Slots in one pool: attempts with egress running at once in one state folder."""
+_READY = {"proxy": b"egress-proxy: accepting connections", "netns": b"egress-netns: ready"}
+RULES = "rules.json"
+_CLOCK_SLACK = 1.0
+"""The engine's log times and the runner's clock are one host's; a second of slack."""
 
 PROXY_USER = "10002:10002"
 _BOX: dict[str, Any] = {"gpus": "none", "network": "none", "timeout_seconds": 1.0}
 PROXY_LIMITS = Limits(
-    cpus=1.0, memory_bytes=256 * MIB, memory_swap_bytes=256 * MIB, shm_bytes=MIB, pids=256,
+    cpus=2.0, memory_bytes=256 * MIB, memory_swap_bytes=256 * MIB, shm_bytes=MIB, pids=256,
     tmpfs_bytes=MIB, **_BOX,
 )  # fmt: skip
-"""tinyproxy runs a thread per connection (at most MaxClients, 100)."""
+"""The proxy runs two threads per connection (at most 100 connections at once); a tunnel at
+full speed keeps about a core busy with the kernel's copies."""
 HOLDER_LIMITS = Limits(
     cpus=0.1, memory_bytes=16 * MIB, memory_swap_bytes=16 * MIB, shm_bytes=MIB, pids=16,
     tmpfs_bytes=MIB, cap_add=("NET_ADMIN",), **_BOX,
 )  # fmt: skip
 """The holder runs as root with NET_ADMIN alone: it cuts the routes, then sleeps."""
 
+_held: dict[str, int] = {}
+"""The slot locks this process holds (slot -> open lock file), released by :func:`down`: an
+operating-system resource of this process, like its open files."""
+_held_lock = threading.Lock()
+
 
 @dataclass(frozen=True)
 class Egress:
-    """One attempt's egress, as set up (and as the ledger records it, :meth:`as_json`)."""
+    """One attempt's egress, as leased (and as the ledger records it, :meth:`as_json`)."""
 
-    network: str
-    proxy: str
-    holder: str
+    slot: str
+    lease: str
+    """The attempt's name in the proxy's rules and log lines."""
     allow: tuple[HostPort, ...]
     upstream_network: str
     proxy_image: str
     """The proxy image's id."""
+    pool: str
+    rules: str
+    """The rules file the proxy reads."""
+    since: float
+    """When it was leased (seconds since the epoch): its log lines are later."""
+
+    @property
+    def network(self) -> str:
+        return f"{self.slot}-net"
+
+    @property
+    def proxy(self) -> str:
+        return f"{self.slot}-proxy"
+
+    @property
+    def holder(self) -> str:
+        return f"{self.slot}-netns"
 
     @property
     def network_mode(self) -> str:
         """How the job's container joins it."""
         return f"container:{self.holder}"
 
+    def job_labels(self) -> dict[str, str]:
+        """Labels of the job's container: the slot is busy while it exists."""
+        return {POOL: self.pool, SLOT: self.slot}
+
     def as_json(self) -> dict[str, Any]:
         return {
+            "slot": self.slot,
+            "lease": self.lease,
             "network": self.network,
             "proxy": self.proxy,
             "holder": self.holder,
             "allow": [str(x) for x in self.allow],
             "upstreamNetwork": self.upstream_network,
             "proxyImage": self.proxy_image,
+            "pool": self.pool,
+            "rules": self.rules,
+            "since": self.since,
         }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> Egress:
         return Egress(
-            network=str(data["network"]),
-            proxy=str(data["proxy"]),
-            holder=str(data["holder"]),
+            slot=str(data["slot"]),
+            lease=str(data["lease"]),
             allow=tuple(HostPort.parse(x) for x in data["allow"]),
             upstream_network=str(data["upstreamNetwork"]),
             proxy_image=str(data["proxyImage"]),
+            pool=str(data["pool"]),
+            rules=str(data["rules"]),
+            since=float(data["since"]),
         )
 
 
-def prepare(backend: Backend, plan: EgressPlan, container_name: str) -> Egress:
-    """Name the attempt's egress after its container and pin the proxy image to its id;
-    nothing is created yet (the ledger records this before :func:`up`)."""
+def proxy_rules(allow: tuple[HostPort, ...], lease: str | None) -> str:
+    """The proxy's rules for ``allow`` (JSON): the pairs it lets through, compared whole on
+    what the job asked for; everything else is refused."""
+    return json.dumps({"lease": lease, "allow": [str(x) for x in allow]}, sort_keys=True)
+
+
+def pool_dir(state_dir: Path) -> Path:
+    return state_dir / "egress"
+
+
+def _pool_id(state_dir: Path, upstream: str, image_id: str) -> str:
+    key = f"{state_dir.resolve()}\0{upstream}\0{image_id}".encode()
+    return hashlib.sha256(key).hexdigest()[:12]
+
+
+def lease(
+    backend: Backend,
+    plan: EgressPlan,
+    attempt_name: str,
+    state_dir: Path,
+    *,
+    labels: dict[str, str] | None = None,
+    ready_seconds: float = READY_SECONDS,
+) -> Egress:
+    """A slot of the state folder's pool for the attempt named ``attempt_name``, its rules
+    written: a free one, else a new one (made and ready before this returns, carrying
+    ``labels`` too: the run's own). The slot's lock is held by this process until
+    :func:`down`."""
     info = backend.inspect_image(plan.proxy_image)
     if info is None:
         raise ImageUnavailable(
@@ -117,57 +208,118 @@ def prepare(backend: Backend, plan: EgressPlan, container_name: str) -> Egress:
             hint="build it (scripts/setup.sh builds runner-proxy:local), or name another in "
             "the host policy's egress.proxyImage",
         )
-    return Egress(
-        network=f"{container_name}-net",
-        proxy=f"{container_name}-proxy",
-        holder=f"{container_name}-netns",
-        allow=plan.allow,
-        upstream_network=plan.upstream_network,
-        proxy_image=info.id,
+    pool = _pool_id(state_dir, plan.upstream_network, info.id)
+    folder = pool_dir(state_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    found = backend.find({POOL: pool})
+    slots = _slots(found)
+    busy = {c.labels.get(SLOT) for c in found if c.labels.get(ROLE) is None}
+    names = [f"runner-egress-{pool}-{k:03d}" for k in range(1, MAX_SLOTS + 1)]
+    for slot in sorted(slots) + [n for n in names if n not in slots]:
+        if slot in busy:
+            continue
+        handle = _try_lock(folder / f"{slot}.lock")
+        if handle is None:
+            continue
+        try:
+            eg = Egress(
+                slot=slot,
+                lease=f"{attempt_name}.{secrets.token_hex(4)}",
+                allow=plan.allow,
+                upstream_network=plan.upstream_network,
+                proxy_image=info.id,
+                pool=pool,
+                rules=str(folder / slot / RULES),
+                since=time.time(),
+            )
+            if not _healthy(backend, eg, slots.get(slot, [])):
+                _make(backend, eg, folder, labels or {}, ready_seconds)
+            _write_rules(Path(eg.rules), proxy_rules(eg.allow, eg.lease))
+        except BaseException:
+            os.close(handle)
+            raise
+        with _held_lock:
+            _held[slot] = handle
+        return eg
+    raise InfrastructureError(
+        f"all {MAX_SLOTS} egress slots of this state folder are in use",
+        hint="wait for some jobs to end, or run `runner cleanup`",
     )
 
 
-def proxy_config(allow: tuple[HostPort, ...], clients: str) -> tuple[str, str]:
-    """tinyproxy's configuration and filter for ``allow``, serving only ``clients`` (the job's
-    network): default deny, the filter matched against what the job asked for (FilterURLs),
-    each pattern anchored at both ends, CONNECT only to the allowed ports."""
-    ports = sorted({x.port for x in allow})
-    config = "\n".join(
-        [
-            "# The runner's egress proxy: only these host:port pairs, nothing else.",
-            "Port 3128",
-            "Timeout 600",
-            "MaxClients 100",
-            "LogLevel Info",
-            f"Allow {clients}",
-            'Filter "/tmp/filter"',
-            "FilterURLs On",
-            "FilterType ere",
-            "FilterDefaultDeny Yes",
-            "FilterCaseSensitive No",
-            *(f"ConnectPort {p}" for p in ports),
-            "DisableViaHeader Yes",
-            "XTinyproxy No",
-        ]
-    )
-    patterns = []
-    for x in allow:
-        host = x.host.replace(".", r"\.")  # names hold only [a-z0-9.-]: "." is all to escape
-        port = f"(:{x.port})?" if x.port == 80 else f":{x.port}"
-        patterns += [f"^{host}:{x.port}$", f"^http://{host}{port}(/|$)"]
-    return config, "\n".join(patterns)
+def _slots(found: list[ContainerSummary]) -> dict[str, list[ContainerSummary]]:
+    """The pool's slots as the engine lists them: slot name -> its proxy and holder."""
+    slots: dict[str, list[ContainerSummary]] = {}
+    for c in found:
+        if c.labels.get(ROLE) in ("egress-proxy", "egress-netns") and SLOT in c.labels:
+            slots.setdefault(c.labels[SLOT], []).append(c)
+    return slots
+
+
+def _healthy(backend: Backend, eg: Egress, listed: list[ContainerSummary]) -> bool:
+    """Whether the slot's proxy and holder run, as listed and still now (the lock is ours:
+    nothing but ``runner cleanup`` of a moment ago can have removed them since)."""
+    if len(listed) != 2 or any(c.status != "running" for c in listed):
+        return False
+    try:
+        return all(backend.state(name).running for name in (eg.proxy, eg.holder))
+    except RunnerError:
+        return False
+
+
+def _try_lock(path: Path) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _write_rules(path: Path, text: str) -> None:
+    """Replace the rules at once (the proxy reads a whole file, old or new, never half)."""
+    tmp = path.with_name(f".{RULES}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(text + "\n")
+    tmp.chmod(0o644)
+    os.replace(tmp, path)
+
+
+def _labels(eg: Egress, folder: Path, role: str, extra: dict[str, str]) -> dict[str, str]:
+    lock = str(folder / f"{eg.slot}.lock")
+    return {**extra, POOL: eg.pool, SLOT: eg.slot, LOCK: lock, ROLE: role}
+
+
+def _make(
+    backend: Backend, eg: Egress, folder: Path, labels: dict[str, str], ready_seconds: float
+) -> None:
+    """Make the slot (what is left of it under its names goes first), and wait until both
+    containers say they are ready. On any failure what was made is removed again."""
+    rules_dir = folder / eg.slot
+    rules_dir.mkdir(mode=0o755, exist_ok=True)
+    rules_dir.chmod(0o755)
+    _write_rules(rules_dir / RULES, proxy_rules((), None))
+    _remove_all(backend, eg)
+    try:
+        net = backend.create_network(
+            eg.network, _labels(eg, folder, "egress-network", labels), internal=True
+        )
+        proxy, holder = _specs(eg, net, folder, labels)
+        ids = {"proxy": backend.create(proxy), "netns": backend.create(holder)}
+        _together([lambda: backend.start(ids["proxy"]), lambda: backend.start(ids["netns"])])
+        _wait_ready(backend, ids, rules_dir, ready_seconds)
+    except BaseException:
+        _remove_all(backend, eg)
+        raise
 
 
 def _specs(
-    eg: Egress, net: NetworkInfo, labels: dict[str, str], deadline: Backstop | None
+    eg: Egress, net: NetworkInfo, folder: Path, labels: dict[str, str]
 ) -> tuple[ContainerSpec, ContainerSpec]:
-    config, patterns = proxy_config(eg.allow, net.subnet)
     common: dict[str, Any] = {
         "image": eg.proxy_image,
         "command": [],
         "working_dir": "/",
-        "mounts": [],
-        "backstop": deadline,
         "network": eg.network,
     }
     proxy = ContainerSpec(
@@ -175,13 +327,14 @@ def _specs(
         entrypoint=["/usr/local/bin/egress-proxy"],
         user=PROXY_USER,
         environment={
-            "EGRESS_CONFIG": config,
-            "EGRESS_FILTER": patterns,
+            "EGRESS_RULES_FILE": f"/egress/{RULES}",
+            "EGRESS_CLIENTS": net.subnet,
             "NVIDIA_VISIBLE_DEVICES": "void",
         },
-        labels={**labels, ROLE: "egress-proxy"},
+        labels=_labels(eg, folder, "egress-proxy", labels),
+        mounts=[Mount(folder / eg.slot, "/egress", read_only=True)],
         limits=PROXY_LIMITS,
-        log_max_bytes=2 * LOG_MAX_BYTES,  # the engine's json-file log holds more than its text
+        log_max_bytes=PROXY_LOG_BYTES,
         aliases=(EgressPlan.PROXY_ALIAS,),
         extra_networks=(eg.upstream_network,),
         **common,
@@ -195,7 +348,8 @@ def _specs(
             "EGRESS_GATEWAY": net.gateway,
             "NVIDIA_VISIBLE_DEVICES": "void",
         },
-        labels={**labels, ROLE: "egress-netns"},
+        labels=_labels(eg, folder, "egress-netns", labels),
+        mounts=[],
         limits=HOLDER_LIMITS,
         dns=("127.0.0.1",),
         # The embedded DNS answers nothing when its resolver does not: fail in a second, not ten.
@@ -203,33 +357,6 @@ def _specs(
         **common,
     )
     return proxy, holder
-
-
-def up(
-    backend: Backend,
-    eg: Egress,
-    record_dir: Path,
-    *,
-    labels: dict[str, str],
-    deadline: Backstop | None = None,
-    ready_seconds: float = READY_SECONDS,
-) -> NetworkInfo:
-    """Make the attempt's network, proxy and namespace holder, and wait until both containers
-    say they are ready; any left under the same names (a runner that crashed) go first. On any
-    failure what was made is removed again and the error raised. ``deadline``: the engine ends
-    both by itself past it, should no runner come back."""
-    record_dir.mkdir(parents=True, exist_ok=True)
-    _remove_all(backend, eg)
-    try:
-        net = backend.create_network(eg.network, {**labels, ROLE: "egress-network"}, internal=True)
-        proxy, holder = _specs(eg, net, labels, deadline)
-        ids = {"proxy": backend.create(proxy), "netns": backend.create(holder)}
-        _together([lambda: backend.start(ids["proxy"]), lambda: backend.start(ids["netns"])])
-        _wait_ready(backend, ids, record_dir, ready_seconds)
-    except BaseException:
-        _remove_all(backend, eg)
-        raise
-    return net
 
 
 def _together(calls: list[Callable[[], None]]) -> None:
@@ -259,7 +386,7 @@ def _wait_ready(backend: Backend, ids: dict[str, str], record_dir: Path, seconds
     polls = 0
     while waiting:
         for role, cid in list(waiting.items()):
-            log = record_dir / f"egress-{role}.start.log"
+            log = record_dir / f".{role}.start.log"
             backend.save_logs(cid, log, 64 * 1024)
             if _READY[role] in log.read_bytes():
                 log.unlink()
@@ -281,50 +408,37 @@ def _wait_ready(backend: Backend, ids: dict[str, str], record_dir: Path, seconds
 
 
 def _remove_all(backend: Backend, eg: Egress) -> list[str]:
-    """Remove the holder and the proxy (at once), then the network; the problems met."""
-    problems: list[str] = []
-
-    def remove(name: str) -> Callable[[], None]:
-        def call() -> None:
-            try:
-                backend.remove(name)
-            except RunnerError as exc:
-                problems.append(str(exc))
-
-        return call
-
-    _together([remove(eg.holder), remove(eg.proxy)])
-    try:
-        backend.remove_network(eg.network)
-    except RunnerError as exc:
-        problems.append(str(exc))
-    return problems
+    return _remove_slot(backend, eg.slot)
 
 
 def down(backend: Backend, eg: Egress, record_dir: Path, job_root: Path) -> EgressRecord:
-    """Keep the proxy's log as ``egress.log`` in the attempt's record (at most
-    :data:`LOG_MAX_BYTES`), remove the holder, the proxy and the network, and read the log:
-    the attempt's egress record, also written as ``egress.json``. Safe to call again (a
-    second call finds nothing to remove and returns the record the first wrote); never raises
-    the engine's errors, which it lists in ``problems`` (``runner cleanup`` removes what
-    stays)."""
+    """End the attempt's lease: its slot refuses everything again, the attempt's lines of the
+    proxy's log are kept as ``egress.log`` in its record (at most :data:`LOG_MAX_BYTES`) and
+    read into its egress record, also written as ``egress.json``, and the slot is free for the
+    next attempt. Safe to call again, and from another process than the one that leased it (a
+    rerun after a crash): it returns the record the first call wrote. Never raises the
+    engine's errors, which it lists in ``problems``."""
     record_dir.mkdir(parents=True, exist_ok=True)
     log, kept = record_dir / "egress.log", record_dir / "egress.json"
     problems: list[str] = []
-    saved: int | None = None
-    try:
-        saved = backend.save_logs(eg.proxy, log, LOG_MAX_BYTES)
-    except ContainerVanished:
-        pass  # taken down already, or never made
-    except RunnerError as exc:
-        problems.append(f"the proxy's log could not be read: {exc}")
-    problems += _remove_all(backend, eg)
-    if saved is None and kept.exists():
+    _deny(eg)
+    if kept.exists():
         with contextlib.suppress(OSError, ValueError):
             before = EgressRecord.model_validate_json(kept.read_bytes())
-            return before.model_copy(update={"problems": [*before.problems, *problems]})
-    text = log.read_text(errors="replace") if log.exists() else ""
-    connections = read_log(text)
+            _release(eg)
+            return before
+    raw = record_dir / ".egress.engine.log"
+    saved: int | None = None
+    try:
+        saved = backend.save_logs(eg.proxy, raw, 4 * LOG_MAX_BYTES, since=eg.since - _CLOCK_SLACK)
+    except ContainerVanished:
+        problems.append("the proxy was gone: its log is lost")
+    except RunnerError as exc:
+        problems.append(f"the proxy's log could not be read: {exc}")
+    text = _mine(raw, eg.lease) if saved is not None else ""
+    raw.unlink(missing_ok=True)
+    log.write_text(text)
+    connections = read_log(text, eg.lease)
     record = EgressRecord(
         allow=[str(x) for x in eg.allow],
         upstreamNetwork=eg.upstream_network,
@@ -336,9 +450,118 @@ def down(backend: Backend, eg: Egress, record_dir: Path, job_root: Path) -> Egre
         connections=connections[:MAX_CONNECTIONS],
         connectionsDropped=max(len(connections) - MAX_CONNECTIONS, 0),
         log=str(log.relative_to(job_root)),
-        # Cut at the cap, or its start lost to the engine's log rotation.
-        logTruncated=bool(text) and (len(text) >= LOG_MAX_BYTES or _START not in text[:4096]),
+        logTruncated=len(text) >= LOG_MAX_BYTES or (saved or 0) >= 4 * LOG_MAX_BYTES,
         problems=problems,
     )
     kept.write_text(record.model_dump_json(indent=2) + "\n")
+    _release(eg)
+    with contextlib.suppress(RunnerError, OSError):  # long-idle slots of the state folder's
+        reap(backend, folder=Path(eg.rules).parent.parent)  # pools (an older proxy image's too)
     return record
+
+
+def _mine(raw: Path, lease: str) -> str:
+    """The lines of ``lease`` in the engine's log of the proxy, at most LOG_MAX_BYTES."""
+    needle = json.dumps(lease)
+    out: list[str] = []
+    size = 0
+    with raw.open(errors="replace") as f:
+        for line in f:
+            if needle not in line:
+                continue
+            size += len(line)
+            if size > LOG_MAX_BYTES:
+                break
+            out.append(line)
+    return "".join(out)
+
+
+def release(eg: Egress) -> None:
+    """End a lease that served no container (the attempt never got as far): the slot refuses
+    everything again and is free."""
+    _deny(eg)
+    _release(eg)
+
+
+def _deny(eg: Egress) -> None:
+    """Refuse everything again, unless the slot serves another lease already."""
+    with contextlib.suppress(OSError, ValueError):
+        if json.loads(Path(eg.rules).read_text()).get("lease") == eg.lease:
+            _write_rules(Path(eg.rules), proxy_rules((), None))
+
+
+def _release(eg: Egress) -> None:
+    """Free the slot's lock if this process holds it, and mark when it was last used."""
+    with _held_lock:
+        handle = _held.pop(eg.slot, None)
+    lock = Path(eg.rules).parent.parent / f"{eg.slot}.lock"
+    with contextlib.suppress(OSError):
+        os.utime(lock)
+    if handle is not None:
+        os.close(handle)
+
+
+def reap(
+    backend: Backend,
+    *,
+    folder: Path | None = None,
+    pool: str | None = None,
+    idle_seconds: float = IDLE_SECONDS,
+    dry_run: bool = False,
+    labels: dict[str, str] | None = None,
+) -> list[str]:
+    """Remove the free slots (of ``pool`` and with their locks in ``folder``, when given)
+    idle ``idle_seconds`` or longer; the slots removed (with ``dry_run``, that would be). A
+    slot is free when no runner holds its lock and no job container is in it. ``labels``:
+    only slots carrying these too."""
+    if pool:
+        found = backend.find({POOL: pool})
+    else:  # every pool, with each pool's job containers
+        pools = {c.labels.get(POOL) for c in backend.find({**(labels or {}), ROLE: "egress-proxy"})}
+        found = [c for p in sorted(x for x in pools if x) for c in backend.find({POOL: p})]
+    busy = {c.labels.get(SLOT) for c in found if c.labels.get(ROLE) is None}
+    gone: list[str] = []
+    for slot, mine in sorted(_slots(found).items()):
+        lock = Path(mine[0].labels.get(LOCK, "/nonexistent/x.lock"))
+        if slot in busy or (folder is not None and lock.parent != folder):
+            continue
+        try:
+            if time.time() - lock.stat().st_mtime < idle_seconds:
+                continue
+            handle = _try_lock(lock)
+        except OSError:  # its state folder is gone: nothing can lease it again
+            handle = None if lock.parent.exists() else -1
+        if handle is None:
+            continue
+        try:
+            if not dry_run:
+                _remove_slot(backend, slot)
+                (lock.parent / slot / RULES).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    (lock.parent / slot).rmdir()
+            gone.append(slot)
+        finally:
+            if handle >= 0:
+                os.close(handle)
+    return gone
+
+
+def _remove_slot(backend: Backend, slot: str) -> list[str]:
+    """Remove the slot's holder and proxy (at once), then its network; the problems met."""
+    problems: list[str] = []
+
+    def remove(name: str) -> Callable[[], None]:
+        def call() -> None:
+            try:
+                backend.remove(name)
+            except RunnerError as exc:
+                problems.append(str(exc))
+
+        return call
+
+    _together([remove(f"{slot}-netns"), remove(f"{slot}-proxy")])
+    try:
+        backend.remove_network(f"{slot}-net")
+    except RunnerError as exc:
+        problems.append(str(exc))
+    return problems

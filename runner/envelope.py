@@ -392,7 +392,7 @@ class InputRecord(_Model):
 class Material(_Model):
     """Something the result was made from, as an in-toto ResourceDescriptor."""
 
-    name: str = Field(description="contract:<name>, input/<path> or image:<reference>.")
+    name: str = Field(description="contract:<name>, input/<path>, image:<reference> or asset:<id>.")
     digest: dict[str, str] = Field(description="{'sha256': hex}.")
     annotations: dict[str, str] = Field(default_factory=dict)
 
@@ -431,6 +431,21 @@ def materials(
                 annotations={**notes, "digestOf": "image id (config digest)"},
             )
         )
+        # With an image, the run got past staging: its assets were verified and mounted.
+        for a in contract.model.fetched_assets if contract is not None else []:
+            out.append(
+                Material(
+                    name=f"asset:{a.id}",
+                    digest={"sha256": a.sha256.removeprefix("sha256:")},
+                    annotations={
+                        "path": f"/job/assets/{a.path}",
+                        "digestOf": "sha256 of the asset's bytes (the archive's, when unpacked "
+                        f"as {a.unpack})"
+                        if a.unpack
+                        else "sha256 of the asset's bytes",
+                    },
+                )
+            )
     return out
 
 
@@ -559,8 +574,9 @@ class ResultEnvelope(_Model):
     jobDir: str | None = Field(default=None, description="Host folder holding the job's files.")
     materials: list[Material] = Field(
         default_factory=list,
-        description="What the result was made from, by digest: the contract, every input and "
-        "the image (in-toto ResourceDescriptors; the signed statement carries them).",
+        description="What the result was made from, by digest: the contract, every input, "
+        "the image and every asset mounted (in-toto ResourceDescriptors; the signed statement "
+        "carries them).",
     )
     research: dict[str, Any] | None = Field(
         default=None,

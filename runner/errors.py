@@ -14,6 +14,7 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   ├── ProtocolAmbiguous        protocol_ambiguous: no command, or a required fragment missing
     │   ├── ImageDigestMismatch      image_digest_mismatch: the local image is not the pinned one
     │   ├── InputDigestMismatch      input_digest_mismatch: a staged input is not the one bound
+    │   ├── AssetDigestMismatch      asset_digest_mismatch: an asset's bytes are not the ones bound
     │   ├── JobAlreadyFinished       the job id already ran to an end on this host
     │   └── BundleInvalid            bundle_invalid: a bundle that cannot be made, or that does
     │                                not verify (runner export, runner verify-bundle)
@@ -21,6 +22,7 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     ├── ResourceExhausted            resource_exhausted: the budget or an agent's is spent (exit 1)
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
     ├── GpuUnavailable               gpu_unavailable: no GPU to give, and no CPU fallback  (exit 4)
+    ├── AssetUnavailable             asset_unavailable: an asset neither cached nor fetched (exit 4)
     ├── InfrastructureError          infrastructure: the runner or the engine failed      (exit 4)
     │   ├── JobBusy                  another runner holds this job id right now (retry later)
     │   ├── HostConfigError          the host's policy file or trusted keys are broken
@@ -81,8 +83,10 @@ class Category(StrEnum):
     PROTOCOL_AMBIGUOUS = "protocol_ambiguous"
     IMAGE_DIGEST_MISMATCH = "image_digest_mismatch"
     INPUT_DIGEST_MISMATCH = "input_digest_mismatch"
+    ASSET_DIGEST_MISMATCH = "asset_digest_mismatch"
     IMAGE_UNAVAILABLE = "image_unavailable"
     GPU_UNAVAILABLE = "gpu_unavailable"
+    ASSET_UNAVAILABLE = "asset_unavailable"
     INFRASTRUCTURE = "infrastructure"
     NONZERO_EXIT = "nonzero_exit"
     OOM = "oom"
@@ -144,10 +148,18 @@ _TABLE: dict[Category, _Row] = {
         "a staged input (paper, repository) is not the one the contract binds: its digest "
         "differs (the reason names the first differing path), or the repository is not the "
         "commit the contract names"),
+    Category.ASSET_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
+        "an asset's bytes (from a source, or unpacked) are not the ones the contract binds: "
+        "its SHA-256 or size differs (the reason names the asset and both digests); nothing "
+        "of it is cached or mounted"),
     Category.IMAGE_UNAVAILABLE: _Row(_F.INFRASTRUCTURE, False, True,
         "the pinned image is not here and could not be pulled or loaded"),
     Category.GPU_UNAVAILABLE: _Row(_F.INFRASTRUCTURE, False, True,
         "no GPU to give (none, too few, busy, no driver) and no CPU fallback allowed"),
+    Category.ASSET_UNAVAILABLE: _Row(_F.INFRASTRUCTURE, False, True,
+        "an asset is not in this host's cache and could not be fetched: fetchOnRun off, no "
+        "source the policy allows, a 4xx answer, retries spent, an unsafe archive, or the "
+        "cache's size limit"),
     Category.INFRASTRUCTURE: _Row(_F.INFRASTRUCTURE, False, True,
         "the runner, the engine or the host's configuration failed, or the container "
         "vanished"),
@@ -253,6 +265,12 @@ class InputDigestMismatch(RefusedError):
     category = Category.INPUT_DIGEST_MISMATCH
 
 
+class AssetDigestMismatch(RefusedError):
+    """An asset's bytes are not the ones its contract binds (SHA-256 or size)."""
+
+    category = Category.ASSET_DIGEST_MISMATCH
+
+
 class JobAlreadyFinished(RefusedError):
     """The job id already has a result envelope on this host; running it again needs intent."""
 
@@ -288,6 +306,13 @@ class ImageUnavailable(RunnerError):
     """The pinned image is not here and could not be pulled or loaded."""
 
     category = Category.IMAGE_UNAVAILABLE
+
+
+class AssetUnavailable(RunnerError):
+    """An asset is not in this host's cache and could not be fetched (or unpacked safely)."""
+
+    category = Category.ASSET_UNAVAILABLE
+    retryable = True
 
 
 class InfrastructureError(RunnerError):

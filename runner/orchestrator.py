@@ -26,6 +26,7 @@ from typing import Any
 from runner import (
     agent_result,
     agent_run,
+    assets,
     attempt,
     attest,
     errors,
@@ -37,7 +38,7 @@ from runner import (
     safefs,
     staging,
 )
-from runner.backends.base import Backend
+from runner.backends.base import Backend, Mount
 from runner.container import Progress
 from runner.contract import VerifiedContract, load_contract
 from runner.envelope import (
@@ -183,7 +184,9 @@ def _locked(
         if ledger.state.finished is not None:
             _rerun(ledger, contract)
         _archive_envelope(job)
-    got = attempt.run(attempt.Job(contract, p, job, backend, opts, ledger, limit, progress), known)
+        mounts = _assets(contract, job, opts, progress)
+    aj = attempt.Job(contract, p, job, backend, opts, ledger, limit, progress, mounts)
+    got = attempt.run(aj, known)
     known = replace(got.known, outcome=got.outcome)
     if known.gpu_fallback:
         known = replace(known, warnings=(*known.warnings, f"ran on CPU only: {known.gpu_fallback}"))
@@ -212,6 +215,19 @@ def _locked(
                 {"status": envelope.status, "envelopeSha256": f"sha256:{digest}"},
             )
     return envelope
+
+
+def _assets(
+    contract: VerifiedContract, job: staging.JobDir, opts: RunOptions, progress: Progress
+) -> tuple[Mount, ...]:
+    """The contract's assets from the cache (fetched first where the policy allows)."""
+
+    def fetched(got: assets.Fetched) -> None:
+        how = "cached" if got.cached else f"fetched {got.downloaded:,} bytes"
+        progress.stage("assets", f"{got.id} {got.sha256[:19]}… ({how})")
+
+    cache, grant = assets.AssetCache.of_state(opts.state.root), opts.policy.policy.assets
+    return tuple(assets.stage(job, contract, cache, grant, on_fetched=fetched))
 
 
 def _admit(

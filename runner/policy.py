@@ -70,6 +70,51 @@ class EgressGrant(BaseModel):
     )
 
 
+class AssetGrant(BaseModel):
+    """Where this host fetches contracts' assets from, and how much its cache may hold."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    allowHosts: list[Annotated[str, Field(min_length=1, max_length=259)]] = Field(
+        default_factory=list,
+        description="Hosts an asset's http(s) sources may be fetched from: 'name' (any port), "
+        "'name:port', or '*' for any (any case; redirects are checked too). Empty: only "
+        "sources that are files beside the contract.",
+    )
+    cacheMaxBytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Most the asset cache may hold (downloads and unpacked trees); a fetch "
+        "that would pass it is refused (`runner cache prune` makes room). Null: no limit.",
+    )
+    fetchOnRun: bool = Field(
+        default=False,
+        description="Let `runner run` fetch an asset missing from the cache (from an allowed "
+        "host). Off: the run is refused, naming the asset and `runner fetch`.",
+    )
+    maxUnpackedBytes: int = Field(
+        default=64 * 1024**3, ge=0, description="Most one archive may unpack to (zip bombs)."
+    )
+    maxUnpackedFiles: int = Field(
+        default=1_000_000, ge=1, description="Most files and folders one archive may hold."
+    )
+    retries: int = Field(
+        default=5, ge=0, le=100, description="Retries of a source on 5xx, timeouts, resets."
+    )
+
+    def allows(self, host: str, port: int) -> bool:
+        """Whether a source on ``host``:``port`` may be fetched from."""
+        host = host.lower().rstrip(".")
+        for entry in self.allowHosts:
+            entry = entry.lower()
+            if entry == "*" or entry == host:
+                return True
+            name, _, want = entry.rpartition(":")
+            if name and want.isdigit() and name.strip("[]") == host and int(want) == port:
+                return True
+        return False
+
+
 class HostPolicy(BaseModel):
     """What this host allows. The defaults are the safe ones."""
 
@@ -166,6 +211,11 @@ class HostPolicy(BaseModel):
         description="Which contracts must bind each input they name (paper.path, "
         "repository.path) with a digest (paper.digest, repository.digest): always, signed "
         "contracts only, or never. A contract the rule applies to without one is refused.",
+    )
+    assets: AssetGrant = Field(
+        default_factory=AssetGrant,
+        description="Contracts' assets: the hosts they may be fetched from, the cache's size "
+        "limit, and whether `runner run` fetches what is missing (README, 'Assets').",
     )
     registryRetrySeconds: float = Field(
         default=120, gt=0, description="How long transient registry failures are retried."

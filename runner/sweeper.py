@@ -2,9 +2,9 @@
 
 A container is removed when no runner holds its job's lock and the job's ledger says its
 attempt has finished (or the job has). One whose ledger says it is still running is listed and
-left alone: `runner run` on that job reattaches to it. The egress allowlist's proxy and
-namespace holder are containers of their attempt like the job's own, and its network is
-removed by the same rule, after them.
+left alone: `runner run` on that job reattaches to it. The egress allowlist's slots (network,
+proxy, namespace holder; see :mod:`runner.egress`) outlive attempts on purpose: each free one
+(no runner holds its lock, no job container is in it) is removed, however recently used.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import fcntl
 from pathlib import Path
 from typing import Any
 
-from runner import ledger
+from runner import egress, ledger
 from runner.backends.base import Backend
 from runner.errors import RunnerError
 from runner.staging import JobDir
@@ -77,4 +77,7 @@ def sweep(backend: Backend | None = None, *, dry_run: bool = False) -> dict[str,
             except RunnerError as exc:  # a container not ours is still on it
                 remove, item["why"] = False, f"it could not be removed: {exc.message}"
         (removed if remove else kept).append(item)
+    for slot in egress.reap(backend, idle_seconds=0.0, dry_run=dry_run):
+        why = "a free egress slot (its network, proxy and holder)"
+        removed.append({"id": slot, "name": slot, "status": "egress slot", "why": why})
     return {"removed": removed, "kept": kept, "dryRun": dry_run}

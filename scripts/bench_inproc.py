@@ -4,6 +4,8 @@ peak RSS is its own.
 
     bench_inproc.py stage CONTRACT JOB_DIR   time runner.staging.stage_inputs
     bench_inproc.py parse LOG PATTERN         time regex.scalar (occurrence last) on LOG
+    bench_inproc.py fetch CONTRACT STATE_DIR  time runner.assets.fetch of the contract's first
+                                              asset (from a loopback server) into a new cache
 
 Prints one JSON object: the seconds of the call alone (imports excluded), the process's peak
 RSS (``ru_maxrss``) and its RSS just before the call.
@@ -73,12 +75,37 @@ def parse(log: Path, pattern: str) -> dict[str, Any]:
     }
 
 
+def fetch(contract_path: Path, state: Path) -> dict[str, Any]:
+    import requests  # noqa: F401 - imported by the fetch; kept out of the timing
+    import tenacity  # noqa: F401
+
+    from runner.assets import AssetCache, fetch
+    from runner.contract import load_contract
+    from runner.policy import AssetGrant
+
+    contract = load_contract(contract_path)
+    asset = contract.model.fetched_assets[0]
+    grant = AssetGrant(allowHosts=["127.0.0.1"])
+    before = _rss_now()
+    t0 = time.perf_counter()
+    got = fetch(asset, contract.base_dir, AssetCache.of_state(state), grant)
+    seconds = time.perf_counter() - t0
+    return {
+        "seconds": seconds,
+        "bytes": got.downloaded,
+        "rssBeforeBytes": before,
+        "peakRssBytes": _peak_rss(),
+    }
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in {"stage", "parse"}:
+    if len(argv) != 3 or argv[0] not in {"stage", "parse", "fetch"}:
         print(__doc__, file=sys.stderr)
         return 2
     if argv[0] == "stage":
         out = stage(Path(argv[1]), Path(argv[2]))
+    elif argv[0] == "fetch":
+        out = fetch(Path(argv[1]), Path(argv[2]))
     else:
         out = parse(Path(argv[1]), argv[2])
     print(json.dumps(out))

@@ -11,8 +11,9 @@
 #   5. docker-registry (Debian's), which the image tests run on 127.0.0.1, and htpasswd
 #      (apache2-utils) for the one that requires basic auth,
 #   6. gVisor's runsc (Debian's), registered with the engine as the runtime "runsc",
-#   7. the egress proxy image runner-proxy:local, built with no network from Debian's
-#      tinyproxy-bin and busybox-static (downloaded on the host with apt-get download).
+#   7. the egress proxy image runner-proxy:local, built with no network: the runner's proxy
+#      (Python, on the base's python3) and Debian's busybox-static (downloaded on the host with
+#      apt-get download).
 # Safe to run many times; reruns are fast (stamp file, existing images, layer cache).
 #
 # Environment:
@@ -217,12 +218,12 @@ build_job_image() {
   build_quietly "$JOB_TAG" "$ROOT/images/cpu"
 }
 
-# The egress proxy's image: Debian's tinyproxy-bin and busybox-static, fetched on the host (the
+# The egress proxy's image: Debian's busybox-static (the holder's `ip`), fetched on the host (the
 # build itself has no network) into the git-ignored images/proxy/debs/, then built like the job
 # image. A package already there is kept; delete debs/ to take a newer one.
 ensure_proxy_debs() {
   local pkg missing=()
-  for pkg in tinyproxy-bin busybox-static; do
+  for pkg in busybox-static; do
     compgen -G "$PROXY_DEBS/${pkg}_*.deb" >/dev/null || missing+=("$pkg")
   done
   if [ "${#missing[@]}" -eq 0 ]; then

@@ -67,6 +67,11 @@ def _no_containers_left() -> Iterator[None]:
     yield
     if shutil.which("docker") is None:
         return
+    from runner import backends, egress
+
+    # The egress slots the session's jobs leased outlive them by design (runner.egress); free
+    # ones go as `runner cleanup` removes them. One still busy stays, and fails the check.
+    egress.reap(backends.default(), idle_seconds=0.0, labels={SESSION_LABEL: SESSION_ID})
     left = docker("ps", "-aq", "--filter", f"label={SESSION_LABEL}={SESSION_ID}").stdout.split()
     if left:
         docker("rm", "-f", *left)

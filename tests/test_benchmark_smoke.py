@@ -40,6 +40,7 @@ def test_benchmark_smoke_runs(image_id: str, tmp_path: Path) -> None:
         "regex.scalar",
         "toy jobs at once",
         "egress allowlist",
+        "asset from a loopback server",
     ):
         assert figure in proc.stdout + proc.stderr, figure
     assert sorted((ROOT / "benchmarks").glob("*")) == before

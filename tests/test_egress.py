@@ -1,11 +1,12 @@
 """The egress allowlist: a job reaches the host:port pairs its contract asks for and its host
 policy grants, through the runner's proxy, and nothing else; every request is recorded.
 
-The first part needs no engine: pairs, policy and plan, the proxy's configuration, its log
-read back (from a real tinyproxy log), and the stage's life (up, down, a crashed runner, the
-sweeper) against the in-memory fake. The second runs real jobs against an "outside" the test
-makes itself (tests/support/egress.py): an internal network with HTTP test hosts on it, named
-in the host policy as the proxy's upstream. No test traffic goes anywhere else.
+The first part needs no engine: pairs, policy and plan, the proxy's rules, and the stage's
+life (up, down, a crashed runner, the sweeper) against the in-memory fake (the proxy program
+itself, and its log read back, are tested in tests/test_egress_proxy.py). The second runs
+real jobs against an "outside" the test makes itself (tests/support/egress.py): an internal
+network with HTTP test hosts on it, named in the host policy as the proxy's upstream. No test
+traffic goes anywhere else.
 """
 
 from __future__ import annotations
@@ -14,22 +15,21 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runner import egress, orchestrator, plan, policy, sweeper
-from runner.backends.base import ContainerSpec
+from runner.backends.base import ContainerSpec, Mount
 from runner.backends.fake import FakeBackend, FakeJob
 from runner.backends.types import EgressPlan, HostPort
 from runner.contract import Trust, load_contract, with_digest
 from runner.errors import ContractError, InfrastructureError, PolicyViolation
 from runner.ledger import read_state
-from runner.proxylog import read_log
 from tests.support import (
     SESSION_ID,
     SESSION_LABEL,
@@ -42,9 +42,22 @@ from tests.support import (
 )
 from tests.support.egress import Outside, left_behind, outside
 
-FIXTURE = Path(__file__).parent / "fixtures" / "egress" / "tinyproxy.log"
-"""A real tinyproxy 1.11.1 log (Debian's tinyproxy-bin, the runner's configuration) as the
-engine keeps it, of a client trying CONNECT and plain requests, allowed and not."""
+
+def _proxy_log(lease: str | None = None) -> bytes:
+    """The proxy's log as the engine keeps it (its time first), of a client asking for five
+    pairs: two allowed (one connected, one unreachable), two refused, one abandoned."""
+    lines = []
+    for i, (target, outcome) in enumerate(
+        [("api.example:443", "connected"), ("api.example:443", "unreachable"),
+         ("other.example:443", "refused"), ("api.example:80", "refused"), ("x:1", None)]
+    ):  # fmt: skip
+        common = {"id": i, "lease": lease, "at": "2026-12-01T00:00:00Z"}
+        lines.append({**common, "event": "request", "method": "CONNECT", "target": target})
+        if outcome is not None:
+            lines.append({**common, "event": outcome, "detail": "not on the allowlist"})
+    return "".join(f"2026-12-01T00:00:00.1Z {json.dumps(x)}\n" for x in lines).encode()
+
+
 INF = float("inf")
 
 
@@ -155,99 +168,21 @@ def _now() -> Any:
     return datetime.now(UTC)
 
 
-# ------------------------------------------------------------------ the proxy's configuration
+# ------------------------------------------------------------------ the proxy's rules
 
 
-def test_the_proxy_refuses_by_default_and_matches_whole_names() -> None:
-    config, patterns = egress.proxy_config(
-        (HostPort("api.example", 443), HostPort("files.example", 80)), "172.30.0.0/16"
-    )
-    lines = config.splitlines()
-    for line in ("FilterDefaultDeny Yes", "FilterURLs On", "FilterType ere",
-                 "Allow 172.30.0.0/16", "ConnectPort 80", "ConnectPort 443"):  # fmt: skip
-        assert line in lines
-    assert len([x for x in lines if x.startswith("ConnectPort")]) == 2
-    assert patterns.splitlines() == [
-        r"^api\.example:443$",
-        r"^http://api\.example:443(/|$)",
-        r"^files\.example:80$",
-        r"^http://files\.example(:80)?(/|$)",
-    ]
-
-
-# ------------------------------------------------------------------ the proxy's log, read
-
-
-def test_a_real_tinyproxy_log_read_back() -> None:
-    """Every request of the captured log, with its outcome: allowed (connected), refused by
-    the filter (another host, a path after the port, a user-info trick, a transparent request
-    to another host), by the CONNECT port, as a bad request, and one the client abandoned."""
-    got = [(c.method, c.target[:48], c.host and c.host[:20], c.port, c.decision, c.detail)
-           for c in read_log(FIXTURE.read_text())]  # fmt: skip
-    a, o = "allowed.test", "other.test"
-    assert got == [
-        ("CONNECT", f"{a}:8000", a, 8000, "allowed", "connected"),
-        ("CONNECT", f"{o}:8000", o, 8000, "refused", "not on the allowlist"),
-        ("CONNECT", f"{a}:9000", a, 9000, "refused", "port not allowed"),
-        ("CONNECT", f"{a}:8000/x", a, 8000, "refused", "not on the allowlist"),
-        ("CONNECT", "ALLOWED.test:8000", "ALLOWED.test", 8000, "allowed", "connected"),
-        ("GET", f"http://{a}:8000/", a, 8000, "allowed", "connected"),
-        ("GET", f"http://{o}:8000/", o, 8000, "refused", "not on the allowlist"),
-        ("GET", f"http://{a}:8000@{o}:8000/", o, 8000, "refused", "not on the allowlist"),
-        ("GET", f"http://{a}:8000", a, 8000, "allowed", "connected"),
-        ("GET", "/", a, 8000, "allowed", "connected"),
-        ("GET", "/", o, 8000, "refused", "not on the allowlist"),
-        ("GARBAGE", "GARBAGE", None, None, "refused", "bad request"),
-        ("GET", "https://allowed.test:8000/", "x:80https", 80, "refused", "not on the allowlist"),
-        ("GET", "http://" + "a" * 41, "a" * 20, 80, "refused", "not on the allowlist"),
-        ("CONNECT", f"{o}:8000", o, 8000, "incomplete", "no outcome"),
-    ]
-    assert all(c.at and c.at.endswith("Z") for c in read_log(FIXTURE.read_text()))
-
-
-def _line(msg: str) -> str:
-    return f"INFO      Dec 01 04:09:30.478 [8]: {msg}"
-
-
-def test_interleaved_requests_are_told_apart() -> None:
-    """Two requests to one host:port on their own threads: the allowed one's onward
-    connection is logged before the other's refusal; refusals are placed first, so the
-    refused one is never counted as allowed. An unreachable host is still an allowed one. A
-    carriage return in a request forges no line."""
-    forged = "\r" + _line("opensock: opening connection to evil.example:80")
-    url = "http://evil.example/" + forged.split(" ")[0]  # tinyproxy's URL ends at a space
-    text = "\n".join(
-        _line(m)
-        for m in [
-            "Request (file descriptor 5): GET http://user@api.example:443/ HTTP/1.1",
-            "Request (file descriptor 6): CONNECT api.example:443 HTTP/1.1",
-            "opensock: opening connection to api.example:443",
-            'Proxying refused on filtered url "http://user@api.example:443/"',
-            'Established connection to host "api.example" using file descriptor 7.',
-            "Request (file descriptor 5): CONNECT down.example:443 HTTP/1.1",
-            "opensock: opening connection to down.example:443",
-            "opensock: Could not retrieve address info for down.example:443: Name unknown",
-            "not a tinyproxy line at all",
-            f"Request (file descriptor 8): GET http://evil.example/{forged} HTTP/1.1",
-            f'Proxying refused on filtered url "{url}"',
-        ]
-    )
-    got = [(c.method, c.decision, c.detail) for c in read_log(text)]
-    assert got == [
-        ("GET", "refused", "not on the allowlist"),
-        ("CONNECT", "allowed", "connected"),
-        ("CONNECT", "allowed", "unreachable"),
-        ("GET", "refused", "not on the allowlist"),
-    ]
+def test_the_proxy_rules_are_the_pairs_and_the_lease() -> None:
+    rules = egress.proxy_rules((HostPort("api.example", 443), HostPort("files.example", 80)), "L")
+    assert json.loads(rules) == {"lease": "L", "allow": ["api.example:443", "files.example:80"]}
 
 
 # ------------------------------------------------------------------ up and down (fake engine)
 
-READY = b"INFO      Dec 01 04:09:23.956 [8]: Starting main loop. Accepting connections.\n"
+READY = b"2026-12-01T00:00:00.0Z egress-proxy: accepting connections on port 3128\n"
 
 
 def _egress_jobs(
-    job: FakeJob, proxy_log: bytes = b"", specs: list[ContainerSpec] | None = None
+    job: FakeJob, specs: list[ContainerSpec] | None = None
 ) -> Callable[[ContainerSpec], FakeJob]:
     """The fake engine's containers: the proxy and the holder run until removed, saying they
     are ready; the job does ``job``. Each spec is kept in ``specs``."""
@@ -256,7 +191,7 @@ def _egress_jobs(
         if specs is not None:
             specs.append(spec)
         if spec.name.endswith("-proxy"):
-            return FakeJob(seconds=INF, log=READY + proxy_log)
+            return FakeJob(seconds=INF, log=READY)
         if spec.name.endswith("-netns"):
             return FakeJob(seconds=INF, log=b"egress-netns: ready\n")
         return job
@@ -264,26 +199,39 @@ def _egress_jobs(
     return jobs
 
 
-def _fake(
-    job: FakeJob | None = None, proxy_log: bytes = b"", specs: list[ContainerSpec] | None = None
-) -> FakeBackend:
-    fake = FakeBackend(jobs=_egress_jobs(job or FakeJob(), proxy_log, specs))
+def _fake(job: FakeJob | None = None, specs: list[ContainerSpec] | None = None) -> FakeBackend:
+    fake = FakeBackend(jobs=_egress_jobs(job or FakeJob(), specs))
     fake.add_image("runner-proxy:local", content="proxy")
     fake.create_network("up", {}, internal=False)
     return fake
 
 
+def _serve(fake: FakeBackend, lines: Callable[[str], bytes] = _proxy_log) -> None:
+    """Each slot's proxy logs ``lines(lease)`` for the lease its rules now name (as if the
+    job asked it for five pairs), and lines of another lease."""
+    for c in fake.containers.values():
+        if c.spec.name.endswith("-proxy"):
+            rules = json.loads((c.spec.mounts[0].source / "rules.json").read_text())
+            if rules["lease"]:
+                extra = lines(rules["lease"]) + _proxy_log("another attempt's")
+                c.job = replace(c.job, log=c.job.log + extra)
+
+
+def _slot_resources(fake: FakeBackend) -> tuple[list[str], list[str]]:
+    return sorted(c.spec.name for c in fake.containers.values()), sorted(fake.networks)
+
+
 PLAN = EgressPlan((HostPort("api.example", 443),), "up", "runner-proxy:local")
 
 
-def test_up_makes_a_hardened_proxy_and_holder_and_down_takes_all(tmp_path: Path) -> None:
-    fake = _fake(proxy_log=FIXTURE.read_bytes())
-    eg = egress.prepare(fake, PLAN, "runner-j-a1")
-    net = egress.up(fake, eg, tmp_path / "rec", labels={"org.runner.managed": "true"})
+def test_a_lease_makes_a_hardened_slot_and_down_frees_it(tmp_path: Path) -> None:
+    fake, state = _fake(), tmp_path / "state"
+    eg = egress.lease(fake, PLAN, "runner-j-a1", state, labels={"run": "mine"})
     specs = {c.spec.name: c.spec for c in fake.containers.values()}
-    proxy, holder = specs["runner-j-a1-proxy"], specs["runner-j-a1-netns"]
-    assert fake.networks["runner-j-a1-net"].labels[egress.ROLE] == "egress-network"
-    assert proxy.network == holder.network == "runner-j-a1-net"
+    proxy, holder = specs[eg.proxy], specs[eg.holder]
+    assert eg.proxy == f"{eg.slot}-proxy" and eg.lease.startswith("runner-j-a1.")
+    assert fake.networks[eg.network].labels[egress.ROLE] == "egress-network"
+    assert proxy.network == holder.network == eg.network
     assert proxy.extra_networks == ("up",) and proxy.aliases == ("egress-proxy",)
     assert proxy.user == "10002:10002" and proxy.limits.cap_add == ()
     assert holder.user == "0:0" and holder.limits.cap_add == ("NET_ADMIN",)
@@ -293,25 +241,84 @@ def test_up_makes_a_hardened_proxy_and_holder_and_down_takes_all(tmp_path: Path)
         assert lim.cap_drop == ("ALL",) and lim.security_opt == ("no-new-privileges",)
         assert lim.read_only_rootfs and lim.init and lim.pids and lim.memory_bytes <= 256 << 20
         assert spec.image == fake.images[eg.proxy_image].id
-    assert f"Allow {net.subnet}" in proxy.environment["EGRESS_CONFIG"]
-    assert holder.environment == {"EGRESS_SUBNET": net.subnet, "EGRESS_GATEWAY": net.gateway,
+        assert spec.labels["run"] == "mine" and spec.labels[egress.SLOT] == eg.slot
+    rules_dir = state / "egress" / eg.slot
+    assert proxy.mounts == [Mount(rules_dir, "/egress", read_only=True)]
+    assert proxy.environment["EGRESS_RULES_FILE"] == "/egress/rules.json"
+    subnet, gateway = holder.environment["EGRESS_SUBNET"], holder.environment["EGRESS_GATEWAY"]
+    assert proxy.environment["EGRESS_CLIENTS"] == subnet and subnet.startswith("172.")
+    rules = json.loads((rules_dir / "rules.json").read_text())
+    assert rules == {"lease": eg.lease, "allow": ["api.example:443"]}
+    assert holder.environment == {"EGRESS_SUBNET": subnet, "EGRESS_GATEWAY": gateway,
                                   "NVIDIA_VISIBLE_DEVICES": "void"}  # fmt: skip
+    made = _slot_resources(fake)
+
+    _serve(fake)
     record = egress.down(fake, eg, tmp_path / "rec", tmp_path)
-    assert fake.containers == {} and list(fake.networks) == ["up"]
-    assert (record.allowed, record.refused, record.incomplete) == (5, 9, 1)
-    assert record.log == "rec/egress.log" and (tmp_path / "rec" / "egress.log").exists()
+    assert (record.allowed, record.refused, record.incomplete) == (2, 2, 1)
+    assert record.log == "rec/egress.log"
+    kept = (tmp_path / "rec" / "egress.log").read_text()
+    assert eg.lease in kept and "another attempt" not in kept  # its own lines only
+    assert json.loads((rules_dir / "rules.json").read_text()) == {"lease": None, "allow": []}
+    assert _slot_resources(fake) == made  # the slot stays, for the next attempt
     assert egress.down(fake, eg, tmp_path / "rec", tmp_path) == record  # again: the same
 
+    again = egress.lease(fake, PLAN, "runner-j-a2", state)
+    assert again.slot == eg.slot and _slot_resources(fake) == made  # reused: nothing made
+    egress.release(again)
+    assert json.loads((rules_dir / "rules.json").read_text())["lease"] is None
 
-def test_an_up_that_fails_leaves_nothing(tmp_path: Path) -> None:
-    fake = _fake()
-    eg = egress.prepare(fake, PLAN, "runner-j-a1")
-    missing = egress.Egress(**{**eg.__dict__, "upstream_network": "nowhere"})
+
+def test_a_slot_serves_one_attempt_at_a_time(tmp_path: Path) -> None:
+    """A slot whose lock is held, or whose job container is still there (its runner died;
+    a rerun reattaches to it), is never leased: another is made."""
+    fake, state = _fake(), tmp_path / "state"
+    first = egress.lease(fake, PLAN, "runner-j-a1", state)
+    second = egress.lease(fake, PLAN, "runner-k-a1", state)
+    assert first.slot != second.slot
+    job = fake.create(replace(_job_spec(), labels=second.job_labels()))
+    egress._release(second)  # its runner dies: the lock goes, the job's container stays
+    third = egress.lease(fake, PLAN, "runner-l-a1", state)
+    assert third.slot not in (first.slot, second.slot)
+    fake.remove(job)
+    egress.down(fake, second, tmp_path / "rec", tmp_path)  # the rerun ends that attempt
+    assert egress.lease(fake, PLAN, "runner-m-a1", state).slot == second.slot
+
+
+def _job_spec() -> ContainerSpec:
+    limits = egress.HOLDER_LIMITS
+    return ContainerSpec(name="a-job", image="sha256:" + "0" * 64, entrypoint=[], command=[],
+                         user="1:1", working_dir="/", environment={}, labels={}, mounts=[],
+                         limits=limits)  # fmt: skip
+
+
+def test_a_slot_that_fails_to_come_up_leaves_nothing(tmp_path: Path) -> None:
+    fake, state = _fake(), tmp_path / "state"
     with pytest.raises(InfrastructureError, match="no network nowhere"):
-        egress.up(fake, missing, tmp_path, labels={})
+        egress.lease(fake, replace(PLAN, upstream_network="nowhere"), "runner-j-a1", state)
     fake.jobs = lambda spec: FakeJob(seconds=0.0)  # the proxy ends at once, never ready
     with pytest.raises(InfrastructureError, match="ended as it started"):
-        egress.up(fake, eg, tmp_path, labels={})
+        egress.lease(fake, PLAN, "runner-j-a1", state)
+    assert fake.containers == {} and list(fake.networks) == ["up"]
+    fake.jobs = _egress_jobs(FakeJob())
+    assert egress.lease(fake, PLAN, "runner-j-a1", state).slot.endswith("-001")  # not locked
+
+
+def test_idle_slots_go_and_busy_ones_stay(tmp_path: Path) -> None:
+    fake, state = _fake(), tmp_path / "state"
+    held = egress.lease(fake, PLAN, "runner-j-a1", state)
+    free = egress.lease(fake, PLAN, "runner-k-a1", state)
+    egress.down(fake, free, tmp_path / "rec", tmp_path)
+    assert egress.reap(fake) == []  # used a moment ago
+    assert egress.reap(fake, idle_seconds=0.0, dry_run=True) == [free.slot]
+    assert egress.reap(fake, idle_seconds=0.0) == [free.slot]
+    names, networks = _slot_resources(fake)
+    assert names == [held.holder, held.proxy] and networks == [held.network, "up"]
+    report = sweeper.sweep(fake)
+    assert report["removed"] == [] and _slot_resources(fake) == (names, networks)
+    egress.down(fake, held, tmp_path / "rec2", tmp_path)
+    report = sweeper.sweep(fake)
+    assert [x["name"] for x in report["removed"]] == [held.slot]
     assert fake.containers == {} and list(fake.networks) == ["up"]
 
 
@@ -355,12 +362,23 @@ class _Progress:
         pass
 
 
+def _asks(fake: FakeBackend) -> Callable[[dict[str, Path]], None]:
+    """The job's work: its evidence, and five requests of its proxy."""
+
+    def work(mounts: dict[str, Path]) -> None:
+        _writes(mounts)
+        _serve(fake)
+
+    return work
+
+
 def test_a_run_behind_the_allowlist_and_a_rerun_after_a_crash(tmp_path: Path) -> None:
-    """The job joins the holder's namespace; its egress goes when it ends, and the envelope
-    counts its requests. A runner killed mid-run leaves proxy, holder and network up for the
-    job it may reattach to; the next run reattaches, then takes them down."""
+    """The job joins its slot's namespace; the slot is freed, not removed, when it ends, and
+    the envelope counts its requests. A runner killed mid-run leaves the job in its slot; the
+    next run reattaches, then frees it."""
     specs: list[ContainerSpec] = []
-    fake = _fake(FakeJob(seconds=0.3, work=_writes), FIXTURE.read_bytes(), specs)
+    fake = _fake(specs=specs)
+    fake.jobs = _egress_jobs(FakeJob(seconds=0.3, work=_asks(fake)), specs)
     image = fake.add_image("job:1", content="job").id
     contract = _toy(tmp_path / "c1", image)
     env = orchestrator.as_json(
@@ -368,29 +386,31 @@ def test_a_run_behind_the_allowlist_and_a_rerun_after_a_crash(tmp_path: Path) ->
     )
     assert env["status"] == "succeeded", env["failure"]
     assert env["limits"]["network"] == "egress" and env["allocation"]["network"] == "egress"
-    assert (env["egress"]["allowed"], env["egress"]["refused"]) == (5, 9)
-    (job,) = [s for s in specs if s.name.endswith("-a1")]
-    assert job.network == f"container:{job.name}-netns"
-    assert job.environment["HTTPS_PROXY"] == "http://egress-proxy:3128"
-    assert fake.containers == {} and list(fake.networks) == ["up"]
+    assert (env["egress"]["allowed"], env["egress"]["refused"]) == (2, 2)
     ledger = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl")
-    assert ledger.attempts[0].starting["egress"]["allow"] == ["api.example:443"]
+    eg = ledger.attempts[0].starting["egress"]
+    assert eg["allow"] == ["api.example:443"]
+    (job,) = [s for s in specs if s.name.endswith("-a1")]
+    assert job.network == f"container:{eg['holder']}"
+    assert job.labels[egress.SLOT] == eg["slot"]
+    assert job.environment["HTTPS_PROXY"] == "http://egress-proxy:3128"
+    slot = _slot_resources(fake)
+    assert slot == (sorted([eg["holder"], eg["proxy"]]), sorted([eg["network"], "up"]))
 
     contract = _toy(tmp_path / "c2", image, tag="2")
     with pytest.raises(_Crash):
         orchestrator.run(contract, _options(tmp_path, GRANT), backend=fake,
                          progress=_Progress(fake))  # fmt: skip
     fake.frozen = False
-    up = {n.rsplit("-", 1)[1] for n in fake.running() if not n.endswith("-a1")}
-    assert up == {"proxy", "netns"} and len(fake.networks) == 2  # and the job's network
+    assert len(fake.containers) == 3  # the slot, and the job in it
     env = orchestrator.as_json(
         orchestrator.run(contract, _options(tmp_path, GRANT), backend=fake, progress=_Progress())
     )
     assert env["status"] == "succeeded" and env["budget"]["attempts"] == 1
-    assert fake.containers == {} and list(fake.networks) == ["up"]
+    assert _slot_resources(fake) == slot  # one slot served both
 
 
-def test_a_new_attempt_takes_down_what_a_vanished_one_left(tmp_path: Path) -> None:
+def test_a_new_attempt_ends_the_lease_a_vanished_one_left(tmp_path: Path) -> None:
     fake = _fake(FakeJob(seconds=INF))
     image = fake.add_image("job:1", content="job").id
     contract = _toy(tmp_path, image)
@@ -399,32 +419,14 @@ def test_a_new_attempt_takes_down_what_a_vanished_one_left(tmp_path: Path) -> No
                          progress=_Progress(fake))  # fmt: skip
     fake.frozen = False
     job = next(c for c in fake.containers.values() if c.spec.name.endswith("-a1"))
-    fake.remove(job.id)  # the job's container vanished; its proxy and holder did not
+    fake.remove(job.id)  # the job's container vanished; its slot did not
     fake.jobs = _egress_jobs(FakeJob(seconds=0.1, work=_writes))
     env = orchestrator.as_json(
         orchestrator.run(contract, _options(tmp_path, GRANT), backend=fake, progress=_Progress())
     )
     assert env["status"] == "succeeded" and env["budget"]["attempts"] == 2
-    assert fake.containers == {} and list(fake.networks) == ["up"]
+    assert len(fake.containers) == 2 and len(fake.networks) == 2  # one slot, reused
     assert (Path(env["jobDir"]) / "record" / "attempts" / "1" / "egress.json").exists()
-
-
-def test_the_sweeper_removes_a_finished_attempts_network(tmp_path: Path) -> None:
-    fake = _fake(FakeJob(seconds=0.1, work=_writes))
-    image = fake.add_image("job:1", content="job").id
-    env = orchestrator.as_json(
-        orchestrator.run(_toy(tmp_path, image), _options(tmp_path, GRANT), backend=fake,
-                         progress=_Progress())
-    )  # fmt: skip
-    eg = egress.Egress.from_json(
-        read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl").attempts[0].starting["egress"]
-    )
-    labels = {"org.runner.managed": "true", "org.runner.attempt": "1",
-              "org.runner.job-dir": env["jobDir"]}  # fmt: skip
-    egress.up(fake, eg, tmp_path / "again", labels=labels)  # as a runner dying in down leaves it
-    report = sweeper.sweep(fake)
-    assert sorted(x["name"] for x in report["removed"]) == sorted([eg.proxy, eg.holder, eg.network])
-    assert fake.containers == {} and list(fake.networks) == ["up"]
 
 
 # ------------------------------------------------------------------ real jobs, real engine
@@ -551,7 +553,7 @@ def test_the_allowlist_holds_from_inside_a_job(
     probe = json.loads((Path(env["jobDir"]) / "output" / "egress-probe.json").read_text())
 
     assert probe["get_allowed"]["ok"][:2] == [200, "hello from allowed\n"]
-    assert probe["connect_allowed"]["ok"] == ["HTTP/1.0 200 Connection established",
+    assert probe["connect_allowed"]["ok"] == ["HTTP/1.1 200 Connection established",
                                               "hello from allowed\n"]  # fmt: skip
     assert "gaierror" in probe["direct_allowed_name"]["error"]
     assert probe["direct_allowed_ip"]["errno"] == 101, probe["direct_allowed_ip"]  # unreachable
@@ -590,8 +592,9 @@ def test_the_allowlist_holds_from_inside_a_job(
     assert (eg["allowed"], eg["refused"], eg["incomplete"]) == (4, 6, 0)
     log = (Path(env["jobDir"]) / eg["log"]).read_text()
     assert eg["log"] == "record/attempts/1/egress.log"
-    assert "Proxying refused on filtered url" in log and "bWFkZS11cA" in log
-    assert "opening connection to bWFkZS11cA" not in log  # a refused name is never resolved
+    assert '"event":"refused"' in log and "bWFkZS11cA" in log
+    onward = [x for x in log.splitlines() if '"event":"connected"' in x or "unreachable" in x]
+    assert len(onward) == 4 and not [x for x in onward if "bWFkZS11cA" in x]  # never resolved
     assert left_behind(JOB_LABELS) == {"containers": [], "networks": []}
 
 
@@ -648,7 +651,8 @@ def test_kill_9_of_the_runner_then_its_rerun_leaves_nothing(
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    proxy, holder = _inspect(f"{job}-proxy"), _inspect(f"{job}-netns")
+    slot = _inspect(job)["Config"]["Labels"][egress.SLOT]
+    proxy, holder = _inspect(f"{slot}-proxy"), _inspect(f"{slot}-netns")
     assert _inspect(job)["HostConfig"]["NetworkMode"] == f"container:{holder['Id']}"
     for c in (proxy, holder):
         hc = c["HostConfig"]
@@ -656,13 +660,14 @@ def test_kill_9_of_the_runner_then_its_rerun_leaves_nothing(
         assert hc["CapDrop"] == ["ALL"] and hc["SecurityOpt"] == ["no-new-privileges"]
         assert hc["Memory"] == hc["MemorySwap"] > 0 and hc["PidsLimit"] > 0 and hc["NanoCpus"] > 0
         assert c["Config"]["Labels"][SESSION_LABEL] == SESSION_ID
-        assert c["Config"]["Healthcheck"]["Test"][0] == "CMD-SHELL"  # the engine's deadline
     assert proxy["Config"]["User"] == "10002:10002" and not proxy["HostConfig"]["CapAdd"]
-    assert sorted(proxy["NetworkSettings"]["Networks"]) == sorted([f"{job}-net", net.network])
+    assert sorted(proxy["NetworkSettings"]["Networks"]) == sorted([f"{slot}-net", net.network])
+    assert [m["Destination"] for m in proxy["Mounts"]] == ["/egress"]
+    assert not proxy["Mounts"][0]["RW"]
     assert holder["HostConfig"]["CapAdd"] == ["NET_ADMIN"]
     assert holder["HostConfig"]["Dns"] == ["127.0.0.1"]
-    assert list(holder["NetworkSettings"]["Networks"]) == [f"{job}-net"]
-    assert docker("network", "inspect", "--format", "{{.Internal}}", f"{job}-net"
+    assert list(holder["NetworkSettings"]["Networks"]) == [f"{slot}-net"]
+    assert docker("network", "inspect", "--format", "{{.Internal}}", f"{slot}-net"
                   ).stdout.strip() == "true"  # fmt: skip
 
     code, env, err = _session_run(contract, state, policy_file)
@@ -673,11 +678,11 @@ def test_kill_9_of_the_runner_then_its_rerun_leaves_nothing(
 
 
 @pytest.mark.docker
-def test_runner_cleanup_removes_an_attempts_leftover_egress(
+def test_runner_cleanup_removes_free_slots(
     tmp_path: Path, image_id: str, the_outside: Outside
 ) -> None:
-    """What a runner dying while it takes the egress down leaves (its attempt recorded as
-    finished): `runner cleanup` removes the proxy, the holder and the network."""
+    """A job's slot stays after it, free, for the next attempt; `runner cleanup` removes
+    it (proxy, holder, network), and a second job makes a new one."""
     net = the_outside
     policy_file = net.policy(tmp_path / "policy.json", [net.pair(ALLOWED)])
     contract = write_contract(
@@ -687,22 +692,11 @@ def test_runner_cleanup_removes_an_attempts_leftover_egress(
     )  # fmt: skip
     code, env, err = _session_run(contract, tmp_path / "state", policy_file)
     assert code == 0, (env["failure"], err)
-    started = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl").attempts[0].starting
-    leftover = subprocess.run(
-        [sys.executable, "-c", "import json, sys; from pathlib import Path; "
-         "from runner import backends, egress; "
-         "eg = egress.Egress.from_json(json.loads(sys.argv[1])); "
-         "egress.up(backends.default(), eg, Path(sys.argv[2]), labels=json.loads(sys.argv[3]))",
-         json.dumps(started["egress"]), str(tmp_path / "leftover"),
-         json.dumps({**JOB_LABELS, "org.runner.managed": "true", "org.runner.attempt": "1",
-                     "org.runner.job-dir": env["jobDir"]})],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert leftover.returncode == 0, leftover.stderr
-    assert len(left_behind(JOB_LABELS)["containers"]) == 2
+    eg = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl").attempts[0].starting["egress"]
+    assert _inspect(eg["proxy"])["State"]["Running"]  # kept for the next attempt
     cleanup = run_cli("cleanup", "--json")
     assert cleanup.returncode == 0, cleanup.stderr
-    removed = {x["name"] for x in json.loads(cleanup.stdout)["removed"]}
-    eg = started["egress"]
-    assert {eg["proxy"], eg["holder"], eg["network"]} <= removed
-    assert left_behind(JOB_LABELS) == {"containers": [], "networks": []}
+    assert eg["slot"] in {x["name"] for x in json.loads(cleanup.stdout)["removed"]}
+    for name in (eg["proxy"], eg["holder"]):
+        assert docker("ps", "-aq", "--filter", f"name=^{name}$").stdout.strip() == ""
+    assert docker("network", "ls", "-q", "--filter", f"name=^{eg['network']}$").stdout == ""

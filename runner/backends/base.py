@@ -206,8 +206,11 @@ class Backend(Protocol):
 
     def state(self, container_id: str) -> ContainerState: ...
 
-    def save_logs(self, container_id: str, dest: Path, max_bytes: int) -> int:
-        """Write at most ``max_bytes`` of the engine's log of the container; return the count."""
+    def save_logs(
+        self, container_id: str, dest: Path, max_bytes: int, since: float | None = None
+    ) -> int:
+        """Write at most ``max_bytes`` of the engine's log of the container (only its lines
+        logged at or after ``since``, seconds since the epoch, when given); return the count."""
 
     def remove(self, container_id: str) -> None:
         """Remove the container, forcibly; a container already gone is not an error."""

@@ -513,7 +513,9 @@ class DockerBackend:
         )
         return ContainerState.from_engine(data.get("State") or {}, str(data.get("Id", "")))
 
-    def save_logs(self, container_id: str, dest: Path, max_bytes: int) -> int:
+    def save_logs(
+        self, container_id: str, dest: Path, max_bytes: int, since: float | None = None
+    ) -> int:
         pieces: list[bytes] = []
         written = 0
 
@@ -535,7 +537,8 @@ class DockerBackend:
             container_id,
             "/logs",
             "reading the container's engine log",
-            query={"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 0},
+            query={"stdout": 1, "stderr": 1, "timestamps": 1, "follow": 0}
+            | ({"since": f"{since:.6f}"} if since is not None else {}),
             stream_to=demultiplex,
         )
         # Written after the transfer, so that a local write error is not taken for the

@@ -257,8 +257,10 @@ class FakeBackend:
         self._call("state", container_id)
         return self._get(container_id).state()
 
-    def save_logs(self, container_id: str, dest: Path, max_bytes: int) -> int:
-        self._call("save_logs", container_id)
+    def save_logs(
+        self, container_id: str, dest: Path, max_bytes: int, since: float | None = None
+    ) -> int:
+        self._call("save_logs", container_id)  # ``since`` is not kept: the whole log
         c = self._get(container_id)
         log = c.job.log[:max_bytes] if c.started is not None else b""
         dest.write_bytes(log)

@@ -15,6 +15,7 @@ module               commands
 ``job.py``           status, ledger verify, cleanup, parse
 ``image.py``         image load
 ``gpu.py``           gpu ls, gpu cdi
+``fetch.py``         fetch, cache ls, cache prune
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
 ``schema.py``        schema
@@ -64,9 +65,14 @@ _TABLE = {
     ),
     "image": ("image", "offline image bundles"),
     "gpu": ("gpu", "this host's GPUs, and a CDI spec that hands them to containers"),
+    "fetch": ("fetch", "fetch a contract's assets into this host's cache, verified"),
+    "cache": ("fetch", "the asset cache: list it, prune it (never what a running job uses)"),
     "status": ("job", "a job's attempts, budget used and left, and its container"),
     "ledger": ("job", "inspect a job's budget ledger"),
-    "cleanup": ("job", "remove containers of finished jobs that no runner watches"),
+    "cleanup": (
+        "job",
+        "remove containers of finished jobs that no runner watches, and free egress slots",
+    ),
     "parsers": ("parsers", "list the registered evidence parsers (id, version, config schema)"),
     "schema": ("schema", "print the JSON Schema of a contract, policy, envelope or result.json"),
     "completion": ("completion", "print a bash, zsh or tcsh completion script"),

@@ -66,7 +66,9 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             help=help,
             description="Remove containers labelled by this runner whose job has no live runner "
             "and whose ledger says the attempt finished; list (never touch) those whose ledger "
-            "says they still run: `runner run` reattaches to them.",
+            "says they still run: `runner run` reattaches to them. Also remove every free "
+            "egress slot (network, proxy and namespace holder that no runner holds and no job "
+            "container is in); the next job with egress makes a new one.",
         )
         cleanup.add_argument("--dry-run", action="store_true", help="only list what would go")
         cleanup.add_argument("--json", action="store_true")

@@ -131,6 +131,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "network": p.limits.network,
         "egress": [str(x) for x in p.egress.allow] if p.egress else None,
         "policy": {"source": loaded.source, "digest": loaded.digest},
+        "assets": [
+            f"{a.id} ({a.sha256[:19]}…, {a.size:,} bytes"
+            + (f", unpacked from {a.unpack}" if a.unpack else "")
+            + f") at /job/assets/{a.path}"
+            for a in m.fetched_assets
+        ],
         "measurements": [
             f"{x.measurementId} ({x.metric}, {x.unit}) via {x.parser.id}@{x.parser.version} "
             f"from {x.parser.evidencePath}"
@@ -156,6 +162,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         *((("agent", f"{p.agent.runtime} in {p.agent.adapter.image}"),) if p.agent else ()),
         ("command", " ".join(p.argv)),
         ("budget", fmt_clock(p.limits.timeout_seconds)),
+        *(("asset", line) for line in info["assets"]),
         *(("measurement", line) for line in info["measurements"]),
         ("policy", f"{loaded.source} ({loaded.digest[:19]}…)"),
     ]

@@ -131,6 +131,14 @@ def json_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
+_UNION_TAGS = frozenset({"int", "asset", "carried"})
+"""Tags of the models' unions (an asset fetched or carried): never a field's name."""
+
+
+def _union_tag(part: str) -> bool:
+    return "[" in part or part in _UNION_TAGS
+
+
 def _short(value: Any) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -141,7 +149,7 @@ def validation_error(exc: ValidationError, what: str = "contract") -> ContractEr
     found: list[tuple[str, str]] = []
     for err in exc.errors(include_url=False):
         # pydantic adds union-branch tags such as 'int' or "literal['none','all']": not fields.
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p == "int")))
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and _union_tag(p)))
         if err["type"] == "extra_forbidden":
             body = f"unknown field (not part of the {what} schema)"
         elif err["type"] == "missing":

@@ -11,7 +11,9 @@ additions documented in each field's description: ``protocol.command``, ``protoc
 ``protocol.stderrPath``, ``protocol.workingDirectory``, ``environment.imageId``,
 ``environment.pidsLimit``, ``environment.tmpfsMb``, ``environment.diskGb``,
 ``environment.egress``, ``jobId``, ``issuedAt``, ``expiresAt``, ``audience``, ``paper.digest``,
-``repository.digest``, ``agent.promptPath`` and ``agent.promptDigest``.
+``repository.digest``, ``agent.promptPath`` and ``agent.promptDigest``. ``assets`` entries
+that name sources, sha256, size and path are the runner's to fetch and mount
+(:mod:`runner.contract.assetspec`); legacy entries are carried.
 
 ``contracts/execution-contract.schema.json`` is generated from these models
 (``python -m runner.schemas``); a test keeps the two in step.
@@ -22,57 +24,35 @@ from __future__ import annotations
 import posixpath
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AwareDatetime,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from runner.backends.types import HOST_PORT_PATTERN
+from runner.contract.assetspec import Asset, AssetEntry, CarriedAsset
+from runner.contract.base import (
+    SHA256_PATTERN,
+    ContainerPath,
+    RelativePath,
+    Sha256,
+    _Open,
+    _Strict,
+)
 
-SHA256_PATTERN = r"^sha256:[0-9a-f]{64}$"
+__all__ = [
+    "JOB_ID_PATTERN",
+    "SHA256_PATTERN",
+    "Asset",
+    "CarriedAsset",
+    "ContainerPath",
+    "RelativePath",
+    "Sha256",
+]
+
 JOB_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
-
-
-def _no_control(value: str) -> None:
-    bad = next((c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0), None)
-    if bad is not None:
-        raise ValueError(
-            f"must not contain control characters (newline, tab, escape ...); found {bad!r}"
-        )
-
-
-def _relative_path(value: str) -> str:
-    """A POSIX path relative to its base that cannot escape it."""
-    if not value or "\x00" in value or "\\" in value:
-        raise ValueError("must be a non-empty POSIX path without NUL or backslash")
-    _no_control(value)
-    if value.startswith("/"):
-        raise ValueError(f"must be relative to its base, got the absolute path {value!r}")
-    normalized = posixpath.normpath(value)
-    if normalized == ".." or normalized.startswith("../") or ".." in value.split("/"):
-        raise ValueError(f"must stay inside its base; {value!r} contains '..'")
-    return value
-
-
-def _absolute_container_path(value: str) -> str:
-    if not value.startswith("/") or "\x00" in value or ".." in value.split("/"):
-        raise ValueError(
-            f"must be an absolute path inside the container without '..', got {value!r}"
-        )
-    _no_control(value)
-    return value
-
-
-RelativePath = Annotated[str, AfterValidator(_relative_path)]
-"""A path relative to a base directory; absolute paths and ``..`` are refused."""
-
-ContainerPath = Annotated[str, AfterValidator(_absolute_container_path)]
-Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
 
 
 class Research(_Open):
@@ -426,10 +406,13 @@ class ExecutionContract(_Strict):
         description="Carried for the job: a selected experiment set on one machine (members, "
         "measurementMap, workloads) with one budget.",
     )
-    assets: list[dict[str, Any]] | None = Field(
+    assets: list[AssetEntry] | None = Field(
         default=None,
-        description="Carried for the job: datasets and checkpoints it may need (fetching them "
-        "is not the runner's yet).",
+        max_length=1024,
+        description="Datasets and checkpoints. An asset with sources, sha256, size and path is "
+        "fetched on the host (`runner fetch`), verified and mounted read-only at "
+        "/job/assets/<path>; one with none of them (a legacy entry: id and acquisition hints) "
+        "is carried for the job only.",
     )
     reproductionScope: Any = Field(
         default=None, description="Carried for the job; not interpreted."
@@ -454,6 +437,35 @@ class ExecutionContract(_Strict):
         if self.agent is not None and self.agent.runtime:
             return "agent_planned"
         return None
+
+    @property
+    def fetched_assets(self) -> list[Asset]:
+        """The assets the runner fetches and mounts (legacy carried entries left out)."""
+        return [a for a in self.assets or [] if isinstance(a, Asset)]
+
+    @field_validator("assets")
+    @classmethod
+    def _distinct_assets(cls, assets: list[Asset | CarriedAsset] | None) -> Any:
+        seen_ids: set[str] = set()
+        paths: list[str] = []
+        for a in assets or []:
+            if not isinstance(a, Asset):
+                continue
+            if a.id in seen_ids:
+                raise ValueError(f"asset id {a.id!r} appears twice in assets")
+            seen_ids.add(a.id)
+            for other in paths:
+                if (
+                    a.path == other
+                    or a.path.startswith(other + "/")
+                    or other.startswith(a.path + "/")
+                ):
+                    raise ValueError(
+                        f"asset {a.id!r}: path {a.path!r} overlaps {other!r}; each asset needs "
+                        "its own place under /job/assets"
+                    )
+            paths.append(a.path)
+        return assets
 
     @model_validator(mode="after")
     def _unique_measurements(self) -> ExecutionContract:

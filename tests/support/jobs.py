@@ -36,6 +36,11 @@ def docker(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def session_containers() -> list[str]:
+    """The session's containers still there, once its free egress slots are removed as
+    `runner cleanup` removes them (they outlive jobs by design; a busy one stays, listed)."""
+    from runner import backends, egress
+
+    egress.reap(backends.default(), idle_seconds=0.0, labels={SESSION_LABEL: SESSION_ID})
     return docker("ps", "-aq", "--filter", f"label={SESSION_LABEL}={SESSION_ID}").stdout.split()
 
 

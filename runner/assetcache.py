@@ -1,0 +1,216 @@
+"""What the asset cache holds (``runner cache ls``) and making room (``runner cache prune``).
+
+An entry is one digest: its bytes, the trees they unpack to, a partial download, its meta.
+It is *in use* while a job whose record names it (``record/assets.json``, written before the
+job looks at the cache) has not ended: its ledger has no ``job.finished`` event (a job folder
+without a readable ledger counts as not ended). Prune never removes an entry in use, nor one
+whose lock another runner holds (a fetch in progress); it takes the digest's lock before it
+looks at the jobs, and a job checks the cache under that same lock after writing its record,
+so a job either is seen as a user or finds the entry gone (and fetches it, or says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from runner import archives
+from runner.assets import AssetCache, used_by
+from runner.ledger import LedgerCorrupt, read_state
+from runner.staging import StateDir
+
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass
+class Entry:
+    """One digest in the cache."""
+
+    sha256: str
+    bytes: int = 0
+    kinds: list[str] = field(default_factory=list)
+    """``file``, ``tree:tar``, ``tree:zip``, ``partial``."""
+    ids: list[str] = field(default_factory=list)
+    fetched_at: str | None = None
+    last_used: float = 0.0
+    """Seconds since the epoch: the meta's lastUsedAt, else the newest file time."""
+    users: list[str] = field(default_factory=list)
+    """Job ids that have not ended and use it."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "sha256": f"sha256:{self.sha256}",
+            "bytes": self.bytes,
+            "kinds": self.kinds,
+            "ids": self.ids,
+            "fetchedAt": self.fetched_at,
+            "lastUsedAt": datetime.fromtimestamp(self.last_used)
+            .astimezone()
+            .isoformat(timespec="seconds")
+            if self.last_used
+            else None,
+            "inUseBy": self.users,
+        }
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+
+
+def entries(cache: AssetCache, state: StateDir | None = None) -> list[Entry]:
+    """Every digest in the cache, with its users when ``state`` is given."""
+    found: dict[str, Entry] = {}
+
+    def entry(hexd: str) -> Entry:
+        return found.setdefault(hexd, Entry(hexd))
+
+    def seen(e: Entry, path: Path) -> None:
+        e.last_used = max(e.last_used, os.lstat(path).st_mtime)
+
+    for sub, kind in (("sha256", "file"), ("partial", "partial"), ("trees", "tree")):
+        folder = cache.root / sub
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            name = path.name
+            if kind == "partial":
+                name = name.removesuffix(".partial")
+            elif kind == "tree":
+                name, _, sort = name.partition(".")
+            if not _HEX.match(name):
+                continue  # a temporary folder of an unpack in progress, or not ours
+            e = entry(name)
+            if kind == "tree":
+                e.kinds.append(f"tree:{sort}")
+                e.bytes += _tree_bytes(path)
+            else:
+                e.kinds.append(kind)
+                e.bytes += os.lstat(path).st_size
+            seen(e, path)
+    for hexd, e in found.items():
+        try:
+            meta = json.loads(cache.meta(hexd).read_bytes())
+        except (OSError, ValueError):
+            continue
+        e.ids = [str(i) for i in meta.get("ids", [])]
+        e.fetched_at = meta.get("fetchedAt")
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            e.last_used = max(e.last_used, datetime.fromisoformat(meta["lastUsedAt"]).timestamp())
+    if state is not None:
+        using = in_use(state)
+        for hexd, e in found.items():
+            e.users = sorted(using.get(hexd, []))
+    return sorted(found.values(), key=lambda e: e.last_used)
+
+
+def in_use(state: StateDir) -> dict[str, list[str]]:
+    """Digest (hex) -> ids of the jobs that use it and have not ended."""
+    using: dict[str, list[str]] = {}
+    if not state.jobs.is_dir():
+        return using
+    for root in state.jobs.iterdir():
+        job = state.job(root.name)
+        digests = used_by(job)
+        if not digests or _ended(job.ledger):
+            continue
+        for hexd in digests:
+            using.setdefault(hexd, []).append(root.name)
+    return using
+
+
+def _ended(ledger: Path) -> bool:
+    try:
+        return read_state(ledger).finished is not None
+    except (OSError, LedgerCorrupt, ValueError):
+        return False  # unreadable: it may not have ended; keep what it uses
+
+
+def parse_bytes(text: str) -> int:
+    """``1000``, ``512M``, ``2G``, ``1.5T`` (binary multiples) as bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if match is None:
+        raise ValueError(f"not a size: {text!r} (e.g. 1000, 512M, 2G)")
+    scale = 1024 ** " kmgt".index(match.group(2) or " ")
+    return int(float(match.group(1)) * scale)
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``30m``, ``12h``, ``7d`` (a bare number: seconds) as seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 12h, 7d)")
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[match.group(2)]
+    return float(match.group(1)) * unit
+
+
+@dataclass(frozen=True)
+class Pruned:
+    removed: list[Entry]
+    kept_in_use: list[Entry]
+    kept_busy: list[Entry]
+    """Entries another runner was fetching (their lock held)."""
+    left_bytes: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "removed": [e.as_json() for e in self.removed],
+            "removedBytes": sum(e.bytes for e in self.removed),
+            "keptInUse": [e.as_json() for e in self.kept_in_use],
+            "keptBusy": [e.as_json() for e in self.kept_busy],
+            "leftBytes": self.left_bytes,
+        }
+
+
+def prune(
+    cache: AssetCache,
+    state: StateDir,
+    *,
+    max_bytes: int | None = None,
+    older_than: float | None = None,
+    now: float | None = None,
+) -> Pruned:
+    """Remove entries no job that has not ended uses, least recently used first: those not used
+    for ``older_than`` seconds, and (with ``max_bytes``) only until the cache holds at most that.
+    With neither, every entry not in use goes."""
+    now = time.time() if now is None else now
+    everything = entries(cache, state)
+    total = sum(e.bytes for e in everything)
+    removed: list[Entry] = []
+    in_use_kept: list[Entry] = []
+    busy: list[Entry] = []
+    for e in everything:  # least recently used first
+        if max_bytes is not None and total <= max_bytes:
+            break
+        if older_than is not None and e.last_used > now - older_than:
+            continue
+        with cache.locked(e.sha256, wait=False) as got:
+            if not got:
+                busy.append(e)
+                continue
+            users = in_use(state).get(e.sha256, [])  # again, under the lock
+            if users:
+                e.users = sorted(users)
+                in_use_kept.append(e)
+                continue
+            _remove(cache, e.sha256)
+        removed.append(e)
+        total -= e.bytes
+    return Pruned(removed, in_use_kept, busy, total)
+
+
+def _remove(cache: AssetCache, hexd: str) -> None:
+    for tree in (cache.root / "trees").glob(f"{hexd}.*"):
+        archives.remove_tree(tree)
+    for path in (cache.blob(hexd), cache.partial(hexd), cache.meta(hexd)):
+        path.unlink(missing_ok=True)

@@ -1,0 +1,178 @@
+"""``runner fetch`` (a contract's assets into the cache) and ``runner cache ls|prune``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, host_options, load_host, usage
+
+if TYPE_CHECKING:
+    from runner.cli._common import Subparsers
+
+_STATE_HELP = "the state folder (default: $RUNNER_STATE_DIR, else the user's state dir)"
+
+
+def register(sub: Subparsers, name: str, help: str) -> None:
+    if name == "fetch":
+        p = sub.add_parser(
+            name,
+            help=help,
+            description="Fetch every asset the contract lists into this host's asset cache "
+            "(<state>/cache/assets), on the host, never in a job: from the sources in order "
+            "(http(s) hosts the host policy's assets.allowHosts names, or files beside the "
+            "contract), resuming an interrupted download with an HTTP range, retrying 5xx "
+            "answers and timeouts, giving up at once on a 4xx. Nothing is cached until its "
+            "SHA-256 and size are the contract's. Two runners fetching one asset download it "
+            "once. The contract is checked as `runner run` checks it (signature, expiry, "
+            "policy).",
+            epilog=HOST_HELP + "\nexamples:\n"
+            "  runner fetch task.json                     # progress bars on stderr\n"
+            "  runner fetch task.dsse.json --json         # one JSON report on stdout\n",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("contract", metavar="CONTRACT", help="task.json or a DSSE envelope")
+        host_options(p)
+        p.add_argument("--state-dir", metavar="DIR", help=_STATE_HELP)
+        p.add_argument("--json", action="store_true", help="a JSON report, no progress bars")
+        p.set_defaults(func=cmd_fetch)
+        return
+    cache = sub.add_parser(
+        name,
+        help=help,
+        description="The asset cache: what it holds, and making room. An asset a job that "
+        "has not ended uses (its record/assets.json names it and its ledger has no "
+        "job.finished) is never removed.",
+    )
+    actions = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    ls = actions.add_parser("ls", help="list the cached assets: digest, size, ids, last use, users")
+    ls.add_argument("--state-dir", metavar="DIR", help=_STATE_HELP)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_cache_ls)
+    prune = actions.add_parser(
+        "prune",
+        help="remove cached assets no running job uses, least recently used first",
+        description="Remove cached assets that no job that has not ended uses, least recently "
+        "used first. With --older-than, only those unused that long; with --max-bytes, only "
+        "until the cache holds at most that; with neither, every asset not in use.",
+        epilog="examples:\n"
+        "  runner cache prune --max-bytes 50G          # down to 50 GiB\n"
+        "  runner cache prune --older-than 14d         # unused for two weeks\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    prune.add_argument("--max-bytes", metavar="N", help="keep at most N bytes (1000, 512M, 2G)")
+    prune.add_argument("--older-than", metavar="D", help="only assets unused for D (90s, 12h, 7d)")
+    prune.add_argument("--state-dir", metavar="DIR", help=_STATE_HELP)
+    prune.add_argument("--json", action="store_true")
+    prune.set_defaults(func=cmd_cache_prune)
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{n:,} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from runner import host, policy
+    from runner.assets import AssetCache, fetch
+    from runner.contract import load_contract
+
+    loaded, trust = load_host(args)
+    contract = load_contract(Path(args.contract), trust)
+    policy.check(contract, loaded.policy, datetime.now(UTC))
+    cache = AssetCache.of_state(host.state_dir(args.state_dir))
+    wanted = contract.model.fetched_assets
+    report: list[dict[str, Any]] = []
+    for a in wanted:
+        bar = None
+        if not args.json:
+            from tqdm import tqdm
+
+            bar = tqdm(total=a.size, unit="B", unit_scale=True, unit_divisor=1024, desc=a.id,
+                       file=sys.stderr, disable=None, leave=False)  # fmt: skip
+
+        def progress(_asset: Any, have: int, _total: int, bar: Any = bar) -> None:
+            if bar is not None:
+                bar.update(have - bar.n)
+
+        try:
+            got = fetch(a, contract.base_dir, cache, loaded.policy.assets, on_bytes=progress)
+        finally:
+            if bar is not None:
+                bar.close()
+        report.append(got.as_json())
+        if not args.json:
+            how = (
+                "cached already"
+                if got.cached
+                else f"fetched {_size(got.downloaded)} in {got.seconds:.1f} s"
+            )
+            print(f"{a.id}  {a.sha256[:19]}…  {_size(a.size)}  -> /job/assets/{a.path}  ({how})")
+    if args.json:
+        print(json.dumps({"contract": contract.digest, "cache": str(cache.root),
+                          "assets": report}, indent=2))  # fmt: skip
+    elif not wanted:
+        print("the contract lists no asset to fetch")
+    return EXIT_SUCCEEDED
+
+
+def _cache(args: argparse.Namespace) -> tuple[Any, Any]:
+    from runner import host
+    from runner.assets import AssetCache
+    from runner.staging import StateDir
+
+    state = StateDir(host.state_dir(args.state_dir))
+    return AssetCache.of_state(state.root), state
+
+
+def cmd_cache_ls(args: argparse.Namespace) -> int:
+    from runner.assetcache import entries
+
+    cache, state = _cache(args)
+    found = entries(cache, state)
+    total = sum(e.bytes for e in found)
+    if args.json:
+        print(json.dumps({"entries": [e.as_json() for e in found], "totalBytes": total},
+                         indent=2))  # fmt: skip
+        return EXIT_SUCCEEDED
+    for e in found:
+        d = e.as_json()
+        users = ", ".join(e.users) or "-"
+        print(f"sha256:{e.sha256[:12]}…  {_size(e.bytes):>10}  {','.join(e.kinds):<14} "
+              f"{','.join(e.ids) or '-':<20} last used {d['lastUsedAt'] or '-'}  "
+              f"in use by {users}")  # fmt: skip
+    print(f"{len(found)} asset(s), {_size(total)} in {cache.root}")
+    return EXIT_SUCCEEDED
+
+
+def cmd_cache_prune(args: argparse.Namespace) -> int:
+    from runner.assetcache import parse_bytes, parse_duration, prune
+
+    try:
+        max_bytes = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
+        older = parse_duration(args.older_than) if args.older_than is not None else None
+    except ValueError as exc:
+        usage(str(exc))
+    cache, state = _cache(args)
+    done = prune(cache, state, max_bytes=max_bytes, older_than=older)
+    if args.json:
+        print(json.dumps(done.as_json(), indent=2))
+        return EXIT_SUCCEEDED
+    for e in done.removed:
+        print(f"removed sha256:{e.sha256[:12]}…  {_size(e.bytes)}  {','.join(e.ids)}")
+    for e in done.kept_in_use:
+        print(f"kept    sha256:{e.sha256[:12]}…  in use by {', '.join(e.users)}")
+    for e in done.kept_busy:
+        print(f"kept    sha256:{e.sha256[:12]}…  another runner is fetching it")
+    freed = sum(e.bytes for e in done.removed)
+    print(f"freed {_size(freed)}; the cache holds {_size(done.left_bytes)}")
+    return EXIT_SUCCEEDED
