@@ -23,6 +23,7 @@ from runner import (
     agent_result,
     agent_run,
     agents,
+    cdi,
     container,
     egress,
     envelope,
@@ -36,7 +37,7 @@ from runner import (
     records,
     staging,
 )
-from runner.backends.base import Backend, ContainerState, Mount
+from runner.backends.base import Backend, ContainerState, DeviceEdits, Mount
 from runner.backends.types import EgressPlan
 from runner.container import Outcome, Progress, Watch
 from runner.contract import VerifiedContract
@@ -249,7 +250,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
     name = container.container_name(job.dir.root, p.job_id, n)
     with stage("image", known):
         _check_runtime(job)
-        gpu_ids, given, fallback = _allocate_gpus(job, name)
+        gpu_ids, given, fallback, devices = _allocate_gpus(job, name)
     known = replace(known, gpus=given, gpu_fallback=fallback or known.gpu_fallback)
     agent_limits = agent_run.limits(p.agent, st) if p.agent is not None else None
     decided = envelope.allocation(
@@ -268,7 +269,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
     try:
         spec = container.spec(
             p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None,
-            argv=argv, secrets=secrets, assets=job.assets,
+            argv=argv, secrets=secrets, assets=job.assets, devices=devices,
         )  # fmt: skip
         if eg is not None:  # the slot is busy while the job's container exists
             spec = replace(spec, labels={**spec.labels, **eg.job_labels()})
@@ -447,42 +448,40 @@ def _gpu_allocator(job: Job) -> gpus.Allocator:
 
 def _allocate_gpus(
     job: Job, name: str
-) -> tuple[tuple[str, ...], tuple[GpuRecord, ...], str | None]:
-    """Device ids for this attempt, their records, and why it runs on CPU only (if it does):
-    specific GPUs, locked for this job; none for CPU jobs. Without enough GPUs, a contract
-    that allows it falls back to CPU (and says so)."""
+) -> tuple[tuple[str, ...], tuple[GpuRecord, ...], str | None, DeviceEdits | None]:
+    """Device ids for the NVIDIA runtime or CDI edits (``runner.cdi``), their records, and why
+    it runs on CPU only (if it does): specific GPUs, locked for this job; none for CPU jobs.
+    Without enough GPUs, or a way to hand them over, a contract may fall back to CPU."""
     p, progress = job.plan, job.progress
     want = p.limits.gpus
     if want == "none":
-        return (), (), p.gpu_fallback
+        return (), (), p.gpu_fallback, None
     detector = job.options.gpu_detector or gpus.HostDetector()
-    owner = {"jobDir": str(job.dir.root.resolve()), "containerName": name}
+    owner = {"jobDir": (job_dir := str(job.dir.root.resolve())), "containerName": name}
     try:
-        host = detector.detect()
-        if host and not job.backend.gpu_capable():
-            raise GpuUnavailable(
-                f"this host has {len(host)} GPU(s) but the engine cannot hand them to "
-                "containers (no nvidia runtime, no NVIDIA container toolkit)",
-                hint="install the NVIDIA container toolkit and restart the engine",
-            )
-        chosen = _gpu_allocator(job).allocate(want, host, owner)
+        chosen = _gpu_allocator(job).allocate(want, detector.detect(), owner)
+        try:
+            edits = cdi.inject(job.backend, chosen, job.options.cdi_dirs or cdi.SPEC_DIRS)
+        except GpuUnavailable:
+            _gpu_allocator(job).release(job_dir)
+            raise
     except GpuUnavailable as exc:
         if not policy.cpu_fallback_allowed(job.contract):
             raise
         progress.stage("gpu", f"no GPU: running on CPU only ({exc.message})")
-        return (), (), f"{exc.message}; the contract allows a CPU fallback"
+        return (), (), f"{exc.message}; the contract allows a CPU fallback", None
+    names: list[str | None] = [*edits.cdi_devices] or [None] * len(chosen)
     records = tuple(
-        GpuRecord(
-            index=g.index,
-            uuid=g.uuid,
-            model=g.model,
-            memoryBytes=g.memory_bytes,
-            driverVersion=g.driver_version,
-        )
-        for g in chosen
+        GpuRecord(index=g.index, uuid=g.uuid, model=g.model, memoryBytes=g.memory_bytes,
+                  driverVersion=g.driver_version, injection=edits.mode, cdiDevice=cdi_name)
+        for g, cdi_name in zip(chosen, names, strict=True)
+    )  # fmt: skip
+    progress.stage(
+        "gpu", ", ".join(f"{g.index}: {g.model} ({g.uuid}, {edits.mode})" for g in chosen)
     )
-    progress.stage("gpu", ", ".join(f"{g.index}: {g.model} ({g.uuid})" for g in chosen))
-    return tuple(g.uuid for g in chosen), records, None
+    if edits.mode == "nvidia-runtime":
+        return tuple(g.uuid for g in chosen), records, None, None
+    return (), records, None, edits
 
 
 def _input_rules(opts: RunOptions) -> staging.InputRules:

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Protocol
 
 from runner import staging
-from runner.backends.base import Backend, Backstop, ContainerSpec, ContainerState, Mount
+from runner.backends.base import (
+    Backend,
+    Backstop,
+    ContainerSpec,
+    ContainerState,
+    DeviceEdits,
+    Mount,
+)
 from runner.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -84,13 +91,18 @@ def spec(
     *,
     argv: tuple[str, ...] | None = None,
     secrets: dict[str, str] | None = None,
+    devices: DeviceEdits | None = None,
     assets: Sequence[Mount] = (),
 ) -> ContainerSpec:
     """The attempt's container. Without GPUs, NVIDIA_VISIBLE_DEVICES=void keeps a GPU-aware
     runtime from exposing devices even when the image asks for them. ``network``: another
     than the plan's (the egress allowlist's ``container:<holder>``). An agent's attempt has
     its own ``argv`` (its limits left) and the host's ``secrets`` in its environment only.
-    ``assets``: the contract's assets, read-only, at /job/assets/<path>."""
+    ``assets``: the contract's assets, read-only, at /job/assets/<path>. ``devices``: CDI
+    devices; applied by the runner (``cdi-applied``), their mounts join the job's (read-only)
+    and their environment wins over the contract's, as under an engine that applies CDI
+    itself."""
+    applied = devices if devices is not None and devices.mode == "cdi-applied" else None
     return ContainerSpec(
         backstop=deadline,
         network=network,
@@ -104,9 +116,11 @@ def spec(
             **p.environment,
             "RUNNER_ATTEMPT": str(attempt),
             "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids) or "void",
+            **dict(applied.env if applied else ()),
             **(secrets or {}),
         },
         gpu_ids=gpu_ids,
+        devices=devices,
         labels={
             **p.labels,
             "org.runner.attempt": str(attempt),
@@ -121,6 +135,7 @@ def spec(
             Mount(job.assets, "/job/assets", read_only=True),
             Mount(job.execution, "/job/execution", read_only=True),
             *assets,  # read-only, each over its mount point in assets/ (the engine sorts them)
+            *(Mount(Path(h), c, read_only=True) for h, c in (applied.mounts if applied else ())),
         ],
         limits=p.limits,
     )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runner.backends.types import GpuInjection
 from runner.errors import Category
 
 if TYPE_CHECKING:
@@ -216,6 +217,16 @@ class GpuRecord(_Model):
     model: str
     memoryBytes: int
     driverVersion: str
+    injection: GpuInjection | None = Field(
+        default=None,
+        description="How it reached the container: cdi-native (the engine applied the CDI "
+        "spec), cdi-applied (the runner applied it: device node, read-only driver libraries, "
+        "environment), nvidia-runtime (the engine's NVIDIA runtime); null in envelopes written "
+        "before it was recorded.",
+    )
+    cdiDevice: str | None = Field(
+        default=None, description="Its CDI name (nvidia.com/gpu=...); null under nvidia-runtime."
+    )
 
 
 class DiskRecord(_Model):

@@ -31,6 +31,9 @@ class Gpu:
     model: str
     memory_bytes: int
     driver_version: str
+    minor: int | None = None
+    """The device node's number (``/dev/nvidia<minor>``, NVML's minor number); None: unknown
+    (nvidia-smi's report), taken to be the index."""
 
 
 class Detector(Protocol):
@@ -70,6 +73,7 @@ class HostDetector:
                         model=_text(pynvml.nvmlDeviceGetName(handle)),
                         memory_bytes=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
                         driver_version=_text(driver),
+                        minor=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
                     )
                 )
             return out

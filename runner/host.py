@@ -22,6 +22,8 @@ the runner's result key    the policy's ``resultSigningKey``, else
                            ``<config>/runner-key/runner.key``
 GPU device locks           ``$RUNNER_GPU_LOCK_DIR``, else ``/run/lock/runner-gpus`` (one
                            folder per host, mode 1777, shared by every user's runner)
+CDI spec folders           ``$RUNNER_CDI_DIRS`` (folders separated by ``:``), else
+                           ``/etc/cdi`` and ``/var/run/cdi``
 operator switches          ``RUNNER_ALLOW_NETWORK``, ``RUNNER_ALLOW_UNSIGNED``,
                            ``RUNNER_ALLOW_UNPINNED_IMAGES`` (or their flags)
 server socket              ``$RUNNER_SERVER`` (``off`` switches serving off), else
@@ -45,8 +47,19 @@ if TYPE_CHECKING:
 
 def gpu_lock_dir() -> Path | None:
     """``$RUNNER_GPU_LOCK_DIR``, else None: the host-wide default (``/run/lock/runner-gpus``)."""
+    from pathlib import Path  # not at start-up (see the module's docstring)
+
     given = os.environ.get("RUNNER_GPU_LOCK_DIR")
     return Path(given) if given else None
+
+
+def cdi_dirs() -> tuple[Path, ...] | None:
+    """``$RUNNER_CDI_DIRS`` (``:``-separated, lowest priority first), else None: the CDI
+    defaults (``/etc/cdi``, ``/var/run/cdi``)."""
+    from pathlib import Path
+
+    given = [d for d in os.environ.get("RUNNER_CDI_DIRS", "").split(":") if d]
+    return tuple(Path(d) for d in given) or None
 
 
 def env_flag(name: str) -> bool:

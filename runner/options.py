@@ -31,6 +31,8 @@ class RunOptions:
     """How often the container, the deadline and the quotas are checked."""
     gpu_detector: gpus.Detector | None = None
     """How GPUs are found (NVML, else nvidia-smi); tests of pure logic pass their own."""
+    cdi_dirs: tuple[Path, ...] | None = None
+    """Where CDI specs are read from: ``/etc/cdi`` and ``/var/run/cdi`` by default."""
     gpu_lock_dir: Path | None = None
     """Where device locks live: ``$RUNNER_GPU_LOCK_DIR``, else the host-wide
     ``/run/lock/runner-gpus`` shared by every user's runner."""

@@ -270,6 +270,20 @@ build_scripted_agent() {
   build_quietly "$SCRIPTED_TAG" "$ROOT/images/agent-scripted" --label "org.runner.inputs=$want"
 }
 
+# The GPU smoke job (images/gpu-smoke): Python alone, the driver injected at run time; built
+# here so its contract (examples/gpu-smoke) can be pinned and tested without a GPU.
+GPU_SMOKE_TAG="runner-gpu-smoke:local"
+build_gpu_smoke() {
+  local dir="$ROOT/images/gpu-smoke" want
+  want="$(inputs_hash "$dir/Dockerfile" "$dir/collect.sh" "$dir/gpu_smoke.py")"
+  if [ "$(built_from "$GPU_SMOKE_TAG")" = "$want" ]; then
+    log "image: reusing $GPU_SMOKE_TAG"
+    return 0
+  fi
+  log "image: building $GPU_SMOKE_TAG from images/gpu-smoke (base $BASE, --network none)"
+  build_quietly "$GPU_SMOKE_TAG" "$dir" --label "org.runner.inputs=$want"
+}
+
 # Claude Code's native binary: the npm registry tarball claude-code.lock pins, fetched on the
 # host (never by a build or a job), kept in .cache/ and checked against its sha512 integrity.
 fetch_claude() {
@@ -399,5 +413,6 @@ ensure_base
 build_job_image
 build_proxy_image
 build_scripted_agent
+build_gpu_smoke
 build_claude_agent
 log "done in $((SECONDS - start))s; $JOB_TAG is $(docker image inspect --format '{{.Id}}' "$JOB_TAG")"

@@ -18,6 +18,7 @@ DOCKERFILES = [
     ROOT / "images" / "proxy" / "Dockerfile",
     ROOT / "images" / "agent-scripted" / "Dockerfile",
     ROOT / "images" / "agent-claude" / "Dockerfile",
+    ROOT / "images" / "gpu-smoke" / "Dockerfile",
 ]
 
 

@@ -118,6 +118,7 @@ def _options(tmp_path: Path, found: list[Gpu], **policy_fields: Any) -> orchestr
         labels={SESSION_LABEL: SESSION_ID},
         gpu_detector=FakeDetector(found),
         gpu_lock_dir=tmp_path / "locks",
+        cdi_dirs=(tmp_path / "cdi",),
     )
 
 
@@ -163,13 +164,15 @@ def test_engine_without_driver_is_gpu_unavailable(tmp_path: Path, image_id: str)
 
 @pytest.mark.docker
 def test_engine_that_cannot_hand_out_gpus_is_detected(tmp_path: Path, image_id: str) -> None:
-    """GPUs on the host but no NVIDIA toolkit in the engine (as here): refused before any
-    container is created."""
+    """GPUs on the host but no NVIDIA toolkit in the engine (as here), no CDI spec, and no
+    driver libraries to write one from: refused before any container is created, the
+    device lock released."""
     contract = _gpu_contract(tmp_path, image_id, fallback=False)
     env = orchestrator.run(contract, _options(tmp_path, FAKE[:1]))
     assert env.failure is not None and env.failure.category == "gpu_unavailable"
-    assert "cannot hand them to containers" in env.failure.reason
+    assert "libcuda.so and libnvidia-ml.so for driver 550.54" in env.failure.reason
     assert env.container is None
+    assert gpus.Allocator(tmp_path / "locks", lambda _: True).holders() == {}
 
 
 @pytest.mark.docker

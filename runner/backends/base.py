@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from runner.backends.types import ImageInfo, Limits
+from runner.backends.types import DeviceEdits, DeviceNode, ImageInfo, Limits
 
 __all__ = [
     "BACKSTOP_SCRIPT",
@@ -21,6 +21,8 @@ __all__ = [
     "ContainerSpec",
     "ContainerState",
     "ContainerSummary",
+    "DeviceEdits",
+    "DeviceNode",
     "ImageInfo",
     "Limits",
     "Mount",
@@ -52,7 +54,12 @@ class ContainerSpec:
     mounts: list[Mount]
     limits: Limits
     gpu_ids: tuple[str, ...] = ()
-    """Device ids (UUIDs) handed to the container; empty: no GPU at all."""
+    """Device ids (UUIDs) the engine's NVIDIA runtime hands to the container; empty: none
+    that way."""
+    devices: DeviceEdits | None = None
+    """CDI devices: asked of the engine by name (``cdi-native``), or their nodes given with
+    their cgroup rules (``cdi-applied``; their mounts and environment are already in
+    ``mounts`` and ``environment``). None: no GPU, or the NVIDIA runtime's ``gpu_ids``."""
     log_max_bytes: int = 1024 * 1024
     log_files: int = 1
     """The engine keeps this many files of ``log_max_bytes`` (the oldest dropped first)."""
@@ -179,6 +186,9 @@ class Backend(Protocol):
 
     def gpu_capable(self) -> bool:
         """Whether the engine can hand GPUs to containers at all."""
+
+    def cdi_native(self) -> bool:
+        """Whether the engine applies CDI specs itself (asked for devices by CDI name)."""
 
     def architecture(self) -> str:
         """The engine host's architecture as the engine names it (``x86_64``, ``aarch64``)."""

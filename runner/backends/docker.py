@@ -329,6 +329,11 @@ class DockerBackend:
             return True
         return shutil.which("nvidia-container-runtime-hook") is not None
 
+    def cdi_native(self) -> bool:
+        """Docker 25+ lists its CDI spec folders in /info while the ``cdi`` feature is on."""
+        info = self._call("GET", "/info", "asking the engine about CDI") or {}
+        return bool(info.get("CDISpecDirs"))
+
     def runtimes(self) -> list[str]:
         info = self._call("GET", "/info", "asking the engine for its runtimes") or {}
         return sorted((info.get("Runtimes") or {}).keys())
@@ -377,7 +382,17 @@ class DockerBackend:
             host_config["Dns"] = list(spec.dns)
         if spec.dns_options:
             host_config["DnsOptions"] = list(spec.dns_options)
-        if spec.gpu_ids:
+        if spec.devices is not None and spec.devices.mode == "cdi-native":
+            host_config["DeviceRequests"] = [
+                {"Driver": "cdi", "DeviceIDs": list(spec.devices.cdi_devices)}
+            ]
+        elif spec.devices is not None:
+            host_config["Devices"] = [
+                {"PathOnHost": n.host_path, "PathInContainer": n.container_path,
+                 "CgroupPermissions": n.permissions}
+                for n in spec.devices.nodes
+            ]  # fmt: skip
+        elif spec.gpu_ids:
             host_config["DeviceRequests"] = [
                 {
                     "Driver": "",
@@ -450,10 +465,13 @@ class DockerBackend:
             # A device request the engine accepted at create but cannot honour: no NVIDIA
             # runtime or driver ("could not select device driver", nvidia-container-cli).
             if type(exc) is InfrastructureError and _GPU_START_ERROR.search(exc.message):
+                cdi = '"cdi"' in exc.message  # a CDI request to an engine without CDI
                 raise GpuUnavailable(
                     exc.message,
-                    hint="install the NVIDIA driver and container toolkit on this host, or run "
-                    "the job on a GPU host",
+                    hint="turn on the engine's CDI support (Docker 25+: the cdi feature)"
+                    if cdi
+                    else "install the NVIDIA driver and container toolkit on this host, or "
+                    "run the job on a GPU host",
                 ) from exc
             raise
 

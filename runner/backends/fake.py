@@ -110,6 +110,7 @@ class FakeBackend:
     pullable: dict[str, ImageInfo] = field(default_factory=dict)
     """References a pull finds, and the image each brings."""
     gpus: bool = False
+    cdi: bool = False
     installed_runtimes: tuple[str, ...] = ("runc", "runsc")
     calls: list[tuple[str, str]] = field(default_factory=list)
     """Every call made, as ``(method, first argument)``: for assertions."""
@@ -195,6 +196,9 @@ class FakeBackend:
 
     def gpu_capable(self) -> bool:
         return self.gpus
+
+    def cdi_native(self) -> bool:
+        return self.cdi
 
     def architecture(self) -> str:
         return "x86_64"

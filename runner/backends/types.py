@@ -114,3 +114,33 @@ class EgressPlan:
         url = f"http://{self.PROXY_ALIAS}:{self.PROXY_PORT}"
         names = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
         return {**dict.fromkeys(names, url), "NO_PROXY": "", "no_proxy": ""}
+
+
+GpuInjection = Literal["cdi-native", "cdi-applied", "nvidia-runtime"]
+"""How a GPU reaches a container: the engine applies a CDI spec itself (``cdi-native``, asked
+for by device name), the runner applies the spec's edits through the engine's plain device,
+mount and environment settings (``cdi-applied``), or the NVIDIA runtime/toolkit of the engine
+hands the device out (``nvidia-runtime``)."""
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A host device node given to the container, with its cgroup permissions (``rwm``)."""
+
+    host_path: str
+    container_path: str
+    permissions: str = "rwm"
+
+
+@dataclass(frozen=True)
+class DeviceEdits:
+    """What the container gets for its devices. ``cdi-native``: only ``cdi_devices`` (the
+    engine reads the spec); ``cdi-applied``: ``nodes``, read-only ``mounts`` (host path,
+    container path) and ``env``, as the spec says; ``nvidia-runtime``: nothing here (the
+    engine's NVIDIA runtime acts on the device ids)."""
+
+    mode: GpuInjection
+    cdi_devices: tuple[str, ...] = ()
+    nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()

@@ -14,6 +14,7 @@ module               commands
 ``issuer.py``        keygen, trust, sign, pin
 ``job.py``           status, ledger verify, cleanup, parse
 ``image.py``         image load
+``gpu.py``           gpu ls, gpu cdi
 ``fetch.py``         fetch, cache ls, cache prune
 ``render.py``        render (manifests for a cluster: Kubernetes)
 ``parsers.py``       parsers
@@ -68,6 +69,7 @@ _TABLE = {
         "write the manifests for a cluster to run a contract's job (Kubernetes)",
     ),
     "image": ("image", "offline image bundles"),
+    "gpu": ("gpu", "this host's GPUs, and a CDI spec that hands them to containers"),
     "fetch": ("fetch", "fetch a contract's assets into this host's cache, verified"),
     "cache": ("fetch", "the asset cache: list it, prune it (never what a running job uses)"),
     "status": ("job", "a job's attempts, budget used and left, and its container"),

@@ -163,6 +163,7 @@ def _run_options(
         heartbeat_seconds=args.heartbeat,
         protected=(Path(host.config_dir()),),
         gpu_lock_dir=host.gpu_lock_dir(),
+        cdi_dirs=host.cdi_dirs(),
     )
 
 
