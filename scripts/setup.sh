@@ -365,6 +365,12 @@ ensure_test_tools() {
     log "tools: installing apache2-utils (htpasswd, for the registry with basic auth)"
     apt_install apache2-utils
   fi
+  if command -v cc >/dev/null 2>&1; then
+    log "tools: reusing cc"
+  else
+    log "tools: installing gcc (the GPU tests build a stand-in libcuda)"
+    apt_install gcc libc6-dev
+  fi
 }
 
 # --------------------------------------------------------------------------- gVisor
