@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner import backends, egress
 from runner.contract import with_digest
 from tests.support.jobs import IMAGE, ROOT, SESSION_ID, SESSION_LABEL, docker
 
@@ -163,4 +164,7 @@ def model_server(folder: Path, scenario: str) -> Iterator[ModelServer]:
         yield ModelServer(network, "model.test", 8080, logs / "requests.jsonl")
     finally:
         docker("rm", "-f", name)
-        docker("network", "rm", network)
+        # The session's free egress slots first: their proxies are on this network.
+        egress.reap(backends.default(), idle_seconds=0.0, labels={SESSION_LABEL: SESSION_ID})
+        gone = docker("network", "rm", network)
+        assert gone.returncode == 0, gone.stderr

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner import backends, egress
 from tests.support.jobs import IMAGE, docker
 
 SERVER = r"""
@@ -116,8 +117,11 @@ def outside(
         left = left_behind(runs) if runs else {"containers": [], "networks": []}
         if left["containers"] or net.containers:
             docker("rm", "-f", *left["containers"], *net.containers)
+        if runs:  # the runs' free egress slots: their proxies are on this network
+            egress.reap(backends.default(), idle_seconds=0.0, labels=runs)
         for name in [*left["networks"], net.network]:
-            docker("network", "rm", name)
+            gone = docker("network", "rm", name)
+            assert gone.returncode == 0, gone.stderr  # a slot still on it: never leave it
 
 
 def left_behind(labels: dict[str, str]) -> dict[str, list[str]]:
