@@ -132,10 +132,14 @@ class InputCache:
             with self.manifest(hexd).open("rb") as f:
                 m: dict[str, Any] = json.loads(f.read(_MAX_MANIFEST))
             if m.get("kind") == "folder":
-                ok = inputs.digest_of(str(m["listing"]).encode()) == f"sha256:{hexd}"
+                listing = str(m["listing"])
+                ok = inputs.digest_of(listing.encode()) == f"sha256:{hexd}"
+                ok = ok and _rows_match(m["entries"], inputs.parse_listing(listing))
             else:
-                ok = m.get("kind") == "file" and m["entries"][0]["sha256"] == hexd
-        except (OSError, ValueError, KeyError, TypeError, IndexError):
+                rows = m["entries"]
+                ok = m.get("kind") == "file" and len(rows) == 1 and rows[0]["path"] == ""
+                ok = ok and rows[0]["sha256"] == hexd and rows[0]["kind"] in ("F", "X")
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
             return None
         return m if ok else None
 
@@ -169,6 +173,25 @@ class InputCache:
     def usage(self, hexd: str) -> int:
         m = self.read_manifest(hexd)
         return int(m.get("bytes", 0)) if m else 0
+
+
+def _rows_match(rows: list[dict[str, Any]], listed: dict[str, inputs.Entry]) -> bool:
+    """The manifest's rows are exactly its listing's entries, in an order that makes each
+    folder before what is in it, and every path stays below the entry (no ``..``, nothing
+    absolute, no empty part): what :func:`place` may follow."""
+    seen: set[str] = set()
+    for row in rows:
+        path = str(row["path"])
+        parts = path.split("/")
+        if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            return False
+        if len(parts) > 1 and "/".join(parts[:-1]) not in seen:
+            return False
+        want = listed.get(path)
+        if want is None or want.kind != row["kind"] or want.sha256 != row.get("sha256", ""):
+            return False
+        seen.add(path)
+    return len(seen) == len(listed) == len(rows)
 
 
 # -- making an entry --------------------------------------------------------------------------

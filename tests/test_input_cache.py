@@ -228,6 +228,29 @@ def test_an_edit_that_keeps_size_and_time_is_caught_by_verify_and_by_the_recheck
     assert run_cli("cache", "verify", "--state-dir", str(state.root)).returncode == 0
 
 
+def test_a_manifest_whose_rows_leave_the_entry_is_never_followed(tmp_path: Path) -> None:
+    """A manifest edited on the host (its listing left as it was, so it still hashes to its
+    name) with a row outside the entry: the entry is unusable, the input is staged from its
+    source, nothing is linked outside input/, and the entry is made again."""
+    contract = _pinned(tmp_path / "c")
+    state = StateDir(tmp_path / "state")
+    _stage(state, "j1", contract)
+    cache = InputCache.of_state(state.root)
+    repo_hex = _hex(contract, "repository")
+    path = cache.manifest(repo_hex)
+    m = json.loads(path.read_text())
+    first = next(r for r in m["entries"] if r["kind"] == "F")
+    m["entries"].append({**first, "path": "../../../../escaped"})
+    os.chmod(path, 0o644)
+    path.write_text(json.dumps(m))
+    assert cache.read_manifest(repo_hex) is None
+    job, done = _stage(state, "j2", contract)
+    assert done.copied == [REPO] and done.linked == [PAPER] and done.cached == [REPO]
+    assert not any(p.name == "escaped" for p in tmp_path.rglob("escaped"))
+    assert cache.read_manifest(repo_hex) is not None
+    assert staging.recheck_inputs(job).unchanged is True
+
+
 def test_the_host_caps_apply_to_inputs_placed_from_the_cache(tmp_path: Path) -> None:
     contract = _pinned(tmp_path / "c")
     state = StateDir(tmp_path / "state")
