@@ -271,7 +271,7 @@ def add(cache: InputCache, got: StagedInput, staged_at: Path) -> bool:
 # -- placing an entry -------------------------------------------------------------------------
 
 
-def _fresh(path: Path, row: dict[str, Any]) -> None:
+def _fresh(path: str | Path, row: dict[str, Any]) -> None:
     """The cached file is as it was made (cheap: one lstat; a link's target is re-hashed)."""
     try:
         st = os.lstat(path)
@@ -289,7 +289,7 @@ def _fresh(path: Path, row: dict[str, Any]) -> None:
         raise Stale(f"{row['path'] or 'the file'} was replaced or changed since it was cached")
 
 
-def _place(src: Path, dst: Path, row: dict[str, Any]) -> None:
+def _place(src: str | Path, dst: str | Path, row: dict[str, Any]) -> None:
     try:
         os.link(src, dst, follow_symlinks=False)
     except OSError as exc:
@@ -319,14 +319,15 @@ def place(cache: InputCache, hexd: str, m: dict[str, Any], field: str, rel: str,
             return StagedInput(field, rel, m["digest"], None, files, row["kind"] == "X")
         dst.mkdir()
         files, found = [], {}
+        src_at, dst_at = str(data), str(dst)  # plain strings: pathlib costs more than link(2)
         for row in rows:
             path = row["path"]
             if row["kind"] == "D":
-                (dst / path).mkdir()
+                os.mkdir(f"{dst_at}/{path}")
                 found[path] = inputs.Entry("D", path)
                 continue
-            _fresh(data / path, row)
-            _place(data / path, dst / path, row)
+            _fresh(f"{src_at}/{path}", row)
+            _place(f"{src_at}/{path}", f"{dst_at}/{path}", row)
             files.append(StagedFile(f"{rel}/{path}", row["sha256"], row["size"],
                                     link=row["kind"] == "L"))  # fmt: skip
             found[path] = inputs.Entry(row["kind"], path, row["sha256"])

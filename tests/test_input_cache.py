@@ -102,7 +102,7 @@ def test_a_cache_entry_is_read_only_files_and_folders(tmp_path: Path) -> None:
     cache = InputCache.of_state(state.root)
     data = cache.data(_hex(contract, "repository"))
     modes = set()
-    for folder, dirs, names in os.walk(data):
+    for folder, _dirs, names in os.walk(data):
         assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o555
         for name in names:
             st = os.lstat(Path(folder) / name)
