@@ -85,11 +85,11 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     verify = actions.add_parser(
         "verify",
         help="re-hash every cached input; remove those that are not what was cached",
-        description="Re-hash every file of every input cache entry against the digest it was "
-        "cached under. A job checks only each cached file's inode, size, modification time "
-        "and read-only mode before linking it (cheap); this catches an edit that kept those. "
-        "An entry that fails is removed (--keep: only listed); the next job that needs it "
-        "stages it from its source. Exit status 1 when any entry failed.",
+        description="Re-hash every file of every input cache entry against the digest it was\n"
+        "cached under. Before linking a cached file, a job checks only its inode, size,\n"
+        "modification time and read-only mode (cheap); this also catches an edit that kept\n"
+        "those. An entry that fails is removed (--keep: only listed); the next job that\n"
+        "needs it stages that input from its source. Exit status 1 when any entry failed.",
         epilog="examples:\n  runner cache verify --json\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
