@@ -246,6 +246,49 @@ def test_a_manifest_whose_rows_leave_the_entry_is_never_followed(tmp_path: Path)
     assert staging.recheck_inputs(job).unchanged is True
 
 
+def test_two_jobs_staging_one_input_at_once_make_one_entry(tmp_path: Path) -> None:
+    import threading
+
+    contract = _pinned(tmp_path / "c")
+    state = StateDir(tmp_path / "state")
+    errors: list[Exception] = []
+
+    def one(job_id: str) -> None:
+        try:
+            _stage(state, job_id, contract)
+        except Exception as exc:  # noqa: BLE001 - handed to the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(f"j{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    cache = InputCache.of_state(state.root)
+    assert len(cache.hexes()) == 2 and list((cache.root / "tmp").iterdir()) == []
+    for i in range(4):
+        assert staging.recheck_inputs(state.job(f"j{i}")).unchanged is True
+    assert inputcache.verify(cache, remove=False) == {}
+
+
+def test_prepare_writable_never_hands_a_linked_file_to_the_job(tmp_path: Path) -> None:
+    """Run as root, the runner chowns the writable folders to the job's user; a file there with
+    a second link (one that could be a cached input's inode) keeps its owner. (Not as root,
+    the job runs as the caller and nothing is chowned.)"""
+    contract = _pinned(tmp_path / "c")
+    state = StateDir(tmp_path / "state")
+    job, _ = _stage(state, "j1", contract)
+    cache = InputCache.of_state(state.root)
+    cached = cache.data(_hex(contract, "paper"))
+    os.link(cached, job.workspace / "linked.md")
+    (job.workspace / "own.txt").write_text("mine\n")
+    staging.prepare_writable(job, 54321, 54321, [])
+    assert os.lstat(cached).st_uid == os.geteuid()
+    expected = 54321 if os.geteuid() == 0 else os.geteuid()
+    assert os.lstat(job.workspace / "own.txt").st_uid == expected
+
+
 def test_the_host_caps_apply_to_inputs_placed_from_the_cache(tmp_path: Path) -> None:
     contract = _pinned(tmp_path / "c")
     state = StateDir(tmp_path / "state")
