@@ -245,6 +245,8 @@ def prune(
         removed.append(e)
         total -= e.bytes
     _remove_stale(cache)
+    if inputs is not None:
+        inputs.remove_debris()
     return Pruned(removed, in_use_kept, busy, total)
 
 

@@ -156,6 +156,27 @@ class InputCache:
         archives.remove_tree(gone)
         self.meta(hexd).unlink(missing_ok=True)
 
+    def remove_debris(self) -> list[str]:
+        """Remove what a runner killed while making or removing an entry left in ``tmp/``
+        (``<hex>.<random>``, ``gone-<hex>-<random>``), each under its digest's lock (never
+        while another runner is at it); the names removed."""
+        folder = self.root / "tmp"
+        if not folder.is_dir():
+            return []
+        removed = []
+        for path in sorted(folder.iterdir()):
+            hexd = path.name.removeprefix("gone-")[:64]
+            if not _HEX.match(hexd):
+                continue
+            with self.locked(hexd, wait=False) as got:
+                if got and os.path.lexists(path):
+                    if path.is_dir() and not path.is_symlink():
+                        archives.remove_tree(path)
+                    else:
+                        path.unlink()
+                    removed.append(path.name)
+        return removed
+
     def touch(self, hexd: str, path: str, *, made: bool = False) -> None:
         """Record in meta/ that the entry was used now (staged as ``path``)."""
         file = self.meta(hexd)

@@ -366,6 +366,27 @@ def test_prune_keeps_inputs_a_job_that_has_not_ended_uses_and_a_regrade_keeps_it
     assert staging.recheck_inputs(job).unchanged is True
 
 
+def test_prune_removes_what_a_killed_runner_left_in_tmp(tmp_path: Path) -> None:
+    """A runner killed while making an entry leaves ``tmp/<hex>.<random>/`` (read-only
+    folders inside); prune removes it, but not while the digest's lock is held."""
+    contract = _pinned(tmp_path / "c")
+    state = StateDir(tmp_path / "state")
+    job, _ = _stage(state, "j1", contract)
+    _finish(job.ledger, "j1")
+    cache = InputCache.of_state(state.root)
+    hexd = "ab" * 32
+    left = cache.root / "tmp" / f"{hexd}.deadbeef"
+    (left / "data" / "sub").mkdir(parents=True)
+    (left / "data" / "sub" / "f").write_text("x")
+    os.chmod(left / "data" / "sub", 0o555)  # noqa: S103 - as an entry being made has it
+    with cache.locked(hexd):
+        prune(AssetCache.of_state(state.root), state, inputs=cache, older_than=10**9)
+        assert left.exists()  # another runner may still be making it
+    prune(AssetCache.of_state(state.root), state, inputs=cache, older_than=10**9)
+    assert not left.exists()
+    assert len(cache.hexes()) == 2  # older_than: nothing else removed
+
+
 def test_runner_cache_ls_and_prune_list_input_entries(tmp_path: Path) -> None:
     contract = _pinned(tmp_path / "c")
     state = StateDir(tmp_path / "state")
