@@ -1,4 +1,5 @@
-"""What the asset cache holds (``runner cache ls``) and making room (``runner cache prune``).
+"""What the asset cache and the input cache hold (``runner cache ls``) and making room
+(``runner cache prune``).
 
 An entry is one digest: its bytes, the trees they unpack to, a partial download, its meta.
 It is *in use* while a job whose record names it (``record/assets.json``, written before the
@@ -7,6 +8,9 @@ without a readable ledger counts as not ended). Prune never removes an entry in 
 whose lock another runner holds (a fetch in progress); it takes the digest's lock before it
 looks at the jobs, and a job checks the cache under that same lock after writing its record,
 so a job either is seen as a user or finds the entry gone (and fetches it, or says so).
+
+The input cache (:mod:`runner.inputcache`) is listed and pruned the same way, one LRU order
+over both: its entries are in use while a job's ``record/inputs.json`` names them.
 """
 
 from __future__ import annotations
@@ -16,15 +20,17 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from runner import archives
+from runner import archives, inputcache
 from runner.assets import AssetCache, used_by
+from runner.inputcache import InputCache
 from runner.ledger import LedgerCorrupt, read_state
-from runner.staging import StateDir
+from runner.staging import JobDir, StateDir
 
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 
@@ -43,9 +49,12 @@ class Entry:
     """Seconds since the epoch: the meta's lastUsedAt, else the newest file time."""
     users: list[str] = field(default_factory=list)
     """Job ids that have not ended and use it."""
+    cache: str = "asset"
+    """``asset``, or ``input`` (an input cache entry; ``ids`` are the paths it was staged as)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
+            "cache": self.cache,
             "sha256": f"sha256:{self.sha256}",
             "bytes": self.bytes,
             "kinds": self.kinds,
@@ -60,8 +69,11 @@ class Entry:
         }
 
 
-def entries(cache: AssetCache, state: StateDir | None = None) -> list[Entry]:
-    """Every digest in the cache, with its users when ``state`` is given."""
+def entries(
+    cache: AssetCache, state: StateDir | None = None, inputs: InputCache | None = None
+) -> list[Entry]:
+    """Every digest in the cache (and in ``inputs``), with its users when ``state`` is given;
+    least recently used first."""
     found: dict[str, Entry] = {}
 
     def entry(hexd: str) -> Entry:
@@ -103,17 +115,44 @@ def entries(cache: AssetCache, state: StateDir | None = None) -> list[Entry]:
         using = in_use(state)
         for hexd, e in found.items():
             e.users = sorted(using.get(hexd, []))
-    return sorted(found.values(), key=lambda e: e.last_used)
+    every = list(found.values())
+    if inputs is not None:
+        every.extend(input_entries(inputs, state))
+    return sorted(every, key=lambda e: e.last_used)
 
 
-def in_use(state: StateDir) -> dict[str, list[str]]:
-    """Digest (hex) -> ids of the jobs that use it and have not ended."""
+def input_entries(inputs: InputCache, state: StateDir | None = None) -> list[Entry]:
+    """Every entry of the input cache, with its users when ``state`` is given."""
+    using = in_use(state, inputcache.used_by) if state is not None else {}
+    out = []
+    for hexd in inputs.hexes():
+        e = Entry(hexd, cache="input")
+        m = inputs.read_manifest(hexd)
+        e.kinds = [f"input:{m['kind']}" if m else "input:broken"]
+        e.bytes = int(m.get("bytes", 0)) if m else 0
+        with contextlib.suppress(OSError):
+            e.last_used = os.lstat(inputs.entry(hexd)).st_mtime
+        try:
+            meta = json.loads(inputs.meta(hexd).read_bytes())
+            e.ids = [str(p) for p in meta.get("paths", [])]
+            e.fetched_at = meta.get("madeAt")
+            e.last_used = max(e.last_used, datetime.fromisoformat(meta["lastUsedAt"]).timestamp())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+        e.users = sorted(using.get(hexd, []))
+        out.append(e)
+    return out
+
+
+def in_use(state: StateDir, used: Callable[[JobDir], list[str]] = used_by) -> dict[str, list[str]]:
+    """Digest (hex) -> ids of the jobs that use it and have not ended: assets, or with
+    ``used`` = :func:`runner.inputcache.used_by`, inputs."""
     using: dict[str, list[str]] = {}
     if not state.jobs.is_dir():
         return using
     for root in state.jobs.iterdir():
         job = state.job(root.name)
-        digests = used_by(job)
+        digests = used(job)
         if not digests or _ended(job.ledger):
             continue
         for hexd in digests:
@@ -171,12 +210,13 @@ def prune(
     max_bytes: int | None = None,
     older_than: float | None = None,
     now: float | None = None,
+    inputs: InputCache | None = None,
 ) -> Pruned:
     """Remove entries no job that has not ended uses, least recently used first: those not used
-    for ``older_than`` seconds, and (with ``max_bytes``) only until the cache holds at most that.
-    With neither, every entry not in use goes."""
+    for ``older_than`` seconds, and (with ``max_bytes``) only until the caches hold at most that.
+    With neither, every entry not in use goes. ``inputs``: the input cache's entries too."""
     now = time.time() if now is None else now
-    everything = entries(cache, state)
+    everything = entries(cache, state, inputs)
     total = sum(e.bytes for e in everything)
     removed: list[Entry] = []
     in_use_kept: list[Entry] = []
@@ -186,19 +226,27 @@ def prune(
             break
         if older_than is not None and e.last_used > now - older_than:
             continue
-        with cache.locked(e.sha256, wait=False) as got:
+        of_inputs = e.cache == "input" and inputs is not None
+        lock = inputs.locked if of_inputs and inputs is not None else cache.locked
+        with lock(e.sha256, wait=False) as got:
             if not got:
                 busy.append(e)
                 continue
-            users = in_use(state).get(e.sha256, [])  # again, under the lock
+            used = inputcache.used_by if of_inputs else used_by
+            users = in_use(state, used).get(e.sha256, [])  # again, under the lock
             if users:
                 e.users = sorted(users)
                 in_use_kept.append(e)
                 continue
-            _remove(cache, e.sha256)
+            if of_inputs and inputs is not None:
+                inputs.remove(e.sha256)
+            else:
+                _remove(cache, e.sha256)
         removed.append(e)
         total -= e.bytes
     _remove_stale(cache)
+    if inputs is not None:
+        inputs.remove_debris()
     return Pruned(removed, in_use_kept, busy, total)
 
 

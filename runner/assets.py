@@ -31,7 +31,6 @@ mount per asset at ``/job/assets/<path>`` (its mount point made in the job's ``a
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import time
@@ -41,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner import archives, safefs
+from runner import archives, locks, safefs
 from runner.backends.base import Mount
 from runner.contract import VerifiedContract
 from runner.contract.models import Asset
@@ -111,22 +110,8 @@ class AssetCache:
         ``timeout`` seconds have passed, and another holds it. One open file description per
         use: never nest two for one digest."""
         self.prepare()
-        with self.lock_file(hexd).open("a+") as handle:
-            if wait and timeout is None:
-                fcntl.flock(handle, fcntl.LOCK_EX)
-                yield True
-                return
-            deadline = time.monotonic() + (timeout or 0.0)
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if not wait or time.monotonic() >= deadline:
-                        yield False
-                        return
-                    time.sleep(0.2)
-            yield True
+        with locks.flocked(self.lock_file(hexd), wait=wait, timeout=timeout) as got:
+            yield got
 
     def mount_source(self, asset: Asset) -> Path:
         """What is mounted for the asset: its bytes, or the folder they unpack to."""

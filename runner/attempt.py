@@ -30,6 +30,7 @@ from runner import (
     errors,
     gpus,
     images,
+    inputcache,
     layout,
     log,
     policy,
@@ -226,7 +227,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
         agent_run.refuse_spent(p, st)
         if p.agent is not None:  # read now, handed to the engine only
             secrets = agents.secret_values(p.agent.adapter)
-        files = staging.stage_inputs(job.dir, job.contract, _input_rules(opts))
+        via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
+        files = staging.stage_inputs(job.dir, job.contract, _input_rules(opts), via=via)
         files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
         layout.working_copy(job.dir, job.contract)
         streams = [p.stdout_path, p.stderr_path]

@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 
 from runner.contract import VerifiedContract
 from runner.staging import JobDir, StagedFile, atomic_write, record_added_input, write_json
@@ -16,7 +17,8 @@ from runner.staging import JobDir, StagedFile, atomic_write, record_added_input,
 def working_copy(job: JobDir, contract: VerifiedContract) -> bool:
     """Give the job a writable copy of the staged repository at ``workspace/repository``
     (the pristine one stays read-only in ``input/``). Made once, from the staged copy (links
-    stay links), and kept across attempts with the job's edits; True when made now."""
+    stay links, files are copied: never hard-linked, as the staged ones may be the input
+    cache's), and kept across attempts with the job's edits; True when made now."""
     repo = contract.model.repository.path if contract.model.repository else None
     target = job.workspace / "repository"
     if repo is None or os.path.lexists(target):
@@ -29,9 +31,18 @@ def working_copy(job: JobDir, contract: VerifiedContract) -> bool:
         shutil.rmtree(tmp)  # left by a runner that died while copying
     elif os.path.lexists(tmp):
         tmp.unlink()
-    shutil.copytree(source, tmp, symlinks=True)
+    shutil.copytree(source, tmp, symlinks=True, copy_function=_writable_copy)
     os.replace(tmp, target)
     return True
+
+
+def _writable_copy(src: str, dst: str) -> None:
+    """A new file with the bytes of ``src`` (never a link to it: staged files may be the input
+    cache's, :mod:`runner.inputcache`), writable by its owner whatever the staged mode (0444
+    when cached); executable when ``src`` is."""
+    shutil.copyfile(src, dst, follow_symlinks=False)
+    executable = os.stat(src, follow_symlinks=False).st_mode & stat.S_IXUSR
+    os.chmod(dst, 0o755 if executable else 0o644)
 
 
 def add_input(job: JobDir, name: str, data: bytes) -> StagedFile:

@@ -34,7 +34,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -448,8 +448,19 @@ def prepare(root: Path) -> JobDir:
     return job
 
 
+Stager = Callable[[str, str, str | None, Callable[[], StagedInput]], tuple[StagedInput, bool]]
+"""Stages one input another way than copying it (:mod:`runner.inputcache`): called with the
+input's field, its normalized path, the digest the contract binds (or None) and the way to stage
+it by copying (copy and hash into ``input/``); returns the staged input and whether it was placed
+without reading its source (then its files and bytes are counted against the caps here)."""
+
+
 def stage_inputs(
-    job: JobDir, contract: VerifiedContract, rules: InputRules | None = None
+    job: JobDir,
+    contract: VerifiedContract,
+    rules: InputRules | None = None,
+    *,
+    via: Stager | None = None,
 ) -> list[StagedFile]:
     """Copy the contract's inputs into ``input/`` (replacing what was there), hash them, check
     them against the digests (and the git commit) the contract binds, and place the verified
@@ -458,7 +469,10 @@ def stage_inputs(
     Inputs are walked without following any link (:mod:`runner.safefs`), links below an
     input's folder are copied as links, special files are refused, and ``rules`` caps their
     count and size and names folders never staged. An input that is not the one the contract
-    binds is refused (:class:`~runner.errors.InputDigestMismatch`) before anything else."""
+    binds is refused (:class:`~runner.errors.InputDigestMismatch`) before anything else.
+
+    ``via`` (the input cache) may place an input the contract binds by digest from a verified
+    copy instead; it is held to the same caps and the same checks."""
     rules = rules or InputRules()
     _refuse_inside_protected(contract.base_dir, rules)
     (job.record / "input-tree.json").unlink(missing_ok=True)  # describes the old input/
@@ -468,7 +482,7 @@ def stage_inputs(
     files: list[StagedFile] = []
     staged: list[StagedInput] = []
     tally = _Tally(rules, "")
-    for field, rel, _ in _named_inputs(contract):
+    for field, rel, bound in _named_inputs(contract):
         if rel in {".", "task.json"}:
             raise ContractError(
                 f"{rel!r} would overwrite the input folder or task.json",
@@ -476,7 +490,16 @@ def stage_inputs(
                 hint="name a file or folder beside the contract",
             )
         tally.field = field
-        got = _stage_tree(contract.base_dir, rel, job.input, tally)
+
+        def copy(rel: str = rel) -> StagedInput:
+            return _stage_tree(contract.base_dir, rel, job.input, tally)
+
+        if via is None:
+            got = copy()
+        else:
+            got, placed = via(field, rel, bound, copy)
+            if placed:
+                _charge(tally, got)
         _check_bound(job, contract, got, tally.files)
         staged.append(got)
         files.extend(got.files)
@@ -508,6 +531,22 @@ def stage_inputs(
     )
     _record_tree(job, staged, own)
     return files
+
+
+def _charge(tally: _Tally, got: StagedInput) -> None:
+    """Count an input placed without a walk against the caps, as the walk would have."""
+    for f in got.files:
+        tally.files += 1
+        tally.take(f.path, f.size)
+    folders = sum(1 for e in (got.entries or {}).values() if e.kind == "D")
+    tally.files += folders + (1 if got.entries is not None else 0)
+    if tally.files > tally.rules.max_files:
+        raise tally.over(
+            got.path,
+            f"brings the inputs to {tally.files:,} entries; this host stages at most "
+            f"{tally.rules.max_files:,} files and folders",
+            "pack the inputs (a tar file), or raise maxInputFiles in the host policy",
+        )
 
 
 def _named_inputs(contract: VerifiedContract) -> list[tuple[str, str, str | None]]:
@@ -633,7 +672,14 @@ def prepare_writable(job: JobDir, uid: int, gid: int, stream_paths: list[str]) -
         for dirpath, dirnames, filenames in os.walk(base):
             os.chown(dirpath, uid, gid)
             for name in [*dirnames, *filenames]:
-                os.chown(Path(dirpath) / name, uid, gid, follow_symlinks=False)
+                path = Path(dirpath) / name
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+                    # A hard link may share its bytes with the input cache (or anything else
+                    # on the host): never hand such a file to the job. The runner's own copies
+                    # have one link; what the job linked itself is the job's already.
+                    continue
+                os.chown(path, uid, gid, follow_symlinks=False)
 
 
 def _sha256_stream(f: BinaryIO, limit: int) -> tuple[str, int]:

@@ -6,6 +6,10 @@ peak RSS is its own.
     bench_inproc.py parse LOG PATTERN         time regex.scalar (occurrence last) on LOG
     bench_inproc.py fetch CONTRACT STATE_DIR  time runner.assets.fetch of the contract's first
                                               asset (from a loopback server) into a new cache
+    bench_inproc.py stagecache CONTRACT STATE_DIR
+                                              time a job's whole staging (inputs through the
+                                              input cache, assets, working copy) twice on one
+                                              new state folder: the first job, then the second
 
 Prints one JSON object: the seconds of the call alone (imports excluded), the process's peak
 RSS (``ru_maxrss``) and its RSS just before the call.
@@ -98,14 +102,53 @@ def fetch(contract_path: Path, state: Path) -> dict[str, Any]:
     }
 
 
+def stagecache(contract_path: Path, state_root: Path) -> dict[str, Any]:
+    from runner import assets, inputcache, layout, staging
+    from runner.contract import load_contract
+    from runner.parsers import registry
+    from runner.policy import AssetGrant
+
+    registry.catalog()
+    contract = load_contract(contract_path)
+    state = staging.StateDir(state_root)
+    inputs = inputcache.InputCache.of_state(state.root)
+    cache = assets.AssetCache.of_state(state.root)
+    grant = AssetGrant(fetchOnRun=True)  # the asset is a file beside the contract
+    out: dict[str, Any] = {}
+    for n in ("first", "second"):
+        job = staging.prepare(state.job(n).root)
+        done = inputcache.Staged([], [], [])
+        t0 = time.perf_counter()
+        files = staging.stage_inputs(job, contract, via=inputcache.stager(inputs, job, done=done))
+        t1 = time.perf_counter()
+        mounts = assets.stage(job, contract, cache, grant)
+        t2 = time.perf_counter()
+        layout.working_copy(job, contract)
+        t3 = time.perf_counter()
+        out[n] = {
+            "seconds": t3 - t0,
+            "inputsSeconds": t1 - t0,
+            "assetsSeconds": t2 - t1,
+            "workingCopySeconds": t3 - t2,
+            "inputBytes": sum(f.size for f in files),
+            "assets": len(mounts),
+            "linked": done.linked,
+            "copied": done.copied,
+        }
+    out["peakRssBytes"] = _peak_rss()
+    return out
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in {"stage", "parse", "fetch"}:
+    if len(argv) != 3 or argv[0] not in {"stage", "parse", "fetch", "stagecache"}:
         print(__doc__, file=sys.stderr)
         return 2
     if argv[0] == "stage":
         out = stage(Path(argv[1]), Path(argv[2]))
     elif argv[0] == "fetch":
         out = fetch(Path(argv[1]), Path(argv[2]))
+    elif argv[0] == "stagecache":
+        out = stagecache(Path(argv[1]), Path(argv[2]))
     else:
         out = parse(Path(argv[1]), argv[2])
     print(json.dumps(out))

@@ -1055,6 +1055,135 @@ def fig_fetch(b: Bench, reps: int, size: int) -> Row:
     return row
 
 
+def _big_file(path: Path, size: int) -> str:
+    """``size`` bytes (whole MiB) no two MiB alike; their hex SHA-256."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    block = os.urandom(MIB)
+    with path.open("wb") as f:
+        for i in range(size // MIB):
+            chunk = i.to_bytes(8, "little") + block[8:]
+            f.write(chunk)
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fig_stagecache(b: Bench, reps: int, size: int) -> Row:
+    """A job's whole staging (inputs, assets, working copy) twice on one new state folder: the
+    second job's (everything cached) against the first's (copy and hash of every input, fetch
+    of the asset from beside the contract), measured in the same process, each pair fresh."""
+    from runner import issuer
+    from tests.support import write_contract
+
+    base = b.s.tmp / "stagecache"
+    base.mkdir(parents=True)
+    half = (size // 2 // MIB) * MIB
+    _big_file(base / "paper.bin", half)
+    asset_hex = _big_file(base / "checkpoint.bin", half)
+
+    def change(data: dict[str, Any]) -> None:
+        data["paper"]["path"] = "paper.bin"
+        data["assets"] = [{"id": "checkpoint", "sources": ["checkpoint.bin"], "size": half,
+                           "sha256": f"sha256:{asset_hex}", "path": "checkpoint.bin"}]  # fmt: skip
+
+    contract = write_contract(base, IMAGE, change=change)
+    (base / "paper.md").unlink()
+    issuer.pin(contract)  # binds the inputs' digests: what lets the second job skip the source
+    firsts: list[dict[str, Any]] = []
+    seconds: list[dict[str, Any]] = []
+    rss: list[int] = []
+
+    def pair(contract: Path = contract) -> dict[str, Any]:
+        state = base / "state" / b.job_id("stagecache")
+        out = subprocess.run(
+            [sys.executable, str(INPROC), "stagecache", str(contract), str(state)],
+            env=b.s.env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        shutil.rmtree(state)
+        result: dict[str, Any] = json.loads(out.stdout)
+        if result["second"]["copied"] or len(result["second"]["linked"]) != 2:
+            raise RuntimeError(f"the second job did not stage from the cache: {result}")
+        rss.append(int(result["peakRssBytes"]))
+        return result
+
+    pair()  # warm-up: the sources in the page cache for every first job from here on
+    for _ in range(reps):
+        result = pair()
+        firsts.append(result["first"])
+        seconds.append(result["second"])
+    # The same with a large repository (a quarter of the size, many small files): what the
+    # working copy, a full copy per job, costs the second job.
+    big = base / "bigrepo"
+    big.mkdir()
+    shutil.copy(contract, big / "task.json")
+    os.link(base / "paper.bin", big / "paper.bin")
+    os.link(base / "checkpoint.bin", big / "checkpoint.bin")
+    repo_files, repo_bytes = make_inputs(big / "repository", size // 4)
+    issuer.pin(big / "task.json")
+    pair(big / "task.json")  # warm-up
+    with_big = pair(big / "task.json")
+    xs = [r["seconds"] for r in seconds]
+    ys = [r["seconds"] for r in firsts]
+    ratio = statistics.median(xs) / statistics.median(ys)
+    parts = {
+        key: statistics.median(r[key] for r in seconds)
+        for key in ("inputsSeconds", "assetsSeconds", "workingCopySeconds")
+    }
+    first_parts = {
+        key: statistics.median(r[key] for r in firsts)
+        for key in ("inputsSeconds", "assetsSeconds", "workingCopySeconds")
+    }
+    row = Row(
+        f"staging a second job whose {size_text(2 * half)} of inputs and assets are cached",
+        "stagecache",
+        "s",
+        "the same job's first staging (same run, fresh state folder): inputs copied and hashed, "
+        "the asset fetched from beside the contract",
+        summary(ys),
+        summary(xs),
+        ratio,
+        f"≤ 0.05{X}",
+        ratio <= 0.05,
+        ratio_rows(xs, ys),
+        extra={
+            "bytes": 2 * half,
+            "secondParts": parts,
+            "firstParts": first_parts,
+            "peakRssBytes": max(rss),
+            "largeRepository": {"files": repo_files, "bytes": repo_bytes, **with_big},
+        },
+    )
+    row.notes.append(
+        f"each: a {size_text(half)} paper and a {size_text(half)} asset (a file beside the "
+        "contract) and the toy repository, the contract pinned (`runner pin`: the inputs' "
+        "digests bound); `scripts/bench_inproc.py stagecache` times `stage_inputs` through "
+        "the input cache, `assets.stage` (fetchOnRun) and `layout.working_copy` in one process"
+    )
+    row.notes.append(
+        "second job, medians: inputs (hard links from the input cache) "
+        f"{fmt(parts['inputsSeconds'], 's')}, assets (found in the cache) "
+        f"{fmt(parts['assetsSeconds'], 's')}, working copy of the repository "
+        f"{fmt(parts['workingCopySeconds'], 's')}; first job: inputs "
+        f"{fmt(first_parts['inputsSeconds'], 's')}, assets "
+        f"{fmt(first_parts['assetsSeconds'], 's')}, working copy "
+        f"{fmt(first_parts['workingCopySeconds'], 's')}"
+    )
+    w1, w2 = with_big["first"], with_big["second"]
+    row.notes.append(
+        "the working copy (workspace/repository, writable) is still a full copy per job: with a "
+        f"{size_text(repo_bytes)} repository ({repo_files:,} files) instead of the toy's, once, "
+        f"the second job's staging took {fmt(w2['seconds'], 's')} (ratio "
+        f"{w2['seconds'] / w1['seconds']:.2f} to the first's {fmt(w1['seconds'], 's')}), of "
+        f"which the working copy {fmt(w2['workingCopySeconds'], 's')} and the linked inputs "
+        f"{fmt(w2['inputsSeconds'], 's')}: with a large repository the working copy, not the "
+        "cache, sets the second job's staging time"
+    )
+    if 2 * half < 2 * GIB:
+        row.notes.append(f"scaled down from 2 GiB to {size_text(2 * half)} (`--stagecache-gb`)")
+    return row
+
+
 def make_log(path: Path, size: int) -> None:
     """``size`` bytes of chatty training log, then the one line with the value."""
     lines = []
@@ -1621,15 +1750,19 @@ MODES: dict[str, dict[str, Any]] = {
     # repeats per figure; sizes in bytes
     "smoke": {"toy": 1, "startup": 2, "stdout": 1, "staging": 1, "parse": 1, "concurrent": 1,
               "egress": 1, "stdoutBytes": 16 * MIB, "stageBytes": 16 * MIB, "logBytes": 16 * MIB,
-              "jobs": 3, "downloadBytes": 16 * MIB, "fetch": 1, "fetchBytes": 16 * MIB},
+              "jobs": 3, "downloadBytes": 16 * MIB, "fetch": 1, "fetchBytes": 16 * MIB,
+              "stagecache": 1, "stagecacheBytes": 32 * MIB},
     "quick": {"toy": 5, "startup": 8, "stdout": 3, "staging": 3, "parse": 3, "concurrent": 2,
               "egress": 6, "stdoutBytes": GIB // 2, "stageBytes": GIB // 2, "logBytes": GIB,
-              "jobs": 20, "downloadBytes": 100 * MIB, "fetch": 3, "fetchBytes": GIB // 4},
+              "jobs": 20, "downloadBytes": 100 * MIB, "fetch": 3, "fetchBytes": GIB // 4,
+              "stagecache": 3, "stagecacheBytes": 2 * GIB},
     "full": {"toy": 15, "startup": 20, "stdout": 5, "staging": 5, "parse": 5, "concurrent": 3,
              "egress": 12, "stdoutBytes": GIB, "stageBytes": 2 * GIB, "logBytes": GIB,
-             "jobs": 20, "downloadBytes": 100 * MIB, "fetch": 5, "fetchBytes": GIB},
+             "jobs": 20, "downloadBytes": 100 * MIB, "fetch": 5, "fetchBytes": GIB,
+             "stagecache": 5, "stagecacheBytes": 2 * GIB},
 }  # fmt: skip
-FIGURES = ("toy", "startup", "stdout", "staging", "parse", "concurrent", "egress", "fetch")
+FIGURES = ("toy", "startup", "stdout", "staging", "parse", "concurrent", "egress", "fetch",
+           "stagecache")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -1646,6 +1779,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stdout-gb", type=float, help="bytes the stdout job writes, GiB")
     p.add_argument("--log-gb", type=float, help="size of the parsed evidence log, GiB")
     p.add_argument("--fetch-gb", type=float, help="size of the fetched asset, GiB")
+    p.add_argument(
+        "--stagecache-gb", type=float, help="cached paper + asset of the stagecache figure, GiB"
+    )
     p.add_argument("--workdir", type=Path, help="where the temporary folder goes (default $TMPDIR)")
     p.add_argument(
         "--out-dir", type=Path, help="report folder (default benchmarks/; none in smoke)"
@@ -1666,7 +1802,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats:
         cfg.update({k: args.repeats for k in FIGURES})
     for flag, key in (("stage_gb", "stageBytes"), ("stdout_gb", "stdoutBytes"),
-                      ("log_gb", "logBytes"), ("fetch_gb", "fetchBytes")):  # fmt: skip
+                      ("log_gb", "logBytes"), ("fetch_gb", "fetchBytes"),
+                      ("stagecache_gb", "stagecacheBytes")):  # fmt: skip
         if getattr(args, flag):
             cfg[key] = int(getattr(args, flag) * GIB)
     if args.jobs:
@@ -1701,6 +1838,7 @@ def main(argv: list[str] | None = None) -> int:
             ("concurrent", lambda: fig_concurrent(b, cfg["concurrent"], cfg["jobs"])),
             ("egress", lambda: fig_egress(b, cfg["egress"], cfg["downloadBytes"])),
             ("fetch", lambda: [fig_fetch(b, cfg["fetch"], cfg["fetchBytes"])]),
+            ("stagecache", lambda: [fig_stagecache(b, cfg["stagecache"], cfg["stagecacheBytes"])]),
         ]
         if "toy" in only:
             progress("same box: docker inspect of a runner container and a baseline one")

@@ -15,7 +15,7 @@ module               commands
 ``job.py``           status, ledger verify, cleanup, parse
 ``image.py``         image load
 ``gpu.py``           gpu ls, gpu cdi
-``fetch.py``         fetch, cache ls, cache prune
+``fetch.py``         fetch, cache ls, cache prune, cache verify
 ``render.py``        render (manifests for a cluster: Kubernetes)
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
@@ -71,7 +71,10 @@ _TABLE = {
     "image": ("image", "offline image bundles"),
     "gpu": ("gpu", "this host's GPUs, and a CDI spec that hands them to containers"),
     "fetch": ("fetch", "fetch a contract's assets into this host's cache, verified"),
-    "cache": ("fetch", "the asset cache: list it, prune it (never what a running job uses)"),
+    "cache": (
+        "fetch",
+        "the asset and input caches: list, prune (never what a running job uses), verify",
+    ),
     "status": ("job", "a job's attempts, budget used and left, and its container"),
     "ledger": ("job", "inspect a job's budget ledger"),
     "cleanup": (

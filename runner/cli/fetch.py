@@ -1,4 +1,5 @@
-"""``runner fetch`` (a contract's assets into the cache) and ``runner cache ls|prune``."""
+"""``runner fetch`` (a contract's assets into the cache) and ``runner cache ls|prune|verify``
+(the asset cache and the input cache)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, host_options, load_host, usage
+from runner.cli._common import (
+    EXIT_JOB_FAILED,
+    EXIT_SUCCEEDED,
+    HOST_HELP,
+    host_options,
+    load_host,
+    usage,
+)
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
@@ -43,21 +51,27 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     cache = sub.add_parser(
         name,
         help=help,
-        description="The asset cache: what it holds, and making room. An asset a job that "
-        "has not ended uses (its record/assets.json names it and its ledger has no "
-        "job.finished) is never removed.",
+        description="The asset cache (<state>/cache/assets) and the input cache "
+        "(<state>/cache/inputs: papers, repositories and prompts, kept by digest and "
+        "hard-linked into the next job's input/): what they hold, making room, checking them. "
+        "An entry a job that has not ended uses (its record/assets.json or record/inputs.json "
+        "names it and its ledger has no job.finished) is never removed.",
     )
     actions = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
-    ls = actions.add_parser("ls", help="list the cached assets: digest, size, ids, last use, users")
+    ls = actions.add_parser(
+        "ls", help="list the cached assets and inputs: digest, size, ids, last use, users"
+    )
     ls.add_argument("--state-dir", metavar="DIR", help=_STATE_HELP)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_cache_ls)
     prune = actions.add_parser(
         "prune",
-        help="remove cached assets no running job uses, least recently used first",
-        description="Remove cached assets that no job that has not ended uses, least recently "
-        "used first. With --older-than, only those unused that long; with --max-bytes, only "
-        "until the cache holds at most that; with neither, every asset not in use.",
+        help="remove cached assets and inputs no running job uses, least recently used first",
+        description="Remove cached assets and inputs that no job that has not ended uses, "
+        "least recently used first (one order over both caches). With --older-than, only "
+        "those unused that long; with --max-bytes, only until the caches hold at most that; "
+        "with neither, every entry not in use. An input's bytes are freed once no job folder "
+        "links them either (a finished job keeps its input/ for a re-grade).",
         epilog="examples:\n"
         "  runner cache prune --max-bytes 50G          # down to 50 GiB\n"
         "  runner cache prune --older-than 14d         # unused for two weeks\n",
@@ -68,6 +82,21 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     prune.add_argument("--state-dir", metavar="DIR", help=_STATE_HELP)
     prune.add_argument("--json", action="store_true")
     prune.set_defaults(func=cmd_cache_prune)
+    verify = actions.add_parser(
+        "verify",
+        help="re-hash every cached input; remove those that are not what was cached",
+        description="Re-hash every file of every input cache entry against the digest it was\n"
+        "cached under. Before linking a cached file, a job checks only its inode, size,\n"
+        "modification time and read-only mode (cheap); this also catches an edit that kept\n"
+        "those. An entry that fails is removed (--keep: only listed); the next job that\n"
+        "needs it stages that input from its source. Exit status 1 when any entry failed.",
+        epilog="examples:\n  runner cache verify --json\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verify.add_argument("--keep", action="store_true", help="list bad entries, remove none")
+    verify.add_argument("--state-dir", metavar="DIR", help=_STATE_HELP)
+    verify.add_argument("--json", action="store_true")
+    verify.set_defaults(func=cmd_cache_verify)
 
 
 def _size(n: int) -> str:
@@ -134,11 +163,18 @@ def _cache(args: argparse.Namespace) -> tuple[Any, Any]:
     return AssetCache.of_state(state.root), state
 
 
+def _inputs(args: argparse.Namespace) -> Any:
+    from runner import host
+    from runner.inputcache import InputCache
+
+    return InputCache.of_state(host.state_dir(args.state_dir))
+
+
 def cmd_cache_ls(args: argparse.Namespace) -> int:
     from runner.assetcache import entries
 
     cache, state = _cache(args)
-    found = entries(cache, state)
+    found = entries(cache, state, _inputs(args))
     total = sum(e.bytes for e in found)
     if args.json:
         print(json.dumps({"entries": [e.as_json() for e in found], "totalBytes": total},
@@ -150,7 +186,9 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
         print(f"sha256:{e.sha256[:12]}…  {_size(e.bytes):>10}  {','.join(e.kinds):<14} "
               f"{','.join(e.ids) or '-':<20} last used {d['lastUsedAt'] or '-'}  "
               f"in use by {users}")  # fmt: skip
-    print(f"{len(found)} asset(s), {_size(total)} in {cache.root}")
+    n_inputs = sum(1 for e in found if e.cache == "input")
+    print(f"{len(found) - n_inputs} asset(s) and {n_inputs} input(s), {_size(total)} in "
+          f"{cache.root.parent}")  # fmt: skip
     return EXIT_SUCCEEDED
 
 
@@ -163,7 +201,7 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
     except ValueError as exc:
         usage(str(exc))
     cache, state = _cache(args)
-    done = prune(cache, state, max_bytes=max_bytes, older_than=older)
+    done = prune(cache, state, max_bytes=max_bytes, older_than=older, inputs=_inputs(args))
     if args.json:
         print(json.dumps(done.as_json(), indent=2))
         return EXIT_SUCCEEDED
@@ -172,7 +210,25 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
     for e in done.kept_in_use:
         print(f"kept    sha256:{e.sha256[:12]}…  in use by {', '.join(e.users)}")
     for e in done.kept_busy:
-        print(f"kept    sha256:{e.sha256[:12]}…  another runner is fetching it")
+        print(f"kept    sha256:{e.sha256[:12]}…  another runner is fetching or staging it")
     freed = sum(e.bytes for e in done.removed)
     print(f"freed {_size(freed)}; the cache holds {_size(done.left_bytes)}")
     return EXIT_SUCCEEDED
+
+
+def cmd_cache_verify(args: argparse.Namespace) -> int:
+    from runner.inputcache import verify
+
+    inputs = _inputs(args)
+    checked = len(inputs.hexes())
+    bad = verify(inputs, remove=not args.keep)
+    if args.json:
+        print(json.dumps({"checked": checked, "removed": not args.keep and bool(bad),
+                          "bad": [{"sha256": f"sha256:{h}", "problem": p}
+                                  for h, p in bad.items()]}, indent=2))  # fmt: skip
+    else:
+        for hexd, problem in bad.items():
+            how = "kept" if args.keep else "removed"
+            print(f"{how} sha256:{hexd[:12]}…  {problem}")
+        print(f"{checked} input cache entries checked, {len(bad)} not as cached")
+    return EXIT_JOB_FAILED if bad else EXIT_SUCCEEDED

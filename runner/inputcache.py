@@ -1,0 +1,483 @@
+"""The input cache: a contract's inputs (paper, repository, agent prompt), kept once per digest
+and hard-linked into the next job's ``input/`` instead of copied and hashed again.
+
+Layout of ``<state>/cache/inputs/``::
+
+    entries/<hex>/data           the input as staged: a file, or a folder (files 0444, or 0555
+                                 when executable; folders 0555; links as links)
+    entries/<hex>/manifest.json  its kind, runner-tree-v1 listing, and each file's size, inode
+                                 and modification time when the entry was made (0444)
+    tmp/                         entries being built (renamed into entries/ whole)
+    locks/<hex>.lock             flock(2) per digest (:mod:`runner.locks`, as the asset cache)
+    meta/<hex>.json              the paths it was staged as, when made, when last used
+
+``<hex>`` is the hex of the input's digest (:mod:`runner.inputs`: SHA-256 of a file's bytes, or
+of a folder's runner-tree-v1 listing).
+
+**A job's staging** (:func:`stager`, handed to :func:`runner.staging.stage_inputs`): the digest
+the contract binds is written to ``record/inputs.json`` first (so ``runner cache prune`` never
+removes what a job that has not ended uses), then, under the digest's lock, an entry found is
+hard-linked into ``input/`` file by file: the source beside the contract is not opened, not
+walked, not hashed (the contract's signature covers the digest; the entry was hashed when it
+was made, and its manifest's listing must hash to its name). Each cached file is checked on the
+way (``lstat``: a regular file with the inode, size, modification time and read-only mode it had
+when made): a file edited, replaced or made writable on the host fails the check, the entry is
+removed and the input is staged from its source as before. Edits that keep size and restore the
+modification time are not seen by that check; ``runner cache verify`` re-hashes every entry,
+and the check of ``input/`` after each job (which re-hashes it) names any file that is not what
+was recorded.
+
+Without a digest in the contract, or without an entry, the input is copied and hashed as before,
+and the copy just made becomes the entry: its files are hard-linked (not copied again) into a
+new folder under ``tmp/``, made read-only, and renamed into ``entries/``. A link that fails
+(another file system: EXDEV; EPERM; too many links: EMLINK) means no entry (and, when placing
+one, a plain copy of that file).
+
+**Nothing a job does reaches a cached byte.** ``input/`` is mounted read-only; ``workspace/
+repository`` is a copy (:func:`runner.layout.working_copy`), never a link; the runner never
+hands a file with more than one link to the job's user (:func:`runner.staging.prepare_writable`);
+and inside the container ``link(2)`` from the read-only ``/job/input`` mount into a writable one
+fails (EXDEV), so a job cannot make such a link itself. A job re-graded later still finds its
+exact bytes: its ``input/`` holds its own links to them, which ``runner cache prune`` does not
+touch (pruning an entry frees its bytes only once no job folder links them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from runner import archives, inputs, locks, log
+from runner.staging import JobDir, StagedFile, StagedInput, Stager, write_json
+
+RECORD = "inputs.json"
+_HEX = re.compile(r"^[0-9a-f]{64}$")
+_DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+_NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK)
+_MAX_MANIFEST = 256 * 1024 * 1024
+
+
+class Stale(Exception):
+    """A cached entry is not what it was when made."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def hex_of(digest: str | None) -> str | None:
+    match = _DIGEST.match(digest or "")
+    return match.group(1) if match else None
+
+
+@dataclass(frozen=True)
+class InputCache:
+    """The content-addressed input cache below the state folder."""
+
+    root: Path
+
+    @classmethod
+    def of_state(cls, state_root: Path) -> InputCache:
+        return cls(state_root / "cache" / "inputs")
+
+    def entry(self, hexd: str) -> Path:
+        return self.root / "entries" / hexd
+
+    def data(self, hexd: str) -> Path:
+        return self.entry(hexd) / "data"
+
+    def manifest(self, hexd: str) -> Path:
+        return self.entry(hexd) / "manifest.json"
+
+    def meta(self, hexd: str) -> Path:
+        return self.root / "meta" / f"{hexd}.json"
+
+    def lock_file(self, hexd: str) -> Path:
+        return self.root / "locks" / f"{hexd}.lock"
+
+    def prepare(self) -> None:
+        for sub in ("entries", "tmp", "meta", "locks"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def locked(self, hexd: str, *, wait: bool = True) -> Iterator[bool]:
+        """Hold the digest's lock (as :meth:`runner.assets.AssetCache.locked`)."""
+        self.prepare()
+        with locks.flocked(self.lock_file(hexd), wait=wait) as got:
+            yield got
+
+    def hexes(self) -> list[str]:
+        folder = self.root / "entries"
+        if not folder.is_dir():
+            return []
+        return sorted(p.name for p in folder.iterdir() if _HEX.match(p.name))
+
+    def read_manifest(self, hexd: str) -> dict[str, Any] | None:
+        """The entry's manifest, if it is there and names this digest (its listing, or its one
+        file's SHA-256, hashes to the entry's name); None when there is no usable entry."""
+        try:
+            with self.manifest(hexd).open("rb") as f:
+                m: dict[str, Any] = json.loads(f.read(_MAX_MANIFEST))
+            if m.get("kind") == "folder":
+                listing = str(m["listing"])
+                ok = inputs.digest_of(listing.encode()) == f"sha256:{hexd}"
+                ok = ok and _rows_match(m["entries"], inputs.parse_listing(listing))
+            else:
+                rows = m["entries"]
+                ok = m.get("kind") == "file" and len(rows) == 1 and rows[0]["path"] == ""
+                ok = ok and rows[0]["sha256"] == hexd and rows[0]["kind"] in ("F", "X")
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+            return None
+        return m if ok else None
+
+    def remove(self, hexd: str) -> None:
+        """Remove an entry (under its lock): renamed away first, so it is never seen half gone.
+        Job folders that link its files keep their bytes."""
+        entry = self.entry(hexd)
+        if not os.path.lexists(entry):
+            self.meta(hexd).unlink(missing_ok=True)
+            return
+        self.prepare()
+        gone = self.root / "tmp" / f"gone-{hexd}-{uuid.uuid4().hex[:8]}"
+        os.rename(entry, gone)
+        archives.remove_tree(gone)
+        self.meta(hexd).unlink(missing_ok=True)
+
+    def remove_debris(self) -> list[str]:
+        """Remove what a runner killed while making or removing an entry left in ``tmp/``
+        (``<hex>.<random>``, ``gone-<hex>-<random>``), each under its digest's lock (never
+        while another runner is at it); the names removed."""
+        folder = self.root / "tmp"
+        if not folder.is_dir():
+            return []
+        removed = []
+        for path in sorted(folder.iterdir()):
+            hexd = path.name.removeprefix("gone-")[:64]
+            if not _HEX.match(hexd):
+                continue
+            with self.locked(hexd, wait=False) as got:
+                if got and os.path.lexists(path):
+                    if path.is_dir() and not path.is_symlink():
+                        archives.remove_tree(path)
+                    else:
+                        path.unlink()
+                    removed.append(path.name)
+        return removed
+
+    def touch(self, hexd: str, path: str, *, made: bool = False) -> None:
+        """Record in meta/ that the entry was used now (staged as ``path``)."""
+        file = self.meta(hexd)
+        try:
+            meta: dict[str, Any] = json.loads(file.read_bytes())
+        except (OSError, ValueError):
+            meta = {}
+        now = _now()
+        meta.update(digest=f"sha256:{hexd}", lastUsedAt=now)
+        meta["paths"] = sorted({*meta.get("paths", []), path})
+        if made or "madeAt" not in meta:
+            meta["madeAt"] = now
+        write_json(file, meta)
+
+    def usage(self, hexd: str) -> int:
+        m = self.read_manifest(hexd)
+        return int(m.get("bytes", 0)) if m else 0
+
+
+def _rows_match(rows: list[dict[str, Any]], listed: dict[str, inputs.Entry]) -> bool:
+    """The manifest's rows are exactly its listing's entries, in an order that makes each
+    folder before what is in it, and every path stays below the entry (no ``..``, nothing
+    absolute, no empty part): what :func:`place` may follow."""
+    seen: set[str] = set()
+    for row in rows:
+        path = str(row["path"])
+        parts = path.split("/")
+        if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            return False
+        if len(parts) > 1 and "/".join(parts[:-1]) not in seen:
+            return False
+        want = listed.get(path)
+        if want is None or want.kind != row["kind"] or want.sha256 != row.get("sha256", ""):
+            return False
+        seen.add(path)
+    return len(seen) == len(listed) == len(rows)
+
+
+# -- making an entry --------------------------------------------------------------------------
+
+
+def _file_row(e: inputs.Entry | None, path: str, st: os.stat_result, sha: str) -> dict[str, Any]:
+    kind = e.kind if e is not None else ("X" if st.st_mode & stat.S_IXUSR else "F")
+    return {
+        "kind": kind,
+        "path": path,
+        "sha256": sha,
+        "size": st.st_size,
+        "ino": st.st_ino,
+        "mtimeNs": st.st_mtime_ns,
+    }
+
+
+def _read_only(kind: str) -> int:
+    return 0o555 if kind == "X" else 0o444
+
+
+def add(cache: InputCache, got: StagedInput, staged_at: Path) -> bool:
+    """Make ``got`` (just staged, hashed, at ``staged_at``) an entry by hard-linking its files
+    (never copying them); call under the digest's lock. False when no entry was made (a link
+    failed: another file system, or too many links)."""
+    hexd = hex_of(got.digest)
+    if hexd is None or os.path.lexists(cache.entry(hexd)):
+        return False
+    cache.prepare()
+    tmp = cache.root / "tmp" / f"{hexd}.{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        data = tmp / "data"
+        rows: list[dict[str, Any]] = []
+        if got.entries is None:
+            kind = "X" if got.executable else "F"
+            os.link(staged_at, data, follow_symlinks=False)
+            os.chmod(data, _read_only(kind))
+            st = os.lstat(data)
+            rows.append(_file_row(None, "", st, got.files[0].sha256) | {"kind": kind})
+        else:
+            data.mkdir()
+            folders = []
+            for e in sorted(got.entries.values(), key=lambda e: e.path.encode()):
+                src, dst = staged_at / e.path, data / e.path
+                if e.kind == "D":
+                    dst.mkdir()
+                    folders.append(dst)
+                    rows.append({"kind": "D", "path": e.path})
+                    continue
+                os.link(src, dst, follow_symlinks=False)
+                if e.kind != "L":
+                    os.chmod(dst, _read_only(e.kind))
+                st = os.lstat(dst)
+                rows.append(_file_row(e, e.path, st, e.sha256))
+            for folder in [*reversed(folders), data]:
+                os.chmod(folder, 0o555)  # noqa: S103 - read-only to everyone, owner included
+        manifest = {
+            "schemaVersion": "1.0",
+            "digest": got.digest,
+            "kind": "file" if got.entries is None else "folder",
+            "listing": inputs.listing(got.entries.values()) if got.entries is not None else None,
+            "bytes": sum(int(r.get("size", 0)) for r in rows),
+            "entries": rows,
+        }
+        write_json(tmp / "manifest.json", manifest)
+        os.chmod(tmp / "manifest.json", 0o444)
+        os.rename(tmp, cache.entry(hexd))
+    except OSError as exc:
+        archives.remove_tree(tmp)
+        if exc.errno in _NO_LINK:
+            return False
+        raise
+    return True
+
+
+# -- placing an entry -------------------------------------------------------------------------
+
+
+def _fresh(path: str | Path, row: dict[str, Any]) -> None:
+    """The cached file is as it was made (cheap: one lstat; a link's target is re-hashed)."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise Stale(f"{row['path'] or 'the file'} cannot be read: {exc.strerror}") from None
+    if row["kind"] == "L":
+        target = os.readlink(path) if stat.S_ISLNK(st.st_mode) else ""
+        if hashlib.sha256(os.fsencode(target)).hexdigest() != row["sha256"]:
+            raise Stale(f"{row['path']} is not the link it was")
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISREG(st.st_mode) or mode != _read_only(row["kind"]):
+        raise Stale(f"{row['path'] or 'the file'} is no longer a read-only file ({mode:o})")
+    if (st.st_ino, st.st_size, st.st_mtime_ns) != (row["ino"], row["size"], row["mtimeNs"]):
+        raise Stale(f"{row['path'] or 'the file'} was replaced or changed since it was cached")
+
+
+def _place(src: str | Path, dst: str | Path, row: dict[str, Any]) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+        if row["kind"] == "L":
+            os.symlink(os.readlink(src), dst)
+        else:  # the bytes checked by _fresh; a copy the job cannot reach the cache through
+            shutil.copyfile(src, dst, follow_symlinks=False)
+            os.chmod(dst, 0o755 if row["kind"] == "X" else 0o644)
+
+
+def place(cache: InputCache, hexd: str, m: dict[str, Any], field: str, rel: str,
+          input_root: Path) -> StagedInput:  # fmt: skip
+    """Hard-link the entry into ``input_root/rel``; the staged input it stands for. Raises
+    :class:`Stale` (leaving nothing at ``input_root/rel``) when a cached file has changed."""
+    data = cache.data(hexd)
+    dst = input_root / rel
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = m["entries"]
+    try:
+        if m["kind"] == "file":
+            row = rows[0]
+            _fresh(data, row)
+            _place(data, dst, row)
+            files = [StagedFile(rel, row["sha256"], row["size"])]
+            return StagedInput(field, rel, m["digest"], None, files, row["kind"] == "X")
+        dst.mkdir()
+        files, found = [], {}
+        src_at, dst_at = str(data), str(dst)  # plain strings: pathlib costs more than link(2)
+        for row in rows:
+            path = row["path"]
+            if row["kind"] == "D":
+                os.mkdir(f"{dst_at}/{path}")
+                found[path] = inputs.Entry("D", path)
+                continue
+            _fresh(f"{src_at}/{path}", row)
+            _place(f"{src_at}/{path}", f"{dst_at}/{path}", row)
+            files.append(StagedFile(f"{rel}/{path}", row["sha256"], row["size"],
+                                    link=row["kind"] == "L"))  # fmt: skip
+            found[path] = inputs.Entry(row["kind"], path, row["sha256"])
+        return StagedInput(field, rel, m["digest"], found, files)
+    except BaseException:
+        if dst.is_dir() and not dst.is_symlink():
+            shutil.rmtree(dst)
+        elif os.path.lexists(dst):
+            dst.unlink()
+        raise
+
+
+# -- a job's use ------------------------------------------------------------------------------
+
+
+def _record(job: JobDir, field: str, digest: str) -> None:
+    path = job.record / RECORD
+    try:
+        data: dict[str, Any] = json.loads(path.read_bytes())
+        used = [u for u in data["inputs"] if u.get("field") != field]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        used = []
+    used.append({"field": field, "digest": digest})
+    write_json(path, {"schemaVersion": "1.0", "inputs": used})
+
+
+def used_by(job: JobDir) -> list[str]:
+    """The input digests (hex) a job's record says it uses."""
+    try:
+        data = json.loads((job.record / RECORD).read_bytes())
+        found = (hex_of(str(u["digest"])) for u in data.get("inputs", []))
+        return [h for h in found if h is not None]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return []
+
+
+@dataclass
+class Staged:
+    """What :func:`stager` did, input by input (for progress and the benchmark)."""
+
+    linked: list[str]
+    copied: list[str]
+    cached: list[str]
+    """Inputs copied now and kept in the cache for the next job."""
+
+
+def stager(cache: InputCache, job: JobDir, *, done: Staged | None = None) -> Stager:
+    """The :data:`runner.staging.Stager` that stages through ``cache``."""
+    (job.record / RECORD).unlink(missing_ok=True)  # describes an earlier staging
+
+    def stage(
+        field: str, rel: str, bound: str | None, copy: Callable[[], StagedInput]
+    ) -> tuple[StagedInput, bool]:
+        hexd = hex_of(bound)
+        if hexd is not None and bound is not None:
+            _record(job, field, bound)  # before the cache is looked at
+            with cache.locked(hexd):
+                m = cache.read_manifest(hexd)
+                if m is not None:
+                    try:
+                        got = place(cache, hexd, m, field, rel, job.input)
+                    except Stale as exc:
+                        log.event(
+                            logging.WARNING,
+                            f"input cache entry sha256:{hexd[:12]}… for {field} is not as it "
+                            f"was made ({exc}); removed it, staging from the source",
+                        )
+                        cache.remove(hexd)
+                    else:
+                        cache.touch(hexd, rel)
+                        if done is not None:
+                            done.linked.append(field)
+                        return got, True
+        got = copy()
+        if done is not None:
+            done.copied.append(field)
+        made = hex_of(got.digest)
+        if made is None or (bound is not None and bound != got.digest):
+            return got, False  # refused next (not the input the contract binds): never cached
+        _record(job, field, got.digest)
+        with cache.locked(made):
+            if cache.read_manifest(made) is None:
+                if os.path.lexists(cache.entry(made)):
+                    cache.remove(made)  # unusable (a manifest lost): made again below
+                if add(cache, got, job.input / rel) and done is not None:
+                    done.cached.append(field)
+            cache.touch(made, rel, made=True)
+        return got, False
+
+    return stage
+
+
+# -- checking every entry ---------------------------------------------------------------------
+
+
+def verify_entry(cache: InputCache, hexd: str) -> str | None:
+    """Re-hash an entry's every file against its manifest, and its listing against its name;
+    None when it is whole, else what is wrong."""
+    m = cache.read_manifest(hexd)
+    if m is None:
+        return "its manifest is missing, unreadable or not this digest's"
+    data = cache.data(hexd)
+    for row in m["entries"]:
+        path = data / row["path"] if row["path"] else data
+        if row["kind"] == "D":
+            if not path.is_dir() or path.is_symlink():
+                return f"{row['path']} is not a folder"
+            continue
+        try:
+            _fresh(path, row)
+            if row["kind"] != "L":
+                with path.open("rb") as f:
+                    sha = hashlib.file_digest(f, "sha256").hexdigest()
+                if sha != row["sha256"]:
+                    return f"{row['path'] or 'the file'} does not hash to what was cached"
+        except (Stale, OSError) as exc:
+            return str(exc)
+    return None
+
+
+def verify(cache: InputCache, *, remove: bool = True) -> dict[str, str]:
+    """Every entry re-hashed; hex -> problem of each entry that is not whole (removed unless
+    ``remove`` is off: the next job stages that input from its source again)."""
+    bad: dict[str, str] = {}
+    for hexd in cache.hexes():
+        with cache.locked(hexd):
+            problem = verify_entry(cache, hexd)
+            if problem is not None:
+                bad[hexd] = problem
+                if remove:
+                    cache.remove(hexd)
+    return bad
