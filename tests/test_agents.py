@@ -23,6 +23,7 @@ from runner.ledger import Ledger, LedgerCorrupt
 from runner.policy import HostPolicy
 from tests.support import ROOT, SEED, run_cli
 from tests.support.agents import files_holding
+from tests.support.crash import Crash, CrashingProgress
 
 EXAMPLE = ROOT / "examples" / "agent-evaluation"
 FIXTURES = ROOT / "tests" / "fixtures" / "agents"
@@ -367,26 +368,6 @@ def test_the_readmes_adapter_example_is_a_valid_policy() -> None:
 # --- the orchestrator's decisions, with the fake backend -----------------------------------
 
 
-class _Crash(BaseException):
-    """The runner process dying (kill -9)."""
-
-
-class _Progress:
-    def __init__(self, fake: FakeBackend | None = None) -> None:
-        self.fake = fake
-
-    def stage(self, name: str, detail: str) -> None:
-        pass
-
-    def running(self, elapsed: float, budget: float) -> None:
-        if self.fake is not None:  # dies at the first tick of the running container
-            self.fake.frozen = True
-            raise _Crash
-
-    def transfer(self, label: str, done: int, total: int) -> None:
-        pass
-
-
 def _turns(mounts: dict[str, Path], first: int, count: int, result: bool = False) -> None:
     out = mounts["/job/output"] / "logs"
     out.mkdir(parents=True, exist_ok=True)
@@ -430,8 +411,8 @@ def test_an_attempt_that_vanished_counts_its_transcript_and_the_next_gets_the_re
         heartbeat_seconds=0.05,
         stop_grace_seconds=0.05,
     )
-    with pytest.raises(_Crash):
-        orchestrator.run(contract, options, backend=fake, progress=_Progress(fake))
+    with pytest.raises(Crash):
+        orchestrator.run(contract, options, backend=fake, progress=CrashingProgress(fake))
     fake.frozen = False
     fake.containers.clear()  # someone removed it
     env = orchestrator.as_json(orchestrator.run(contract, options, backend=fake))
