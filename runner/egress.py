@@ -475,8 +475,10 @@ def down(backend: Backend, eg: Egress, record_dir: Path, job_root: Path) -> Egre
     )
     kept.write_text(record.model_dump_json(indent=2) + "\n")
     _release(eg)
+    folder = Path(eg.rules).parent.parent
     with contextlib.suppress(RunnerError, OSError):  # long-idle slots of the state folder's
-        reap(backend, folder=Path(eg.rules).parent.parent)  # pools (an older proxy image's too)
+        if _any_idle(folder):  # pools (an older proxy image's too); asked of the engine only
+            reap(backend, folder=folder)  # when a lock file says one may be
     return record
 
 
@@ -486,6 +488,13 @@ def _truncated(text: str, saved: int | None) -> bool:
     if '"event":"log-capped"' in text or len(text) >= LOG_MAX_BYTES:
         return True
     return (saved or 0) >= 4 * LOG_MAX_BYTES or (bool(text) and '"event":"lease"' not in text)
+
+
+def _any_idle(folder: Path) -> bool:
+    """Whether some slot of the folder was last used :data:`IDLE_SECONDS` ago or more (its
+    lock file's time): a stat per slot, instead of the engine's listings at every attempt."""
+    now = time.time()
+    return any(now - lock.stat().st_mtime >= IDLE_SECONDS for lock in folder.glob("*.lock"))
 
 
 def _mine(raw: Path, lease: str) -> str:

@@ -40,6 +40,7 @@ from tests.support import (
     start_job,
     write_contract,
 )
+from tests.support.crash import Crash, CrashingProgress
 from tests.support.egress import Outside, left_behind, outside
 
 
@@ -334,6 +335,20 @@ def test_out_of_address_pools_the_free_slots_go_first(tmp_path: Path) -> None:
         egress.lease(fake, PLAN, "runner-d-a1", tmp_path / "d")
 
 
+def test_an_attempts_end_reaps_the_long_idle_slots_only(tmp_path: Path) -> None:
+    fake, state = _fake(), tmp_path / "state"
+    old = egress.lease(fake, PLAN, "runner-j-a1", state)
+    now = egress.lease(fake, PLAN, "runner-k-a1", state)  # a second slot
+    asked: list[dict[str, str]] = []
+    finder = fake.find
+    fake.find = lambda labels: asked.append(labels) or finder(labels)  # type: ignore[method-assign]
+    egress.down(fake, old, tmp_path / "rec1", tmp_path)
+    assert asked == [] and len(fake.containers) == 4  # all recent: the engine is not asked
+    os.utime(state / "egress" / f"{old.slot}.lock", (0, 0))  # last used long ago
+    egress.down(fake, now, tmp_path / "rec2", tmp_path)
+    assert asked and {c.spec.labels[egress.SLOT] for c in fake.containers.values()} == {now.slot}
+
+
 def test_idle_slots_go_and_busy_ones_stay(tmp_path: Path) -> None:
     fake, state = _fake(), tmp_path / "state"
     held = egress.lease(fake, PLAN, "runner-j-a1", state)
@@ -372,26 +387,6 @@ def _writes(mounts: dict[str, Path]) -> None:
     (mounts["/job/output"] / "r.json").write_text('{"ok": 1}')
 
 
-class _Crash(BaseException):
-    """The runner dying (kill -9): nothing of it runs on."""
-
-
-class _Progress:
-    def __init__(self, fake: FakeBackend | None = None) -> None:
-        self.fake = fake
-
-    def stage(self, name: str, detail: str) -> None:
-        pass
-
-    def running(self, elapsed: float, budget: float) -> None:
-        if self.fake is not None:  # die at the first tick of a running job
-            self.fake.frozen = True
-            raise _Crash
-
-    def transfer(self, label: str, done: int, total: int) -> None:
-        pass
-
-
 def _asks(fake: FakeBackend) -> Callable[[dict[str, Path]], None]:
     """The job's work: its evidence, and five requests of its proxy."""
 
@@ -412,7 +407,9 @@ def test_a_run_behind_the_allowlist_and_a_rerun_after_a_crash(tmp_path: Path) ->
     image = fake.add_image("job:1", content="job").id
     contract = _toy(tmp_path / "c1", image)
     env = orchestrator.as_json(
-        orchestrator.run(contract, _options(tmp_path, GRANT), backend=fake, progress=_Progress())
+        orchestrator.run(
+            contract, _options(tmp_path, GRANT), backend=fake, progress=CrashingProgress()
+        )
     )
     assert env["status"] == "succeeded", env["failure"]
     assert env["limits"]["network"] == "egress" and env["allocation"]["network"] == "egress"
@@ -428,13 +425,15 @@ def test_a_run_behind_the_allowlist_and_a_rerun_after_a_crash(tmp_path: Path) ->
     assert slot == (sorted([eg["holder"], eg["proxy"]]), sorted([eg["network"], "up"]))
 
     contract = _toy(tmp_path / "c2", image, tag="2")
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         orchestrator.run(contract, _options(tmp_path, GRANT), backend=fake,
-                         progress=_Progress(fake))  # fmt: skip
+                         progress=CrashingProgress(fake))  # fmt: skip
     fake.frozen = False
     assert len(fake.containers) == 3  # the slot, and the job in it
     env = orchestrator.as_json(
-        orchestrator.run(contract, _options(tmp_path, GRANT), backend=fake, progress=_Progress())
+        orchestrator.run(
+            contract, _options(tmp_path, GRANT), backend=fake, progress=CrashingProgress()
+        )
     )
     assert env["status"] == "succeeded" and env["budget"]["attempts"] == 1
     assert _slot_resources(fake) == slot  # one slot served both
@@ -444,15 +443,17 @@ def test_a_new_attempt_ends_the_lease_a_vanished_one_left(tmp_path: Path) -> Non
     fake = _fake(FakeJob(seconds=INF))
     image = fake.add_image("job:1", content="job").id
     contract = _toy(tmp_path, image)
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         orchestrator.run(contract, _options(tmp_path, GRANT), backend=fake,
-                         progress=_Progress(fake))  # fmt: skip
+                         progress=CrashingProgress(fake))  # fmt: skip
     fake.frozen = False
     job = next(c for c in fake.containers.values() if c.spec.name.endswith("-a1"))
     fake.remove(job.id)  # the job's container vanished; its slot did not
     fake.jobs = _egress_jobs(FakeJob(seconds=0.1, work=_writes))
     env = orchestrator.as_json(
-        orchestrator.run(contract, _options(tmp_path, GRANT), backend=fake, progress=_Progress())
+        orchestrator.run(
+            contract, _options(tmp_path, GRANT), backend=fake, progress=CrashingProgress()
+        )
     )
     assert env["status"] == "succeeded" and env["budget"]["attempts"] == 2
     assert len(fake.containers) == 2 and len(fake.networks) == 2  # one slot, reused
