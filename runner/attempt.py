@@ -1,5 +1,8 @@
 """One attempt of a job: pick up what an earlier runner left, or start a new one.
 
+Long on purpose: an attempt's whole life (resume; or stage, image, GPUs, egress, container)
+reads top to bottom in one place, each step a call into the module that owns it.
+
 :func:`run` first looks at the ledger's last attempt (:func:`_resume`): a container still
 running is reattached to, one that ended while no runner watched is recorded, one that
 vanished or never started is closed in the ledger; an attempt that ended before its envelope
@@ -29,6 +32,7 @@ from runner import (
     envelope,
     errors,
     gpus,
+    hostid,
     images,
     inputcache,
     layout,
@@ -37,6 +41,7 @@ from runner import (
     quotas,
     records,
     staging,
+    takeover,
 )
 from runner.backends.base import Backend, ContainerState, DeviceEdits, Mount
 from runner.backends.types import EgressPlan
@@ -144,6 +149,12 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         )  # fmt: skip
         return AttemptResult(outcome, known, guards, n)
     with stage("container", known):
+        if (other := hostid.elsewhere(last.starting)) is not None:
+            takeover.close(
+                ledger, last, other, job.options.lease_seconds, job.plan.job_id, progress
+            )
+            agent_run.lost(ledger, job.plan, job.dir, n, guards.agent)
+            return None
         found = container.recover(job.backend, last)
         lost = {
             "attempt": n,
@@ -281,6 +292,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
             {
                 "attempt": n,
                 "containerName": spec.name,
+                "host": hostid.identity(),
+                "leaseSeconds": opts.lease_seconds,
                 "engineDeadlineSeconds": deadline.after_seconds,
                 "image": got[1].model_dump(mode="json"),
                 "gpus": [g.model_dump(mode="json") for g in given],
@@ -359,6 +372,8 @@ def egress_down(
     started = mine.starting.get("egress") if mine is not None else None
     if not started or "slot" not in started:  # none, or an earlier runner's (the sweeper's)
         return None
+    if mine is not None and hostid.elsewhere(mine.starting):  # that host's slot, its to reap
+        return None
     return egress.down(backend, egress.Egress.from_json(started), job.attempt_record(n), job.root)
 
 
@@ -428,6 +443,7 @@ def _watch(job: Job, n: int, before: float, already: float, guards: quotas.Guard
         on_beat=beat,
         guard=guards.check,
         breached=guards.breached,
+        lease=opts.lease_seconds,
     )
 
 

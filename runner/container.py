@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from runner.errors import (
     EngineUnavailable,
     GpuUnavailable,
     InfrastructureError,
+    JobFenced,
     RunnerError,
 )
 from runner.ledger import Attempt
@@ -161,6 +163,49 @@ class Watch:
     """Checked every tick: a reason to stop the job (a quota), or None."""
     breached: Callable[[], str | None] = lambda: None
     """Checked once at the deadline: a quota already broken, measured at once."""
+    lease: float = 0.0
+    """Seconds the attempt may go without a heartbeat written before the container is removed
+    (``_Lease``), so that a runner that can no longer prove it is alive never runs the job
+    beside another host's; 0: no such limit."""
+
+
+class _Lease:
+    """A thread that removes the container once no heartbeat has been written for ``lease``
+    seconds: when writing to the ledger hangs (a network filesystem cut off from its server)
+    the watching loop hangs with it, and this is what still stops the job. A runner on another
+    host takes such a job over only after two leases without a heartbeat (``runner.attempt``),
+    by when this thread has removed the container."""
+
+    def __init__(self, backend: Backend, container_id: str, lease: float) -> None:
+        self.backend, self.container_id, self.lease = backend, container_id, lease
+        self.last_ok = time.monotonic()
+        self.fired = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="runner-lease", daemon=True)
+        if lease > 0:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(min(1.0, self.lease / 10)):
+            if time.monotonic() - self.last_ok > self.lease:
+                self.fired = True
+                with contextlib.suppress(Exception):  # best effort; the engine may be gone too
+                    self.backend.remove(self.container_id)
+                return
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def lost(self) -> JobFenced:
+        return JobFenced(
+            f"no heartbeat could be written to the job's ledger for {self.lease:.0f} s, so the "
+            "runner removed the job's container: past that, a runner on another host may take "
+            "the job over, and two containers of one job never run at once",
+            hint="check the state folder's storage; run the contract again to continue the "
+            "same budget (the attempt is charged up to now)",
+        )
 
 
 @dataclass(frozen=True)
@@ -180,8 +225,11 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
     next_beat = time.monotonic() + w.heartbeat
     timed_out = cancelled = False
     stopped_for = None
+    lease = _Lease(backend, container_id, w.lease)
     try:
         while True:
+            if lease.fired:
+                raise lease.lost()
             now = time.monotonic()
             if now >= deadline:
                 if backend.wait(container_id, 0.01) is not None:
@@ -200,12 +248,30 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
                 backend.stop(container_id, w.grace)
                 break
             if time.monotonic() >= next_beat:
-                w.on_beat(time.monotonic() - origin)
+                try:
+                    w.on_beat(time.monotonic() - origin)
+                except (RunnerError, OSError):
+                    # Fenced (another host took the job over), or the ledger cannot be written:
+                    # this runner can no longer account for the job, so the job stops now.
+                    lease.stop()
+                    backend.remove(container_id)
+                    raise
+                if lease.fired:  # the write came back only after the lease had run out
+                    raise lease.lost()
+                lease.last_ok = time.monotonic()
                 next_beat = time.monotonic() + w.heartbeat
             progress.running(w.consumed_before + time.monotonic() - origin, w.limit)
     except KeyboardInterrupt:
         cancelled = True
         backend.stop(container_id, w.grace)
+    except Exception:  # the engine's view of a container the lease removed, say
+        if lease.fired:
+            raise lease.lost() from None
+        raise
+    finally:
+        lease.stop()
+    if lease.fired:
+        raise lease.lost()
     return Watched(timed_out, cancelled, round(time.monotonic() - origin, 3), stopped_for)
 
 

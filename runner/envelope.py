@@ -321,7 +321,12 @@ class AttemptRecord(_Model):
     attempt: int
     classification: str | None = Field(description="How it ended; null while in flight.")
     seconds: float = Field(description="Its share of the budget.")
-    how: str | None = Field(description="observed, recovered, vanished, never-started ...")
+    how: str | None = Field(
+        description="observed, recovered, reattached, vanished, never-started, host-lost ..."
+    )
+    host: str | None = Field(
+        default=None, description="The host that ran it (null: recorded before hosts were)."
+    )
     files: list[RecordFile] = Field(
         description="record/attempts/<n>/: container state, engine log, output manifest, and "
         "its stdout and stderr once a later attempt started (never truncated or replaced)."

@@ -25,6 +25,7 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     ├── AssetUnavailable             asset_unavailable: an asset neither cached nor fetched (exit 4)
     ├── InfrastructureError          infrastructure: the runner or the engine failed      (exit 4)
     │   ├── JobBusy                  another runner holds this job id right now (retry later)
+    │   │   └── JobFenced            another host took this runner's attempt over (it stops)
     │   ├── HostConfigError          the host's policy file or trusted keys are broken
     │   ├── EngineUnavailable        the Docker engine cannot be reached
     │   └── ContainerVanished        the job's container disappeared under us
@@ -324,6 +325,13 @@ class InfrastructureError(RunnerError):
 
 class JobBusy(InfrastructureError):
     """Another runner on this host is running the same job id (retry later)."""
+
+
+class JobFenced(JobBusy):
+    """Another runner (on another host) appended to this job's ledger while this one held the
+    attempt: it took the job over, so this runner removes its container and writes nothing more."""
+
+    retryable = False
 
 
 class HostConfigError(InfrastructureError):

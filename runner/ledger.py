@@ -20,6 +20,12 @@ Events::
 
 A torn last line (the runner died mid-write) is kept byte for byte in a side file and cut off
 before anything new is appended. A broken line anywhere else is an error, never skipped.
+
+Fencing: an open :class:`Ledger` knows the file's size after its own last write, and every
+append first checks (on the file it is about to write) that nobody else has written since.
+When someone has (a runner on another host that took the job over after this one stopped
+proving it was alive, see ``runner.attempt``), the append raises
+:class:`~runner.errors.JobFenced` and writes nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runner.errors import InfrastructureError
+from runner.errors import InfrastructureError, JobFenced
 
 EventType = Literal[
     "job.accepted",
@@ -282,6 +288,9 @@ class Ledger:
         self.events: list[LedgerEvent] = []
         self.state = LedgerState()
         self._last_hash: str | None = None
+        self._size = 0
+        """The file's size after this ledger's last read or write: anything more is another
+        writer's."""
 
     @classmethod
     def open(cls, path: Path) -> Ledger:
@@ -312,7 +321,29 @@ class Ledger:
                 "left untouched until it is repaired",
             )
         ledger._last_hash = _line_hash(lines[-1]) if lines else None
+        ledger._size = len(data)
         return ledger
+
+    def check_owned(self) -> None:
+        """Raise :class:`JobFenced` if anyone else has appended since this ledger's last read
+        or write. (Opening the file, rather than a stat of its path, makes a network
+        filesystem fetch its current size: NFS revalidates attributes on open.)"""
+        if not self.path.exists() and self._size == 0:
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            self._fence(os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+
+    def _fence(self, size: int) -> None:
+        if size != self._size:
+            raise JobFenced(
+                f"the ledger {self.path} was written by another runner since this one's last "
+                f"event ({size} bytes, {self._size} expected): another host took the job over",
+                hint="this runner stops its container and writes nothing more; `runner status` "
+                "shows the job as the ledger now tells it",
+            )
 
     def append(self, event_id: str, type_: EventType, data: dict[str, Any]) -> LedgerEvent:
         """Append and fsync; the same ``event_id`` with the same data again is a no-op."""
@@ -336,6 +367,7 @@ class Ledger:
         created = not self.path.exists()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            self._fence(os.fstat(fd).st_size)
             os.write(fd, line + b"\n")
             os.fsync(fd)
         finally:
@@ -348,6 +380,7 @@ class Ledger:
                 os.close(dir_fd)
         self.events.append(event)
         self._last_hash = _line_hash(line)
+        self._size += len(line) + 1
         return event
 
 

@@ -50,3 +50,14 @@ class RunOptions:
     @property
     def state(self) -> StateDir:
         return StateDir(self.state_dir)
+
+    lease: float | None = None
+    """See :attr:`lease_seconds`; None: the default derived from the heartbeat."""
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long an attempt's runner may go without writing a heartbeat before it removes
+        its own container (and, after another such lease, a runner on another host may take
+        the job over): by default three heartbeats, never under 30 s, so a slow moment on a
+        busy host is not taken for a lost one."""
+        return self.lease if self.lease is not None else max(3 * self.heartbeat_seconds, 30.0)

@@ -135,6 +135,7 @@ def attempt_records(state: LedgerState, job: JobDir, max_bytes: int) -> list[Att
                 classification=fin.get("classification"),
                 seconds=round(a.seconds, 3),
                 how=fin.get("how"),
+                host=(a.starting.get("host") or {}).get("name"),
                 files=files,
             )
         )

@@ -134,13 +134,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         state = "not running"
     container_state = None
     if in_flight is not None:
-        from runner import backends
+        from runner import backends, hostid
         from runner.errors import ContainerVanished
 
-        try:
-            container_state = backends.default().state(in_flight.container_name).status
-        except ContainerVanished:
-            container_state = "gone"
+        if (other := hostid.elsewhere(in_flight.starting)) is not None:
+            container_state = f"on host {other} (not this host's engine to ask)"
+        else:
+            try:
+                container_state = backends.default().state(in_flight.container_name).status
+            except ContainerVanished:
+                container_state = "gone"
     info: dict[str, Any] = {
         "job": root.name,
         "state": state,
@@ -152,6 +155,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "seconds": round(a.seconds, 3),
                 "end": (a.finished or {}).get("classification", "in flight"),
                 "how": (a.finished or {}).get("how"),
+                "host": (a.starting.get("host") or {}).get("name"),
             }
             for a in st.attempts
         ],
@@ -170,7 +174,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     for a in info["attempts"]:
         how = f" ({a['how']})" if a["how"] else ""
-        print(f"attempt {a['attempt']}  {a['seconds']:8.1f} s  {a['end']}{how}  {a['container']}")
+        on = f"  on {a['host']}" if a["host"] else ""
+        end = f"{a['end']}{how}"
+        print(f"attempt {a['attempt']}  {a['seconds']:8.1f} s  {end}  {a['container']}{on}")
     if info["container"]:
         print(f"container  {in_flight.container_name if in_flight else ''}: {container_state}")
     if info["envelope"]:
