@@ -138,6 +138,8 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
     guards = guards_for(job.plan, job.dir, st)
     if last.finished is not None:
         if ledger.events[-1].type == "job.rerun" or last.finished["classification"] not in FINAL:
+            if n not in st.agent_usage:  # ended by `runner cleanup --orphans`: usage not read yet
+                agent_run.lost(ledger, job.plan, job.dir, n, None)
             return None
         progress.stage("recover", f"attempt {n} ended before its envelope was written")
         fin = last.finished

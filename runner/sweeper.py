@@ -2,21 +2,28 @@
 
 A container is removed when no runner holds its job's lock and the job's ledger says its
 attempt has finished (or the job has). One whose ledger says it is still running is listed and
-left alone: `runner run` on that job reattaches to it. The egress allowlist's slots (network,
+left alone: `runner run` on that job reattaches to it; with ``orphans`` (what a Slurm epilog
+runs: the job's next runner may be on another host, which cannot reach this engine) it is
+stopped instead, under the job's lock, its end recorded in the ledger from the engine
+(``interrupted``, ``how: orphan-stopped``, charged from its last heartbeat to its end), its
+egress lease ended, and then removed. The egress allowlist's slots (network,
 proxy, namespace holder; see :mod:`runner.egress`) outlive attempts on purpose: each free one
 (no runner holds its lock, no job container is in it) is removed, however recently used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 from pathlib import Path
 from typing import Any
 
-from runner import egress, ledger
-from runner.backends.base import Backend
-from runner.errors import RunnerError
+from runner import container, egress, ledger
+from runner.backends.base import Backend, ContainerSummary
+from runner.errors import ContainerVanished, JobBusy, RunnerError
 from runner.staging import JobDir
+
+STILL_RUNS = "its ledger says it still runs; `runner run` on the job reattaches to it"
 
 
 def runner_alive(job_root: Path) -> bool:
@@ -49,18 +56,66 @@ def _verdict(labels: dict[str, str]) -> tuple[bool, str]:
     mine = next((a for a in state.attempts if a.number == attempt), None)
     if mine is None or mine.finished is not None or state.finished is not None:
         return True, "its attempt has finished and no runner watches it"
-    return False, "its ledger says it still runs; `runner run` on the job reattaches to it"
+    return False, STILL_RUNS
 
 
-def sweep(backend: Backend | None = None, *, dry_run: bool = False) -> dict[str, Any]:
+def _stop_orphan(backend: Backend, c: ContainerSummary, grace: float) -> str:
+    """Stop an in-flight attempt's container that no runner watches and record its end; why,
+    as the report says it. Under the job's lock, so no runner starts meanwhile."""
+    root = JobDir(Path(c.labels["org.runner.job-dir"]))
+    n = int(c.labels.get("org.runner.attempt", "0") or 0)
+    with root.locked():
+        led = ledger.Ledger.open(root.ledger)
+        mine = led.state.in_flight
+        if mine is None or mine.number != n or mine.container_name != c.name:
+            return "its attempt has finished and no runner watches it"
+        with contextlib.suppress(ContainerVanished):  # gone meanwhile: charged until now
+            backend.stop(c.id, grace)
+        found = container.recover(backend, mine)
+        data = {
+            "attempt": n,
+            "exitCode": None,
+            "oomKilled": False,
+            "classification": "interrupted",
+            "seconds": round(found.seconds, 3),
+            "how": "orphan-stopped",
+        }
+        led.append(f"attempt-{n}.finished", "attempt.finished", data)
+        started = mine.starting.get("egress")
+        if started and "slot" in started:
+            eg = egress.Egress.from_json(started)
+            egress.down(backend, eg, root.attempt_record(n), root.root)
+    return (
+        f"no runner watched it: stopped, attempt {n} recorded interrupted ({found.seconds:.1f} s)"
+    )
+
+
+def sweep(
+    backend: Backend | None = None,
+    *,
+    dry_run: bool = False,
+    orphans: bool = False,
+    labels: dict[str, str] | None = None,
+    grace: float = 5.0,
+) -> dict[str, Any]:
+    """Remove what the module docstring says; only containers carrying ``labels`` when given
+    (and then no network or egress slot)."""
     if backend is None:
         from runner import backends
 
         backend = backends.default()
     removed: list[dict[str, str]] = []
     kept: list[dict[str, str]] = []
-    for c in backend.find({"org.runner.managed": "true"}):
+    for c in backend.find({"org.runner.managed": "true", **(labels or {})}):
         remove, why = _verdict(c.labels)
+        if not remove and why == STILL_RUNS and orphans:
+            if dry_run:
+                remove, why = True, "no runner watches it: it would be stopped and recorded"
+            else:
+                try:
+                    remove, why = True, _stop_orphan(backend, c, grace)
+                except JobBusy:
+                    why = "a runner is watching it"
         item = {"id": c.id, "name": c.name, "status": c.status, "why": why}
         if remove:
             if not dry_run:
@@ -68,6 +123,8 @@ def sweep(backend: Backend | None = None, *, dry_run: bool = False) -> dict[str,
             removed.append(item)
         else:
             kept.append(item)
+    if labels:
+        return {"removed": removed, "kept": kept, "dryRun": dry_run}
     for n in backend.find_networks({"org.runner.managed": "true"}):
         remove, why = _verdict(n.labels)
         item = {"id": n.id, "name": n.name, "status": "network", "why": why}

@@ -9,7 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner import host
-from runner.cli._common import EXIT_JOB_FAILED, EXIT_SUCCEEDED, envelope_exit, fmt_clock, summary
+from runner.cli._common import (
+    EXIT_JOB_FAILED,
+    EXIT_SUCCEEDED,
+    envelope_exit,
+    fmt_clock,
+    summary,
+    usage,
+)
 from runner.errors import JobNotFound, RefusedError
 from runner.staging import JobDir, StateDir
 
@@ -71,6 +78,29 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             "container is in); the next job with egress makes a new one.",
         )
         cleanup.add_argument("--dry-run", action="store_true", help="only list what would go")
+        cleanup.add_argument(
+            "--orphans",
+            action="store_true",
+            help="also stop containers whose ledger says they still run but whose runner is "
+            "gone, recording each attempt's end (interrupted, charged to its end) under the "
+            "job's lock: what a Slurm epilog runs, since the job's next runner may be on "
+            "another host. Without it they are left for `runner run` to reattach to",
+        )
+        cleanup.add_argument(
+            "--label",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="only containers with this label (repeatable; e.g. the one `runner submit` "
+            "puts on a Slurm job's container); networks and egress slots are then left alone",
+        )
+        cleanup.add_argument(
+            "--stop-grace",
+            type=float,
+            default=5.0,
+            metavar="SECONDS",
+            help="with --orphans: SIGTERM, then SIGKILL after this long (default 5)",
+        )
         cleanup.add_argument("--json", action="store_true")
         cleanup.set_defaults(func=cmd_cleanup)
 
@@ -187,7 +217,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from runner import sweeper
 
-    report = sweeper.sweep(dry_run=args.dry_run)
+    labels: dict[str, str] = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            usage(f"--label wants KEY=VALUE, got {item!r}")
+        labels[key] = value
+    report = sweeper.sweep(
+        dry_run=args.dry_run, orphans=args.orphans, labels=labels, grace=args.stop_grace
+    )
     if args.json:
         print(json.dumps(report, indent=2))
     else:
