@@ -17,6 +17,7 @@ module               commands
 ``gpu.py``           gpu ls, gpu cdi
 ``fetch.py``         fetch, cache ls, cache prune, cache verify
 ``render.py``        render (manifests for a cluster: Kubernetes)
+``stage.py``         stage (a job's folder laid out, nothing run)
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
 ``schema.py``        schema
@@ -63,6 +64,10 @@ _TABLE = {
     "verify-bundle": (
         "bundle",
         "check an exported run offline: signatures, every hash, the ledger, the values",
+    ),
+    "stage": (
+        "stage",
+        "lay out a contract's job folder as `runner run` would, running nothing",
     ),
     "render": (
         "render",

@@ -95,46 +95,27 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
+    from runner import kube, kubeapply
 
-    from runner import kube, plan, policy
-    from runner.contract import load_contract
-    from runner.ledger import read_state
-    from runner.staging import StateDir
-
-    namespace = kube.check_name("--namespace", args.namespace) if args.namespace else None
-    claim = kube.check_name("--claim", args.claim or kube.DEFAULT_CLAIM, subdomain=True)
-    runtime_class = kube.check_name(
-        "--runtime-class", args.runtime_class or kube.DEFAULT_RUNTIME_CLASS, subdomain=True
-    )
     loaded, trust = load_host(args)
-    contract = load_contract(Path(args.contract), trust)
-    rules = loaded.policy
-    job_id = plan.job_id_for(contract, args.job_id, allow_override=rules.allowJobIdOverride)
-    ledger_path = StateDir(host.state_dir(args.state_dir)).job(job_id).ledger
-    state = read_state(ledger_path) if ledger_path.is_file() else None
-    accepted = state.accepted if state is not None else None
-    resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
-    plan.check_mode(contract, rules)
-    policy.check(contract, rules, datetime.now(UTC), check_times=not resuming)
-    # As `runner run` as root plans it: the job runs as the image's job user (10001).
-    p = plan.build(contract, rules, job_id=job_id, host_uid=0, host_gid=0)
-    kube.refuse_unsupported(contract, p)
-    deadline = kube.deadline_seconds(p, state)
-    manifests = kube.render(
-        p,
-        deadline=deadline,
-        namespace=namespace,
-        claim=claim,
-        runtime_class=runtime_class,
-        attempt=len(state.attempts) + 1 if state is not None else 1,
+    r = kubeapply.rendered(
+        Path(args.contract),
+        loaded,
+        trust,
+        state_dir=host.state_dir(args.state_dir),
+        job_id=args.job_id,
+        namespace=args.namespace or None,
+        claim=args.claim or kube.DEFAULT_CLAIM,
+        runtime_class=args.runtime_class or kube.DEFAULT_RUNTIME_CLASS,
     )
+    p, manifests, deadline, state = r.plan, r.manifests, r.deadline, r.state
+    namespace, claim, runtime_class = r.namespace, r.claim, r.runtime_class
     files = _write(manifests, args.output)
     info: dict[str, Any] = {
         "rendered": True,
         "to": "kubernetes",
         "jobId": p.job_id,
-        "contractDigest": contract.digest,
+        "contractDigest": r.contract_digest,
         "name": manifests[0]["metadata"]["name"],
         "namespace": namespace,
         "claim": claim,

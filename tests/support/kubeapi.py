@@ -1,0 +1,188 @@
+"""A stand-in for a Kubernetes API server, for tests of runner/kubeapply.py: a small HTTP server
+on 127.0.0.1 that speaks just enough of the API for the official Python client to create, read
+and dry-run Jobs and NetworkPolicies, and records every request it is sent.
+
+It is not a cluster and checks nothing a real API server checks (no schema, no admission, no
+scheduling): it stores what it is sent, answers 409 for a name taken, 404 for a name not
+there, stores nothing for ``dryRun=All``, and answers 401 to a request without its bearer
+token. A test sets a stored Job's status (its conditions) itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+COLLECTIONS = {
+    ("apis/batch/v1", "jobs"): "Job",
+    ("apis/networking.k8s.io/v1", "networkpolicies"): "NetworkPolicy",
+}
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    authorization: str | None
+    body: Any
+
+    @property
+    def collection(self) -> str:
+        """``jobs`` or ``networkpolicies`` (the plural after the namespace)."""
+        parts = self.path.strip("/").split("/")
+        return parts[parts.index("namespaces") + 2] if "namespaces" in parts else ""
+
+
+@dataclass
+class ApiServer:
+    """What the stand-in holds: objects by (kind, namespace, name), and every request."""
+
+    token: str
+    objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    fail_with: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    """(method, kind) -> (status, message): answer such requests with that error."""
+    url: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def put(self, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+        """Store ``obj`` as if created earlier (a test's pre-existing object)."""
+        stored = copy.deepcopy(obj)
+        stored["metadata"] = {**stored["metadata"], "namespace": namespace,
+                              "uid": str(uuid.uuid4())}  # fmt: skip
+        with self.lock:
+            self.objects[(obj["kind"], namespace, obj["metadata"]["name"])] = stored
+        return stored
+
+    def set_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        with self.lock:
+            self.objects[("Job", namespace, name)]["status"] = status
+
+    def writes(self) -> list[Request]:
+        return [r for r in self.requests if r.method != "GET"]
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+            "reason": reason, "message": message}  # fmt: skip
+
+
+def _handler(server: ApiServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+        def _answer(self, code: int, data: Any) -> None:
+            raw = json.dumps(data).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def _route(self) -> tuple[str, str, str | None] | None:
+            """(kind, namespace, name or None) of /<group path>/namespaces/NS/<plural>[/NAME]."""
+            parts = urlsplit(self.path).path.strip("/").split("/")
+            if "namespaces" not in parts:
+                return None
+            i = parts.index("namespaces")
+            group, rest = "/".join(parts[:i]), parts[i + 1 :]
+            if len(rest) not in (2, 3):
+                return None
+            kind = COLLECTIONS.get((group, rest[1]))
+            if kind is None:
+                return None
+            return kind, rest[0], rest[2] if len(rest) == 3 else None
+
+        def _handle(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else None
+            split = urlsplit(self.path)
+            request = Request(method, split.path, parse_qs(split.query),
+                              self.headers.get("Authorization"), body)  # fmt: skip
+            with server.lock:
+                server.requests.append(request)
+            if request.authorization != f"Bearer {server.token}":
+                self._answer(401, _status(401, "Unauthorized", "Unauthorized"))
+                return
+            route = self._route()
+            if route is None:
+                self._answer(404, _status(404, "NotFound", f"no route {split.path}"))
+                return
+            kind, namespace, name = route
+            if (method, kind) in server.fail_with:
+                code, message = server.fail_with[(method, kind)]
+                self._answer(code, _status(code, "Invalid", message))
+                return
+            if method == "GET" and name is not None:
+                with server.lock:
+                    found = server.objects.get((kind, namespace, name))
+                if found is None:
+                    self._answer(404, _status(404, "NotFound", f'{kind} "{name}" not found'))
+                else:
+                    self._answer(200, found)
+                return
+            if method == "POST" and name is None and isinstance(body, dict):
+                name = str(body["metadata"]["name"])
+                with server.lock:
+                    if (kind, namespace, name) in server.objects:
+                        self._answer(409, _status(409, "AlreadyExists", f'"{name}" exists'))
+                        return
+                    made = copy.deepcopy(body)
+                    made["metadata"]["uid"] = str(uuid.uuid4())
+                    if kind == "Job":
+                        made["status"] = {}
+                    if request.query.get("dryRun") != ["All"]:
+                        server.objects[(kind, namespace, name)] = made
+                self._answer(201, made)
+                return
+            self._answer(405, _status(405, "MethodNotAllowed", method))
+
+        def do_GET(self) -> None:
+            self._handle("GET")
+
+        def do_POST(self) -> None:
+            self._handle("POST")
+
+    return Handler
+
+
+@contextmanager
+def api_server(token: str | None = None) -> Iterator[ApiServer]:
+    """A stand-in API server on 127.0.0.1 (a free port), stopped at the end."""
+    state = ApiServer(token=token or uuid.uuid4().hex)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+def write_kubeconfig(path: Path, contexts: dict[str, ApiServer], current: str) -> Path:
+    """A kubeconfig with one cluster, user (its bearer token) and context per server."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": current,
+        "clusters": [{"name": n, "cluster": {"server": s.url}} for n, s in contexts.items()],
+        "users": [{"name": n, "user": {"token": s.token}} for n, s in contexts.items()],
+        "contexts": [{"name": n, "context": {"cluster": n, "user": n}} for n in contexts],
+    }
+    path.write_text(json.dumps(config))
+    return path

@@ -1,0 +1,337 @@
+"""runner/kubeapply.py against a stand-in for the Kubernetes API server (tests/support/kubeapi.py:
+a small recording HTTP server on 127.0.0.1, not a cluster; no cluster runs here), driven by the
+official Python client: the NetworkPolicy is created before the Job, the bytes sent are the
+manifests rendered and checked, a second apply creates nothing, an object of another contract
+refuses the whole apply, dry-run stores nothing, the kubeconfig and context choose the server,
+and the Job's conditions are read back without writing the ledger."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import host, kube, kubeapply, stageonly
+from runner.errors import (
+    HostConfigError,
+    InfrastructureError,
+    JobNotFound,
+    PolicyViolation,
+)
+from runner.options import RunOptions
+from tests.support import write_contract
+from tests.support.kubeapi import ApiServer, api_server, write_kubeconfig
+
+DIGEST_IMAGE = "registry.example/runner-cpu@sha256:" + "ab" * 32
+NS = "repro"
+
+
+@pytest.fixture
+def server() -> Iterator[ApiServer]:
+    with api_server() as s:
+        yield s
+
+
+@pytest.fixture
+def kubeconfig(tmp_path: Path, server: ApiServer) -> Path:
+    return write_kubeconfig(tmp_path / "kubeconfig", {"only": server}, "only")
+
+
+def rendered(tmp_path: Path, *, job_id: str | None = None, **env: Any) -> kubeapply.Rendered:
+    folder = tmp_path / "contract"
+    folder.mkdir(parents=True, exist_ok=True)
+    contract = write_contract(folder, DIGEST_IMAGE, environment=env or None)
+    loaded, trust = host.load(allow_unsigned=True)
+    return kubeapply.rendered(
+        contract, loaded, trust, state_dir=tmp_path / "state", job_id=job_id, namespace=NS
+    )
+
+
+def with_namespace(m: dict[str, Any]) -> dict[str, Any]:
+    return {**m, "metadata": {**m["metadata"], "namespace": NS}}
+
+
+def test_networkpolicy_is_created_before_the_job_exactly_as_rendered(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """Both objects are read first, then the NetworkPolicy is POSTed, then the Job; each body
+    is the rendered manifest byte for byte (as JSON), with the bearer token of the context."""
+    r = rendered(tmp_path)
+    out = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    assert [(o["kind"], o["action"]) for o in out] == [
+        ("NetworkPolicy", "created"),
+        ("Job", "created"),
+    ]
+    assert [(q.method, q.collection) for q in server.requests] == [
+        ("GET", "networkpolicies"),
+        ("GET", "jobs"),
+        ("POST", "networkpolicies"),
+        ("POST", "jobs"),
+    ]
+    posts = server.writes()
+    by_kind = {m["kind"]: m for m in r.manifests}
+    assert posts[0].body == with_namespace(by_kind["NetworkPolicy"])
+    assert posts[1].body == with_namespace(by_kind["Job"])
+    assert all(q.query == {} for q in posts)  # no dryRun
+    assert {q.authorization for q in server.requests} == {f"Bearer {server.token}"}
+    assert (("Job", NS, r.name)) in server.objects
+
+
+def test_applying_again_reports_what_exists_and_creates_nothing(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """Idempotent: the same job and contract applied twice is created once."""
+    r = rendered(tmp_path)
+    first = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    before = len(server.writes())
+    again = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    assert [o["action"] for o in again] == ["exists", "exists"]
+    assert [o["uid"] for o in again] == [o["uid"] for o in first]
+    assert len(server.writes()) == before == 2
+
+
+def test_an_object_of_another_contract_refuses_the_whole_apply(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """A Job of the same name made for another contract (the same job id, another digest)
+    is refused before anything is created: not even the NetworkPolicy is POSTed."""
+    r = rendered(tmp_path)
+    other = copy.deepcopy(next(m for m in r.manifests if m["kind"] == "Job"))
+    other["metadata"]["labels"][kube.CONTRACT_LABEL] = "f" * 40
+    other["metadata"]["annotations"][f"{kube.PREFIX}/contract-digest"] = "sha256:" + "f" * 64
+    server.put(other, NS)
+    with pytest.raises(PolicyViolation, match="exists and is not this job's") as caught:
+        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    assert "sha256:" + "f" * 64 in caught.value.message
+    assert server.writes() == []
+    assert ("NetworkPolicy", NS, r.name) not in server.objects
+
+
+def test_an_object_not_made_by_the_runner_is_refused(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """A NetworkPolicy of that name without the runner's labels is someone else's."""
+    r = rendered(tmp_path)
+    server.put({"kind": "NetworkPolicy", "metadata": {"name": r.name}, "spec": {}}, NS)
+    with pytest.raises(PolicyViolation, match="or not by the runner"):
+        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    assert server.writes() == []
+
+
+def test_dry_run_sends_dryrun_all_and_nothing_is_stored(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """With dry_run each create carries dryRun=All (the server stores nothing), in the same
+    order; a real apply afterwards still creates both."""
+    r = rendered(tmp_path)
+    out = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig, dry_run=True)
+    assert [o["action"] for o in out] == ["dry-run", "dry-run"]
+    posts = server.writes()
+    assert [q.query for q in posts] == [{"dryRun": ["All"]}, {"dryRun": ["All"]}]
+    assert [q.collection for q in posts] == ["networkpolicies", "jobs"]
+    assert server.objects == {}
+    real = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    assert [o["action"] for o in real] == ["created", "created"]
+
+
+def test_the_context_chooses_the_server_and_its_credentials(tmp_path: Path) -> None:
+    """Two clusters in one kubeconfig: without --context the current one gets every request;
+    with context 'b', only b does, with b's token. A missing kubeconfig, or a context it does
+    not have, is a host configuration error naming it, and nothing is sent."""
+    r = rendered(tmp_path)
+    with api_server() as a, api_server() as b:
+        config = write_kubeconfig(tmp_path / "kubeconfig", {"a": a, "b": b}, "a")
+        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config, dry_run=True)
+        assert len(a.requests) == 4 and b.requests == []
+        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config, context="b")
+        assert len(a.requests) == 4 and len(b.requests) == 4
+        assert {q.authorization for q in b.requests} == {f"Bearer {b.token}"}
+        with pytest.raises(HostConfigError, match="'nope'"):
+            kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config, context="nope")
+        with pytest.raises(HostConfigError, match="missing-kubeconfig"):
+            kubeapply.apply(r.manifests, namespace=NS, kubeconfig=tmp_path / "missing-kubeconfig")
+        assert len(a.requests) == 4 and len(b.requests) == 4
+
+
+def test_refused_credentials_and_rejected_objects_are_errors(
+    tmp_path: Path, server: ApiServer
+) -> None:
+    """A wrong token (401) and an object the server rejects (422, its message quoted) are
+    infrastructure errors naming the request; after a rejected Job the NetworkPolicy stays
+    (it protects nothing but denies all) and a retry creates only the Job."""
+    r = rendered(tmp_path)
+    wrong = ApiServer(token="not-" + server.token, url=server.url)
+    config = write_kubeconfig(tmp_path / "wrong", {"w": wrong}, "w")
+    with pytest.raises(InfrastructureError, match=r"refused GET NetworkPolicy .*401"):
+        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config)
+    good = write_kubeconfig(tmp_path / "good", {"s": server}, "s")
+    server.fail_with[("POST", "Job")] = (422, 'Job.batch "x" is invalid: spec.template: bad')
+    with pytest.raises(InfrastructureError, match=r"POST Job .* with 422: .*is invalid"):
+        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=good)
+    assert ("NetworkPolicy", NS, r.name) in server.objects
+    del server.fail_with[("POST", "Job")]
+    out = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=good)
+    assert [o["action"] for o in out] == ["exists", "created"]
+
+
+def test_an_unreachable_server_is_an_infrastructure_error(tmp_path: Path) -> None:
+    """Nothing listens on the kubeconfig's server: an infrastructure error naming it."""
+    r = rendered(tmp_path)
+    with api_server() as gone:
+        config = write_kubeconfig(tmp_path / "kubeconfig", {"g": gone}, "g")
+    with pytest.raises(InfrastructureError, match=f"{gone.url} did not answer"):
+        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config)
+
+
+def test_manifests_that_break_the_rules_or_the_namespace_are_never_sent(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """Edited manifests (backoffLimit 1) and a namespace other than the rendered one are
+    refused before any request."""
+    r = rendered(tmp_path)
+    edited = copy.deepcopy(r.manifests)
+    next(m for m in edited if m["kind"] == "Job")["spec"]["backoffLimit"] = 1
+    with pytest.raises(PolicyViolation, match="backoffLimit"):
+        kubeapply.apply(edited, namespace=NS, kubeconfig=kubeconfig)
+    with pytest.raises(PolicyViolation, match="rendered for namespace 'repro'"):
+        kubeapply.apply(r.manifests, namespace="other", kubeconfig=kubeconfig)
+    with pytest.raises(PolicyViolation, match="DNS label"):
+        kubeapply.apply(r.manifests, namespace="Bad_NS", kubeconfig=kubeconfig)
+    assert server.requests == []
+
+
+def _job_status(kind: str, reason: str) -> dict[str, Any]:
+    return {
+        "conditions": [
+            {"type": kind, "status": "True", "reason": reason, "message": f"{reason} said"}
+        ],
+        "startTime": "2026-12-01T10:00:00Z",
+        "failed": 1 if kind == "Failed" else 0,
+        "succeeded": 1 if kind == "Complete" else 0,
+    }
+
+
+def test_status_reads_the_conditions_and_writes_nothing(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """pending (no pod active), running, complete, failed and deadline_exceeded from the
+    Job's conditions; the job's ledger is the same bytes before and after."""
+    folder = tmp_path / "contract"
+    folder.mkdir()
+    contract = write_contract(folder, DIGEST_IMAGE)
+    loaded, trust = host.load(allow_unsigned=True)
+    state = tmp_path / "state"
+    staged = stageonly.stage(
+        contract, RunOptions(state_dir=state, policy=loaded, trust=trust), host_uid=0, host_gid=0
+    )
+    ledger = (staged.job_dir / "record" / "ledger.jsonl").read_bytes()
+    out = kubeapply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
+                           kubeconfig=kubeconfig)  # fmt: skip
+    jid, name = out["jobId"], out["name"]
+
+    def state_now() -> dict[str, Any]:
+        return kubeapply.status(jid, namespace=NS, kubeconfig=kubeconfig)
+
+    assert state_now()["state"] == "pending" and state_now()["ended"] is False
+    server.set_status(NS, name, {"active": 1})
+    assert state_now()["state"] == "running"
+    server.set_status(NS, name, _job_status("Complete", "CompletionsReached"))
+    done = state_now()
+    assert (done["state"], done["ended"], done["succeeded"]) == ("complete", True, 1)
+    assert done["contractDigest"] == out["contractDigest"]
+    server.set_status(NS, name, _job_status("Failed", "BackoffLimitExceeded"))
+    assert state_now()["state"] == "failed"
+    server.set_status(NS, name, _job_status("Failed", "DeadlineExceeded"))
+    late = state_now()
+    assert (late["state"], late["reason"]) == ("deadline_exceeded", "DeadlineExceeded")
+    assert (staged.job_dir / "record" / "ledger.jsonl").read_bytes() == ledger
+    assert not (staged.job_dir / "result.json").exists()
+    with pytest.raises(JobNotFound):
+        kubeapply.status("no-such-job", namespace=NS, kubeconfig=kubeconfig)
+
+
+def test_wait_polls_until_the_job_ends(tmp_path: Path, server: ApiServer, kubeconfig: Path) -> None:
+    """wait() returns once a condition ends the Job (set 0.5 s later), having seen each
+    state once; with a short timeout it returns the last status, not ended."""
+    r = rendered(tmp_path)
+    kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    seen: list[str] = []
+    timer = threading.Timer(
+        0.5, server.set_status, (NS, r.name, _job_status("Failed", "DeadlineExceeded"))
+    )
+    timer.start()
+    try:
+        got = kubeapply.wait(
+            r.plan.job_id, namespace=NS, kubeconfig=kubeconfig, poll_seconds=0.1, timeout=30,
+            on_status=lambda s: seen.append(s["state"]),
+        )  # fmt: skip
+    finally:
+        timer.cancel()
+    assert got["state"] == "deadline_exceeded" and seen == ["pending", "deadline_exceeded"]
+    other = rendered(tmp_path / "other", job_id="other-job")
+    kubeapply.apply(other.manifests, namespace=NS, kubeconfig=kubeconfig)
+    cut = kubeapply.wait("other-job", namespace=NS, kubeconfig=kubeconfig, poll_seconds=0.05,
+                         timeout=0.2)  # fmt: skip
+    assert cut["ended"] is False and cut["state"] == "pending"
+
+
+def test_a_job_of_that_name_not_the_runners_is_refused_by_status(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """status() refuses a Job under the job's name that lacks the runner's labels."""
+    name = kube.object_name("some-job")
+    server.put({"kind": "Job", "metadata": {"name": name, "labels": {}}, "spec": {}}, NS)
+    with pytest.raises(PolicyViolation, match="not the runner's Job"):
+        kubeapply.status("some-job", namespace=NS, kubeconfig=kubeconfig)
+
+
+def test_submit_refuses_a_job_that_was_not_staged(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """submit() without `runner stage` first is refused and sends nothing; with apply=False
+    it only renders (no request)."""
+    folder = tmp_path / "contract"
+    folder.mkdir()
+    contract = write_contract(folder, DIGEST_IMAGE)
+    loaded, trust = host.load(allow_unsigned=True)
+    state = tmp_path / "state"
+    with pytest.raises(PolicyViolation, match="is not staged"):
+        kubeapply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
+                         kubeconfig=kubeconfig)  # fmt: skip
+    out = kubeapply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
+                           kubeconfig=kubeconfig, apply=False, require_staged=False)  # fmt: skip
+    assert out["applied"] == [] and out["manifests"]["kind"] == "List"
+    assert server.requests == []
+
+
+def test_submit_applies_a_staged_job_with_the_budget_of_its_ledger(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """After `runner stage`, submit() renders from the ledger (the whole budget, nothing
+    spent) and creates both objects; the ledger gains no event."""
+    folder = tmp_path / "contract"
+    folder.mkdir()
+    contract = write_contract(folder, DIGEST_IMAGE)
+    loaded, trust = host.load(allow_unsigned=True)
+    state = tmp_path / "state"
+    staged = stageonly.stage(
+        contract, RunOptions(state_dir=state, policy=loaded, trust=trust), host_uid=0, host_gid=0
+    )
+    ledger = (staged.job_dir / "record" / "ledger.jsonl").read_bytes()
+    out = kubeapply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
+                           kubeconfig=kubeconfig, dry_run=True)  # fmt: skip
+    assert out["budgetFrom"] == "ledger" and out["activeDeadlineSeconds"] == 15 * 60
+    assert [a["action"] for a in out["applied"]] == ["dry-run", "dry-run"]
+    assert out["submitted"] is False
+    out = kubeapply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
+                           kubeconfig=kubeconfig)  # fmt: skip
+    assert out["submitted"] is True
+    assert [(a["kind"], a["action"]) for a in out["applied"]] == [
+        ("NetworkPolicy", "created"),
+        ("Job", "created"),
+    ]
+    assert (staged.job_dir / "record" / "ledger.jsonl").read_bytes() == ledger
