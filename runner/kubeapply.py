@@ -4,15 +4,13 @@ inside the functions that talk to a cluster), and the Job's end read back.
 
 The functions the CLI calls (`runner submit --to kubernetes` is wired at merge)::
 
-    rendered(contract_path, policy, trust, *, state_dir, job_id=None, namespace=None,
-             claim=DEFAULT_CLAIM, runtime_class=DEFAULT_RUNTIME_CLASS) -> Rendered
-        the checks of `runner run`, the plan, the budget from the ledger, the manifests
-        (what `runner render --to kubernetes` prints; it calls this too)
-    submit(contract_path, policy, trust, *, namespace, state_dir, job_id=None,
+    submit(contract_path, loaded, trust, *, namespace, state_dir, job_id=None,
            claim=..., runtime_class=..., context=None, kubeconfig=None, dry_run=False,
            apply=True, require_staged=True) -> dict
-        rendered(), then apply() unless ``apply`` is False; refuses (policy_violation) a job
-        folder under ``state_dir`` that `runner stage` did not lay out for this contract
+        runner.kubeplan.rendered() (the checks of `runner run`, the plan, the budget from the
+        ledger, the manifests: what `runner render --to kubernetes` prints), then apply()
+        unless ``apply`` is False; refuses (policy_violation) a job folder under
+        ``state_dir`` that `runner stage` did not lay out for this contract
     apply(manifests, *, namespace, context=None, kubeconfig=None, dry_run=False) -> list[dict]
     status(job_id, *, namespace, context=None, kubeconfig=None) -> dict
     wait(job_id, *, namespace, context=None, kubeconfig=None, timeout=None,
@@ -43,100 +41,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import kube, plan, policy
-from runner.contract import Trust, load_contract
+from runner import kube
+from runner.contract import Trust
 from runner.errors import HostConfigError, InfrastructureError, JobNotFound, PolicyViolation
 from runner.kube import Manifest
-from runner.ledger import LedgerState, read_state
-from runner.plan import ExecutionPlan
+from runner.kubeplan import check_staged, rendered
 from runner.policy import LoadedPolicy
-from runner.staging import StateDir
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
 ORDER = ("NetworkPolicy", "Job")
 """The order objects are created in: the pod's NetworkPolicy exists before the pod can."""
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """A contract's manifests for one job, and what they were rendered from."""
-
-    plan: ExecutionPlan
-    contract_digest: str
-    manifests: list[Manifest]
-    deadline: int
-    state: LedgerState | None
-    namespace: str | None
-    claim: str
-    runtime_class: str
-
-    @property
-    def name(self) -> str:
-        return str(self.manifests[0]["metadata"]["name"])
-
-
-def rendered(
-    contract_path: Path,
-    loaded: LoadedPolicy,
-    trust: Trust,
-    *,
-    state_dir: Path,
-    job_id: str | None = None,
-    namespace: str | None = None,
-    claim: str = kube.DEFAULT_CLAIM,
-    runtime_class: str = kube.DEFAULT_RUNTIME_CLASS,
-) -> Rendered:
-    """Check the contract and the policy as `runner run` does, plan the job as `runner run`
-    as root plans it (user 10001), and render its manifests with the budget its ledger under
-    ``state_dir`` leaves (else the contract's whole budget)."""
-    if namespace is not None:
-        kube.check_name("--namespace", namespace)
-    kube.check_name("--claim", claim, subdomain=True)
-    kube.check_name("--runtime-class", runtime_class, subdomain=True)
-    contract = load_contract(contract_path, trust)
-    rules = loaded.policy
-    jid = plan.job_id_for(contract, job_id, allow_override=rules.allowJobIdOverride)
-    ledger_path = StateDir(state_dir).job(jid).ledger
-    state = read_state(ledger_path) if ledger_path.is_file() else None
-    accepted = state.accepted if state is not None else None
-    resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
-    plan.check_mode(contract, rules)
-    policy.check(contract, rules, datetime.now(UTC), check_times=not resuming)
-    p = plan.build(contract, rules, job_id=jid, host_uid=0, host_gid=0)
-    kube.refuse_unsupported(contract, p)
-    deadline = kube.deadline_seconds(p, state)
-    manifests = kube.render(
-        p,
-        deadline=deadline,
-        namespace=namespace,
-        claim=claim,
-        runtime_class=runtime_class,
-        attempt=len(state.attempts) + 1 if state is not None else 1,
-    )
-    return Rendered(p, contract.digest, manifests, deadline, state, namespace, claim, runtime_class)
-
-
-def check_staged(r: Rendered, state_dir: Path) -> None:
-    """Refuse a job whose folder under ``state_dir`` was not laid out for this contract (by
-    `runner stage`, or `runner run`): the pod would find no inputs, or another's."""
-    job = StateDir(state_dir).job(r.plan.job_id)
-    hint = f"run `runner stage CONTRACT --state-dir {state_dir}` on a host that mounts the claim"
-    accepted = r.state.accepted if r.state is not None else None
-    if accepted is None or not (job.execution / "input-manifest.json").is_file():
-        raise PolicyViolation(
-            f"job {r.plan.job_id} is not staged under {state_dir}: the pod would start "
-            "without its inputs",
-            hint=hint,
-        )
-    if accepted.get("contractDigest") != r.contract_digest:  # deadline_seconds refuses it too
-        raise PolicyViolation(f"job {r.plan.job_id} is staged for another contract", hint=hint)
 
 
 def submit(
@@ -155,8 +74,9 @@ def submit(
     apply: bool = True,
     require_staged: bool = True,
 ) -> dict[str, Any]:
-    """Render the contract's job (:func:`rendered`) and, with ``apply``, create it on the
-    cluster (:func:`apply`). What was rendered and what the API server answered, as JSON."""
+    """Render the contract's job (:func:`runner.kubeplan.rendered`) and, with ``apply``,
+    create it on the cluster (:func:`apply`). What was rendered and what the API server
+    answered, as JSON."""
     r = rendered(
         contract_path, loaded, trust, state_dir=state_dir, job_id=job_id,
         namespace=namespace, claim=claim, runtime_class=runtime_class,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from runner import host, kube, kubeapply, stageonly
+from runner import host, kube, kubeapply, kubeplan, stageonly
 from runner.errors import (
     HostConfigError,
     InfrastructureError,
@@ -41,12 +41,12 @@ def kubeconfig(tmp_path: Path, server: ApiServer) -> Path:
     return write_kubeconfig(tmp_path / "kubeconfig", {"only": server}, "only")
 
 
-def rendered(tmp_path: Path, *, job_id: str | None = None, **env: Any) -> kubeapply.Rendered:
+def rendered(tmp_path: Path, *, job_id: str | None = None, **env: Any) -> kubeplan.Rendered:
     folder = tmp_path / "contract"
     folder.mkdir(parents=True, exist_ok=True)
     contract = write_contract(folder, DIGEST_IMAGE, environment=env or None)
     loaded, trust = host.load(allow_unsigned=True)
-    return kubeapply.rendered(
+    return kubeplan.rendered(
         contract, loaded, trust, state_dir=tmp_path / "state", job_id=job_id, namespace=NS
     )
 

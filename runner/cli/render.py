@@ -95,10 +95,10 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from runner import kube, kubeapply
+    from runner import kube, kubeplan
 
     loaded, trust = load_host(args)
-    r = kubeapply.rendered(
+    r = kubeplan.rendered(
         Path(args.contract),
         loaded,
         trust,
