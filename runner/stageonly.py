@@ -59,6 +59,8 @@ class Staged:
     budget: Budget
     accepted_now: bool
     """The job was accepted in its ledger by this call (else it was accepted before)."""
+    signed: bool
+    """The contract was signed (else this host accepts unsigned contracts)."""
 
 
 def input_rules(opts: RunOptions) -> staging.InputRules:
@@ -163,4 +165,5 @@ def stage(contract_path: Path, opts: RunOptions, *, host_uid: int, host_gid: int
         user=p.user,
         budget=budget,
         accepted_now=accepted_now,
+        signed=contract.signature is not None,
     )

@@ -8,6 +8,8 @@ and the Job's conditions are read back without writing the ledger."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -335,3 +337,14 @@ def test_submit_applies_a_staged_job_with_the_budget_of_its_ledger(
         ("Job", "created"),
     ]
     assert (staged.job_dir / "record" / "ledger.jsonl").read_bytes() == ledger
+
+
+def test_the_client_is_imported_only_to_talk_to_a_cluster() -> None:
+    """Importing kubeapply, and rendering with `runner render`, never imports the kubernetes
+    package (importing its client and config took about 0.7 s here); apply() does."""
+    code = (
+        "import sys, runner.kubeapply, runner.kubeplan, runner.cli.render, runner.cli.stage; "
+        "print('kubernetes' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"

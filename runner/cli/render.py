@@ -29,7 +29,8 @@ that denies all ingress and egress. Output: JSON, which kubectl reads as it read
   runner render task.dsse.json --to kubernetes -o manifests/ && kubectl apply -f manifests/
 
 The job folder (<claim>/jobs/<job id>/input ... as `runner run` lays it out) must be on the
-claim before the Job starts; see README, "Running on a cluster", for what Kubernetes does and
+claim before the Job starts: `runner stage CONTRACT --state-dir <claim as mounted here>` lays
+it out; see README, "Running on a cluster", for what Kubernetes does and
 does not enforce compared with `runner run`.
 
 exit codes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -102,8 +103,11 @@ def cmd_stage(args: argparse.Namespace) -> int:
         "attempt": staged.attempt,
         "user": staged.user,
         "acceptedNow": staged.accepted_now,
+        "signed": staged.signed,
         "budget": staged.budget.as_json(),
     }
+    if not staged.signed:
+        print("runner: WARNING: unsigned contract accepted (local development)", file=sys.stderr)
     if args.json:
         print(json.dumps(info, indent=2))
     else:
