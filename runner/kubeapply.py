@@ -193,11 +193,14 @@ def _call(client: ApiClient, what: str, fn: Callable[..., Any], *args: Any, **kw
             ) from None
         raise _Refused(exc.status or 0, host, what, message) from None
     try:
-        return json.loads(answer.data)
+        data = json.loads(answer.data)
     except ValueError:
+        data = None
+    if not isinstance(data, dict):
         raise InfrastructureError(
-            f"the Kubernetes API server at {host} answered {what} with no JSON"
-        ) from None
+            f"the Kubernetes API server at {host} answered {what} with no JSON object"
+        )
+    return data
 
 
 class _Refused(InfrastructureError):
@@ -211,21 +214,32 @@ class _Refused(InfrastructureError):
         self.status = status
 
 
+def _at(obj: Any, *keys: str) -> Any:
+    """``obj[k1][k2]...`` of an API server's answer (hostile shapes: None where none)."""
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _meta(obj: Any, *keys: str) -> Any:
-    return kube._get(obj, "metadata", *keys)
+    return _at(obj, "metadata", *keys)
+
+
+def _digest_of(obj: Any) -> Any:
+    """The full contract digest an object's annotation names (None without one)."""
+    return _obj(_meta(obj, "annotations")).get(f"{kube.PREFIX}/contract-digest")
 
 
 def _same_job(found: Any, want: Manifest) -> bool:
     """The object found has this job's labels and contract digest (the runner made it)."""
-    mine = _meta(want, "labels") or {}
-    theirs = _meta(found, "labels")
-    notes = _meta(found, "annotations")
-    theirs = theirs if isinstance(theirs, dict) else {}
-    notes = notes if isinstance(notes, dict) else {}
+    mine, theirs = _obj(_meta(want, "labels")), _obj(_meta(found, "labels"))
     keys = [*kube.MANAGED_BY, kube.JOB_LABEL, kube.CONTRACT_LABEL]
-    digest_key = f"{kube.PREFIX}/contract-digest"
-    full = (_meta(want, "annotations") or {}).get(digest_key)
-    return all(theirs.get(k) == mine.get(k) for k in keys) and notes.get(digest_key) == full
+    same = all(theirs.get(k) == mine.get(k) for k in keys)
+    return same and _digest_of(found) == _digest_of(want)
 
 
 def apply(
@@ -264,9 +278,7 @@ def apply(
             name = str(_meta(m, "name"))
             existing = _read(client, m["kind"], name, namespace)
             if existing is not None and not _same_job(existing, m):
-                theirs = (_meta(existing, "annotations") or {}).get(
-                    f"{kube.PREFIX}/contract-digest"
-                )
+                theirs = _digest_of(existing)
                 raise PolicyViolation(
                     f"{m['kind']} {namespace}/{name} exists and is not this job's: it was made "
                     f"for contract {theirs!r}"
@@ -339,7 +351,7 @@ def _create(
 
 
 def _conditions(job: Any) -> list[dict[str, Any]]:
-    found = kube._get(job, "status", "conditions")
+    found = _at(job, "status", "conditions")
     return [
         {k: c.get(k) for k in ("type", "status", "reason", "message", "lastTransitionTime")}
         for c in (found if isinstance(found, list) else [])
@@ -358,7 +370,7 @@ def state_of(job: Any) -> tuple[str, str | None, str | None]:
         if c["type"] == "Failed":
             ended = "deadline_exceeded" if c["reason"] == "DeadlineExceeded" else "failed"
             return ended, c["reason"], c["message"]
-    active = kube._get(job, "status", "active")
+    active = _at(job, "status", "active")
     return ("running" if isinstance(active, int) and active > 0 else "pending"), None, None
 
 
@@ -386,8 +398,7 @@ def status(
             f"no Job {namespace}/{name} (job {job_id}) on the cluster",
             hint="check --namespace and --context, or submit it",
         )
-    labels = _meta(job, "labels")
-    labels = labels if isinstance(labels, dict) else {}
+    labels = _obj(_meta(job, "labels"))
     if labels.get(kube.JOB_LABEL) != kube.job_label(job_id) or any(
         labels.get(k) != v for k, v in kube.MANAGED_BY.items()
     ):
@@ -396,13 +407,13 @@ def status(
             hint="check --namespace and --context",
         )
     state, reason, message = state_of(job)
-    st = job.get("status") if isinstance(job.get("status"), dict) else {}
+    st = _obj(job.get("status"))
     return {
         "jobId": job_id,
         "name": name,
         "namespace": namespace,
         "uid": _meta(job, "uid"),
-        "contractDigest": (_meta(job, "annotations") or {}).get(f"{kube.PREFIX}/contract-digest"),
+        "contractDigest": _digest_of(job),
         "state": state,
         "ended": state in ENDED,
         "reason": reason,

@@ -180,6 +180,53 @@ def test_refused_credentials_and_rejected_objects_are_errors(
     assert [o["action"] for o in out] == ["exists", "created"]
 
 
+def test_a_job_made_meanwhile_is_reported_if_it_is_this_jobs(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """Between the read (404) and the create (409) another submit of the same job made the
+    Job: it is read again and reported as existing; made for another contract, refused."""
+    r = rendered(tmp_path)
+    job = next(m for m in r.manifests if m["kind"] == "Job")
+    server.put(job, NS)
+    server.hide_once.add("Job")
+    out = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    assert [o["action"] for o in out] == ["created", "exists"]
+    assert [(q.method, q.collection) for q in server.requests][-2:] == [
+        ("POST", "jobs"),
+        ("GET", "jobs"),
+    ]
+    other = copy.deepcopy(job)
+    other["metadata"]["annotations"][f"{kube.PREFIX}/contract-digest"] = "sha256:" + "e" * 64
+    server.put(other, NS)
+    server.hide_once.add("Job")
+    with pytest.raises(PolicyViolation, match="made meanwhile by another contract"):
+        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+
+
+def test_hostile_answers_are_errors_not_tracebacks(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """A server answering a list, or a Job whose labels, annotations and status are of the
+    wrong types: an infrastructure error, a refusal, or a plain status; never a crash."""
+    r = rendered(tmp_path)
+    server.answer_with[("GET", "NetworkPolicy")] = ["not", "an", "object"]
+    with pytest.raises(InfrastructureError, match="no JSON object"):
+        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    del server.answer_with[("GET", "NetworkPolicy")]
+    odd = {"kind": "Job", "metadata": {"name": r.name, "labels": ["x"], "annotations": "y"},
+           "status": ["z"]}  # fmt: skip
+    server.answer_with[("GET", "Job")] = odd
+    with pytest.raises(PolicyViolation, match="or not by the runner"):
+        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    with pytest.raises(PolicyViolation, match="not the runner's Job"):
+        kubeapply.status(r.plan.job_id, namespace=NS, kubeconfig=kubeconfig)
+    job = copy.deepcopy(next(m for m in r.manifests if m["kind"] == "Job"))
+    job["status"] = {"conditions": ["bad", {"type": "Failed"}], "active": "many"}
+    server.answer_with[("GET", "Job")] = job
+    got = kubeapply.status(r.plan.job_id, namespace=NS, kubeconfig=kubeconfig)
+    assert (got["state"], got["ended"]) == ("pending", False)
+
+
 def test_an_unreachable_server_is_an_infrastructure_error(tmp_path: Path) -> None:
     """Nothing listens on the kubeconfig's server: an infrastructure error naming it."""
     r = rendered(tmp_path)

@@ -52,6 +52,11 @@ class ApiServer:
     requests: list[Request] = field(default_factory=list)
     fail_with: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     """(method, kind) -> (status, message): answer such requests with that error."""
+    hide_once: set[str] = field(default_factory=set)
+    """Kinds whose next GET answers 404 even when the object is there (it was made between
+    that read and the create that follows, by another submitter)."""
+    answer_with: dict[tuple[str, str], Any] = field(default_factory=dict)
+    """(method, kind) -> any JSON value, answered with 200 as it is (a hostile server)."""
     url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -125,9 +130,15 @@ def _handler(server: ApiServer) -> type[BaseHTTPRequestHandler]:
                 code, message = server.fail_with[(method, kind)]
                 self._answer(code, _status(code, "Invalid", message))
                 return
+            if (method, kind) in server.answer_with:
+                self._answer(200, server.answer_with[(method, kind)])
+                return
             if method == "GET" and name is not None:
                 with server.lock:
                     found = server.objects.get((kind, namespace, name))
+                    if kind in server.hide_once:
+                        server.hide_once.discard(kind)
+                        found = None
                 if found is None:
                     self._answer(404, _status(404, "NotFound", f'{kind} "{name}" not found'))
                 else:
