@@ -39,6 +39,7 @@ rejects (``infrastructure``), a name taken by another contract (``policy_violati
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -114,6 +115,8 @@ def submit(
 def _client(context: str | None, kubeconfig: Path | None) -> ApiClient:
     """A client for ``context`` of ``kubeconfig`` (default: $KUBECONFIG, else ~/.kube/config,
     and its current context)."""
+    import yaml
+
     try:
         from kubernetes import config
     except ImportError as exc:
@@ -121,15 +124,31 @@ def _client(context: str | None, kubeconfig: Path | None) -> ApiClient:
             "the Kubernetes client is not installed",
             hint="pip install 'reproduction-runner[kubernetes]'",
         ) from exc
+    chosen = str(kubeconfig) if kubeconfig is not None else os.environ.get("KUBECONFIG")
     try:
+        # $KUBECONFIG read now (the client reads it once, when first imported); a list of
+        # files separated by ':' is merged by the client as kubectl merges it.
         made: ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(kubeconfig) if kubeconfig is not None else None,
+            config_file=chosen or None,
             context=context,
             persist_config=False,
         )
         return made
-    except (config.ConfigException, OSError, ValueError, TypeError) as exc:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the default kubeconfig"
+    except (
+        config.ConfigException,
+        yaml.YAMLError,
+        OSError,
+        ValueError,
+        TypeError,
+        KeyError,
+    ) as exc:
+        where = (
+            f"kubeconfig {kubeconfig}"
+            if kubeconfig
+            else f"$KUBECONFIG ({chosen})"
+            if chosen
+            else "the default kubeconfig (~/.kube/config)"
+        )
         what = f" (context {context!r})" if context else ""
         raise HostConfigError(
             f"{where}{what} cannot be used: {_said(exc)}",
@@ -139,8 +158,9 @@ def _client(context: str | None, kubeconfig: Path | None) -> ApiClient:
 
 def _said(exc: BaseException, limit: int = 300) -> str:
     """An error's text in one short line (a server's message is hostile text)."""
-    text = " ".join(str(exc).split())
-    return ascii(text[:limit])[1:-1]
+    text = " ".join(str(exc).split())[:limit]
+    # Printable ASCII as it is; anything else (a terminal's escapes included) escaped.
+    return "".join(c if c.isascii() and c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def _server_message(exc: Any) -> str:

@@ -154,9 +154,27 @@ def test_the_context_chooses_the_server_and_its_credentials(tmp_path: Path) -> N
         assert {q.authorization for q in b.requests} == {f"Bearer {b.token}"}
         with pytest.raises(HostConfigError, match="'nope'"):
             kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config, context="nope")
+        (tmp_path / "garbage").write_text("clusters: [\n  - {name: \n")
+        with pytest.raises(HostConfigError, match="garbage cannot be used"):
+            kubeapply.apply(r.manifests, namespace=NS, kubeconfig=tmp_path / "garbage")
         with pytest.raises(HostConfigError, match="missing-kubeconfig"):
             kubeapply.apply(r.manifests, namespace=NS, kubeconfig=tmp_path / "missing-kubeconfig")
         assert len(a.requests) == 4 and len(b.requests) == 4
+
+
+def test_kubeconfig_from_the_environment_is_read_when_called(
+    tmp_path: Path, server: ApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --kubeconfig, $KUBECONFIG as it is at the call (after the client was first
+    imported), a ':' list whose missing files are passed over."""
+    r = rendered(tmp_path)
+    config = write_kubeconfig(tmp_path / "from-env", {"e": server}, "e")
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{config}")
+    out = kubeapply.apply(r.manifests, namespace=NS, dry_run=True)
+    assert [o["action"] for o in out] == ["dry-run", "dry-run"] and len(server.requests) == 4
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    with pytest.raises(HostConfigError, match=r"\$KUBECONFIG \(.*missing\)"):
+        kubeapply.apply(r.manifests, namespace=NS)
 
 
 def test_refused_credentials_and_rejected_objects_are_errors(
