@@ -86,6 +86,22 @@ def test_stage_lays_out_the_job_folder_with_no_engine(tmp_path: Path) -> None:
     assert not job.envelope.exists() and not (job.record / "attempts").exists()
 
 
+def test_a_gpu_job_is_staged_with_no_gpu_handed_out(tmp_path: Path) -> None:
+    """A contract asking for 2 GPUs (the policy grants 4) stages on a machine without any:
+    its compute decision says gpu with no GPU named (the scheduler picks them)."""
+    contract = write_contract(tmp_path, FAKE_IMAGE_ID, environment={"gpu": 2})
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"maxima": {"gpus": 4}}))
+    code, info, err = stage(contract, tmp_path / "state", "--policy", str(policy))
+    assert code == 0, err
+    decision = json.loads((Path(info["jobDir"]) / "input" / "compute-decision.json").read_text())
+    assert (decision["accelerator"], decision["gpus"], decision["cpuFallback"]) == (
+        "gpu",
+        [],
+        None,
+    )
+
+
 def test_staging_again_accepts_once_and_keeps_the_job(tmp_path: Path) -> None:
     """A second stage of the same contract is the same layout; the ledger keeps one event."""
     contract = bound_contract(tmp_path, FAKE_IMAGE_ID)
