@@ -421,5 +421,4 @@ build_proxy_image
 build_scripted_agent
 build_gpu_smoke
 build_claude_agent
-RUNNER_VENV="$VENV" bash "$ROOT/scripts/setup_kubeapply.sh"
 log "done in $((SECONDS - start))s; $JOB_TAG is $(docker image inspect --format '{{.Id}}' "$JOB_TAG")"
