@@ -29,6 +29,7 @@ from runner import (
     assets,
     attempt,
     attest,
+    backends,
     errors,
     evidence,
     log,
@@ -150,12 +151,11 @@ def _run(
             overrides=opts.overrides,
         )
     known = replace(known, plan=p, gpu_fallback=p.gpu_fallback)
+    with stage("plan", known):
+        backend = backend or backends.default(opts.policy.policy.engine)
+        backend.check_limits(p.limits)  # an engine that would drop a cap: refused, nothing made
     with stage("stage", known):
         job = staging.prepare(opts.state.job(p.job_id).root)
-        if backend is None:
-            from runner import backends
-
-            backend = backends.default()
         with job.locked():
             return _locked(
                 contract, p, job, backend, opts, progress, clock, replace(known, job=job)

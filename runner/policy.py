@@ -1,5 +1,8 @@
 """Host policy: what this host grants, whatever a contract asks. Limits only shrink.
 
+Long on purpose: the policy is one model of every field a host sets, each with the
+description its schema publishes, and the checks that apply them to a contract.
+
 The policy is a JSON file (``contracts/host-policy.schema.json``) found at ``--policy``, else
 ``$RUNNER_POLICY``, else ``<config dir>/policy.json``; without one the defaults below apply.
 Maxima left null are the host's own size (CPU count, memory), resolved when the policy is
@@ -167,6 +170,12 @@ class HostPolicy(BaseModel):
         default="truncate",
         description="Past the cap: keep the first and last parts and let the job run "
         "(truncate), or stop it with log_limit_exceeded (stop).",
+    )
+    engine: Literal["docker", "podman", "auto"] = Field(
+        default="auto",
+        description="The container engine jobs run on. auto: Docker when DOCKER_HOST is set "
+        "or its socket exists, else Podman when CONTAINER_HOST is set or its socket for this "
+        "user exists. Podman refuses a job whose caps it cannot enforce (README, 'Podman').",
     )
     isolation: Literal["runc", "runsc"] = Field(
         default="runc",

@@ -421,4 +421,5 @@ build_proxy_image
 build_scripted_agent
 build_gpu_smoke
 build_claude_agent
+"$ROOT/scripts/setup_podman.sh"  # Podman, its API service, images and rootless test user
 log "done in $((SECONDS - start))s; $JOB_TAG is $(docker image inspect --format '{{.Id}}' "$JOB_TAG")"

@@ -193,6 +193,11 @@ class Backend(Protocol):
     def architecture(self) -> str:
         """The engine host's architecture as the engine names it (``x86_64``, ``aarch64``)."""
 
+    def check_limits(self, limits: Limits) -> None:
+        """Refuse (PolicyViolation, naming the cap and why) any cap in ``limits`` the engine
+        would not enforce. Called before anything of the job exists; ``create`` must refuse
+        the same caps, so that no container ever runs with a cap dropped."""
+
     def create(self, spec: ContainerSpec) -> str:
         """Create the container (not started); return its id."""
 

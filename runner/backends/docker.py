@@ -39,7 +39,7 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
-from runner.backends.types import ImageInfo
+from runner.backends.types import ImageInfo, Limits
 from runner.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -142,6 +142,11 @@ class DockerBackend:
     """The runner's container engine: Engine API calls over ``http.client`` (a fresh
     connection per call, so threads never share one), the docker SDK for image transfers."""
 
+    ENGINE = "Docker"
+    """The engine's name in messages."""
+    ENGINE_HINT = _ENGINE_HINT
+    PERMISSION_HINT = "run as a user in the docker group (or root); "
+
     def __init__(self, base_url: str | None = None, timeout: float = 60.0) -> None:
         self._base_url = base_url
         self._timeout = timeout
@@ -195,11 +200,12 @@ class DockerBackend:
                 data = response.read()
             return response.status, response.msg, data
         except (OSError, http.client.HTTPException) as exc:
-            hint = _ENGINE_HINT
+            hint = self.ENGINE_HINT
             if isinstance(exc, PermissionError):
-                hint = "run as a user in the docker group (or root); " + hint
+                hint = self.PERMISSION_HINT + hint
             raise EngineUnavailable(
-                f"{action}: the Docker engine cannot be reached ({type(exc).__name__}: {exc})",
+                f"{action}: the {self.ENGINE} engine cannot be reached "
+                f"({type(exc).__name__}: {exc})",
                 hint=hint,
             ) from exc
         finally:
@@ -346,7 +352,17 @@ class DockerBackend:
             known = _KNOWN[(self._url, "arch")] = str(version.get("Arch", ""))
         return known
 
+    def check_limits(self, limits: Limits) -> None:
+        """Not checked: the runner's Docker hosts run it rootful, where every cap it is given
+        is applied. (A rootless Docker on cgroup v1 would drop them, as rootless Podman does;
+        ``runner.backends.podman`` is the backend that checks.)"""
+        del limits
+
     def create(self, spec: ContainerSpec) -> str:
+        return self._create(spec, self._create_body(spec))
+
+    def _create_body(self, spec: ContainerSpec) -> dict[str, Any]:
+        """The Engine API's container config for ``spec`` (an engine's quirks adjust it)."""
         lim = spec.limits
         host_config: dict[str, Any] = {
             "Mounts": [
@@ -430,6 +446,10 @@ class DockerBackend:
                 "Retries": 1,
                 "StartPeriod": 0,
             }
+        return config
+
+    def _create(self, spec: ContainerSpec, config: dict[str, Any]) -> str:
+        """Create the container from ``config``, then join ``spec``'s further networks."""
         action = "creating the job container"
         try:
             created = self._call(

@@ -30,7 +30,7 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
-from runner.backends.types import ImageInfo
+from runner.backends.types import ImageInfo, Limits
 from runner.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 
 
@@ -202,6 +202,10 @@ class FakeBackend:
 
     def architecture(self) -> str:
         return "x86_64"
+
+    def check_limits(self, limits: Limits) -> None:
+        """Every cap holds, unless ``fail["check_limits"]`` says otherwise."""
+        self._call("check_limits", limits)
 
     def create(self, spec: ContainerSpec) -> str:
         self._call("create", spec.name)

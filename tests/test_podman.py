@@ -1,0 +1,484 @@
+"""The Podman backend: which caps it can enforce (pure logic, every combination of rootless or
+rootful, cgroup v1 or v2, delegated controllers), the engine a host picks, and real Podman:
+the toy and the hostile suite's core cases under rootful Podman, and `runner run` as an
+unprivileged user with rootless Podman, refused on cgroup v1 with the cap named and nothing
+created (run on cgroup v2, the same test expects the toy to succeed instead).
+
+``scripts/setup_podman.sh`` prepares what these need (Podman, its rootful API service, the job
+image in its store, the user ``runner-rootless``); anything missing fails, never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tests.test_hostile as hostile
+from runner import backends, orchestrator, policy
+from runner.backends import podman
+from runner.backends.base import ContainerSpec
+from runner.backends.docker import DockerBackend
+from runner.backends.fake import FakeBackend, FakeJob
+from runner.backends.podman import PodmanBackend, PodmanHost, refusal, unenforceable
+from runner.backends.types import GIB, MIB, Limits
+from runner.contract import Trust
+from runner.errors import HostConfigError, PolicyViolation
+from tests.support import (
+    ROOT,
+    SESSION_ID,
+    SESSION_LABEL,
+    copy_toy_inputs,
+    run_job,
+    write_contract,
+)
+
+TEST_USER = "runner-rootless"
+ROOTFUL = "unix:///run/podman/podman.sock"
+
+
+def _limits(**changes: Any) -> Limits:
+    base: dict[str, Any] = {
+        "cpus": 2.0,
+        "memory_bytes": 2 * GIB,
+        "memory_swap_bytes": 2 * GIB,
+        "shm_bytes": 64 * MIB,
+        "pids": 512,
+        "tmpfs_bytes": 64 * MIB,
+        "gpus": "none",
+        "network": "none",
+        "timeout_seconds": 60.0,
+    }
+    return Limits(**{**base, **changes})
+
+
+ALL = frozenset({"cpuset", "cpu", "cpuacct", "blkio", "memory", "devices", "freezer", "pids"})
+
+
+def _host(rootless: bool, version: str, controllers: frozenset[str] = ALL) -> PodmanHost:
+    return PodmanHost(rootless, "v2" if version == "v2" else "v1", controllers, "runc")
+
+
+# ------------------------------------------------------------------ the decision (pure logic)
+
+
+@pytest.mark.parametrize(
+    ("host", "dropped"),
+    [
+        (_host(False, "v1"), []),
+        (_host(False, "v2", frozenset({"cpu", "memory", "pids", "io"})), []),
+        (_host(False, "v1", ALL - {"pids"}), ["pidsLimit"]),
+        (_host(False, "v2", frozenset({"memory"})), ["cpus", "pidsLimit"]),
+        (_host(True, "v1"), ["memory", "cpus", "pidsLimit"]),  # controllers listed or not
+        (_host(True, "v1", frozenset()), ["memory", "cpus", "pidsLimit"]),
+        (_host(True, "v2", frozenset({"cpu", "memory", "pids"})), []),
+        (_host(True, "v2", frozenset({"memory", "pids"})), ["cpus"]),
+        (_host(True, "v2", frozenset()), ["memory", "cpus", "pidsLimit"]),
+    ],
+    ids=[
+        "rootful-v1",
+        "rootful-v2",
+        "rootful-v1-no-pids-controller",
+        "rootful-v2-memory-only",
+        "rootless-v1",
+        "rootless-v1-nothing-listed",
+        "rootless-v2-delegated",
+        "rootless-v2-cpu-not-delegated",
+        "rootless-v2-nothing-delegated",
+    ],
+)
+def test_which_caps_each_engine_can_enforce(host: PodmanHost, dropped: list[str]) -> None:
+    got = unenforceable(_limits(), host)
+    assert [cap.split(":")[0] for cap, _ in got] == dropped
+    assert (refusal(_limits(), host) is None) == (not dropped)
+
+
+def test_no_pids_cap_needs_no_pids_controller_but_runsc_is_refused() -> None:
+    """Under runsc the plan has no pids cap; Podman's compatible API would run runc instead of
+    runsc, which is refused like a dropped cap."""
+    host = _host(False, "v1", ALL - {"pids"})
+    got = unenforceable(_limits(pids=None, runtime="runsc"), host)
+    assert [cap for cap, _ in got] == ["runtime: runsc"]
+    assert "ignores a request for another" in got[0][1]
+
+
+def test_refusal_names_the_cap_its_value_and_the_way_out() -> None:
+    refused = refusal(_limits(), _host(True, "v1"))
+    assert isinstance(refused, PolicyViolation)
+    assert refused.message.startswith(
+        "rootless Podman on cgroup v1 cannot enforce the memory cap (memory: 2 GiB) "
+        "(nor cpus: 2, pidsLimit: 512): there it accepts memory, CPU and pids caps and "
+        "silently ignores them"
+    )
+    assert "rather than run with a cap dropped" in refused.message
+    assert refused.hint is not None and "Delegate=yes" in refused.hint
+    one = refusal(_limits(), _host(True, "v2", frozenset({"memory", "pids"})))
+    assert one is not None
+    assert "cannot enforce the cpus cap (cpus: 2): the cpu cgroup controller is not " in str(one)
+
+
+def test_podman_info_is_read_with_the_weaker_answer_for_what_is_missing() -> None:
+    real = {
+        "host": {
+            "cgroupVersion": "v2",
+            "cgroupControllers": ["cpu", "memory", "pids"],
+            "ociRuntime": {"name": "crun"},
+            "security": {"rootless": False},
+        }
+    }
+    assert PodmanHost.from_info(real) == PodmanHost(
+        False, "v2", frozenset({"cpu", "memory", "pids"}), "crun"
+    )
+    for odd in ({}, {"host": None}, {"host": {"security": "x", "cgroupControllers": "memory"}}):
+        assert PodmanHost.from_info(odd) == PodmanHost(True, "v1", frozenset(), "")
+        assert refusal(_limits(), PodmanHost.from_info(odd)) is not None
+
+
+# ------------------------------------------------------------------ choosing the engine
+
+
+def test_the_engine_comes_from_the_policy_then_runner_engine_then_detection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RUNNER_ENGINE", "podman")
+    assert isinstance(backends.default("docker"), DockerBackend)
+    assert not isinstance(backends.default("docker"), PodmanBackend)
+    assert isinstance(backends.default("auto"), PodmanBackend)
+    assert isinstance(backends.default(), PodmanBackend)
+    monkeypatch.setenv("RUNNER_ENGINE", "lxc")
+    with pytest.raises(HostConfigError, match="RUNNER_ENGINE is 'lxc'"):
+        backends.default("auto")
+    monkeypatch.delenv("RUNNER_ENGINE")
+    monkeypatch.setattr(backends, "_DOCKER_SOCKET", "/nonexistent/docker.sock")
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.setenv("CONTAINER_HOST", "unix:///nonexistent/podman.sock")
+    assert backends.detect() == "podman"
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    assert backends.detect() == "docker"
+    monkeypatch.delenv("DOCKER_HOST")
+    monkeypatch.delenv("CONTAINER_HOST")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/nonexistent")
+    monkeypatch.setattr(podman, "ROOTFUL_SOCKET", "/nonexistent/podman.sock")
+    assert backends.detect() == "docker"  # no socket of either: Docker's error says so
+    policy.HostPolicy.model_validate({"engine": "podman"})
+    with pytest.raises(ValueError, match="engine"):
+        policy.HostPolicy.model_validate({"engine": "lxc"})
+
+
+def test_a_cap_the_engine_would_drop_stops_the_run_before_anything_exists(
+    tmp_path: Path,
+) -> None:
+    """The orchestrator asks the engine before the job folder, the ledger or a container:
+    a refusal is policy_violation at the plan stage, exit 3, and nothing was created."""
+    fake = FakeBackend(jobs=FakeJob())
+    info = fake.add_image()
+    fake.fail["check_limits"] = refusal(_limits(), _host(True, "v1"))  # type: ignore[assignment]
+    contract = write_contract(tmp_path, info.id)
+    options = orchestrator.RunOptions(
+        state_dir=tmp_path / "state",
+        policy=policy.LoadedPolicy(policy.HostPolicy(acceptUnsigned=True).resolved(), "test"),
+        trust=Trust(keys=[]),
+    )
+    env = orchestrator.as_json(orchestrator.run(contract, options, backend=fake))
+    assert env["failure"]["category"] == "policy_violation"
+    assert env["failure"]["stage"] == "plan"
+    assert "cannot enforce the memory cap" in env["failure"]["reason"]
+    assert [m for m, _ in fake.calls] == ["check_limits"]
+    assert not (tmp_path / "state" / "jobs").exists() or not any(
+        (tmp_path / "state" / "jobs").iterdir()
+    )
+
+
+# ------------------------------------------------------------------ real rootful Podman
+
+
+def _podman(*args: str, user: str | None = None, env: dict[str, str] | None = None) -> str:
+    prefix = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in (env or {}).items())]
+    proc = subprocess.run(
+        [*(prefix if user else []), "podman", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert proc.returncode == 0, (args, proc.stderr)
+    return proc.stdout
+
+
+def _created_since(since: str) -> list[str]:
+    """Names of the containers of this test session rootful Podman created since ``since``."""
+    out = _podman(
+        "events", "--stream=false", "--since", since, "--filter", "event=create",
+        "--format", "json",
+    )  # fmt: skip
+    names = []
+    for line in out.splitlines():
+        event = json.loads(line)
+        if (event.get("Attributes") or {}).get(SESSION_LABEL) == SESSION_ID:
+            names.append(str(event.get("Name")))
+    return names
+
+
+@pytest.fixture(scope="module")
+def rootful(image_id: str) -> Iterator[PodmanBackend]:
+    """The rootful API service, with the job image under the id Docker gives it."""
+    if shutil.which("podman") is None:
+        pytest.fail("podman is not installed: run scripts/setup.sh (scripts/setup_podman.sh)")
+    backend = PodmanBackend(ROOTFUL)
+    backend.ping()
+    info = backend.inspect_image(image_id)
+    assert info is not None, f"{image_id} is not in Podman's store: run scripts/setup_podman.sh"
+    assert info.id == image_id  # one image id under both engines
+    assert not any(d.startswith("localhost/") for d in info.repo_digests)
+    yield backend
+    left = _podman("ps", "-aq", "--filter", f"label={SESSION_LABEL}={SESSION_ID}").split()
+    if left:
+        _podman("rm", "-f", *left)
+        pytest.fail(f"Podman containers left behind by the runner: {left}")
+
+
+@pytest.fixture
+def podman_engine(monkeypatch: pytest.MonkeyPatch, rootful: PodmanBackend) -> Iterator[str]:
+    """Every `runner run` of the test goes to rootful Podman (RUNNER_ENGINE, with the
+    policy's engine left at auto); yields when the test began, for Podman's events."""
+    monkeypatch.setenv("RUNNER_ENGINE", "podman")
+    monkeypatch.setenv("CONTAINER_HOST", ROOTFUL)
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
+    yield since
+    assert _created_since(since), "no container of the test was created by Podman"
+
+
+@pytest.mark.docker
+@pytest.mark.podman
+def test_toy_runs_under_rootful_podman(
+    tmp_path: Path, image_id: str, rootful: PodmanBackend
+) -> None:
+    """The policy's engine picks Podman; the toy gives 0.819 with every cap in force."""
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
+    contract = write_contract(tmp_path, image_id)
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"engine": "podman"}))
+    code, env, err = run_job(
+        contract, tmp_path / "state", "--policy", str(policy_file), env={"CONTAINER_HOST": ROOTFUL}
+    )
+    assert code == 0, (env, err)
+    assert env["status"] == "succeeded"
+    assert env["measurements"][0]["value"] == 0.819
+    assert env["image"]["id"] == image_id
+    assert env["container"]["name"] in _created_since(since)
+
+
+@pytest.mark.docker
+@pytest.mark.podman
+@pytest.mark.parametrize(
+    "case",
+    [
+        "test_fork_bomb",
+        "test_memory_bomb",
+        "test_disk_filler",
+        "test_escalation_and_host_access",
+        "test_network_egress",
+    ],
+)
+def test_hostile_core_under_rootful_podman(
+    case: str, tmp_path: Path, image_id: str, podman_engine: str
+) -> None:
+    """The hostile suite's own cases, unchanged, with Podman as the engine: the pids cap
+    holds (forks fail), the memory bomb ends as oom, workspace/ past diskGb is stopped, the
+    root, input and execution folders refuse writes, and nothing outside is reachable."""
+    getattr(hostile, case)(tmp_path, image_id, "runc")
+
+
+# ------------------------------------------------------------------ real rootless Podman
+
+
+def _user_python() -> list[str]:
+    """An interpreter the unprivileged user may run, with the runner and its dependencies
+    (the venv's own interpreter may live in root's home)."""
+    site = next(Path(sys.prefix, "lib").glob("python3*/site-packages"))
+    system = Path("/usr/bin/python3")
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    out = subprocess.run([str(system), "-c", "import sys; print(sys.version[:4])"],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    if not out.stdout.startswith(version):
+        pytest.fail(f"/usr/bin/python3 is not Python {version} (the venv's): {out.stdout!r}")
+    return [str(system), f"PYTHONPATH={ROOT}:{site}"]
+
+
+@pytest.fixture
+def rootless_dir() -> Iterator[Path]:
+    """A folder the unprivileged user owns (pytest's tmp_path is root's alone)."""
+    try:
+        uid = int(subprocess.run(["id", "-u", TEST_USER], capture_output=True, text=True,
+                                 check=True).stdout)  # fmt: skip
+    except subprocess.CalledProcessError:
+        pytest.fail(f"the user {TEST_USER} is missing: run scripts/setup_podman.sh")
+    folder = Path(tempfile.mkdtemp(prefix="runner-rootless-"))
+    folder.chmod(0o755)
+    os.chown(folder, uid, uid)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_rootless_podman_refuses_caps_it_cannot_enforce(rootless_dir: Path, image_id: str) -> None:
+    """`runner run` as an unprivileged user, the policy choosing Podman, the user's own
+    rootless API service: on cgroup v1 exit 3, policy_violation naming the memory cap, and
+    no container; on cgroup v2 with the controllers delegated, the toy's 0.819."""
+    runtime = rootless_dir / "run"
+    sock = runtime / "podman.sock"
+    user_env = {"HOME": f"/home/{TEST_USER}", "XDG_RUNTIME_DIR": str(runtime)}
+    subprocess.run(["runuser", "-u", TEST_USER, "--", "mkdir", "-m", "700", str(runtime)],
+                   check=True)  # fmt: skip
+    service = subprocess.Popen(
+        ["runuser", "-u", TEST_USER, "--", "env", *(f"{k}={v}" for k, v in user_env.items()),
+         "podman", "system", "service", "--time=0", f"unix://{sock}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            assert service.poll() is None, service.communicate()
+            assert time.monotonic() < deadline, "the rootless API service did not start"
+            time.sleep(0.2)
+        info = json.loads(_podman("info", "--format", "json", user=TEST_USER, env=user_env))
+        host = PodmanHost.from_info(info)
+        assert host.rootless
+        job = rootless_dir / "job"
+        job.mkdir()
+        copy_toy_inputs(job)
+        contract = write_contract(job, image_id)
+        (job / "policy.json").write_text(json.dumps({"engine": "podman"}))
+        subprocess.run(["chown", "-R", TEST_USER, str(job)], check=True)
+        python, path = _user_python()
+        proc = subprocess.run(
+            ["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin", path,
+             *(f"{k}={v}" for k, v in user_env.items()),
+             f"RUNNER_CONFIG_DIR={job / 'config'}", f"CONTAINER_HOST=unix://{sock}",
+             python, "-m", "runner", "run", str(contract), "--state-dir", str(job / "state"),
+             "--policy", str(job / "policy.json"), "--allow-unsigned", "--json",
+             "--label", f"{SESSION_LABEL}={SESSION_ID}"],
+            capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+        env = json.loads(proc.stdout)
+        if refusal(_limits(), host) is None:  # cgroup v2, delegated: the rootless happy path
+            assert proc.returncode == 0, (env, proc.stderr)
+            assert env["measurements"][0]["value"] == 0.819
+            return
+        assert proc.returncode == 3, (env, proc.stderr)
+        failure = env["failure"]
+        assert failure["category"] == "policy_violation"
+        assert failure["stage"] == "plan"
+        assert f"rootless Podman on cgroup {host.cgroup_version} cannot enforce the memory cap " \
+            "(memory: 512 MiB)" in failure["reason"]  # fmt: skip
+        left = _podman("ps", "-aq", user=TEST_USER, env=user_env).split()
+        assert left == [], left
+        assert not (job / "state" / "jobs").exists()
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+
+
+def test_rootless_podman_create_checks_the_container_it_made(rootless_dir: Path) -> None:
+    """The second line: should the first check ever be skipped, ``create`` reads the created
+    container back; rootless Podman on cgroup v1 made it without the caps, so it is removed
+    and refused."""
+    user_env = {"HOME": f"/home/{TEST_USER}", "XDG_RUNTIME_DIR": str(rootless_dir)}
+    tiny = rootless_dir / "tiny"
+    subprocess.run(["runuser", "-u", TEST_USER, "--", "sh", "-c",
+                    f"mkdir {tiny} && echo x > {tiny}/f && tar -C {tiny} -cf {tiny}.tar ."],
+                   check=True)  # fmt: skip
+    name = f"runner-tiny-{uuid.uuid4().hex[:8]}"
+    image = _podman("import", "-q", f"{tiny}.tar", f"{name}:1", user=TEST_USER, env=user_env)
+    script = f"""
+import json, sys
+from pathlib import Path
+from runner.backends.base import ContainerSpec
+from runner.backends.podman import PodmanBackend
+from runner.backends.types import Limits
+from runner.errors import PolicyViolation
+b = PodmanBackend(sys.argv[1])
+b.check_limits = lambda limits: None  # the first line skipped
+lim = Limits(cpus=1.0, memory_bytes=2**28, memory_swap_bytes=2**28, shm_bytes=2**26, pids=64,
+             tmpfs_bytes=2**26, gpus="none", network="none", timeout_seconds=60)
+spec = ContainerSpec(name="{name}", image="{image.strip()}", entrypoint=["/bin/sh"],
+                     command=["-c", "true"], user="10001:10001", working_dir="/",
+                     environment={{}}, labels={{}}, mounts=[], limits=lim)
+try:
+    b.create(spec)
+    print("created")
+except PolicyViolation as exc:
+    print(exc.message)
+"""
+    python, path = _user_python()
+    runtime = rootless_dir / "run"
+    subprocess.run(["runuser", "-u", TEST_USER, "--", "mkdir", "-m", "700", str(runtime)],
+                   check=True)  # fmt: skip
+    service = subprocess.Popen(
+        ["runuser", "-u", TEST_USER, "--", "env", "HOME=" + user_env["HOME"],
+         f"XDG_RUNTIME_DIR={runtime}", "podman", "system", "service", "--time=0",
+         f"unix://{runtime}/podman.sock"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (runtime / "podman.sock").exists():
+            assert time.monotonic() < deadline, "the rootless API service did not start"
+            time.sleep(0.2)
+        info = json.loads(_podman("info", "--format", "json", user=TEST_USER, env=user_env))
+        host = PodmanHost.from_info(info)
+        out = subprocess.run(
+            ["runuser", "-u", TEST_USER, "--", "env", "-i", "PATH=/usr/bin:/bin", path,
+             f"HOME={user_env['HOME']}", f"XDG_RUNTIME_DIR={runtime}",
+             python, "-c", script, f"unix://{runtime}/podman.sock"],
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        if refusal(_limits(), host) is None:
+            assert out.stdout.strip() == "created"
+        else:
+            assert "Podman created the container with Memory 0, not 268435456" in out.stdout
+            left = _podman("ps", "-aq", "--filter", f"name={name}", user=TEST_USER, env=user_env)
+            assert left.split() == []
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+        _podman("rm", "-f", "--ignore", name, user=TEST_USER, env=user_env)
+        _podman("rmi", "-f", f"{name}:1", user=TEST_USER, env=user_env)
+
+
+def test_podman_containers_carry_the_caps_and_labels(rootful: PodmanBackend, image_id: str) -> None:
+    """What rootful Podman was given is what it holds: the caps, the labels, no network, a
+    read-only root; and a container removed twice is not an error."""
+    name = f"runner-podman-caps-{uuid.uuid4().hex[:8]}"
+    spec = ContainerSpec(
+        name=name, image=image_id, entrypoint=["/bin/sh", "-c"], command=["exit 3"],
+        user="10001:10001", working_dir="/", environment={},
+        labels={SESSION_LABEL: SESSION_ID, "org.runner.test": name}, mounts=[],
+        limits=_limits(memory_bytes=256 * MIB, memory_swap_bytes=256 * MIB, pids=64),
+    )  # fmt: skip
+    cid = rootful.create(spec)
+    try:
+        raw = json.loads(_podman("inspect", cid))[0]
+        hc = raw["HostConfig"]
+        assert (hc["Memory"], hc["PidsLimit"], hc["NanoCpus"]) == (256 * MIB, 64, 2 * 10**9)
+        assert hc["NetworkMode"] == "none" and hc["ReadonlyRootfs"] is True
+        assert "no-new-privileges" in hc["SecurityOpt"]
+        assert [c.id for c in rootful.find({"org.runner.test": name})] == [cid]
+        rootful.start(cid)
+        assert rootful.wait(cid, 60) == 3
+        state = rootful.state(cid)
+        assert (state.exit_code, state.oom_killed, state.running) == (3, False, False)
+    finally:
+        rootful.remove(cid)
+        rootful.remove(cid)
+    assert rootful.find({"org.runner.test": name}) == []
