@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 import tests.test_hostile as hostile
+import tests.test_restarts as restarts
 from runner import backends, orchestrator, policy
 from runner.backends import podman
 from runner.backends.base import ContainerSpec
@@ -297,6 +298,35 @@ def test_hostile_core_under_rootful_podman(
     holds (forks fail), the memory bomb ends as oom, workspace/ past diskGb is stopped, the
     root, input and execution folders refuse writes, and nothing outside is reachable."""
     getattr(hostile, case)(tmp_path, image_id, "runc")
+
+
+def _podman_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``docker``'s stand-in for the restart tests: the same arguments, to Podman."""
+    return subprocess.run(["podman", *args], capture_output=True, text=True, check=False)
+
+
+@pytest.mark.docker
+@pytest.mark.podman
+@pytest.mark.parametrize(
+    "case",
+    [
+        "test_kill9_mid_run_reattaches_to_the_one_container",
+        "test_container_that_ended_while_the_runner_was_dead",
+        "test_repeated_kills_add_up_to_one_budget",
+    ],
+)
+def test_restarts_under_rootful_podman(
+    case: str,
+    tmp_path: Path,
+    image_id: str,
+    podman_engine: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The restart suite's own cases with Podman as the engine (their container listings
+    asked of Podman): kill -9 the runner and it reattaches to the one container, records an
+    end it missed, and repeated kills never buy time beyond the one budget."""
+    monkeypatch.setattr(restarts, "docker", _podman_cli)
+    getattr(restarts, case)(tmp_path, image_id)
 
 
 # ------------------------------------------------------------------ real rootless Podman
