@@ -40,6 +40,7 @@ from tests.support import (
     SESSION_ID,
     SESSION_LABEL,
     copy_toy_inputs,
+    run_cli,
     run_job,
     write_contract,
 )
@@ -111,6 +112,15 @@ def test_no_pids_cap_needs_no_pids_controller_but_runsc_is_refused() -> None:
     got = unenforceable(_limits(pids=None, runtime="runsc"), host)
     assert [cap for cap, _ in got] == ["runtime: runsc"]
     assert "ignores a request for another" in got[0][1]
+
+
+@pytest.mark.parametrize(
+    ("network", "refused"),
+    [("none", False), ("bridge", False), ("egress", True), ("gateway", True)],
+)
+def test_only_no_network_and_the_bridge_are_offered(network: str, refused: bool) -> None:
+    got = unenforceable(_limits(network=network), _host(False, "v1"))
+    assert [cap for cap, _ in got] == ([f"network: {network}"] if refused else [])
 
 
 def test_refusal_names_the_cap_its_value_and_the_way_out() -> None:
@@ -298,6 +308,38 @@ def test_hostile_core_under_rootful_podman(
     holds (forks fail), the memory bomb ends as oom, workspace/ past diskGb is stopped, the
     root, input and execution folders refuse writes, and nothing outside is reachable."""
     getattr(hostile, case)(tmp_path, image_id, "runc")
+
+
+@pytest.mark.docker
+@pytest.mark.podman
+def test_a_bundle_loads_into_podman_under_the_id_docker_gives_it(
+    tmp_path: Path, rootful: PodmanBackend
+) -> None:
+    """`runner image load` with Podman as the engine: the bundle's ids are checked before,
+    and the image Podman then holds has the same id (config digest) as under Docker."""
+    tag = "runner-gpu-smoke:local"  # small, and in no test's way
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", tag],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0, f"{tag} is missing: run scripts/setup.sh"
+    image_id = proc.stdout.strip()
+    bundle = tmp_path / "bundle.tar"
+    subprocess.run(["docker", "save", tag, "-o", str(bundle)], check=True)
+    subprocess.run(["podman", "rmi", "-f", "--ignore", image_id], check=True, capture_output=True)
+    assert rootful.inspect_image(image_id) is None
+    try:
+        wrong = run_cli("image", "load", str(bundle), "--expect", "sha256:" + "0" * 64,
+                        env={"RUNNER_ENGINE": "podman", "CONTAINER_HOST": ROOTFUL})  # fmt: skip
+        assert wrong.returncode == 3, wrong.stderr
+        assert rootful.inspect_image(image_id) is None
+        got = run_cli("image", "load", str(bundle), "--expect", image_id,
+                      env={"RUNNER_ENGINE": "podman", "CONTAINER_HOST": ROOTFUL})  # fmt: skip
+        assert got.returncode == 0, got.stderr
+        info = rootful.inspect_image(image_id)
+        assert info is not None and info.id == image_id
+        assert info.repo_tags == (tag,) and info.repo_digests == ()
+    finally:
+        subprocess.run(["podman", "rmi", "-f", "--ignore", image_id], check=False,
+                       capture_output=True)  # fmt: skip
 
 
 def _podman_cli(*args: str) -> subprocess.CompletedProcess[str]:

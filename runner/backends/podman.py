@@ -23,6 +23,8 @@ what Podman does differently (measured with Podman 4.3, Debian bookworm, cgroup 
   ``containers.conf`` says otherwise; where the engine may not raise them (a host that is
   itself a container) every start fails, so ``scripts/setup_podman.sh`` sets them to the
   engine's own limits, as Docker's containers inherit dockerd's.
+- **Networks.** ``none`` (the sealed box) and ``bridge`` (a contract granted the network)
+  are offered; the egress allowlist and named networks are refused until verified here.
 - **GPUs** are not offered: Podman hands them out by CDI names on its own API, not through
   Docker's device requests, and no GPU host ran it.
 
@@ -136,6 +138,14 @@ def unenforceable(limits: Limits, host: PodmanHost) -> list[tuple[str, str]]:
                 f"runtime: {limits.runtime}",
                 f"Podman's Docker-compatible API runs every container under its default "
                 f"runtime ({host.runtime or 'unknown'}); it ignores a request for another",
+            )
+        )
+    if limits.network not in ("none", "bridge"):
+        dropped.append(
+            (
+                f"network: {limits.network}",
+                "the egress allowlist (its proxy and internal networks) and named networks "
+                "have not been verified under Podman, so they are not offered on it",
             )
         )
     return dropped
