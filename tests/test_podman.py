@@ -123,6 +123,11 @@ def test_only_no_network_and_the_bridge_are_offered(network: str, refused: bool)
     assert [cap for cap, _ in got] == ([f"network: {network}"] if refused else [])
 
 
+def test_gpus_are_not_offered() -> None:
+    got = unenforceable(_limits(gpus=1), _host(False, "v2", frozenset({"cpu", "memory", "pids"})))
+    assert [cap for cap, _ in got] == ["gpus: 1"]
+
+
 def test_refusal_names_the_cap_its_value_and_the_way_out() -> None:
     refused = refusal(_limits(), _host(True, "v1"))
     assert isinstance(refused, PolicyViolation)

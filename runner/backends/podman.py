@@ -25,7 +25,7 @@ what Podman does differently (measured with Podman 4.3, Debian bookworm, cgroup 
   engine's own limits, as Docker's containers inherit dockerd's.
 - **Networks.** ``none`` (the sealed box) and ``bridge`` (a contract granted the network)
   are offered; the egress allowlist and named networks are refused until verified here.
-- **GPUs** are not offered: Podman hands them out by CDI names on its own API, not through
+- **GPUs** are refused: Podman hands them out by CDI names on its own API, not through
   Docker's device requests, and no GPU host ran it.
 
 The endpoint is ``CONTAINER_HOST`` (as Podman's own clients read it), else the rootful socket
@@ -138,6 +138,14 @@ def unenforceable(limits: Limits, host: PodmanHost) -> list[tuple[str, str]]:
                 f"runtime: {limits.runtime}",
                 f"Podman's Docker-compatible API runs every container under its default "
                 f"runtime ({host.runtime or 'unknown'}); it ignores a request for another",
+            )
+        )
+    if limits.gpus != "none":
+        dropped.append(
+            (
+                f"gpus: {limits.gpus}",
+                "GPUs under Podman (CDI devices on its own API, or their nodes through the "
+                "compatible one) have not been verified, so they are not offered on it",
             )
         )
     if limits.network not in ("none", "bridge"):
