@@ -376,6 +376,39 @@ def test_restarts_under_rootful_podman(
     getattr(restarts, case)(tmp_path, image_id)
 
 
+@pytest.mark.docker
+@pytest.mark.podman
+def test_the_engine_ends_a_job_whose_runner_died_at_its_deadline(
+    tmp_path: Path, image_id: str, podman_engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backstop without any runner: conmon kills the job at the engine's deadline (the
+    budget, the stop grace and 2 s; a health check would need systemd here), and the next
+    `runner run` records the end as a timeout."""
+    monkeypatch.setattr(restarts, "docker", _podman_cli)
+    budget = 4.0
+    contract = restarts._contract(tmp_path, image_id, sleep=60, budget_s=budget)
+    state = tmp_path / "state"
+    proc = restarts._start(contract, state, "--stop-grace", "1")
+    restarts._wait_for(state, "attempt.started")
+    started = time.monotonic()
+    restarts._kill9(proc)
+    (cid,) = restarts._containers(restarts._job_id(state))
+    deadline = budget + 1 + 2  # what runner.container.backstop gives: ceil(budget + grace) + 2
+    status = ""
+    while time.monotonic() - started < deadline + 15:
+        status = json.loads(_podman("inspect", cid))[0]["State"]["Status"]
+        if status != "running":
+            break
+        time.sleep(0.5)
+    assert status == "exited", "the engine did not end the job at its deadline"
+    code, env, err = restarts._finish(restarts._start(contract, state))
+    assert code == 1, err
+    assert env["failure"]["category"] == "timeout"
+    ran = restarts._true_running_time(state)
+    assert deadline - 1 <= ran <= deadline + 2, ran
+    assert restarts._containers(restarts._job_id(state)) == []
+
+
 # ------------------------------------------------------------------ real rootless Podman
 
 
@@ -547,7 +580,11 @@ def test_podman_containers_carry_the_caps_and_labels(rootful: PodmanBackend, ima
     try:
         raw = json.loads(_podman("inspect", cid))[0]
         hc = raw["HostConfig"]
-        assert (hc["Memory"], hc["PidsLimit"], hc["NanoCpus"]) == (256 * MIB, 64, 2 * 10**9)
+        assert (hc["Memory"], hc["MemorySwap"], hc["PidsLimit"]) == (256 * MIB, 256 * MIB, 64)
+        assert (hc["NanoCpus"], hc["CpuQuota"], hc["CpuPeriod"]) == (2 * 10**9, 200_000, 100_000)
+        assert hc["ShmSize"] == 64 * MIB and hc["Init"] is True
+        assert hc["Tmpfs"] == {"/tmp": f"rw,nosuid,nodev,size={64 * MIB},rprivate,tmpcopyup"}
+        assert hc["LogConfig"]["Type"] == "k8s-file"  # what "json-file" is to Podman
         assert hc["NetworkMode"] == "none" and hc["ReadonlyRootfs"] is True
         assert "no-new-privileges" in hc["SecurityOpt"]
         assert [c.id for c in rootful.find({"org.runner.test": name})] == [cid]

@@ -359,10 +359,6 @@ class DockerBackend:
         del limits
 
     def create(self, spec: ContainerSpec) -> str:
-        return self._create(spec, self._create_body(spec))
-
-    def _create_body(self, spec: ContainerSpec) -> dict[str, Any]:
-        """The Engine API's container config for ``spec`` (an engine's quirks adjust it)."""
         lim = spec.limits
         host_config: dict[str, Any] = {
             "Mounts": [
@@ -446,10 +442,6 @@ class DockerBackend:
                 "Retries": 1,
                 "StartPeriod": 0,
             }
-        return config
-
-    def _create(self, spec: ContainerSpec, config: dict[str, Any]) -> str:
-        """Create the container from ``config``, then join ``spec``'s further networks."""
         action = "creating the job container"
         try:
             created = self._call(

@@ -1,17 +1,24 @@
-"""The Podman backend: Docker's backend, pointed at Podman's Docker-compatible API socket.
+"""The Podman backend: Docker's backend, pointed at Podman's API socket.
 
 Podman serves the Docker Engine API (``podman system service``), so the requests of
-:class:`~runner.backends.docker.DockerBackend` reach it unchanged; this module overrides only
-what Podman does differently (measured with Podman 4.3, Debian bookworm, cgroup v1):
+:class:`~runner.backends.docker.DockerBackend` reach it unchanged (start, wait, stop, kill,
+inspect, logs, remove, list, images); this module overrides only what Podman does differently
+(measured with Podman 4.3, Debian bookworm, cgroup v1):
 
+- **Create** goes to Podman's own API (``/libpod/containers/create``) with the same container,
+  for one field the compatible API lacks: ``timeout``, the engine's own deadline, which conmon
+  enforces with no runner watching. (The Docker backend's deadline is a health check; Podman
+  runs health checks from systemd timers, so on a host without systemd it never would.)
 - **Caps it would drop.** Rootless Podman on cgroup v1 accepts memory, CPU and pids caps and
   ignores them; on cgroup v2 it applies only the controllers delegated to the user. Before
   anything of the job exists, :meth:`PodmanBackend.check_limits` asks the engine
   (``/libpod/info``: rootless, cgroup version, controllers) and refuses each cap it cannot
   enforce (``policy_violation``, naming the cap). ``create`` refuses the same caps, then reads
   the created container back and removes it if any cap is not there.
-- **Runtimes.** The compatible API ignores ``HostConfig.Runtime`` (a runsc request runs under
-  the default runtime), so only the engine's default runtime is offered and runsc is refused.
+- **Wait** goes to Podman's own API too, polling every 50 ms (its compatible wait polls every
+  250 ms, and the runner charges the budget until it sees the end).
+- **Runtimes.** The compatible API ignores ``HostConfig.Runtime`` (a runsc request ran under
+  runc); only the engine's default runtime is offered, and runsc is refused (not verified).
 - **OOM kills.** Podman 4.3 (its conmon) does not set ``State.OOMKilled`` on cgroup v1. When a
   container on this host has ended, the kernel's log (``/dev/kmsg``) is searched for an OOM
   kill in its memory cgroup (``oom_memcg=.../libpod-<id>``).
@@ -41,13 +48,22 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote, urlencode
 
 from runner.backends.base import ContainerSpec, ContainerState
 from runner.backends.docker import DockerBackend
 from runner.backends.types import GIB, ImageInfo, Limits
-from runner.errors import EngineUnavailable, InfrastructureError, PolicyViolation
+from runner.errors import (
+    ContainerVanished,
+    EngineUnavailable,
+    InfrastructureError,
+    PolicyViolation,
+)
 
 ROOTFUL_SOCKET = "/run/podman/podman.sock"
+_LIBPOD = "/v4.0.0/libpod"
+"""Podman's own API (4.0 and later answer at this prefix)."""
+_CPU_PERIOD = 100_000
 _HINT = "start it (`podman system service --time=0 unix://SOCKET`; scripts/setup_podman.sh " \
     "does for root) and check CONTAINER_HOST"  # fmt: skip
 _KMSG_BYTES = 16 * 1024 * 1024
@@ -182,6 +198,60 @@ def refusal(limits: Limits, host: PodmanHost) -> PolicyViolation | None:
     )
 
 
+def libpod_spec(spec: ContainerSpec) -> dict[str, Any]:
+    """Podman's own container spec (its SpecGenerator) for ``spec``: the Docker backend's
+    container, plus ``timeout``, the engine's own deadline, which conmon enforces on its own
+    (the backstop's health check needs systemd timers under Podman)."""
+    lim = spec.limits
+    mounts: list[dict[str, Any]] = [
+        {"destination": m.target, "source": str(m.source), "type": "bind",
+         "options": ["rbind", "ro" if m.read_only else "rw"]}
+        for m in spec.mounts
+    ]  # fmt: skip
+    tmp = ["rw", "nosuid", "nodev", f"size={lim.tmpfs_bytes}"]
+    mounts.append({"destination": "/tmp", "source": "tmpfs", "type": "tmpfs", "options": tmp})  # noqa: S108 - in the box
+    resources: dict[str, Any] = {
+        "memory": {"limit": lim.memory_bytes, "swap": lim.memory_swap_bytes},
+        "cpu": {"quota": round(lim.cpus * _CPU_PERIOD), "period": _CPU_PERIOD},
+    }
+    if lim.pids is not None:
+        resources["pids"] = {"limit": lim.pids}
+    body: dict[str, Any] = {
+        "name": spec.name,
+        "image": spec.image,
+        "entrypoint": spec.entrypoint,
+        "command": spec.command,
+        "user": spec.user,
+        "work_dir": spec.working_dir,
+        "env": spec.environment,
+        "labels": spec.labels,
+        "mounts": mounts,
+        "netns": {"nsmode": spec.network or lim.network},
+        "read_only_filesystem": lim.read_only_rootfs,
+        "cap_drop": list(lim.cap_drop),
+        "cap_add": list(lim.cap_add),
+        "no_new_privileges": "no-new-privileges" in lim.security_opt,
+        "resource_limits": resources,
+        "shm_size": lim.shm_bytes,
+        "init": lim.init,
+        "log_configuration": {"driver": "k8s-file", "size": spec.log_max_bytes},
+    }
+    if spec.dns:
+        body["dns_server"] = list(spec.dns)
+    if spec.dns_options:
+        body["dns_option"] = list(spec.dns_options)
+    if spec.backstop is not None:
+        body["timeout"] = spec.backstop.after_seconds
+        body["healthconfig"] = {
+            "Test": ["CMD-SHELL", spec.backstop.script],
+            "Interval": spec.backstop.interval_seconds * 1_000_000_000,
+            "Timeout": 10 * 1_000_000_000,
+            "Retries": 1,
+            "StartPeriod": 0,
+        }
+    return body
+
+
 def _oom_in_kernel_log(container_id: str) -> bool:
     """Whether the kernel's log records an OOM kill in the container's memory cgroup."""
     needle = f"libpod-{container_id}".encode()
@@ -231,7 +301,7 @@ class PodmanBackend(DockerBackend):
             if self._host is None:
                 action = "asking Podman how it caps containers"
                 status, _, data = self._exchange(
-                    "GET", "/v4.0.0/libpod/info", None, self._timeout, action
+                    "GET", f"{_LIBPOD}/info", None, self._timeout, action
                 )
                 if status != 200:
                     raise EngineUnavailable(
@@ -274,15 +344,61 @@ class PodmanBackend(DockerBackend):
 
     def create(self, spec: ContainerSpec) -> str:
         self.check_limits(spec.limits)
-        body = self._create_body(spec)
-        body["HostConfig"].pop("Runtime", None)  # ignored by Podman; refused above unless runc
-        container_id = self._create(spec, body)
+        action = "creating the job container"
+        if (
+            spec.gpu_ids
+            or spec.devices
+            or spec.extra_networks
+            or spec.aliases
+            or (spec.network not in (None, "none", "bridge"))
+        ):
+            raise PolicyViolation(
+                f"{action}: {spec.name} asks for GPUs or networks this backend does not offer "
+                "on Podman (not verified there)",
+                hint="run it with Docker (host policy engine)",
+            )
+        status, _, data = self._exchange(
+            "POST", f"{_LIBPOD}/containers/create", libpod_spec(spec), self._timeout, action
+        )
+        try:
+            answer = json.loads(data) if data else {}
+        except ValueError:
+            answer = {"message": data.decode(errors="replace").strip()}
+        if status >= 400 or not isinstance(answer, dict) or "Id" not in answer:
+            message = answer.get("message", "") if isinstance(answer, dict) else ""
+            raise InfrastructureError(f"{action}: the engine answered {status}: {message}")
+        container_id = str(answer["Id"])
         try:
             self._verify_caps(container_id, spec.limits)
         except BaseException:
             self.remove(container_id)
             raise
         return container_id
+
+    def wait(self, container_id: str, timeout: float) -> int | None:
+        """Podman's own wait, polling the container every 50 ms: its compatible wait polls
+        every 250 ms, and the runner charges the budget until it sees the end."""
+        action = "waiting for the job container"
+        path = f"{_LIBPOD}/containers/{quote(container_id)}/wait?" + urlencode(
+            [("condition", "exited"), ("condition", "stopped"), ("interval", "50ms")]
+        )
+        try:
+            status, _, data = self._exchange("POST", path, None, max(timeout, 0.01), action)
+        except EngineUnavailable as exc:
+            if not isinstance(exc.__cause__, TimeoutError):
+                raise
+            return None  # our own read timeout: it still runs
+        if status == 404:
+            raise ContainerVanished(
+                f"{action}: container {container_id[:12]} no longer exists "
+                "(removed by someone else, or the engine lost it)"
+            )
+        try:
+            if status >= 400:
+                raise ValueError(data.decode(errors="replace").strip())
+            return int(json.loads(data))
+        except (ValueError, TypeError) as exc:
+            raise InfrastructureError(f"{action}: the engine answered {status}: {exc}") from exc
 
     def _verify_caps(self, container_id: str, limits: Limits) -> None:
         """Refuse a created container that lacks a cap it was given (a drop the checks above
@@ -292,7 +408,8 @@ class PodmanBackend(DockerBackend):
         want = {
             "Memory": limits.memory_bytes,
             "MemorySwap": limits.memory_swap_bytes,
-            "NanoCpus": round(limits.cpus * 1e9),
+            "CpuQuota": round(limits.cpus * _CPU_PERIOD),
+            "CpuPeriod": _CPU_PERIOD,
         }
         if limits.pids is not None:
             want["PidsLimit"] = limits.pids
