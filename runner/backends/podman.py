@@ -41,6 +41,7 @@ The endpoint is ``CONTAINER_HOST`` (as Podman's own clients read it), else the r
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -91,7 +92,7 @@ class PodmanHost:
     """The cgroup controllers the engine may use: on cgroup v2 for a rootless engine, those
     delegated to its user (the controllers of its own cgroup)."""
     runtime: str
-    """The OCI runtime containers get (the compatible API cannot pick another)."""
+    """The OCI runtime containers get (the engine's default; the backend asks for no other)."""
 
     @staticmethod
     def from_info(info: dict[str, Any]) -> PodmanHost:
@@ -152,8 +153,8 @@ def unenforceable(limits: Limits, host: PodmanHost) -> list[tuple[str, str]]:
         dropped.append(
             (
                 f"runtime: {limits.runtime}",
-                f"Podman's Docker-compatible API runs every container under its default "
-                f"runtime ({host.runtime or 'unknown'}); it ignores a request for another",
+                f"containers get Podman's default runtime ({host.runtime or 'unknown'}); "
+                "runc or crun is offered, another (runsc) has not been verified under Podman",
             )
         )
     if limits.gpus != "none":
@@ -266,7 +267,10 @@ def _oom_in_kernel_log(container_id: str) -> bool:
                 record = os.read(fd, 8192)  # one record per read
             except BlockingIOError:
                 return False  # the end of the log
-            except OSError:  # EPIPE: a record was overwritten while reading; go on
+            except OSError as exc:
+                if exc.errno != errno.EPIPE:
+                    return False
+                read += 1  # a record was overwritten while reading: go on to the next
                 continue
             if not record:
                 return False
@@ -282,8 +286,8 @@ _LOCAL = re.compile(r"^localhost/")
 
 
 class PodmanBackend(DockerBackend):
-    """Podman through its Docker-compatible API (``podman system service``), refusing every
-    cap it would not enforce."""
+    """Podman through its API socket (``podman system service``): Docker's calls, its own
+    for create and wait; refusing every cap it would not enforce."""
 
     ENGINE = "Podman"
     ENGINE_HINT = _HINT
@@ -309,7 +313,8 @@ class PodmanBackend(DockerBackend):
                         hint="point CONTAINER_HOST (or the policy's engine) at a Podman socket",
                     )
                 try:
-                    self._host = PodmanHost.from_info(json.loads(data))
+                    answer = json.loads(data)
+                    self._host = PodmanHost.from_info(answer if isinstance(answer, dict) else {})
                 except ValueError as exc:
                     raise InfrastructureError(f"{action}: the answer is not JSON") from exc
             return self._host
@@ -320,7 +325,8 @@ class PodmanBackend(DockerBackend):
             raise refused
 
     def runtimes(self) -> list[str]:
-        """The one runtime the compatible API runs containers under."""
+        """The engine's default runtime, the one containers get (another, such as runsc,
+        is not offered: not verified under Podman)."""
         return [self.host().runtime or "runc"]
 
     def gpu_capable(self) -> bool:
