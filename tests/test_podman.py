@@ -590,6 +590,7 @@ def test_podman_containers_carry_the_caps_and_labels(rootful: PodmanBackend, ima
         assert hc["ShmSize"] == 64 * MIB and hc["Init"] is True
         assert hc["Tmpfs"] == {"/tmp": f"rw,nosuid,nodev,size={64 * MIB},rprivate,tmpcopyup"}
         assert hc["LogConfig"]["Type"] == "k8s-file"  # what "json-file" is to Podman
+        assert hc["LogConfig"]["Size"] == "1.049MB"  # spec.log_max_bytes, 1 MiB, as it shows it
         assert hc["NetworkMode"] == "none" and hc["ReadonlyRootfs"] is True
         assert "no-new-privileges" in hc["SecurityOpt"]
         assert [c.id for c in rootful.find({"org.runner.test": name})] == [cid]
