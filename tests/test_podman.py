@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 import tests.test_hostile as hostile
+import tests.test_images as image_tests
 import tests.test_restarts as restarts
 from runner import backends, orchestrator, policy
 from runner.backends import podman
@@ -44,6 +45,10 @@ from tests.support import (
     run_job,
     write_contract,
 )
+
+# The image tests' loopback registry and pushed image, as fixtures of this module too.
+local_registry = image_tests.local_registry
+pushed = image_tests.pushed
 
 TEST_USER = "runner-rootless"
 ROOTFUL = "unix:///run/podman/podman.sock"
@@ -344,6 +349,31 @@ def test_a_bundle_loads_into_podman_under_the_id_docker_gives_it(
         assert info.repo_tags == (tag,) and info.repo_digests == ()
     finally:
         subprocess.run(["podman", "rmi", "-f", "--ignore", image_id], check=False,
+                       capture_output=True)  # fmt: skip
+
+
+@pytest.mark.docker
+@pytest.mark.podman
+def test_a_digest_pin_is_pulled_into_podman_and_verified(
+    tmp_path: Path, pushed: tuple[str, str, str], rootful: PodmanBackend
+) -> None:
+    """A `name@sha256` pin missing from Podman's store is pulled through Podman from the
+    loopback registry, its repo digest and image id checked as under Docker, and run."""
+    repo, digest, unique_id = pushed
+    subprocess.run(["podman", "rmi", "-f", "--ignore", unique_id], check=True, capture_output=True)
+    contract = write_contract(tmp_path, f"{repo}@{digest}", environment={"imageId": unique_id})
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"engine": "podman"}))
+    try:
+        code, env, err = run_job(contract, tmp_path / "state", "--policy", str(policy_file),
+                                 env={"CONTAINER_HOST": ROOTFUL})  # fmt: skip
+        assert code == 0, (env, err)
+        assert env["measurements"][0]["value"] == 0.819
+        assert env["image"]["source"] == "pulled"
+        assert env["image"]["id"] == unique_id
+        assert env["image"]["repoDigest"] == f"{repo}@{digest}"
+    finally:
+        subprocess.run(["podman", "rmi", "-f", "--ignore", unique_id], check=False,
                        capture_output=True)  # fmt: skip
 
 

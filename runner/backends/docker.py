@@ -183,9 +183,10 @@ class DockerBackend:
         action: str,
         *,
         stream_to: Callable[[http.client.HTTPResponse], None] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
         conn = self._connect(timeout)
-        headers = {"Host": "docker"}
+        headers = {"Host": "docker", **(headers or {})}
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
