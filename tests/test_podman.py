@@ -1,4 +1,7 @@
-"""The Podman backend: which caps it can enforce (pure logic, every combination of rootless or
+"""Long on purpose: every test of the Podman backend in one place, from the pure decision to
+real rootful and rootless Podman, so that what runs under Podman is read in one file.
+
+The Podman backend: which caps it can enforce (pure logic, every combination of rootless or
 rootful, cgroup v1 or v2, delegated controllers), the engine a host picks, and real Podman:
 the toy and the hostile suite's core cases under rootful Podman, and `runner run` as an
 unprivileged user with rootless Podman, refused on cgroup v1 with the cap named and nothing
@@ -32,7 +35,8 @@ from runner.backends import podman
 from runner.backends.base import ContainerSpec
 from runner.backends.docker import DockerBackend
 from runner.backends.fake import FakeBackend, FakeJob
-from runner.backends.podman import PodmanBackend, PodmanHost, refusal, unenforceable
+from runner.backends.podman import PodmanBackend
+from runner.backends.podmancaps import PodmanHost, refusal, unenforceable
 from runner.backends.types import GIB, MIB, Limits
 from runner.contract import Trust
 from runner.errors import HostConfigError, PolicyViolation

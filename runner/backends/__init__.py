@@ -3,8 +3,8 @@
 ``types`` holds the values the layers above plan with (limits, image info), ``base`` the
 :class:`Backend` protocol and the container's values (spec, state), and each engine is one
 module behind it (``docker``, the only one that talks to Docker; ``podman``, Docker's requests
-sent to Podman's compatible API, refusing the caps it would drop; ``fake``, in memory, for
-tests). Nothing in this package imports a module above it, and importing the package imports
+sent to Podman's API socket, refusing the caps it would drop, which ``podmancaps`` decides;
+``fake``, in memory, for tests). Nothing in this package imports a module above it, and importing the package imports
 none of its modules: ``runner verify`` plans with ``types`` and never needs the rest.
 """
 
