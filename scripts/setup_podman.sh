@@ -42,7 +42,7 @@ podman_packages() {
   fi
 }
 
-service_up() { curl -sf --max-time 5 --unix-socket "$SOCKET" http://podman/_ping >/dev/null 2>&1; }
+service_up() { as_root curl -sf --max-time 5 --unix-socket "$SOCKET" http://podman/_ping >/dev/null 2>&1; }
 
 service_pid() {
   local pid
@@ -109,11 +109,11 @@ copy_images() {
   for tag in $IMAGES; do
     docker_id="$(docker image inspect --format '{{.Id}}' "$tag" 2>/dev/null)" \
       || die "podman: $tag is not in Docker's store; run scripts/setup.sh first"
-    podman_id="sha256:$(podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
+    podman_id="sha256:$(as_root podman image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)"
     if [ "$podman_id" != "$docker_id" ]; then
       log "podman: copying $tag ($docker_id) from Docker's store"
       docker save "$tag" | as_root podman load -q >/dev/null
-      podman_id="sha256:$(podman image inspect --format '{{.Id}}' "$tag")"
+      podman_id="sha256:$(as_root podman image inspect --format '{{.Id}}' "$tag")"
     fi
     [ "$podman_id" = "$docker_id" ] \
       || die "podman: $tag is $podman_id under Podman and $docker_id under Docker"
