@@ -4,8 +4,9 @@
 :class:`Backend` protocol and the container's values (spec, state), and each engine is one
 module behind it (``docker``, the only one that talks to Docker; ``podman``, Docker's requests
 sent to Podman's API socket, refusing the caps it would drop, which ``podmancaps`` decides;
-``fake``, in memory, for tests). Nothing in this package imports a module above it, and importing the package imports
-none of its modules: ``runner verify`` plans with ``types`` and never needs the rest.
+``fake``, in memory, for tests). Nothing in this package imports a module above it, and
+importing the package imports none of its modules: ``runner verify`` plans with ``types`` and
+never needs the rest.
 """
 
 from __future__ import annotations
