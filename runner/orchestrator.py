@@ -37,6 +37,7 @@ from runner import (
     policy,
     records,
     safefs,
+    slurm,
     staging,
 )
 from runner.backends.base import Backend, Mount
@@ -54,13 +55,7 @@ from runner.envelope import (
     Status,
     build,
 )
-from runner.errors import (
-    Category,
-    JobAlreadyFinished,
-    JobBusy,
-    PolicyViolation,
-    RunnerError,
-)
+from runner.errors import Category, JobAlreadyFinished, JobBusy, PolicyViolation, RunnerError
 from runner.ledger import Ledger, LedgerCorrupt, read_state
 from runner.options import RunOptions
 from runner.outcome import classify
@@ -150,6 +145,7 @@ def _run(
             labels=opts.labels,
             overrides=opts.overrides,
         )
+        slurm.check_allocation(p.limits, os.environ)  # under Slurm: caps within the allocation
     known = replace(known, plan=p, gpu_fallback=p.gpu_fallback)
     with stage("plan", known):
         backend = backend or backends.default(opts.policy.policy.engine)

@@ -18,6 +18,9 @@ module               commands
 ``fetch.py``         fetch, cache ls, cache prune, cache verify
 ``render.py``        render (manifests for a cluster: Kubernetes)
 ``stage.py``         stage (a job's folder laid out, nothing run)
+``submit.py``        submit (queue jobs in a cluster: Slurm)
+``wait.py``          wait (for submitted jobs)
+``cancel.py``        cancel (submitted jobs)
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
 ``schema.py``        schema
@@ -73,6 +76,12 @@ _TABLE = {
         "render",
         "write the manifests for a cluster to run a contract's job (Kubernetes)",
     ),
+    "submit": (
+        "submit",
+        "queue contracts' jobs in a cluster (Slurm), each running `runner run` on a node",
+    ),
+    "wait": ("wait", "wait for submitted jobs to end; exit as `runner run` would have"),
+    "cancel": ("cancel", "cancel submitted jobs (their runners stop the containers)"),
     "image": ("image", "offline image bundles"),
     "gpu": ("gpu", "this host's GPUs, and a CDI spec that hands them to containers"),
     "fetch": ("fetch", "fetch a contract's assets into this host's cache, verified"),

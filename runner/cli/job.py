@@ -194,6 +194,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         else None,
         "envelope": str(JobDir(root).envelope) if JobDir(root).envelope.exists() else None,
     }
+    from runner.slurm_cluster import describe  # the Slurm side, if `runner submit` queued it
+
+    info["slurm"] = describe(root.parent.parent, root.name)
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_SUCCEEDED
@@ -211,6 +214,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"container  {in_flight.container_name if in_flight else ''}: {container_state}")
     if info["envelope"]:
         print(f"envelope   {info['envelope']}")
+    if info["slurm"]:
+        print("slurm      job {slurmJobId} {state} (log {log})".format(**info["slurm"]))
     return EXIT_SUCCEEDED
 
 

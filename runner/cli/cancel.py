@@ -1,0 +1,69 @@
+"""``runner cancel JOB…``: cancel jobs queued by `runner submit` (scancel); the runner in a
+running job stops its container on Slurm's SIGTERM and records the attempt cancelled."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from runner import host
+from runner.cli._common import EXIT_SUCCEEDED
+
+if TYPE_CHECKING:
+    from runner.cli._common import Subparsers
+
+EPILOG = """\
+A pending job leaves the queue; a running one gets SIGTERM: its runner stops the container
+within --stop-grace, records the attempt cancelled (the budget it used stays spent) and writes
+its envelope. `runner wait JOB` then exits 130. A job that has already ended is left as it is.
+
+exit codes:
+  0    each job was cancelled, or had already ended
+  4    infrastructure: scancel failed
+  5    no such job submitted from this state folder
+"""
+
+
+def register(sub: Subparsers, name: str, help: str) -> None:
+    p = sub.add_parser(
+        name,
+        help=help,
+        description="Cancel jobs queued by `runner submit` with scancel.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("job", metavar="JOB", nargs="+", help="job id, as `runner submit` printed it")
+    p.add_argument("--state-dir", metavar="DIR", help="the state folder given to `runner submit`")
+    p.add_argument("--json", action="store_true", help="print what was done as a JSON array")
+    p.set_defaults(func=cmd_cancel)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from runner.slurm import submission_of
+    from runner.slurm_cluster import Cluster
+
+    state = host.state_dir(args.state_dir).resolve()
+    cluster = Cluster()
+    subs = {job_id: str(submission_of(state, job_id)["slurmJobId"]) for job_id in args.job}
+    done: list[dict[str, Any]] = []
+    for job_id, slurm_job in subs.items():
+        info = cluster.job(slurm_job)
+        ended = info is None or info.ended
+        if not ended:
+            cluster.cancel(slurm_job)
+        state_now = info.state if info else "UNKNOWN"
+        done.append(
+            {
+                "jobId": job_id,
+                "slurmJobId": slurm_job,
+                "cancelled": not ended,
+                "slurmState": state_now,
+            }
+        )
+        if not args.json:
+            said = "cancelled" if not ended else f"had already ended ({state_now})"
+            print(f"{job_id}: Slurm job {slurm_job} {said}")
+    if args.json:
+        print(json.dumps(done, indent=2))
+    return EXIT_SUCCEEDED

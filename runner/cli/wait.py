@@ -1,0 +1,140 @@
+"""``runner wait JOB…``: wait for jobs queued by `runner submit` to end, and exit as `runner
+run` would have for their envelopes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from runner import host
+from runner.cli._common import EXIT_INFRASTRUCTURE, batch_exit, usage
+
+if TYPE_CHECKING:
+    from runner.cli._common import Subparsers
+    from runner.slurm_cluster import Ended
+
+EPILOG = """\
+A job has ended when its ledger says job.finished (its result.json is the envelope), or when
+its Slurm job has ended (squeue/scontrol, else sacct, else Slurm's jobcomp file): then the
+envelope is the one its `runner run` wrote to <state>/slurm/<job id>/envelope-<Slurm id>.json.
+A Slurm job that ended without an envelope is an infrastructure failure naming its Slurm state
+and log file; one cancelled before its runner started counts as cancelled.
+
+exit codes (several jobs: the first of 130, 4, 3, 1, 0 that any job ended in):
+  0    succeeded          1    the job failed, or its budget is spent
+  3    refused on the node (policy, the allocation, the contract)
+  4    infrastructure, no envelope, or --timeout passed first
+  5    no such job submitted from this state folder
+  130  cancelled (runner cancel, scancel, or Slurm's time limit)
+
+  runner wait toy-checkpoint-evaluation-2e188735eb89 --state-dir /shared/runner
+"""
+
+
+def register(sub: Subparsers, name: str, help: str) -> None:
+    p = sub.add_parser(
+        name,
+        help=help,
+        description="Wait until each job queued by `runner submit` has ended; print a line per "
+        "job as it ends (with --json, one JSON array at the end).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("job", metavar="JOB", nargs="+", help="job id, as `runner submit` printed it")
+    p.add_argument("--state-dir", metavar="DIR", help="the state folder given to `runner submit`")
+    p.add_argument(
+        "--timeout", type=float, metavar="S", help="give up after S seconds (default: never)"
+    )
+    p.add_argument(
+        "--poll", type=float, default=1.0, metavar="S", help="seconds between looks (default 1)"
+    )
+    p.add_argument("--json", action="store_true", help="print the jobs' ends as a JSON array")
+    p.set_defaults(func=cmd_wait)
+
+
+def outcome(end: Ended) -> dict[str, Any]:
+    """One job's end as `runner wait --json` prints it."""
+    env = end.envelope
+    if env is not None:
+        failure = env.get("failure") or {}
+        category, reason = failure.get("category"), failure.get("reason")
+    elif end.slurm_state == "CANCELLED":
+        category, reason = (
+            "cancelled",
+            "the Slurm job was cancelled before its runner wrote an envelope",
+        )
+    else:
+        category = "infrastructure"
+        reason = (
+            f"the Slurm job {end.slurm_job} ended {end.slurm_state} without an envelope from "
+            f"`runner run`; its log is {end.log}"
+        )
+    return {
+        "jobId": end.job_id,
+        "slurmJobId": end.slurm_job,
+        "slurmState": end.slurm_state,
+        "status": env.get("status")
+        if env
+        else ("cancelled" if category == "cancelled" else "error"),
+        "category": category,
+        "reason": reason,
+        "log": str(end.log),
+        "envelope": env,
+    }
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    from runner.slurm_cluster import Cluster, check_end
+
+    if args.poll <= 0 or (args.timeout is not None and args.timeout < 0):
+        usage("--poll wants seconds above 0, --timeout seconds of at least 0")
+    state = host.state_dir(args.state_dir).resolve()
+    cluster = Cluster()
+    pending = list(dict.fromkeys(args.job))
+    ends: dict[str, dict[str, Any]] = {}
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    while True:
+        for job_id in list(pending):
+            end = check_end(state, job_id, cluster)
+            if end is None:
+                continue
+            pending.remove(job_id)
+            ends[job_id] = outcome(end)
+            if not args.json:
+                _line(ends[job_id], len(ends), len(args.job))
+        if not pending or (deadline is not None and time.monotonic() >= deadline):
+            break
+        time.sleep(args.poll)
+    results = [ends[j] for j in dict.fromkeys(args.job) if j in ends]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    if pending:
+        print(
+            f"runner: infrastructure: {len(pending)} job(s) still queued or running after "
+            f"{args.timeout:g} s: {', '.join(pending)}",
+            file=sys.stderr,
+        )
+        return EXIT_INFRASTRUCTURE
+    return batch_exit(
+        [{"failure": {"category": r["category"]} if r["category"] else None} for r in results]
+    )
+
+
+def _line(r: dict[str, Any], done: int, total: int) -> None:
+    values = ", ".join(
+        f"{m['measurementId']} = {m['value']}"
+        for m in (r["envelope"] or {}).get("measurements") or []
+    )
+    why = (
+        f" ({r['category']}: {str(r['reason'] or '').splitlines()[0][:160]})"
+        if r["category"]
+        else ""
+    )
+    print(
+        f"[{done}/{total}] {r['jobId']}: {r['status']}{why}{': ' + values if values else ''}"
+        f"  Slurm job {r['slurmJobId']} {r['slurmState']}",
+        flush=True,
+    )
