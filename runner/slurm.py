@@ -6,7 +6,7 @@ A cluster is not a backend: Slurm decides *where* `runner run` runs, and the run
 node keeps every guarantee (ledger, caps, evidence). What this module adds:
 
 - :func:`prepare` verifies a contract and the host policy exactly as `runner run` does and
-  turns the plan into an :class:`Request` (CPUs, memory, GPUs, time) for ``sbatch``;
+  turns the plan into a :class:`Request` (CPUs, memory, GPUs, time) for ``sbatch``;
 - :func:`batch_script` is the script Slurm runs: it checks that the node sees the state folder
   (a marker written at submit) and the contract bytes that were verified, then ``exec``s
   `runner run`, so that Slurm's SIGTERM (scancel, time limit) reaches the runner, which stops

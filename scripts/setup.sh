@@ -422,4 +422,5 @@ build_scripted_agent
 build_gpu_smoke
 build_claude_agent
 "$ROOT/scripts/setup_podman.sh"  # Podman, its API service, images and rootless test user
+"$ROOT/scripts/setup_slurm.sh"  # a single-node Slurm for the `runner submit` tests
 log "done in $((SECONDS - start))s; $JOB_TAG is $(docker image inspect --format '{{.Id}}' "$JOB_TAG")"

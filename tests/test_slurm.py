@@ -421,3 +421,19 @@ def test_gpu_types_and_grace() -> None:
     slurm.check_grace(25, 30)
     with pytest.raises(PolicyViolation, match="KillWait"):
         slurm.check_grace(26, 30)
+
+
+def test_benchmark_script_runs(cluster: Cluster, tmp_path: Path) -> None:
+    """`scripts/bench_slurm.py --jobs 2` measures all three sides, every job succeeding, and
+    writes its report where told."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "slurm.md"
+    script = root / "scripts" / "bench_slurm.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--jobs", "2", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = out.read_text()
+    assert "Throughput ratio" in report
+    assert report.count("| 2 | 2 |") == 3  # jobs, succeeded: runner, served, baseline

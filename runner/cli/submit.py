@@ -47,7 +47,8 @@ exit codes:
   1    a job has no budget left (resource_exhausted); nothing was queued
   3    refused: as `runner run` refuses, or Slurm refuses the resources (sbatch --test-only),
        or the state folder is not shared; nothing was queued
-  4    infrastructure: Slurm does not answer, the policy or keys are broken
+  4    infrastructure: Slurm does not answer, the policy or keys are broken; or a job id
+       already queued and not ended, given twice, or with an attempt in flight
 
 """
     + HOST_HELP
@@ -131,7 +132,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     state = host.state_dir(args.state_dir).resolve()
     cluster = Cluster()
     slurm.check_grace(args.stop_grace, cluster.kill_wait())
-    kind = slurm.fs_type(state if state.exists() else state.parent, _mountinfo())
+    kind = slurm.fs_type(state, _mountinfo())
     note = slurm.check_state_dir(state, cluster.partition_nodes(partition), kind)
     offered = cluster.gpu_types(partition)
     requests = [
