@@ -128,6 +128,9 @@ def test_toy_job_runs_on_the_node_and_wait_gives_its_envelope(
     assert end["envelope"]["measurements"][0]["value"] == 0.819
     stored = json.loads((state / "jobs" / "slurm-toy" / "result.json").read_text())
     assert stored["status"] == "succeeded" and stored["measurements"][0]["value"] == 0.819
+    again = run_cli("wait", "slurm-toy", "--state-dir", str(state))  # for people: a line a job
+    assert again.returncode == 0
+    assert again.stdout.startswith("[1/1] slurm-toy: succeeded: toy-accuracy = 0.819")
     status = run_cli("status", "slurm-toy", "--state-dir", str(state), "--json")
     assert json.loads(status.stdout)["slurm"]["slurmJobId"] == queued["slurmJobId"]
     lines = (state / "slurm" / "slurm-toy" / "submissions.jsonl").read_text().splitlines()

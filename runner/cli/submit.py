@@ -59,8 +59,8 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     p = sub.add_parser(
         name,
         help=help,
-        description="Verify each contract and this host's policy as `runner run` does; if all "
-        "pass, queue one cluster job per contract that runs `runner run` on a node. Nothing "
+        description="Verify each contract and this host's policy as `runner run` does; if all\n"
+        "pass, queue one cluster job per contract that runs `runner run` on a node. Nothing\n"
         "is queued when any contract is refused.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

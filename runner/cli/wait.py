@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 EPILOG = """\
 A job has ended when its ledger says job.finished (its result.json is the envelope), or when
-its Slurm job has ended (squeue/scontrol, else sacct, else Slurm's jobcomp file): then the
+its Slurm job has ended (scontrol show job, else sacct, else Slurm's jobcomp file): then the
 envelope is the one its `runner run` wrote to <state>/slurm/<job id>/envelope-<Slurm id>.json.
 A Slurm job that ended without an envelope is an infrastructure failure naming its Slurm state
 and log file; one cancelled before its runner started counts as cancelled.
@@ -38,7 +38,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     p = sub.add_parser(
         name,
         help=help,
-        description="Wait until each job queued by `runner submit` has ended; print a line per "
+        description="Wait until each job queued by `runner submit` has ended; print a line per\n"
         "job as it ends (with --json, one JSON array at the end).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
