@@ -440,3 +440,16 @@ def test_benchmark_script_runs(cluster: Cluster, tmp_path: Path) -> None:
     report = out.read_text()
     assert "Throughput ratio" in report
     assert report.count("| 2 | 2 |") == 3  # jobs, succeeded: runner, served, baseline
+
+
+def test_hostile_names_are_refused(tmp_path: Path) -> None:
+    """A partition or account that is not a plain Slurm name (an option, a path) is refused
+    before Slurm is asked; a job id that is not one (a path) is no submitted job (exit 5)."""
+    for bad in ("--wrap=id", "../x", "a b", "", "x" * 65):
+        with pytest.raises(PolicyViolation, match="--partition"):
+            slurm.check_name("--partition", bad)
+    assert slurm.check_name("--account", "lab-1.gpu_a") == "lab-1.gpu_a"
+    (tmp_path / "slurm" / "x").mkdir(parents=True)
+    (tmp_path / "slurm" / "x" / "submissions.jsonl").write_text('{"slurmJobId": "1"}\n')
+    proc = run_cli("wait", "../slurm/x", "--state-dir", str(tmp_path / "state"), "--json")
+    assert proc.returncode == 5 and "was never submitted" in proc.stderr
