@@ -138,6 +138,34 @@ def test_toy_job_runs_on_the_node_and_wait_gives_its_envelope(
     assert job_containers("slurm-toy") == []
 
 
+def test_a_signed_contract_runs_signed_on_the_node(
+    cluster: Cluster, image_id: str, tmp_path: Path
+) -> None:
+    """A signed toy contract, submitted without --allow-unsigned and with --trusted-keys: the
+    node's runner gets the same trusted keys and the envelope records the verified signature."""
+    keys = tmp_path / "trusted"
+    assert run_cli("keygen", "--out", str(tmp_path / "issuer")).returncode == 0
+    trust = run_cli("trust", str(tmp_path / "issuer.pub"), "--trusted-keys", str(keys))
+    assert trust.returncode == 0, trust.stderr
+    toy(tmp_path / "c", "slurm-signed", image_id)
+    signed = run_cli(
+        "sign", str(tmp_path / "c" / "task.json"), "--key", str(tmp_path / "issuer.key"),
+        "--expires-in", "1h",
+    )  # fmt: skip
+    assert signed.returncode == 0, signed.stderr
+    state = tmp_path / "state"
+    proc = run_cli(
+        "submit", str(tmp_path / "c" / "task.dsse.json"), "--to", "slurm", "--state-dir",
+        str(state), "--trusted-keys", str(keys), "--json",
+        "--label", f"{SESSION_LABEL}={SESSION_ID}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    code, [end], err = wait(state, "slurm-signed")
+    assert code == 0, err
+    assert end["envelope"]["signature"]["status"] == "verified"
+    assert end["envelope"]["measurements"][0]["value"] == 0.819
+
+
 def test_twenty_contracts_at_once_all_succeed(
     cluster: Cluster, image_id: str, tmp_path: Path
 ) -> None:
