@@ -165,6 +165,8 @@ class Ended:
     slurm_state: str
     envelope: dict[str, Any] | None
     log: Path
+    slurm_active: bool = False
+    """The ledger says finished while the Slurm job has not ended yet (its runner exiting)."""
 
 
 def check_end(state: Path, job_id: str, cluster: Cluster) -> Ended | None:
@@ -184,7 +186,8 @@ def check_end(state: Path, job_id: str, cluster: Cluster) -> Ended | None:
     if finished and job.envelope.is_file():
         data = _json(job.envelope)
         if data is not None:
-            return Ended(job_id, slurm_job, info.state if info else "UNKNOWN", data, log)
+            state_now, active = (info.state, not info.ended) if info else ("UNKNOWN", False)
+            return Ended(job_id, slurm_job, state_now, data, log, active)
     if info is None:
         raise InfrastructureError(
             f"job {job_id}: Slurm knows no job {slurm_job} (not scontrol, sacct nor the jobcomp "

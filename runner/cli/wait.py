@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from runner.cli._common import Subparsers
     from runner.slurm_cluster import Ended
 
+SLURM_END_GRACE_SECONDS = 30
+"""How long `runner wait` waits for a Slurm job to end once its ledger says finished."""
+
 EPILOG = """\
 A job has ended when its ledger says job.finished (its result.json is the envelope), or when
 its Slurm job has ended (scontrol show job, else sacct, else Slurm's jobcomp file): then the
@@ -96,10 +99,16 @@ def cmd_wait(args: argparse.Namespace) -> int:
     pending = list(dict.fromkeys(args.job))
     ends: dict[str, dict[str, Any]] = {}
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    finished_at: dict[str, float] = {}
     while True:
         for job_id in list(pending):
             end = check_end(state, job_id, cluster)
             if end is None:
+                continue
+            # Finished in the ledger: give the Slurm job a moment to end too (its runner is
+            # exiting), so that the state shown is its last; never wait on it for long.
+            first = finished_at.setdefault(job_id, time.monotonic())
+            if end.slurm_active and time.monotonic() - first < SLURM_END_GRACE_SECONDS:
                 continue
             pending.remove(job_id)
             ends[job_id] = outcome(end)
