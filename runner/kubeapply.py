@@ -2,7 +2,7 @@
 official Python client (``kubernetes`` on PyPI, the ``[kubernetes]`` extra, imported only
 inside the functions that talk to a cluster), and the Job's end read back.
 
-The functions the CLI calls (`runner submit --to kubernetes` is wired at merge)::
+The functions `runner submit --to kubernetes`, `runner wait` and `runner cancel` call::
 
     submit(contract_path, loaded, trust, *, namespace, state_dir, job_id=None,
            claim=..., runtime_class=..., context=None, kubeconfig=None, dry_run=False,
@@ -15,6 +15,7 @@ The functions the CLI calls (`runner submit --to kubernetes` is wired at merge):
     status(job_id, *, namespace, context=None, kubeconfig=None) -> dict
     wait(job_id, *, namespace, context=None, kubeconfig=None, timeout=None,
          poll_seconds=2.0, on_status=None) -> dict
+    delete(job_id, *, namespace, context=None, kubeconfig=None) -> dict
 
 :func:`apply` sends nothing that breaks :func:`runner.kube.check_rules`, and sends the bytes
 that were checked: the client's serialization of each object is compared with the manifest
@@ -202,7 +203,7 @@ def _call(client: ApiClient, what: str, fn: Callable[..., Any], *args: Any, **kw
             hint="check the kubeconfig's server and this host's network",
         ) from None
     except ApiException as exc:
-        if exc.status == 404 and what.startswith("GET "):
+        if exc.status == 404 and what.startswith(("GET ", "DELETE ")):
             return None
         message = _server_message(exc)
         if exc.status in (401, 403):
@@ -446,6 +447,32 @@ def status(
         "conditions": _conditions(job),
         "source": "the API server's Job status; not written to the ledger or an envelope",
     }
+
+
+def delete(
+    job_id: str,
+    *,
+    namespace: str,
+    context: str | None = None,
+    kubeconfig: Path | None = None,
+) -> dict[str, Any]:
+    """Delete the runner's Job of ``job_id`` (its pods with it, ``propagationPolicy:
+    Background``), then its NetworkPolicy (so a pod never runs without it); refused, as by
+    :func:`status`, for a Job the runner did not make for this job id. The Job's status
+    before, with ``deleted``."""
+    before = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig)
+    name, client = before["name"], _client(context, kubeconfig)
+    try:
+        for kind in reversed(ORDER):
+            api = _api(client, kind)
+            fn = (
+                api.delete_namespaced_job if kind == "Job" else api.delete_namespaced_network_policy
+            )
+            what = f"DELETE {kind} {namespace}/{name}"
+            _call(client, what, fn, name, namespace, propagation_policy="Background")
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+    return {**before, "deleted": True}
 
 
 def wait(

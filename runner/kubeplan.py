@@ -7,9 +7,11 @@ Reads the contract and the job's ledger (for the budget left); renders with the 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from runner import kube, plan, policy
 from runner.contract import Trust, load_contract
@@ -94,3 +96,38 @@ def check_staged(r: Rendered, state_dir: Path) -> None:
         )
     if accepted.get("contractDigest") != r.contract_digest:  # deadline_seconds refuses it too
         raise PolicyViolation(f"job {r.plan.job_id} is staged for another contract", hint=hint)
+
+
+def record_dir(state_dir: Path, job_id: str) -> Path:
+    """``<state>/kubernetes/<job id>``: where `runner submit --to kubernetes` records it."""
+    return state_dir / "kubernetes" / job_id
+
+
+def record_submission(state_dir: Path, submitted: dict[str, Any]) -> dict[str, Any]:
+    """Append what `runner wait` and `runner cancel` need to find the Job again (the
+    namespace, the context and kubeconfig, the names) to ``submissions.jsonl``."""
+    entry = {
+        "to": "kubernetes",
+        "submittedAt": datetime.now(UTC).isoformat(timespec="seconds"),
+        **{k: submitted[k] for k in ("jobId", "contractDigest", "name", "namespace", "context")},
+        "kubeconfig": submitted.get("kubeconfig"),
+        "objects": [(a.get("kind"), a.get("action")) for a in submitted.get("applied", [])],
+    }
+    folder = record_dir(state_dir, str(submitted["jobId"]))
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "submissions.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+    return entry
+
+
+def last_submission(state_dir: Path, job_id: str) -> dict[str, Any] | None:
+    """The job's latest Kubernetes submission from ``state_dir``, or None."""
+    if "/" in job_id or job_id in {"", ".", ".."}:
+        return None
+    path = record_dir(state_dir, job_id) / "submissions.jsonl"
+    try:
+        lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+        data = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("to") == "kubernetes" else None

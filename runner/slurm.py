@@ -361,7 +361,9 @@ def batch_script(
             'verified at submit (missing or changed)" >&2',
             "  exit 98",
             "fi",
-            f"exec {' '.join(q(a) for a in argv)} > {folder}/envelope-$SLURM_JOB_ID.json",
+            # The label is the Epilog's (scripts/slurm-epilog.sh) way to this job's container.
+            f'exec {" ".join(q(a) for a in argv)} --label slurm.job-id="$SLURM_JOB_ID"'
+            f" > {folder}/envelope-$SLURM_JOB_ID.json",
             "",
         ]
     )

@@ -120,6 +120,23 @@ class Cluster:
     def cancel(self, slurm_job: str) -> None:
         self.run("scancel", slurm_job)
 
+    def active(self, slurm_jobs: list[str]) -> dict[str, str] | None:
+        """Those of ``slurm_jobs`` Slurm still queues or runs, with their states, from one
+        ``squeue`` for all (a waiter polling each job's ``scontrol`` would load slurmctld and
+        the CPUs the jobs run on); None when squeue fails (it does when the only job asked
+        for is unknown): then ask :meth:`job` for each."""
+        if not slurm_jobs:
+            return {}
+        done = self._exec(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(slurm_jobs)])
+        if done.returncode != 0:
+            return None
+        found = {}
+        for line in done.stdout.splitlines():
+            job, _, state = line.strip().partition("|")
+            if state in ACTIVE_STATES:
+                found[job] = state
+        return found
+
     def job(self, slurm_job: str) -> JobInfo | None:
         """The job's state: ``scontrol`` while slurmctld remembers it (MinJobAge), else
         ``sacct`` where accounting runs, else the jobcomp file; None when none knows it."""
@@ -169,10 +186,13 @@ class Ended:
     """The ledger says finished while the Slurm job has not ended yet (its runner exiting)."""
 
 
-def check_end(state: Path, job_id: str, cluster: Cluster) -> Ended | None:
+def check_end(
+    state: Path, job_id: str, cluster: Cluster, queued: dict[str, str] | None = None
+) -> Ended | None:
     """The job's end, or None while it may still run: the ledger's ``job.finished`` (with the
     job's result.json), else the Slurm job's end with the envelope its batch wrote (None when
-    the runner wrote none)."""
+    the runner wrote none). ``queued`` (:meth:`Cluster.active`, asked once for many jobs)
+    spares the questions to Slurm about a job that still runs and has no result yet."""
     from runner.ledger import read_state
     from runner.staging import StateDir
 
@@ -181,6 +201,8 @@ def check_end(state: Path, job_id: str, cluster: Cluster) -> Ended | None:
     folder = record_dir(state, job_id)
     log = folder / f"slurm-{slurm_job}.out"
     job = StateDir(state).job(job_id)
+    if queued is not None and slurm_job in queued and not job.envelope.is_file():
+        return None  # queued or running, and no result yet: nothing to ask Slurm
     finished = job.ledger.is_file() and read_state(job.ledger).finished is not None
     info = cluster.job(slurm_job)
     if finished and job.envelope.is_file():

@@ -72,6 +72,9 @@ def _stop_orphan(backend: Backend, c: ContainerSummary, grace: float) -> str:
         with contextlib.suppress(ContainerVanished):  # gone meanwhile: charged until now
             backend.stop(c.id, grace)
         found = container.recover(backend, mine)
+        if found.state is not None:  # its final state and engine log, as a runner keeps them
+            watched = container.Watched(False, False, found.seconds, None)
+            container.finish(backend, c.id, c.name, root.attempt_record(n), watched=watched)
         data = {
             "attempt": n,
             "exitCode": None,

@@ -15,6 +15,10 @@ SLURM_STATE=/var/spool/slurmctld
 SLURMD_SPOOL=/var/spool/slurmd
 SLURM_LOGS=/var/log/slurm
 SLURM_JOBCOMP="$SLURM_LOGS/jobcomp.log"
+# The Epilog that stops a container whose runner was killed (scripts/slurm-epilog.sh), with
+# this checkout's runner.
+SLURM_EPILOG="$SLURM_ETC/runner-epilog.sh"
+RUNNER_CMD="$(cd "$here/.." && pwd)/.venv/bin/python -m runner"
 # The runner's --stop-grace defaults to 5 s; KillWait (SIGTERM to SIGKILL) must leave the
 # runner time to stop its container and record the attempt: grace + 25 s of margin.
 SLURM_KILLWAIT=30
@@ -93,6 +97,7 @@ JobCompLoc=$SLURM_JOBCOMP
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 KillWait=$SLURM_KILLWAIT
+Epilog=$SLURM_EPILOG
 InactiveLimit=0
 MaxJobCount=10000
 NodeName=localhost CPUs=$cpus RealMemory=$mem_mb State=UNKNOWN
@@ -100,6 +105,9 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 EOF
 )"
   as_root mkdir -p "$SLURM_ETC" "$SLURM_STATE" "$SLURMD_SPOOL" "$SLURM_LOGS"
+  sed "s|^RUNNER=.*|RUNNER=\"$RUNNER_CMD\"|" "$here/slurm-epilog.sh" | as_root tee "$SLURM_EPILOG.new" >/dev/null
+  as_root chmod 0755 "$SLURM_EPILOG.new"
+  as_root mv "$SLURM_EPILOG.new" "$SLURM_EPILOG"
   if [ -f "$SLURM_CONF" ] && [ "$(cat "$SLURM_CONF")" = "$want" ]; then
     return 1
   fi

@@ -8,6 +8,7 @@ and the Job's conditions are read back without writing the ledger."""
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 import threading
@@ -413,3 +414,66 @@ def test_the_client_is_imported_only_to_talk_to_a_cluster() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "False"
+
+
+def test_submit_wait_and_cancel_through_the_cli(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """`runner stage`, then `runner submit --to kubernetes` creates both objects and records
+    where; `runner status` names the Job; `runner wait` exits 0 once the Job completes (the
+    API server's word: no envelope); `runner cancel` deletes the Job, then its NetworkPolicy.
+    A Slurm option with --to kubernetes is a usage error, and a refused contract beside a good
+    one creates nothing."""
+    from tests.support import run_cli
+
+    folder = tmp_path / "contract"
+    folder.mkdir()
+    contract = write_contract(folder, DIGEST_IMAGE)
+    state = tmp_path / "state"
+    common = ["--state-dir", str(state), "--allow-unsigned"]
+    staged = run_cli("stage", str(contract), *common, "--json")
+    assert staged.returncode == 0, staged.stderr
+    k8s = ["--to", "kubernetes", "--namespace", NS, "--kubeconfig", str(kubeconfig)]
+    wrong = run_cli("submit", str(contract), *k8s, "--partition", "debug", *common)
+    assert (
+        wrong.returncode == 2 and "--partition is not an option of --to kubernetes" in wrong.stderr
+    )
+    (tmp_path / "bad").mkdir()
+    bad = write_contract(tmp_path / "bad", DIGEST_IMAGE, change=_networked)
+    refused = run_cli("submit", str(contract), str(bad), *k8s, *common)
+    assert refused.returncode == 3, refused.stderr
+    assert server.writes() == [], "nothing created when one contract is refused"
+    sub = run_cli("submit", str(contract), *k8s, *common, "--json")
+    assert sub.returncode == 0, sub.stderr
+    (got,) = json.loads(sub.stdout)
+    jid, name = got["jobId"], got["name"]
+    assert [(a["kind"], a["action"]) for a in got["applied"]] == [
+        ("NetworkPolicy", "created"),
+        ("Job", "created"),
+    ]
+    status = run_cli("status", jid, "--state-dir", str(state), "--json")
+    assert json.loads(status.stdout)["kubernetes"]["name"] == name
+    timer = threading.Timer(
+        1.0, server.set_status, (NS, name, _job_status("Complete", "CompletionsReached"))
+    )
+    timer.start()
+    try:
+        waited = run_cli("wait", jid, "--state-dir", str(state), "--poll", "0.2", "--json")
+    finally:
+        timer.cancel()
+    assert waited.returncode == 0, waited.stderr
+    (end,) = json.loads(waited.stdout)
+    assert (end["to"], end["kubernetesState"], end["status"]) == ("kubernetes", "complete",
+                                                                  "succeeded")  # fmt: skip
+    assert end["envelope"] is None
+    cancel = run_cli("cancel", jid, "--state-dir", str(state), "--json")
+    assert cancel.returncode == 0, cancel.stderr
+    assert json.loads(cancel.stdout)[0]["deleted"] is True
+    deletes = [(q.method, q.collection) for q in server.requests if q.method == "DELETE"]
+    assert deletes == [("DELETE", "jobs"), ("DELETE", "networkpolicies")]
+    assert server.objects == {}
+
+
+def _networked(data: dict[str, Any]) -> None:
+    data["jobId"] = "networked"
+    data["environment"]["networkAccess"] = True

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -196,29 +197,35 @@ def _wait_container(job_id: str, proc: subprocess.Popen[str] | None = None) -> N
         time.sleep(0.3)
 
 
-def test_requeue_after_the_runner_is_killed_continues_the_same_container(
+def test_requeue_after_the_runner_is_killed_continues_the_same_budget(
     cluster: Cluster, image_id: str, tmp_path: Path
 ) -> None:
-    """The batch's runner is SIGKILLed mid-run; `scontrol requeue` runs the job again, whose
-    runner reattaches to the container still running: one container, one attempt, the ledger
-    verifies and the envelope says succeeded."""
+    """The batch's runner is SIGKILLed mid-run. The Epilog (scripts/slurm-epilog.sh, which
+    scripts/setup_slurm.sh installs) stops the container it left and records attempt 1 in the
+    ledger before Slurm may start the job again; `scontrol requeue` then runs attempt 2 within
+    the same budget. One container at a time (attempt 1's ended before attempt 2's was made),
+    the ledger verifies, the envelope says succeeded, each attempt names this host."""
     state = tmp_path / "state"
     contract = sleeper(tmp_path / "c", 15, "slurm-requeue", image_id)
     proc = submit(state, contract)
     assert proc.returncode == 0, proc.stderr
     slurm_job = json.loads(proc.stdout)[0]["slurmJobId"]
     _wait_container("slurm-requeue")
+    time.sleep(2)
     pids = subprocess.run(["scontrol", "listpids", slurm_job], capture_output=True, text=True,
                           check=True).stdout.split("\n")[1:]  # fmt: skip
     runner_pid = next(int(line.split()[0]) for line in pids if line.split()[2:3] == ["batch"])
     assert "runner" in Path(f"/proc/{runner_pid}/cmdline").read_text()
     os.kill(runner_pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while scontrol(slurm_job)["JobState"] not in {"FAILED", "COMPLETED"}:
         assert time.monotonic() < deadline
         time.sleep(0.3)
-    containers = job_containers("slurm-requeue")
-    assert len(containers) == 1  # the container outlived its runner
+    assert job_containers("slurm-requeue") == [], "the Epilog stopped what the runner left"
+    ledger = state / "jobs" / "slurm-requeue" / "record" / "ledger.jsonl"
+    (first,) = read_state(ledger).attempts
+    assert first.finished is not None and first.finished["how"] == "orphan-stopped"
+    assert first.seconds >= 2
     # slurmd refuses a credential issued within the second its job ended ("Job credential
     # revoked"): requeue a second later, then skip the wait for cred_expire with StartTime=now.
     time.sleep(1.5)
@@ -227,12 +234,14 @@ def test_requeue_after_the_runner_is_killed_continues_the_same_container(
     code, [end], err = wait(state, "slurm-requeue")
     assert code == 0, (err, end)
     assert end["status"] == "succeeded"
-    assert [a["attempt"] for a in end["envelope"]["attempts"]] == [1]
+    attempts = end["envelope"]["attempts"]
+    assert [(a["attempt"], a["how"]) for a in attempts] == [(1, "orphan-stopped"), (2, "observed")]
+    assert {a["host"] for a in attempts} == {socket.gethostname()}
+    assert end["envelope"]["budget"]["consumedSeconds"] >= first.seconds + 15
     assert scontrol(slurm_job)["Restarts"] == "1"
-    assert (
-        "reattaching to attempt 1"
-        in (state / "slurm" / "slurm-requeue" / f"slurm-{slurm_job}.out").read_text()
-    )
+    kept = state / "jobs" / "slurm-requeue" / "record" / "attempts"
+    one, two = (json.loads((kept / n / "container-state.json").read_text()) for n in "12")
+    assert one["FinishedAt"] < two["StartedAt"], "never two containers of the job at once"
     verify = run_cli("ledger", "verify", "slurm-requeue", "--state-dir", str(state))
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert job_containers("slurm-requeue") == []

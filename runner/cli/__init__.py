@@ -18,8 +18,8 @@ module               commands
 ``fetch.py``         fetch, cache ls, cache prune, cache verify
 ``render.py``        render (manifests for a cluster: Kubernetes)
 ``stage.py``         stage (a job's folder laid out, nothing run)
-``submit.py``        submit (queue jobs in a cluster: Slurm)
-``wait.py``          wait (for submitted jobs)
+``submit.py``        submit (queue jobs in a cluster: Slurm, Kubernetes)
+``wait.py``          wait (for submitted jobs; where each went, for cancel too)
 ``cancel.py``        cancel (submitted jobs)
 ``parsers.py``       parsers
 ``bundle.py``        export, verify-bundle
@@ -78,10 +78,10 @@ _TABLE = {
     ),
     "submit": (
         "submit",
-        "queue contracts' jobs in a cluster (Slurm), each running `runner run` on a node",
+        "queue contracts' jobs in a cluster: Slurm (`runner run` on a node), or Kubernetes",
     ),
     "wait": ("wait", "wait for submitted jobs to end; exit as `runner run` would have"),
-    "cancel": ("cancel", "cancel submitted jobs (their runners stop the containers)"),
+    "cancel": ("cancel", "cancel submitted jobs (scancel, or delete the Kubernetes Job)"),
     "image": ("image", "offline image bundles"),
     "gpu": ("gpu", "this host's GPUs, and a CDI spec that hands them to containers"),
     "fetch": ("fetch", "fetch a contract's assets into this host's cache, verified"),

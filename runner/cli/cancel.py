@@ -1,5 +1,6 @@
-"""``runner cancel JOB…``: cancel jobs queued by `runner submit` (scancel); the runner in a
-running job stops its container on Slurm's SIGTERM and records the attempt cancelled."""
+"""``runner cancel JOB…``: cancel jobs queued by `runner submit`: scancel (the runner in a
+running job stops its container on Slurm's SIGTERM and records the attempt cancelled), or
+delete a Kubernetes Job and its NetworkPolicy."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ EPILOG = """\
 A pending job leaves the queue; a running one gets SIGTERM: its runner stops the container
 within --stop-grace, records the attempt cancelled (the budget it used stays spent) and writes
 its envelope. `runner wait JOB` then exits 130. A job that has already ended is left as it is.
+A Kubernetes job (`runner submit --to kubernetes`): its Job is deleted with its pods
+(propagationPolicy Background: the kubelet stops them), then its NetworkPolicy.
 
 exit codes:
   0    each job was cancelled, or had already ended
-  4    infrastructure: scancel failed
+  4    infrastructure: scancel or the API server failed
   5    no such job submitted from this state folder
 """
 
@@ -29,7 +32,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     p = sub.add_parser(
         name,
         help=help,
-        description="Cancel jobs queued by `runner submit` with scancel.",
+        description="Cancel jobs queued by `runner submit`: scancel, or delete the Job.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -40,14 +43,24 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from runner.slurm import submission_of
+    from runner import kubeapply
+    from runner.cli.wait import kube_args, where
     from runner.slurm_cluster import Cluster
 
     state = host.state_dir(args.state_dir).resolve()
     cluster = Cluster()
-    subs = {job_id: str(submission_of(state, job_id)["slurmJobId"]) for job_id in args.job}
+    subs = {job_id: where(state, job_id) for job_id in args.job}
     done: list[dict[str, Any]] = []
-    for job_id, slurm_job in subs.items():
+    for job_id, sub in subs.items():
+        if sub["to"] == "kubernetes":
+            gone = kubeapply.delete(job_id, **kube_args(sub))
+            name = f"{gone['namespace']}/{gone['name']}"
+            done.append({"jobId": job_id, "kubernetesJob": name, "cancelled": not gone["ended"],
+                         "deleted": True, "kubernetesState": gone["state"]})  # fmt: skip
+            if not args.json:
+                print(f"{job_id}: Kubernetes Job {name} ({gone['state']}) deleted")
+            continue
+        slurm_job = str(sub["slurmJobId"])
         info = cluster.job(slurm_job)
         ended = info is None or info.ended
         if not ended:

@@ -197,6 +197,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from runner.slurm_cluster import describe  # the Slurm side, if `runner submit` queued it
 
     info["slurm"] = describe(root.parent.parent, root.name)
+    from runner.kubeplan import last_submission  # where `runner submit` sent it (no cluster asked)
+
+    info["kubernetes"] = last_submission(root.parent.parent, root.name)
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_SUCCEEDED
@@ -216,6 +219,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"envelope   {info['envelope']}")
     if info["slurm"]:
         print("slurm      job {slurmJobId} {state} (log {log})".format(**info["slurm"]))
+    if info["kubernetes"]:
+        k = info["kubernetes"]
+        print(f"kubernetes Job {k['namespace']}/{k['name']} submitted {k['submittedAt']} "
+              "(`runner wait` asks the API server)")  # fmt: skip
     return EXIT_SUCCEEDED
 
 

@@ -1,6 +1,7 @@
-"""``runner submit CONTRACT… --to slurm``: verify every contract as `runner run` does, then
-queue one Slurm job per contract whose batch script runs `runner run` on a node (runner/slurm.py
-plans it, runner/slurm_cluster.py talks to Slurm)."""
+"""``runner submit CONTRACT… --to slurm|kubernetes``: verify every contract as `runner run`
+does, then queue one Slurm job per contract whose batch script runs `runner run` on a node
+(runner/slurm.py plans it, runner/slurm_cluster.py talks to Slurm), or create each contract's
+Kubernetes Job and NetworkPolicy with the official client (runner/kubeapply.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ and this runner on the nodes; Slurm's KillWait longer than --stop-grace + 5 s.
   runner submit task.dsse.json --to slurm --state-dir /shared/runner
   runner wait <job id> --state-dir /shared/runner
 
+Kubernetes (--to kubernetes): each contract is rendered as `runner render --to kubernetes`
+renders it and created on the cluster of --kubeconfig/--context (the NetworkPolicy first).
+Its job folder must be on the claim, laid out by `runner stage` under --state-dir (a host
+that mounts the claim). `runner wait` and `runner cancel` then follow the Job; no ledger event
+and no envelope are written for a cluster's run.
+
+  runner stage task.dsse.json --state-dir /mnt/runner-jobs
+  runner submit task.dsse.json --to kubernetes --state-dir /mnt/runner-jobs --namespace repro
+
 exit codes:
   0    every job was queued
   1    a job has no budget left (resource_exhausted); nothing was queued
@@ -66,9 +76,30 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("contract", metavar="CONTRACT", nargs="+", help="task.json or .dsse.json")
-    p.add_argument("--to", required=True, choices=["slurm"], help="the scheduler to queue in")
+    p.add_argument(
+        "--to", required=True, choices=["slurm", "kubernetes"], help="the scheduler to queue in"
+    )
     p.add_argument("--partition", metavar="P", help="Slurm partition (default: the default one)")
     p.add_argument("--account", metavar="A", help="Slurm account to charge")
+    k = p.add_argument_group("kubernetes")
+    k.add_argument(
+        "--namespace", metavar="NS", default="default",
+        help="the namespace to create the Job in (default: default)",
+    )  # fmt: skip
+    k.add_argument(
+        "--claim", metavar="NAME",
+        help="the PersistentVolumeClaim holding the job folders (default: runner-jobs)",
+    )  # fmt: skip
+    k.add_argument(
+        "--runtime-class", metavar="NAME",
+        help="gVisor's RuntimeClass, for policies demanding runsc (default: gvisor)",
+    )  # fmt: skip
+    k.add_argument("--context", metavar="NAME", help="the kubeconfig context (default: current)")
+    k.add_argument("--kubeconfig", metavar="FILE", help="default: $KUBECONFIG, ~/.kube/config")
+    k.add_argument(
+        "--dry-run", action="store_true",
+        help="send each create with dryRun=All: checked by the server, nothing stored",
+    )  # fmt: skip
     p.add_argument(
         "--time",
         type=int,
@@ -118,12 +149,60 @@ def _run_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
+SLURM_ONLY = ("partition", "account", "time", "label")
+KUBERNETES_ONLY = ("claim", "runtime_class", "context", "kubeconfig", "dry_run")
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
+    if len(args.contract) > 1 and args.job_id:
+        usage("--job-id names one job: give it with a single CONTRACT")
+    wrong = KUBERNETES_ONLY if args.to == "slurm" else SLURM_ONLY
+    for name in wrong:
+        if getattr(args, name) not in (None, False, []):
+            usage(f"--{name.replace('_', '-')} is not an option of --to {args.to}")
+    if args.to == "kubernetes":
+        return _kubernetes(args)
+    return _slurm(args)
+
+
+def _kubernetes(args: argparse.Namespace) -> int:
+    """Render every contract (refusing before anything is created), then create each."""
+    from runner import kube, kubeapply, kubeplan
+
+    loaded, trust = load_host(args)
+    state = host.state_dir(args.state_dir).resolve()
+    kw: dict[str, Any] = {
+        "namespace": args.namespace,
+        "state_dir": state,
+        "job_id": args.job_id,
+        "claim": args.claim or kube.DEFAULT_CLAIM,
+        "runtime_class": args.runtime_class or kube.DEFAULT_RUNTIME_CLASS,
+        "context": args.context,
+        "kubeconfig": Path(args.kubeconfig).resolve() if args.kubeconfig else None,
+        "dry_run": args.dry_run,
+    }
+    contracts = [Path(c).resolve() for c in args.contract]
+    for c in contracts:  # every refusal first: nothing is created unless all pass
+        kubeapply.submit(c, loaded, trust, **kw, apply=False)
+    done = []
+    for c in contracts:
+        got = kubeapply.submit(c, loaded, trust, **kw)
+        got["kubeconfig"] = str(kw["kubeconfig"]) if kw["kubeconfig"] else None
+        if not args.dry_run:
+            kubeplan.record_submission(state, got)
+        done.append(got)
+        if not args.json:
+            what = ", ".join(f"{a['kind']} {a['action']}" for a in got["applied"])
+            print(f"{got['jobId']}: {got['namespace']}/{got['name']}: {what}", flush=True)
+    if args.json:
+        print(json.dumps(done, indent=2))
+    return EXIT_SUCCEEDED
+
+
+def _slurm(args: argparse.Namespace) -> int:
     from runner import slurm
     from runner.slurm_cluster import Cluster
 
-    if len(args.contract) > 1 and args.job_id:
-        usage("--job-id names one job: give it with a single CONTRACT")
     if args.time is not None and args.time < 1:
         usage(f"--time wants whole minutes of at least 1, got {args.time}")
     partition = slurm.check_name("--partition", args.partition) if args.partition else None

@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner import host
@@ -89,7 +90,50 @@ def outcome(end: Ended) -> dict[str, Any]:
     }
 
 
+def where(state: Path, job_id: str) -> dict[str, Any]:
+    """The job's latest submission from ``state``: Slurm's or Kubernetes' (the later one), or
+    job_not_found."""
+    from runner import kubeplan
+    from runner.slurm import last_submission, submission_of
+
+    kube = kubeplan.last_submission(state, job_id)
+    slurm = last_submission(state, job_id)
+    if kube is not None and (slurm is None or kube["submittedAt"] >= slurm["submittedAt"]):
+        return kube
+    return {"to": "slurm", **submission_of(state, job_id)}
+
+
+def kube_args(sub: dict[str, Any]) -> dict[str, Any]:
+    """How to reach a Kubernetes submission's Job again."""
+    config = sub.get("kubeconfig")
+    return {
+        "namespace": sub["namespace"],
+        "context": sub.get("context"),
+        "kubeconfig": Path(config) if config else None,
+    }
+
+
+def kube_outcome(st: dict[str, Any]) -> dict[str, Any]:
+    """A Kubernetes Job's end as `runner wait --json` prints it: the API server's word."""
+    said = f"{st['reason'] or st['state']}: {st['message'] or 'no message'}"
+    category, status = {
+        "complete": (None, "succeeded"),
+        "deadline_exceeded": ("timeout", "failed"),
+    }.get(st["state"], ("nonzero_exit", "failed"))
+    return {
+        "jobId": st["jobId"],
+        "to": "kubernetes",
+        "kubernetesJob": f"{st['namespace']}/{st['name']}",
+        "kubernetesState": st["state"],
+        "status": status,
+        "category": category,
+        "reason": None if category is None else f"the Job ended {said} (as the API server says)",
+        "envelope": None,
+    }
+
+
 def cmd_wait(args: argparse.Namespace) -> int:
+    from runner import kubeapply
     from runner.slurm_cluster import Cluster, check_end
 
     if args.poll <= 0 or (args.timeout is not None and args.timeout < 0):
@@ -97,12 +141,24 @@ def cmd_wait(args: argparse.Namespace) -> int:
     state = host.state_dir(args.state_dir).resolve()
     cluster = Cluster()
     pending = list(dict.fromkeys(args.job))
+    subs = {j: where(state, j) for j in pending}
     ends: dict[str, dict[str, Any]] = {}
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     finished_at: dict[str, float] = {}
     while True:
+        slurm_ids = [str(subs[j]["slurmJobId"]) for j in pending if subs[j]["to"] == "slurm"]
+        active = cluster.active(slurm_ids) if slurm_ids else {}  # one squeue for all of them
         for job_id in list(pending):
-            end = check_end(state, job_id, cluster)
+            if subs[job_id]["to"] == "kubernetes":
+                st = kubeapply.status(job_id, **kube_args(subs[job_id]))
+                if not st["ended"]:
+                    continue
+                pending.remove(job_id)
+                ends[job_id] = kube_outcome(st)
+                if not args.json:
+                    _line(ends[job_id], len(ends), len(args.job))
+                continue
+            end = check_end(state, job_id, cluster, active)
             if end is None:
                 continue
             # Finished in the ledger: give the Slurm job a moment to end too (its runner is
@@ -142,8 +198,13 @@ def _line(r: dict[str, Any], done: int, total: int) -> None:
         if r["category"]
         else ""
     )
+    where = (
+        f"Kubernetes Job {r['kubernetesJob']} {r['kubernetesState']}"
+        if r.get("to") == "kubernetes"
+        else f"Slurm job {r['slurmJobId']} {r['slurmState']}"
+    )
     print(
         f"[{done}/{total}] {r['jobId']}: {r['status']}{why}{': ' + values if values else ''}"
-        f"  Slurm job {r['slurmJobId']} {r['slurmState']}",
+        f"  {where}",
         flush=True,
     )

@@ -158,7 +158,18 @@ def _handler(server: ApiServer) -> type[BaseHTTPRequestHandler]:
                         server.objects[(kind, namespace, name)] = made
                 self._answer(201, made)
                 return
+            if method == "DELETE" and name is not None:
+                with server.lock:
+                    gone = server.objects.pop((kind, namespace, name), None)
+                if gone is None:
+                    self._answer(404, _status(404, "NotFound", f'{kind} "{name}" not found'))
+                else:
+                    self._answer(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+                return
             self._answer(405, _status(405, "MethodNotAllowed", method))
+
+        def do_DELETE(self) -> None:
+            self._handle("DELETE")
 
         def do_GET(self) -> None:
             self._handle("GET")
