@@ -58,6 +58,7 @@ class RunOptions:
     def lease_seconds(self) -> float:
         """How long an attempt's runner may go without writing a heartbeat before it removes
         its own container (and, after another such lease, a runner on another host may take
-        the job over): by default three heartbeats, never under 30 s, so a slow moment on a
-        busy host is not taken for a lost one."""
-        return self.lease if self.lease is not None else max(3 * self.heartbeat_seconds, 30.0)
+        the job over): by default three heartbeats, never under 120 s, so a slow moment on a
+        busy host (a disk-quota walk of a tree of millions of files, say: the watch loop
+        writes the heartbeats between its checks) is not taken for a lost one."""
+        return self.lease if self.lease is not None else max(3 * self.heartbeat_seconds, 120.0)

@@ -68,7 +68,7 @@ def test_every_attempt_records_its_host(tmp_path: Path, fake: FakeBackend) -> No
     env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
     (first,) = read_state(_ledger(env)).attempts
     assert first.starting["host"]["name"] == hostid.name()
-    assert first.starting["leaseSeconds"] == 30.0  # three heartbeats, never under 30 s
+    assert first.starting["leaseSeconds"] == 120.0  # three heartbeats, never under 120 s
     assert env["attempts"][0]["host"] == hostid.name()
 
 
