@@ -1,4 +1,7 @@
-"""Kubernetes, applied: the manifests of :mod:`runner.kube` created on a cluster with the
+"""Long on purpose: one client's whole conversation with the API server (create, read back,
+delete) and the checks around each answer stay together.
+
+Kubernetes, applied: the manifests of :mod:`runner.kube` created on a cluster with the
 official Python client (``kubernetes`` on PyPI, the ``[kubernetes]`` extra, imported only
 inside the functions that talk to a cluster), and the Job's end read back.
 
@@ -455,24 +458,46 @@ def delete(
     namespace: str,
     context: str | None = None,
     kubeconfig: Path | None = None,
+    gone_within: float = 120.0,
 ) -> dict[str, Any]:
-    """Delete the runner's Job of ``job_id`` (its pods with it, ``propagationPolicy:
-    Background``), then its NetworkPolicy (so a pod never runs without it); refused, as by
-    :func:`status`, for a Job the runner did not make for this job id. The Job's status
-    before, with ``deleted``."""
+    """Delete the runner's Job of ``job_id`` (refused, as by :func:`status`, for a Job the
+    runner did not make for this job id; only that Job, by its uid), its pods with it
+    (``propagationPolicy: Foreground``: the Job stays until its pods are gone), then, once the
+    Job is gone, its NetworkPolicy when it carries this job's label: a pod stopping within its
+    grace period is still under it. A Job not gone within ``gone_within`` seconds keeps its
+    NetworkPolicy (``networkPolicy: kept``). The Job's status before, with what was done."""
+    from kubernetes import client as k8s
+
     before = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig)
     name, client = before["name"], _client(context, kubeconfig)
+    done = "kept: the Job was not gone in time"
     try:
-        for kind in reversed(ORDER):
-            api = _api(client, kind)
-            fn = (
-                api.delete_namespaced_job if kind == "Job" else api.delete_namespaced_network_policy
-            )
-            what = f"DELETE {kind} {namespace}/{name}"
-            _call(client, what, fn, name, namespace, propagation_policy="Background")
+        body = k8s.V1DeleteOptions(
+            propagation_policy="Foreground", preconditions=k8s.V1Preconditions(uid=before["uid"])
+        )
+        jobs = _api(client, "Job")
+        _call(client, f"DELETE Job {namespace}/{name}", jobs.delete_namespaced_job, name,
+              namespace, body=body)  # fmt: skip
+        deadline = time.monotonic() + gone_within
+        while _read(client, "Job", name, namespace) is not None:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        else:
+            policy = _read(client, "NetworkPolicy", name, namespace)
+            labels = _obj(_meta(policy, "labels")) if policy is not None else {}
+            if policy is None:
+                done = "absent"
+            elif labels.get(kube.JOB_LABEL) != kube.job_label(job_id):
+                done = "kept: not this job's"
+            else:
+                policies = _api(client, "NetworkPolicy")
+                _call(client, f"DELETE NetworkPolicy {namespace}/{name}",
+                      policies.delete_namespaced_network_policy, name, namespace)  # fmt: skip
+                done = "deleted"
     finally:
         client.close()  # type: ignore[no-untyped-call]
-    return {**before, "deleted": True}
+    return {**before, "deleted": True, "networkPolicy": done}
 
 
 def wait(

@@ -360,6 +360,7 @@ class Ledger:
             prev=self._last_hash,
             data=data,
         )
+        self.check_owned()  # before the state changes: a fenced runner's state stays true
         wrong = _apply(self.state, event)
         if wrong:
             raise LedgerCorrupt(f"refusing to append {type_}: {wrong}")
@@ -368,7 +369,9 @@ class Ledger:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             self._fence(os.fstat(fd).st_size)
-            os.write(fd, line + b"\n")
+            view = memoryview(line + b"\n")
+            while view:  # a short write (a signal, a full disk) is written on, never left cut
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -197,6 +197,7 @@ def _locked(
         envelope = envelope.model_copy(
             update={"attempts": records.attempt_records(ledger.state, job, _max_evidence(opts))}
         )
+        ledger.check_owned()  # fenced meanwhile (another host took the job over): not ours
     write_envelope(job, envelope)
     known = replace(known, written=True)
     with stage("envelope", known):

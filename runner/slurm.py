@@ -269,6 +269,11 @@ def fs_type(path: Path, mountinfo: str) -> str:
 def check_state_dir(state: Path, nodes: int, kind: str) -> str | None:
     """Refuse a state folder the nodes cannot share; a note when it is local and allowed
     (a partition of one node)."""
+    if "%" in str(state):  # sbatch would read it as a pattern in --output (%j, %u ...)
+        raise PolicyViolation(
+            f"--state-dir {state} has a '%' in it, which sbatch expands in the job's log path",
+            hint="use a state folder whose path has no '%'",
+        )
     if kind in SHARED_FILESYSTEMS:
         return None
     if nodes <= 1:
@@ -351,14 +356,16 @@ def batch_script(
             "#!/bin/sh",
             f"# runner submit: job {request.jobId}, contract sha256:{request.contractSha256}",
             f'if [ "$(cat {q(str(marker))} 2>/dev/null)" != {q(token)} ]; then',
-            f'  echo "runner: this node ($(hostname)) does not see the state folder {q(str(state))}'
-            ' written at submit: --state-dir must be on storage every node mounts" >&2',
+            # printf with the paths as arguments: nothing of a path is ever read as shell.
+            "  printf 'runner: this node (%s) does not see the state folder %s written at "
+            "submit: --state-dir must be on storage every node mounts\\n'"
+            f' "$(hostname)" {q(str(state))} >&2',
             "  exit 97",
             "fi",
-            f"if ! echo {q(request.contractSha256 + '  ' + request.contract)}"
+            f"if ! printf '%s\\n' {q(request.contractSha256 + '  ' + request.contract)}"
             " | sha256sum -c --status; then",
-            f'  echo "runner: the contract {q(request.contract)} on this node is not the one '
-            'verified at submit (missing or changed)" >&2',
+            "  printf 'runner: the contract %s on this node is not the one verified at submit "
+            f"(missing or changed)\\n' {q(request.contract)} >&2",
             "  exit 98",
             "fi",
             # The label is the Epilog's (scripts/slurm-epilog.sh) way to this job's container.

@@ -36,6 +36,9 @@ class JobInfo:
 
     @property
     def ended(self) -> bool:
+        # Preempted or its node failed, with --requeue: Slurm queues it again (it will run).
+        if self.state in {"PREEMPTED", "NODE_FAIL"} and self.fields.get("Requeue") == "1":
+            return False
         return self.state not in ACTIVE_STATES
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from runner import container, egress, ledger
 from runner.backends.base import Backend, ContainerSummary
-from runner.errors import ContainerVanished, JobBusy, RunnerError
+from runner.errors import ContainerVanished, JobBusy, JobFenced, RunnerError
 from runner.staging import JobDir
 
 STILL_RUNS = "its ledger says it still runs; `runner run` on the job reattaches to it"
@@ -46,16 +46,20 @@ def _verdict(labels: dict[str, str]) -> tuple[bool, str]:
     if not job_dir or not Path(job_dir).is_dir():
         return False, f"its job folder {job_dir or '(unlabelled)'} is not here; remove it by hand"
     root = Path(job_dir)
-    if runner_alive(root):
-        return False, "a runner is watching it"
     path = JobDir(root).ledger
     if not path.exists():
         return False, "its job has no ledger; remove it by hand"
     state = ledger.read_state(path)
     attempt = int(labels.get("org.runner.attempt", "0") or 0)
     mine = next((a for a in state.attempts if a.number == attempt), None)
-    if mine is None or mine.finished is not None or state.finished is not None:
-        return True, "its attempt has finished and no runner watches it"
+    if mine is not None and (mine.finished is not None or state.finished is not None):
+        # Ended in the ledger, whoever holds the job now (a runner on another host that took
+        # it over, say): a container of an ended attempt never runs on.
+        return True, "its attempt has finished in the ledger"
+    if runner_alive(root):
+        return False, "a runner is watching it"
+    if mine is None:
+        return True, "its attempt is not in the ledger and no runner watches it"
     return False, STILL_RUNS
 
 
@@ -117,6 +121,8 @@ def sweep(
             else:
                 try:
                     remove, why = True, _stop_orphan(backend, c, grace)
+                except JobFenced:
+                    why = "its ledger changed while cleanup stopped it: look again"
                 except JobBusy:
                     why = "a runner is watching it"
         item = {"id": c.id, "name": c.name, "status": c.status, "why": why}

@@ -15,14 +15,18 @@ LOG="${RUNNER_EPILOG_LOG:-/var/log/slurm/runner-epilog.log}"
 label="slurm.job-id=${SLURM_JOB_ID:?Slurm sets SLURM_JOB_ID for an Epilog}"
 
 # The cheap question first (every job's end pays it): does any engine here hold a container
-# of this job? `runner submit`'s batch script puts this label on it.
-left=""
+# of this job? `runner submit`'s batch script puts this label on it. Each engine that does is
+# cleaned by a runner aimed at it (RUNNER_ENGINE), then asked again.
+status=0
 for engine in docker podman; do
   command -v "$engine" >/dev/null 2>&1 || continue
-  left="$left$("$engine" ps -q --filter "label=$label" 2>/dev/null || true)"
+  [ -n "$("$engine" ps -q --filter "label=$label" 2>/dev/null || true)" ] || continue
+  echo "$(date -u +%FT%TZ) job $SLURM_JOB_ID: stopping what its runner left ($engine)" >>"$LOG"
+  # shellcheck disable=SC2086  # RUNNER may be "python -m runner"
+  RUNNER_ENGINE="$engine" $RUNNER cleanup --orphans --label "$label" --json >>"$LOG" 2>&1 || status=1
+  if [ -n "$("$engine" ps -q --filter "label=$label" 2>/dev/null || true)" ]; then
+    echo "$(date -u +%FT%TZ) job $SLURM_JOB_ID: a container still runs ($engine)" >>"$LOG"
+    status=1
+  fi
 done
-[ -n "$left" ] || exit 0
-
-echo "$(date -u +%FT%TZ) job $SLURM_JOB_ID: stopping what its runner left" >>"$LOG"
-# shellcheck disable=SC2086  # RUNNER may be "python -m runner"
-$RUNNER cleanup --orphans --label "$label" --json >>"$LOG" 2>&1
+exit "$status"

@@ -605,3 +605,45 @@ def test_control_characters_in_names_are_refused(tmp_path: Path, image_id: str, 
     code, env, err = run_job(contract, tmp_path / "state")
     _refused(code, env, err, "invalid_contract", "$.protocol.stdoutPath", "control characters")
     record("control characters in a name", "runc", env, held=True)
+
+
+def test_slurm_batch_script_never_runs_a_path_as_shell(tmp_path: Path) -> None:
+    """A state folder or contract path with `…` and $(…) in it (a review found the batch
+    script's messages ran them as commands): the script prints the paths as they are and runs
+    nothing of them."""
+    import subprocess
+
+    from runner import slurm
+
+    class _Request:
+        contract = str(tmp_path / "c`touch pwned1`" / "t.json")
+        jobId = "hostile-paths"
+        contractSha256 = "ab" * 32
+
+    state = tmp_path / "st$(touch pwned2)"
+    script = tmp_path / "batch.sh"
+    marker, token = state / "marker", "submit-token"
+    text = slurm.batch_script(
+        _Request(),  # type: ignore[arg-type]
+        python="/bin/false",
+        state=state,
+        marker=marker,
+        token=token,
+        run_args=[],
+    )
+    script.write_text(text)
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "1"}
+
+    def batch() -> subprocess.CompletedProcess[str]:
+        argv = ["sh", str(script)]
+        return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env)
+
+    done = batch()
+    assert done.returncode == 97, done.stderr
+    assert str(state) in done.stderr, "the path shown as it is"
+    assert not list(tmp_path.glob("pwned*")), "nothing of a path ran"
+    state.mkdir()
+    marker.write_text(token)
+    again = batch()
+    assert again.returncode == 98 and _Request.contract in again.stderr, again.stderr
+    assert not list(tmp_path.glob("pwned*"))

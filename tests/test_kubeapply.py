@@ -468,7 +468,8 @@ def test_submit_wait_and_cancel_through_the_cli(
     assert end["envelope"] is None
     cancel = run_cli("cancel", jid, "--state-dir", str(state), "--json")
     assert cancel.returncode == 0, cancel.stderr
-    assert json.loads(cancel.stdout)[0]["deleted"] is True
+    (gone,) = json.loads(cancel.stdout)
+    assert gone["deleted"] is True and gone["networkPolicy"] == "deleted"
     deletes = [(q.method, q.collection) for q in server.requests if q.method == "DELETE"]
     assert deletes == [("DELETE", "jobs"), ("DELETE", "networkpolicies")]
     assert server.objects == {}
@@ -477,3 +478,25 @@ def test_submit_wait_and_cancel_through_the_cli(
 def _networked(data: dict[str, Any]) -> None:
     data["jobId"] = "networked"
     data["environment"]["networkAccess"] = True
+
+
+def test_delete_takes_the_job_by_uid_then_only_its_own_networkpolicy(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path
+) -> None:
+    """delete() sends the Job's DELETE with Foreground propagation and the uid it read (only
+    that Job), and deletes the NetworkPolicy once the Job is gone, only when it carries this
+    job's label: another one of that name is kept."""
+    r = rendered(tmp_path)
+    kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    uid = server.objects[("Job", NS, r.name)]["metadata"]["uid"]
+    policy = server.objects[("NetworkPolicy", NS, r.name)]
+    policy["metadata"]["labels"][kube.JOB_LABEL] = "someone-else"
+    gone = kubeapply.delete(r.plan.job_id, namespace=NS, kubeconfig=kubeconfig)
+    assert gone["networkPolicy"] == "kept: not this job's"
+    (job_delete,) = [q for q in server.requests if q.method == "DELETE"]
+    assert job_delete.collection == "jobs"
+    assert job_delete.body is not None
+    assert job_delete.body["propagationPolicy"] == "Foreground"
+    assert job_delete.body["preconditions"] == {"uid": uid}
+    assert ("NetworkPolicy", NS, r.name) in server.objects
+    assert ("Job", NS, r.name) not in server.objects

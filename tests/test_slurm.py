@@ -448,6 +448,8 @@ def test_state_folder_type_and_sharing() -> None:
     assert "local" in (slurm.check_state_dir(Path("/r"), 1, "ext4") or "")
     with pytest.raises(PolicyViolation, match="--state-dir"):
         slurm.check_state_dir(Path("/r"), 2, "ext4")
+    with pytest.raises(PolicyViolation, match="'%'"):  # sbatch would expand it in --output
+        slurm.check_state_dir(Path("/shared/100%j"), 8, "nfs4")
 
 
 def test_gpu_types_and_grace() -> None:

@@ -320,3 +320,30 @@ def test_cleanup_orphans_stops_a_dead_runners_container_and_records_its_end(
     env = json.loads(code_env.stdout)
     assert env["status"] == "succeeded" and env["budget"]["attempts"] == 2
     assert env["budget"]["consumedSeconds"] >= first.seconds
+
+
+def test_cleanup_removes_a_taken_over_attempts_container_even_while_a_runner_holds_the_job(
+    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Host A's container outlived its runner; host B took the job over (attempt 1 closed
+    host-lost) and holds the job's lock. `runner cleanup` on A (here: the same fake engine)
+    removes attempt 1's container: its attempt has ended in the ledger, whoever holds the job
+    now; a review found it kept as "a runner is watching it"."""
+    from runner import sweeper
+    from runner.staging import JobDir
+
+    fake.jobs = FakeJob(seconds=INF, work=_writes())
+    contract = _contract(tmp_path, _image(fake), timeoutMinutes=1)
+    _on(monkeypatch, "node-a")
+    _crash_mid_run(contract, tmp_path, fake)
+    (left,) = fake.containers.values()
+    time.sleep(2 * LEASE + 0.1)
+    _on(monkeypatch, "node-b")
+    fake.jobs = FakeJob(work=_writes())
+    env = _run(contract, _options(tmp_path, lease=LEASE), fake)
+    assert env["status"] == "succeeded"
+    assert left.id in fake.containers, "A's container still there (another engine, really)"
+    with JobDir(Path(env["jobDir"])).locked():  # a runner holds the job
+        report = sweeper.sweep(fake)
+    assert [r["why"] for r in report["removed"]] == ["its attempt has finished in the ledger"]
+    assert left.id not in fake.containers

@@ -19,7 +19,7 @@ A pending job leaves the queue; a running one gets SIGTERM: its runner stops the
 within --stop-grace, records the attempt cancelled (the budget it used stays spent) and writes
 its envelope. `runner wait JOB` then exits 130. A job that has already ended is left as it is.
 A Kubernetes job (`runner submit --to kubernetes`): its Job is deleted with its pods
-(propagationPolicy Background: the kubelet stops them), then its NetworkPolicy.
+(propagationPolicy Foreground), and once the Job is gone, its NetworkPolicy.
 
 exit codes:
   0    each job was cancelled, or had already ended
@@ -56,9 +56,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             gone = kubeapply.delete(job_id, **kube_args(sub))
             name = f"{gone['namespace']}/{gone['name']}"
             done.append({"jobId": job_id, "kubernetesJob": name, "cancelled": not gone["ended"],
-                         "deleted": True, "kubernetesState": gone["state"]})  # fmt: skip
+                         "deleted": True, "kubernetesState": gone["state"],
+                         "networkPolicy": gone["networkPolicy"]})  # fmt: skip
             if not args.json:
-                print(f"{job_id}: Kubernetes Job {name} ({gone['state']}) deleted")
+                print(f"{job_id}: Kubernetes Job {name} ({gone['state']}) deleted; its "
+                      f"NetworkPolicy {gone['networkPolicy']}")  # fmt: skip
             continue
         slurm_job = str(sub["slurmJobId"])
         info = cluster.job(slurm_job)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner import host
 from runner.cli._common import (
+    EXIT_INFRASTRUCTURE,
     EXIT_JOB_FAILED,
     EXIT_SUCCEEDED,
     envelope_exit,
@@ -84,7 +86,8 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             help="also stop containers whose ledger says they still run but whose runner is "
             "gone, recording each attempt's end (interrupted, charged to its end) under the "
             "job's lock: what a Slurm epilog runs, since the job's next runner may be on "
-            "another host. Without it they are left for `runner run` to reattach to",
+            "another host. Without it they are left for `runner run` to reattach to. Exits 4 "
+            "when a container it was to stop still runs (a live runner's is never touched)",
         )
         cleanup.add_argument(
             "--label",
@@ -247,6 +250,11 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
             print(f"kept     {item['name']}  ({item['why']})")
         if not report["removed"] and not report["kept"]:
             print("no containers of this runner on this engine")
+    running = [k for k in report["kept"] if k["status"] == "running"]
+    if args.orphans and not args.dry_run and running:  # what an Epilog must not let pass
+        names = ", ".join(k["name"] for k in running)
+        print(f"runner: infrastructure: still running after --orphans: {names}", file=sys.stderr)
+        return EXIT_INFRASTRUCTURE
     return EXIT_SUCCEEDED
 
 

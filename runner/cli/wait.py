@@ -15,10 +15,13 @@ from runner.cli._common import EXIT_INFRASTRUCTURE, batch_exit, usage
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
-    from runner.slurm_cluster import Ended
+    from runner.slurm_cluster import Cluster, Ended
 
 SLURM_END_GRACE_SECONDS = 30
 """How long `runner wait` waits for a Slurm job to end once its ledger says finished."""
+FAILED_POLLS = 10
+"""Looks in a row that may fail (Slurm or the API server not answering) before `runner wait`
+gives up with that failure."""
 
 EPILOG = """\
 A job has ended when its ledger says job.finished (its result.json is the envelope), or when
@@ -133,8 +136,8 @@ def kube_outcome(st: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    from runner import kubeapply
-    from runner.slurm_cluster import Cluster, check_end
+    from runner.errors import InfrastructureError
+    from runner.slurm_cluster import Cluster
 
     if args.poll <= 0 or (args.timeout is not None and args.timeout < 0):
         usage("--poll wants seconds above 0, --timeout seconds of at least 0")
@@ -145,31 +148,16 @@ def cmd_wait(args: argparse.Namespace) -> int:
     ends: dict[str, dict[str, Any]] = {}
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     finished_at: dict[str, float] = {}
+    failed = 0
     while True:
-        slurm_ids = [str(subs[j]["slurmJobId"]) for j in pending if subs[j]["to"] == "slurm"]
-        active = cluster.active(slurm_ids) if slurm_ids else {}  # one squeue for all of them
-        for job_id in list(pending):
-            if subs[job_id]["to"] == "kubernetes":
-                st = kubeapply.status(job_id, **kube_args(subs[job_id]))
-                if not st["ended"]:
-                    continue
-                pending.remove(job_id)
-                ends[job_id] = kube_outcome(st)
-                if not args.json:
-                    _line(ends[job_id], len(ends), len(args.job))
-                continue
-            end = check_end(state, job_id, cluster, active)
-            if end is None:
-                continue
-            # Finished in the ledger: give the Slurm job a moment to end too (its runner is
-            # exiting), so that the state shown is its last; never wait on it for long.
-            first = finished_at.setdefault(job_id, time.monotonic())
-            if end.slurm_active and time.monotonic() - first < SLURM_END_GRACE_SECONDS:
-                continue
-            pending.remove(job_id)
-            ends[job_id] = outcome(end)
-            if not args.json:
-                _line(ends[job_id], len(ends), len(args.job))
+        try:
+            _poll(args, state, cluster, subs, pending, ends, finished_at)
+            failed = 0
+        except InfrastructureError as exc:  # Slurm or the API server did not answer: again,
+            failed += 1  # for a while
+            if failed > FAILED_POLLS:
+                raise
+            print(f"runner: {exc.message} (asking again)", file=sys.stderr)
         if not pending or (deadline is not None and time.monotonic() >= deadline):
             break
         time.sleep(args.poll)
@@ -186,6 +174,45 @@ def cmd_wait(args: argparse.Namespace) -> int:
     return batch_exit(
         [{"failure": {"category": r["category"]} if r["category"] else None} for r in results]
     )
+
+
+def _poll(
+    args: argparse.Namespace,
+    state: Path,
+    cluster: Cluster,
+    subs: dict[str, dict[str, Any]],
+    pending: list[str],
+    ends: dict[str, dict[str, Any]],
+    finished_at: dict[str, float],
+) -> None:
+    """One look at every job still waited for; those that ended move from pending to ends."""
+    from runner import kubeapply
+    from runner.slurm_cluster import check_end
+
+    slurm_ids = [str(subs[j]["slurmJobId"]) for j in pending if subs[j]["to"] == "slurm"]
+    active = cluster.active(slurm_ids) if slurm_ids else {}  # one squeue for all of them
+    for job_id in list(pending):
+        if subs[job_id]["to"] == "kubernetes":
+            st = kubeapply.status(job_id, **kube_args(subs[job_id]))
+            if not st["ended"]:
+                continue
+            pending.remove(job_id)
+            ends[job_id] = kube_outcome(st)
+            if not args.json:
+                _line(ends[job_id], len(ends), len(args.job))
+            continue
+        end = check_end(state, job_id, cluster, active)
+        if end is None:
+            continue
+        # Finished in the ledger: give the Slurm job a moment to end too (its runner is
+        # exiting), so that the state shown is its last; never wait on it for long.
+        first = finished_at.setdefault(job_id, time.monotonic())
+        if end.slurm_active and time.monotonic() - first < SLURM_END_GRACE_SECONDS:
+            continue
+        pending.remove(job_id)
+        ends[job_id] = outcome(end)
+        if not args.json:
+            _line(ends[job_id], len(ends), len(args.job))
 
 
 def _line(r: dict[str, Any], done: int, total: int) -> None:
