@@ -126,6 +126,10 @@ ensure_test_user() {
     log "podman: adding the unprivileged user $TEST_USER (rootless tests)"
     as_root useradd --create-home --shell /bin/sh "$TEST_USER"
   fi
+  # Its runtime folder, as a login session's systemd-logind would make it (/run is a tmpfs:
+  # gone at each boot). Rootless Podman keeps the path it first ran with in its database and
+  # fails ("creating events dirs") when the folder is missing.
+  as_root install -d -m 0700 -o "$TEST_USER" -g "$TEST_USER" "/run/user/$(id -u "$TEST_USER")"
   if ! grep -q "^$TEST_USER:" /etc/subuid 2>/dev/null || ! grep -q "^$TEST_USER:" /etc/subgid 2>/dev/null; then
     as_root usermod --add-subuids 200000-265535 --add-subgids 200000-265535 "$TEST_USER"
   fi

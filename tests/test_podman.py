@@ -434,7 +434,8 @@ def test_the_engine_ends_a_job_whose_runner_died_at_its_deadline(
         if status != "running":
             break
         time.sleep(0.5)
-    assert status == "exited", "the engine did not end the job at its deadline"
+    # "stopped": its process has ended and conmon's clean-up has not run yet (under load).
+    assert status in {"exited", "stopped"}, "the engine did not end the job at its deadline"
     code, env, err = restarts._finish(restarts._start(contract, state))
     assert code == 1, err
     assert env["failure"]["category"] == "timeout"
