@@ -241,7 +241,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
         if p.agent is not None:  # read now, handed to the engine only
             secrets = agents.secret_values(p.agent.adapter)
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
-        files = staging.stage_inputs(job.dir, job.contract, _input_rules(opts), via=via)
+        files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via)
         files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
         layout.working_copy(job.dir, job.contract)
         streams = [p.stdout_path, p.stderr_path]
@@ -502,15 +502,3 @@ def _allocate_gpus(
     if edits.mode == "nvidia-runtime":
         return tuple(g.uuid for g in chosen), records, None, None
     return (), records, None, edits
-
-
-def _input_rules(opts: RunOptions) -> staging.InputRules:
-    """The policy's caps on inputs; the runner's own folders (its state, its key's folder and
-    the folders the caller names) are never staged."""
-    pol = opts.policy.policy
-    own = [opts.state_dir, *opts.protected]
-    if opts.result_key is not None:
-        own.append(opts.result_key.parent)
-    return staging.InputRules.protecting(
-        own, max_bytes=int(pol.maxInputMb * 1024 * 1024), max_files=pol.maxInputFiles
-    )

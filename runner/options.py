@@ -8,7 +8,7 @@ from pathlib import Path
 from runner import gpus, policy
 from runner.contract import Trust
 from runner.policy import LoadedPolicy
-from runner.staging import StateDir
+from runner.staging import InputRules, StateDir
 
 
 def _default_policy() -> LoadedPolicy:
@@ -62,3 +62,14 @@ class RunOptions:
         busy host (a disk-quota walk of a tree of millions of files, say: the watch loop
         writes the heartbeats between its checks) is not taken for a lost one."""
         return self.lease if self.lease is not None else max(3 * self.heartbeat_seconds, 120.0)
+
+    def input_rules(self) -> InputRules:
+        """The policy's caps on inputs; the runner's own folders (its state, its key's folder
+        and the folders the caller names) are never staged."""
+        pol = self.policy.policy
+        own = [self.state_dir, *self.protected]
+        if self.result_key is not None:
+            own.append(self.result_key.parent)
+        return InputRules.protecting(
+            own, max_bytes=int(pol.maxInputMb * 1024 * 1024), max_files=pol.maxInputFiles
+        )

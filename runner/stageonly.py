@@ -63,18 +63,6 @@ class Staged:
     """The contract was signed (else this host accepts unsigned contracts)."""
 
 
-def input_rules(opts: RunOptions) -> staging.InputRules:
-    """The policy's caps on inputs; the runner's own folders (its state, its key's folder and
-    the folders the caller names) are never staged. (As runner.attempt's, which is private.)"""
-    pol = opts.policy.policy
-    own = [opts.state_dir, *opts.protected]
-    if opts.result_key is not None:
-        own.append(opts.result_key.parent)
-    return staging.InputRules.protecting(
-        own, max_bytes=int(pol.maxInputMb * 1024 * 1024), max_files=pol.maxInputFiles
-    )
-
-
 def stage(contract_path: Path, opts: RunOptions, *, host_uid: int, host_gid: int) -> Staged:
     """Check, plan and lay out the job folder of the contract at ``contract_path``; runs
     nothing. Raises what `runner run` refuses with, before and while staging, and
@@ -138,7 +126,7 @@ def stage(contract_path: Path, opts: RunOptions, *, host_uid: int, host_gid: int
         agent_run.refuse_spent(p, st)
         n = len(st.attempts) + 1
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job)
-        files = staging.stage_inputs(job, contract, input_rules(opts), via=via)
+        files = staging.stage_inputs(job, contract, opts.input_rules(), via=via)
         files.append(layout.add_input(job, "result.schema.json", agent_result.schema_bytes()))
         layout.working_copy(job, contract)
         streams = [p.stdout_path, p.stderr_path]
