@@ -173,7 +173,7 @@ class _Lease:
     """A thread that removes the container once no heartbeat has been written for ``lease``
     seconds: when writing to the ledger hangs (a network filesystem cut off from its server)
     the watching loop hangs with it, and this is what still stops the job. A runner on another
-    host takes such a job over only after two leases without a heartbeat (``runner.attempt``),
+    host takes such a job over only after two leases without a heartbeat (``runner.takeover``),
     by when this thread has removed the container."""
 
     def __init__(self, backend: Backend, container_id: str, lease: float) -> None:

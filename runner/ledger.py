@@ -24,7 +24,7 @@ before anything new is appended. A broken line anywhere else is an error, never 
 Fencing: an open :class:`Ledger` knows the file's size after its own last write, and every
 append first checks (on the file it is about to write) that nobody else has written since.
 When someone has (a runner on another host that took the job over after this one stopped
-proving it was alive, see ``runner.attempt``), the append raises
+proving it was alive, see ``runner.takeover``), the append raises
 :class:`~runner.errors.JobFenced` and writes nothing.
 """
 

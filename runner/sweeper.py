@@ -1,14 +1,16 @@
 """``runner cleanup``: remove containers this runner left behind, never one a job still needs.
 
-A container is removed when no runner holds its job's lock and the job's ledger says its
-attempt has finished (or the job has). One whose ledger says it is still running is listed and
-left alone: `runner run` on that job reattaches to it; with ``orphans`` (what a Slurm epilog
-runs: the job's next runner may be on another host, which cannot reach this engine) it is
-stopped instead, under the job's lock, its end recorded in the ledger from the engine
-(``interrupted``, ``how: orphan-stopped``, charged from its last heartbeat to its end), its
-egress lease ended, and then removed. The egress allowlist's slots (network,
-proxy, namespace holder; see :mod:`runner.egress`) outlive attempts on purpose: each free one
-(no runner holds its lock, no job container is in it) is removed, however recently used.
+A container is removed when the job's ledger says its attempt has finished (or the job has),
+whoever holds the job now (a runner on another host may have taken it over), and when its
+attempt is not in the ledger and no runner holds the job's lock. One whose ledger says it is
+still running is listed and left alone: `runner run` on that job reattaches to it. With
+``orphans`` (what a Slurm Epilog runs: the job's next runner may be on another host, which
+cannot reach this engine) it is stopped instead, under the job's lock, its end recorded in the
+ledger from the engine (``interrupted``, ``how: orphan-stopped``, charged from its last
+heartbeat to its end), its egress lease ended, and then removed. The egress allowlist's slots
+(network, proxy, namespace holder; see :mod:`runner.egress`) outlive attempts on purpose: each
+free one (no runner holds its lock, no job container is in it) is removed, however recently
+used.
 """
 
 from __future__ import annotations
