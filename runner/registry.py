@@ -14,7 +14,6 @@ they never appear in messages or envelopes (messages say where they came from).
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -30,6 +29,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from runner.backends.types import loopback_registry
 from runner.errors import ImageUnavailable
 
 MANIFEST_TYPES = ", ".join(
@@ -82,16 +82,7 @@ def parse_reference(name: str, digest: str) -> Reference:
 
 def is_insecure(registry: str, insecure: tuple[str, ...] = ()) -> bool:
     """Plain HTTP for loopback registries (as the engine does) and those the policy lists."""
-    if registry in insecure:
-        return True
-    host = registry.rsplit(":", 1)[0] if registry.count(":") == 1 else registry
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return registry in insecure or loopback_registry(registry)
 
 
 @dataclass(frozen=True)

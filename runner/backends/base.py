@@ -96,6 +96,16 @@ class Backstop:
     def script(self) -> str:
         return BACKSTOP_SCRIPT.replace("DEADLINE", str(self.after_seconds))
 
+    def healthcheck(self) -> dict[str, object]:
+        """As the engine API's ``Healthcheck`` (Docker's create; Podman's ``healthconfig``)."""
+        return {
+            "Test": ["CMD-SHELL", self.script],
+            "Interval": self.interval_seconds * 1_000_000_000,
+            "Timeout": 10 * 1_000_000_000,
+            "Retries": 1,
+            "StartPeriod": 0,
+        }
+
 
 BACKSTOP_SCRIPT = (
     "read -r up _ </proc/uptime; read -r st </proc/1/stat; set -- ${st##*) }; "

@@ -436,13 +436,7 @@ class DockerBackend:
                 "EndpointsConfig": {spec.network: {"Aliases": list(spec.aliases)}}
             }
         if spec.backstop is not None:
-            config["Healthcheck"] = {
-                "Test": ["CMD-SHELL", spec.backstop.script],
-                "Interval": spec.backstop.interval_seconds * 1_000_000_000,
-                "Timeout": 10 * 1_000_000_000,
-                "Retries": 1,
-                "StartPeriod": 0,
-            }
+            config["Healthcheck"] = spec.backstop.healthcheck()
         action = "creating the job container"
         try:
             created = self._call(

@@ -47,7 +47,6 @@ from __future__ import annotations
 import base64
 import errno
 import http.client
-import ipaddress
 import json
 import os
 import re
@@ -60,7 +59,7 @@ from urllib.parse import quote, urlencode
 from runner.backends.base import ContainerSpec, ContainerState
 from runner.backends.docker import DockerBackend
 from runner.backends.podmancaps import PodmanHost, refusal
-from runner.backends.types import ImageInfo, Limits
+from runner.backends.types import ImageInfo, Limits, loopback_registry
 from runner.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -134,13 +133,7 @@ def libpod_spec(spec: ContainerSpec) -> dict[str, Any]:
         body["dns_option"] = list(spec.dns_options)
     if spec.backstop is not None:
         body["timeout"] = spec.backstop.after_seconds
-        body["healthconfig"] = {
-            "Test": ["CMD-SHELL", spec.backstop.script],
-            "Interval": spec.backstop.interval_seconds * 1_000_000_000,
-            "Timeout": 10 * 1_000_000_000,
-            "Retries": 1,
-            "StartPeriod": 0,
-        }
+        body["healthconfig"] = spec.backstop.healthcheck()
     return body
 
 
@@ -174,18 +167,6 @@ def _oom_in_kernel_log(container_id: str) -> bool:
 
 
 _LOCAL = re.compile(r"^localhost/")
-
-
-def _loopback(registry: str) -> bool:
-    """Whether ``registry`` (``host[:port]``) is this machine: localhost or a loopback IP."""
-    host = registry.rsplit(":", 1)[0] if registry.count(":") == 1 else registry
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class PodmanBackend(DockerBackend):
@@ -295,7 +276,7 @@ class PodmanBackend(DockerBackend):
         HTTP here too (others as ``registries.conf`` says, as Docker's daemon.json does)."""
         action = f"pulling {reference}"
         query = [("reference", reference), ("policy", "always")]
-        if _loopback(reference.split("/", 1)[0]):
+        if loopback_registry(reference.split("/", 1)[0]):
             query.append(("tlsVerify", "false"))
         headers = {}
         if auth:

@@ -7,6 +7,7 @@ container's own values (its spec, its state) live with the protocol in ``base``.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from dataclasses import dataclass
@@ -144,3 +145,16 @@ class DeviceEdits:
     nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[tuple[str, str], ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+
+
+def loopback_registry(registry: str) -> bool:
+    """Whether ``registry`` (``host[:port]``) is this machine: localhost or a loopback IP
+    (an engine talks plain HTTP to those)."""
+    host = registry.rsplit(":", 1)[0] if registry.count(":") == 1 else registry
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
