@@ -32,7 +32,7 @@ import re
 from typing import Any
 
 from runner.contract import VerifiedContract
-from runner.errors import InfrastructureError, JobBusy, PolicyViolation, ResourceExhausted
+from runner.errors import InfrastructureError, PolicyViolation
 from runner.ledger import LedgerState
 from runner.plan import ExecutionPlan
 
@@ -141,36 +141,11 @@ def refuse_unsupported(contract: VerifiedContract, plan: ExecutionPlan) -> None:
 
 def deadline_seconds(plan: ExecutionPlan, state: LedgerState | None) -> int:
     """``activeDeadlineSeconds``: the budget left in the job's ledger, else the contract's
-    whole budget, in whole seconds rounded down; refuses a job with none left, a finished
-    job, one with an attempt in flight, and a job id the ledger gives to another contract."""
-    limit = plan.limits.timeout_seconds
-    if state is not None and state.accepted is not None:
-        theirs = state.accepted.get("contractDigest")
-        if theirs != plan.contract_digest:
-            raise PolicyViolation(
-                f"job id {plan.job_id} belongs to another contract ({theirs}) on this host",
-                hint="give this contract its own --job-id",
-            )
-        if state.finished is not None:
-            raise PolicyViolation(
-                f"job {plan.job_id} already finished on this host ({state.finished.get('status')})",
-                hint="`runner status` shows it; render another job id to run it again",
-            )
-        if state.in_flight is not None:
-            raise JobBusy(
-                f"job {plan.job_id}: attempt {state.in_flight.number} is in flight on this host "
-                "(or its runner died); the cluster would run it a second time",
-                hint="`runner status` shows it; render once it has ended",
-            )
-        limit = state.budget(min(state.limit, limit)).remaining
-    seconds = math.floor(limit) if math.isfinite(limit) else 0
-    if seconds < 1:
-        raise ResourceExhausted(
-            f"job {plan.job_id} has no budget left ({limit:g} s)",
-            hint="`runner status` shows where it went; a contract with a new budget needs a "
-            "new job id",
-        )
-    return seconds
+    whole budget (:meth:`LedgerState.left_to_schedule`), in whole seconds rounded down."""
+    left = (state or LedgerState()).left_to_schedule(
+        plan.job_id, plan.contract_digest, plan.limits.timeout_seconds, "the cluster"
+    )
+    return math.floor(left)
 
 
 def _user(plan: ExecutionPlan) -> tuple[int, int]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,7 +41,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runner.errors import InfrastructureError, JobFenced
+from runner.errors import (
+    InfrastructureError,
+    JobAlreadyFinished,
+    JobBusy,
+    JobFenced,
+    ResourceExhausted,
+)
 
 EventType = Literal[
     "job.accepted",
@@ -173,6 +180,41 @@ class LedgerState:
     def budget(self, limit: float | None = None) -> Budget:
         """The budget so far, against ``limit`` (default: the one accepted)."""
         return Budget(self.limit if limit is None else limit, self.consumed)
+
+    def left_to_schedule(self, job_id: str, contract_digest: str, limit: float, by: str) -> float:
+        """Seconds a scheduler (``by``: Slurm, the cluster) may give the job: what is left of
+        ``limit`` once this ledger's attempts are counted, when this contract's job was
+        accepted here (``limit`` itself when nothing was). Refuses a job id of another
+        contract or a finished job (``JobAlreadyFinished``), one with an attempt in flight
+        (``JobBusy``: the scheduler would run it a second time), and one with less than a
+        second left (``ResourceExhausted``)."""
+        if self.accepted is not None:
+            theirs = self.accepted.get("contractDigest")
+            if theirs != contract_digest:
+                raise JobAlreadyFinished(
+                    f"job id {job_id} belongs to another contract ({theirs}) in this state folder",
+                    hint="give this contract its own --job-id",
+                )
+            if self.finished is not None:
+                raise JobAlreadyFinished(
+                    f"job {job_id} already finished ({self.finished.get('status')})",
+                    hint="`runner status` shows it; `runner run --rerun` runs it again on purpose",
+                )
+            if self.in_flight is not None:
+                raise JobBusy(
+                    f"job {job_id}: attempt {self.in_flight.number} is in flight (or its runner "
+                    f"died); {by} would run it a second time",
+                    hint="`runner status` shows it; `runner run` on its host resumes it, or "
+                    "schedule it once it has ended",
+                )
+            limit = self.budget(min(self.limit, limit)).remaining
+        if not math.isfinite(limit) or limit < 1:
+            raise ResourceExhausted(
+                f"job {job_id} has no budget left ({limit:g} s)",
+                hint="`runner status` shows where it went; a contract with a new budget needs a "
+                "new job id",
+            )
+        return float(limit)
 
 
 def _apply(state: LedgerState, event: LedgerEvent) -> str | None:

@@ -38,11 +38,8 @@ from runner.contract import Trust, VerifiedContract
 from runner.contract.models import JOB_ID_PATTERN
 from runner.errors import (
     InfrastructureError,
-    JobAlreadyFinished,
-    JobBusy,
     JobNotFound,
     PolicyViolation,
-    ResourceExhausted,
 )
 from runner.ledger import LedgerState
 from runner.plan import ExecutionPlan
@@ -95,36 +92,10 @@ def check_name(option: str, value: str) -> str:
 
 def remaining_seconds(plan: ExecutionPlan, state: LedgerState | None) -> float:
     """The budget left for the job: its ledger's (when this contract's job was accepted),
-    else the contract's whole budget. Refuses a job id of another contract, a finished job,
-    one with an attempt in flight, and one with no budget left."""
-    limit = plan.limits.timeout_seconds
-    if state is not None and state.accepted is not None:
-        theirs = state.accepted.get("contractDigest")
-        if theirs != plan.contract_digest:
-            raise JobAlreadyFinished(
-                f"job id {plan.job_id} belongs to another contract ({theirs}) in this state folder",
-                hint="give this contract its own --job-id",
-            )
-        if state.finished is not None:
-            raise JobAlreadyFinished(
-                f"job {plan.job_id} already finished ({state.finished.get('status')})",
-                hint="`runner status` shows it; `runner run --rerun` runs it again on purpose",
-            )
-        if state.in_flight is not None:
-            raise JobBusy(
-                f"job {plan.job_id}: attempt {state.in_flight.number} is in flight (or its runner "
-                "died); Slurm would start a second runner for it",
-                hint="`runner status` shows it; `runner run` on its host resumes it, or submit "
-                "once it has ended",
-            )
-        limit = state.budget(min(state.limit, limit)).remaining
-    if not math.isfinite(limit) or limit < 1:
-        raise ResourceExhausted(
-            f"job {plan.job_id} has no budget left ({limit:g} s)",
-            hint="`runner status` shows where it went; a contract with a new budget needs a "
-            "new job id",
-        )
-    return float(limit)
+    else the contract's whole budget (:meth:`LedgerState.left_to_schedule`)."""
+    return (state or LedgerState()).left_to_schedule(
+        plan.job_id, plan.contract_digest, plan.limits.timeout_seconds, "Slurm"
+    )
 
 
 def time_minutes(remaining: float, stop_grace: float, ceiling: int | None) -> int:
