@@ -1,23 +1,30 @@
 """Hostile sources and bundles, and the distribution's own Python (issue 25, items 6, 7, 14):
-a source that trickles its response head. Loopback servers only."""
+a source that trickles its response head, and a bundle whose member is a bomb (against its own
+Payload-Oxum, the free space, or as a pax header). Loopback servers and test folders only."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
 import os
 import socket
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from runner import archives
 from runner.assets import AssetCache, fetch
 from runner.contract.models import Asset
 from runner.errors import AssetUnavailable
 from runner.policy import AssetGrant
+from tests.support import run_cli
 from tests.support.asset_server import Served, asset_server
 
 pytestmark = pytest.mark.hostile
@@ -164,3 +171,168 @@ def test_a_trickling_head_after_a_redirect_on_a_kept_alive_connection_is_cut_off
     assert time.monotonic() - since < 15
     assert second and second[0].startswith(b"GET /two "), second  # the same connection
     assert f"127.0.0.1:{port}/two" in err.value.message
+
+
+# -- item 7: bombs in a bundle --------------------------------------------------------------
+
+ZEROS_1MIB = gzip.compress(b"\0" * MiB, compresslevel=9)
+"""One gzip member of 1 MiB of zeros (about 1 KiB): a gzip file may be many members, so N of
+them are N MiB of zeros for N KiB of archive."""
+
+
+def _member(name: str, data: bytes) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info.tobuf(format=tarfile.PAX_FORMAT) + data + b"\0" * (-len(data) % 512)
+
+
+def _header(name: str, size: int, kind: bytes = tarfile.REGTYPE) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, kind
+    return info.tobuf(format=tarfile.PAX_FORMAT)
+
+
+def _bag_member(oxum: str) -> bytes:
+    return _member("b/bag-info.txt", f"Payload-Oxum: {oxum}\nBagging-Date: 2026-12-01\n".encode())
+
+
+BAGIT = _member("b/bagit.txt", b"BagIt-Version: 1.0\nTag-File-Character-Encoding: UTF-8\n")
+RESULT = _member("b/data/result.json", b"{}")
+END = b"\0" * 1024
+
+
+def _bomb_bundle(path: Path, zeros_mib: int, *, bag_info_first: bool) -> Path:
+    """A .tar.gz bag whose data/zeros.bin holds ``zeros_mib`` MiB of zeros (the archive is
+    about a KiB a MiB), while bag-info.txt's Payload-Oxum says the payload is 2 bytes in one
+    file; bag-info.txt before the bomb (as `runner export` orders a bag) or after it."""
+    bag_info = _bag_member("2.1")
+    head = (
+        BAGIT + (bag_info if bag_info_first else b"") + _header("b/data/zeros.bin", zeros_mib * MiB)
+    )
+    tail = RESULT + (b"" if bag_info_first else bag_info) + END
+    with path.open("wb") as out:
+        out.write(gzip.compress(head))
+        for _ in range(zeros_mib):
+            out.write(ZEROS_1MIB)
+        out.write(gzip.compress(tail))
+    return path
+
+
+def _tree_bytes(root: Path) -> int:
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for f in files:
+            with suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(folder, f)).st_blocks * 512
+    return total
+
+
+def _verify_watched(
+    archive: Path, tmp: Path, *extra: str
+) -> tuple[int, dict[str, Any], int, float]:
+    """`runner verify-bundle --json --allow-untrusted` with TMPDIR at ``tmp``, the size of
+    ``tmp`` sampled every few milliseconds meanwhile: (exit code, report, peak bytes on disk
+    under ``tmp``, seconds)."""
+    tmp.mkdir()
+    peak = [0]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _tree_bytes(tmp))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    since = time.monotonic()
+    try:
+        proc = run_cli(
+            "verify-bundle", str(archive), "--json", "--allow-untrusted", *extra,
+            env={"TMPDIR": str(tmp)}, timeout=240,
+        )  # fmt: skip
+    finally:
+        took = time.monotonic() - since
+        done.set()
+        watcher.join()
+    peak[0] = max(peak[0], _tree_bytes(tmp))
+    assert "Traceback" not in proc.stderr, proc.stderr
+    report: dict[str, Any] = json.loads(proc.stdout)
+    assert not list(tmp.iterdir()), "verify-bundle left its temporary folder behind"
+    return proc.returncode, report, peak[0], took
+
+
+@pytest.mark.parametrize("bag_info_first", [True, False], ids=["bag-info-first", "bag-info-last"])
+def test_a_bomb_member_is_refused_before_anything_is_written(
+    tmp_path: Path, bag_info_first: bool
+) -> None:
+    """1 GiB of zeros in a 1 MiB .tar.gz, against a Payload-Oxum of 2 bytes: refused, naming
+    the Payload-Oxum, with nothing of it written to TMPDIR (it wrote the whole member out
+    before). With bag-info.txt first (as `runner export` writes a bag) it is refused at the
+    bomb's header, before any of its data is even decompressed; with bag-info.txt last, once
+    the (unwritten) stream is read through."""
+    archive = _bomb_bundle(tmp_path / "bomb.bag.tar.gz", 1024, bag_info_first=bag_info_first)
+    assert archive.stat().st_size < 4 * MiB
+    code, report, peak, took = _verify_watched(archive, tmp_path / "tmp")
+    assert code == 3 and report["category"] == "bundle_invalid", report
+    first = report["firstProblem"]
+    assert first["file"] == ("b/data/zeros.bin" if bag_info_first else "b/bag-info.txt"), first
+    assert "Payload-Oxum" in first["message"] and "before anything is unpacked" in first["message"]
+    assert peak < MiB, f"{peak:,} bytes were written to TMPDIR"
+    assert took < (30 if bag_info_first else 120), took
+
+
+def test_a_bundle_larger_than_the_free_space_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """A member declaring 1 PiB (a pax size), with a Payload-Oxum and --max-total-mb that
+    allow it: refused at its header for the temporary folder's free space, naming TMPDIR."""
+    huge = 1 << 50
+    archive = tmp_path / "huge.bag.tar"
+    archive.write_bytes(
+        BAGIT + _bag_member(f"{huge}.1") + _header("b/data/huge.bin", huge) + b"\0" * 4096
+    )
+    code, report, peak, _ = _verify_watched(
+        archive, tmp_path / "tmp", "--max-total-mb", str(4 * huge // MiB)
+    )
+    assert code == 3 and report["category"] == "bundle_invalid", report
+    first = report["firstProblem"]
+    assert first["file"] == "b/data/huge.bin" and "bytes free" in first["message"], first
+    assert "TMPDIR" in first["message"] and str(tmp_path / "tmp") in first["message"], first
+    assert peak < MiB
+
+
+def _pax_bomb(path: Path, zeros_mib: int) -> Path:
+    """A .tar.gz whose first header is a pax header of ``zeros_mib`` MiB of zeros: tarfile
+    reads a pax header's data into memory at once."""
+    with path.open("wb") as out:
+        out.write(
+            gzip.compress(BAGIT + _header("b/././@PaxHeader", zeros_mib * MiB, tarfile.XHDTYPE))
+        )
+        for _ in range(zeros_mib):
+            out.write(ZEROS_1MIB)
+        out.write(gzip.compress(END))
+    return path
+
+
+def test_a_pax_header_bomb_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """A 512 MiB pax header (in a 0.5 MiB archive) was read into memory whole; both readers
+    of archives (verify-bundle, and an asset's unpack) refuse it at its header."""
+    archive = _pax_bomb(tmp_path / "pax.bag.tar.gz", 512)
+    code, report, peak, took = _verify_watched(archive, tmp_path / "tmp")
+    assert code == 3 and report["category"] == "bundle_invalid", report
+    assert "header of more than" in report["firstProblem"]["message"], report["firstProblem"]
+    assert peak < MiB and took < 30
+    with pytest.raises(archives.UnsafeArchive, match="header of more than"):
+        archives.unpack(archive, "tar", tmp_path / "tree", max_bytes=1 << 40, max_files=100)
+    assert not (tmp_path / "tree").exists()
+
+
+def test_a_bag_without_payload_oxum_is_refused_before_unpacking(tmp_path: Path) -> None:
+    archive = tmp_path / "no-oxum.bag.tar"
+    archive.write_bytes(
+        BAGIT + _member("b/bag-info.txt", b"Bagging-Date: 2026-12-01\n") + RESULT + END
+    )
+    code, report, peak, _ = _verify_watched(archive, tmp_path / "tmp")
+    assert code == 3 and report["firstProblem"]["file"] == "b/bag-info.txt", report
+    assert "declares no Payload-Oxum" in report["firstProblem"]["message"]
+    assert peak < MiB
