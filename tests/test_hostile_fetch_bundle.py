@@ -176,6 +176,55 @@ def test_a_trickling_head_after_a_redirect_on_a_kept_alive_connection_is_cut_off
     assert f"127.0.0.1:{port}/two" in err.value.message
 
 
+def test_a_tls_handshake_that_trickles_is_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An https:// source whose server sends its TLS handshake a byte every 0.1 s: the socket
+    is handed to the deadline before the handshake, so the head's deadline covers it too
+    (before, only Python's own total for a handshake, the 10 s connect timeout, ended it,
+    as a connection failure worth retrying)."""
+    import runner.download
+
+    monkeypatch.setattr(runner.download, "HEAD_TIMEOUT", 1.0, raising=False)
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        # A TLS handshake record's header (22, TLS 1.2, 200 bytes), then its body a byte at a
+        # time: the client waits for the whole record, and never a read timeout.
+        record = b"\x16\x03\x03\x00\xc8" + b"\x00" * 200
+        with conn:
+            for byte in record:
+                if stop.is_set():
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+                time.sleep(0.1)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    url = f"https://127.0.0.1:{port}/x"
+    asset = Asset.model_validate(
+        {"id": "data", "sources": [url], "size": 1, "path": "b",
+         "sha256": "sha256:" + hashlib.sha256(b"x").hexdigest()}
+    )  # fmt: skip
+    since = time.monotonic()
+    try:
+        with pytest.raises(AssetUnavailable, match="response head") as err:
+            fetch(asset, tmp_path, AssetCache(tmp_path / "c"),
+                  AssetGrant(allowHosts=["127.0.0.1"], retries=0))  # fmt: skip
+    finally:
+        stop.set()
+        thread.join(10)
+        srv.close()
+    assert time.monotonic() - since < 15
+    assert url in err.value.message
+
+
 # -- item 7: bombs in a bundle --------------------------------------------------------------
 
 ZEROS_1MIB = gzip.compress(b"\0" * MiB, compresslevel=9)
