@@ -12,7 +12,15 @@ only by this module, from scratch:
 - caps: the files and folders counted -- every folder made, named by a member or only
   implied by a deeper member's name -- and the bytes actually written (not what a header
   claims: a zip bomb's sizes may lie) against the host policy's ``maxUnpackedFiles`` and
-  ``maxUnpackedBytes``.
+  ``maxUnpackedBytes``; a member whose declared size would pass the cap is refused before
+  any of it is read;
+- the tar stream itself (:func:`open_tar`): a compressed tar's real size is not known
+  beforehand, so the bytes decompressed are counted as they come and capped (the caps' bytes
+  plus room for headers, :func:`stream_cap`), and no single header may ask for more than
+  ``MAX_HEADER`` bytes (a pax header that declares gigabytes would be read into memory).
+
+``runner verify-bundle`` (:mod:`runner.bundle.verify`) reads bundles through the same
+:func:`open_tar`, :func:`member_parts` and :class:`Writer`.
 
 Files are created with ``O_EXCL | O_NOFOLLOW`` below folders this module made (each fsynced
 when written), then every file is made read-only (0444) and every folder 0555, every folder is
@@ -24,7 +32,9 @@ link.
 
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
 import lzma
 import os
 import stat
@@ -33,7 +43,7 @@ import zipfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 CHUNK = 1024 * 1024
 MAX_DEPTH = 64
@@ -42,6 +52,12 @@ MAX_COMPONENT = 255
 """Most bytes in one component of a member's name (NAME_MAX)."""
 MAX_PATH = 4096
 """Most bytes in a member's whole name (PATH_MAX)."""
+MAX_HEADER = 16 * 1024 * 1024
+"""Most bytes one read of the tar stream may ask for: a header's (a pax header's data, a GNU
+long name) -- member data is read a chunk at a time."""
+HEADER_ROOM = 64 * 1024 * 1024
+"""Bytes of headers, padding and end blocks a tar stream may hold beyond its members' data (and
+``2 * BLOCKSIZE`` a member more), see :func:`stream_cap`."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -49,13 +65,117 @@ class UnsafeArchive(Exception):
     """The archive holds something this module refuses; the message names the member."""
 
 
-class _Writer:
-    """Writes members below ``root``, counting files and bytes against the caps."""
+def member_parts(raw: str, *, strict: bool = True) -> list[str]:
+    """The components of a member's name (``.`` and empty ones dropped) when it is one this
+    module writes: relative, no ``..`` or NUL, within ``MAX_COMPONENT`` and ``MAX_PATH``;
+    ``strict`` (an asset's archive) also no backslash and at most ``MAX_DEPTH`` parts (a
+    bundle may hold what a job named so). Else :class:`UnsafeArchive` naming it."""
+    if not raw or "\x00" in raw or (strict and "\\" in raw):
+        raise UnsafeArchive(f"member {raw!r} has an empty name, a NUL or a backslash")
+    if raw.startswith("/"):
+        raise UnsafeArchive(f"member {raw!r} has an absolute path")
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise UnsafeArchive(f"member {raw!r} climbs out with '..'")
+    if strict and len(parts) > MAX_DEPTH:
+        raise UnsafeArchive(
+            f"member {raw[:80]!r}... is {len(parts):,} parts deep, more than {MAX_DEPTH}"
+        )
+    if len(os.fsencode(raw)) > MAX_PATH or any(len(os.fsencode(p)) > MAX_COMPONENT for p in parts):
+        raise UnsafeArchive(
+            f"member {raw[:80]!r}... has a name longer than {MAX_PATH} bytes or a part "
+            f"longer than {MAX_COMPONENT}"
+        )
+    return parts
 
-    def __init__(self, root: Path, max_bytes: int, max_files: int) -> None:
+
+def stream_cap(max_bytes: int, max_files: int) -> int:
+    """The most bytes of tar stream (decompressed) read for an archive whose members may hold
+    ``max_bytes`` and number ``max_files``: their data, a header and a pax header each, and
+    ``HEADER_ROOM`` for the rest."""
+    return max_bytes + (max_files + 1) * 2 * tarfile.BLOCKSIZE + HEADER_ROOM
+
+
+class _Capped:
+    """A tar stream read through a cap on its position (the bytes decompressed so far, for a
+    compressed tar) and on the size of one read; tarfile reads only through ``read``,
+    ``seek`` and ``tell``."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self.raw = raw
+        self.limit = limit
+
+    def _past(self) -> UnsafeArchive:
+        return UnsafeArchive(
+            f"the archive's tar stream runs past {self.limit:,} bytes (its members' caps plus "
+            "room for headers): refused as a bomb"
+        )
+
+    def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0 or n > MAX_HEADER:
+            raise UnsafeArchive(
+                f"the archive has a header of more than {MAX_HEADER:,} bytes (a pax header or "
+                "long name no real archive holds)"
+            )
+        data: bytes = self.raw.read(n)
+        if self.raw.tell() > self.limit:
+            raise self._past()
+        return data
+
+    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
+        target = pos if whence == os.SEEK_SET else self.raw.tell() + pos
+        if whence not in (os.SEEK_SET, os.SEEK_CUR) or target > self.limit:
+            raise self._past()  # checked first: seeking a compressed stream decompresses
+        return int(self.raw.seek(target))
+
+    def tell(self) -> int:
+        return int(self.raw.tell())
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def open_tar(f: IO[bytes], *, max_bytes: int, max_files: int) -> Iterator[tarfile.TarFile]:
+    """A tar (plain, gzip, bzip2 or xz, told by its first bytes) read from the open file ``f``
+    through :class:`_Capped`: at most :func:`stream_cap` bytes decompressed, no header read of
+    more than ``MAX_HEADER``. ``tar.fileobj`` is the capped stream (at the member data)."""
+    head = f.read(6)
+    f.seek(0)
+    raw: Any
+    if head.startswith(b"\x1f\x8b"):
+        raw = gzip.GzipFile(fileobj=f, mode="rb")
+    elif head.startswith(b"BZh"):
+        raw = bz2.BZ2File(f)
+    elif head.startswith(b"\xfd7zXZ\x00"):
+        raw = lzma.LZMAFile(f)  # noqa: SIM115 - closed below
+    else:
+        raw = f
+    try:
+        stream = _Capped(raw, stream_cap(max_bytes, max_files))
+        with tarfile.open(fileobj=stream, mode="r:") as tar:  # type: ignore[call-overload]
+            yield tar
+    finally:
+        if raw is not f:
+            raw.close()
+
+
+class Writer:
+    """Writes members below ``root``, counting files and bytes against the caps; each file is
+    fsynced unless ``sync`` is off (a temporary folder, as ``runner verify-bundle``'s); names
+    as :func:`member_parts` allows them (``strict`` or not)."""
+
+    def __init__(
+        self, root: Path, max_bytes: int, max_files: int, *, sync: bool = True, strict: bool = True
+    ) -> None:
         self.root = root
         self.max_bytes = max_bytes
         self.max_files = max_files
+        self.sync = sync
+        self.strict = strict
         self.files = 0
         """Files and folders made (folders implied by a deeper member's name included)."""
         self.bytes = 0
@@ -65,25 +185,7 @@ class _Writer:
         """Folders made so far (relative)."""
 
     def _name(self, raw: str) -> list[str]:
-        if not raw or "\x00" in raw or "\\" in raw:
-            raise UnsafeArchive(f"member {raw!r} has an empty name, a NUL or a backslash")
-        if raw.startswith("/"):
-            raise UnsafeArchive(f"member {raw!r} has an absolute path")
-        parts = [p for p in raw.split("/") if p not in ("", ".")]
-        if ".." in parts:
-            raise UnsafeArchive(f"member {raw!r} climbs out with '..'")
-        if len(parts) > MAX_DEPTH:
-            raise UnsafeArchive(
-                f"member {raw[:80]!r}... is {len(parts):,} parts deep, more than {MAX_DEPTH}"
-            )
-        if len(os.fsencode(raw)) > MAX_PATH or any(
-            len(os.fsencode(p)) > MAX_COMPONENT for p in parts
-        ):
-            raise UnsafeArchive(
-                f"member {raw[:80]!r}... has a name longer than {MAX_PATH} bytes or a part "
-                f"longer than {MAX_COMPONENT}"
-            )
-        return parts
+        return member_parts(raw, strict=self.strict)
 
     def _count(self) -> None:
         self.files += 1
@@ -154,7 +256,8 @@ class _Writer:
                     raise self._too_big()
                 out.write(chunk)
             out.flush()
-            os.fsync(out.fileno())  # on disk before the tree is renamed into place
+            if self.sync:
+                os.fsync(out.fileno())  # on disk before the tree is renamed into place
         if written != declared:
             raise UnsafeArchive(f"member {raw!r} holds {written:,} bytes, its header says "
                                 f"{declared:,}")  # fmt: skip
@@ -166,9 +269,12 @@ class _Writer:
         )
 
 
-def _tar_members(archive: Path, w: _Writer) -> None:
+def _tar_members(archive: Path, w: Writer) -> None:
     try:
-        with tarfile.open(archive, mode="r:*") as tar:
+        with (
+            archive.open("rb") as f,
+            open_tar(f, max_bytes=w.max_bytes, max_files=w.max_files) as tar,
+        ):
             for m in tar:
                 if m.isdir():
                     w.folder(m.name)
@@ -189,13 +295,15 @@ def _tar_members(archive: Path, w: _Writer) -> None:
                     )
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
         raise UnsafeArchive(f"not a readable tar archive: {exc}") from None
+    except RecursionError:  # tarfile follows a chain of pax headers by recursion
+        raise UnsafeArchive("not a readable tar archive: a chain of headers too long") from None
     except OSError as exc:
         if exc.errno is not None:  # the host's own failure (a full disk ...), not the archive's
             raise
         raise UnsafeArchive(f"not a readable tar archive: {exc}") from None  # a bad gzip stream
 
 
-def _zip_members(archive: Path, w: _Writer) -> None:
+def _zip_members(archive: Path, w: Writer) -> None:
     try:
         with zipfile.ZipFile(archive) as z:
             infos = z.infolist()
@@ -348,7 +456,7 @@ def unpack(
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     remove_tree(tmp)
     tmp.mkdir(mode=0o755)
-    w = _Writer(tmp, max_bytes, max_files)
+    w = Writer(tmp, max_bytes, max_files)
     try:
         try:
             (_tar_members if kind == "tar" else _zip_members)(archive, w)

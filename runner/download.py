@@ -13,13 +13,19 @@ by another parser that may read a hostile ``Location`` otherwise. The session ig
 environment (no ``.netrc`` login, no proxy variables): a source gets no ambient credentials.
 A partial file is resumed only from the source that began it (``<hex>.partial.source`` holds
 that source's SHA-256), never on top of another mirror's bytes. A body that arrives slower
-than ``MIN_RATE`` (over each ``RATE_WINDOW``) is cut off, so a trickling source cannot hold the
-digest's lock for ever (the wait for the headers is bounded only by the read timeout per read).
+than ``MIN_RATE`` (over each ``RATE_WINDOW``) is cut off, and so is a response head (status line
+and headers) that has not arrived ``HEAD_TIMEOUT`` seconds after its request began, so a
+trickling source cannot hold the digest's lock for ever: ``requests``' read timeout is per
+read, and a byte every 59 s defeats it. Each request is bounded in all: its head by
+``HEAD_TIMEOUT`` (connecting included, each redirect a request of its own), its body by the
+rate rule (at most ``RATE_WINDOW`` seconds per ``MIN_RATE * RATE_WINDOW`` bytes of the asset's
+size, and one window more).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -38,6 +44,9 @@ CHUNK = 1024 * 1024
 MAX_REDIRECTS = 5
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
+HEAD_TIMEOUT = 60.0
+"""Seconds from a request's start (its connection included) to the end of its response head:
+past it the connection is shut down (a thread; shutting the socket down wakes the read)."""
 MIN_RATE = 16 * 1024
 """Bytes a second a source must keep up, on average over each ``RATE_WINDOW``: a source that
 trickles (a byte every 59 s defeats the read timeout) is cut off rather than hold the digest's
@@ -189,6 +198,9 @@ def _http(url: str, d: Download, grant: AssetGrant) -> None:
         headers["Range"] = f"bytes={have}-"
     with requests.Session() as session:
         session.trust_env = False  # no .netrc login, no proxy from the environment
+        adapter = _adapter()
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
         resp = _get(session, url, headers, grant)
         with resp:
             code = resp.status_code
@@ -259,6 +271,116 @@ class _Watchdog:
         )
 
 
+_current = threading.local()
+"""The :class:`_HeadDeadline` of the request this thread is sending (None between requests)."""
+
+
+class _HeadDeadline:
+    """Shuts down the connection of a request whose response head has not arrived within
+    ``seconds``. The connection's socket is handed over as it is made (:func:`_adapter`) and
+    kept as a duplicate, so the one shut down is always that connection's, never a file
+    descriptor number since reused."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self.lock = threading.Lock()
+        self.socks: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="asset-head", daemon=True)
+
+    def __enter__(self) -> _HeadDeadline:
+        _current.deadline = self
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        _current.deadline = None
+        self.stop.set()
+        self.thread.join()
+        with self.lock:
+            for sock in self.socks:
+                sock.close()
+            self.socks.clear()
+
+    def add(self, sock: socket.socket) -> None:
+        """The request's connection (from the thread sending it): a duplicate of its file
+        descriptor (a TLS socket cannot ``dup()`` itself), closed when the head is in."""
+        dup = socket.fromfd(sock.fileno(), sock.family, sock.type)
+        with self.lock:
+            self.socks.append(dup)
+            if self.expired:
+                _shut(dup)
+
+    def _watch(self) -> None:
+        if self.stop.wait(self.seconds):
+            return
+        with self.lock:
+            self.expired = True
+            for sock in self.socks:
+                _shut(sock)
+
+    def too_slow(self, url: str) -> SourceFailed:
+        return SourceFailed(
+            f"{redacted(url)} did not send its response head (status line and headers) within "
+            f"{self.seconds:g} s; cut off as too slow"
+        )
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+@functools.cache
+def _adapter_class() -> Any:
+    """An ``HTTPAdapter`` whose connections hand their socket, as soon as it is connected (a
+    TLS handshake comes after) or taken from the pool again (kept alive), to the
+    :class:`_HeadDeadline` of the request in hand."""
+    import requests.adapters
+    import urllib3.connection
+    import urllib3.connectionpool
+
+    def watched(sock: socket.socket) -> socket.socket:
+        deadline = getattr(_current, "deadline", None)
+        if deadline is not None:
+            deadline.add(sock)
+        return sock
+
+    class Conn(urllib3.connection.HTTPConnection):
+        def _new_conn(self) -> socket.socket:
+            return watched(super()._new_conn())
+
+    class TLSConn(urllib3.connection.HTTPSConnection):
+        def _new_conn(self) -> socket.socket:
+            return watched(super()._new_conn())
+
+    class Reused:
+        def _get_conn(self, timeout: float | None = None) -> Any:
+            conn = super()._get_conn(timeout)  # type: ignore[misc]
+            sock = getattr(conn, "sock", None)
+            if sock is not None:  # a connection kept alive: no new socket is made for it
+                watched(sock)
+            return conn
+
+    class Pool(Reused, urllib3.connectionpool.HTTPConnectionPool):
+        ConnectionCls = Conn
+
+    class TLSPool(Reused, urllib3.connectionpool.HTTPSConnectionPool):
+        ConnectionCls = TLSConn
+
+    class Adapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": TLSPool}
+
+    return Adapter
+
+
+def _adapter() -> Any:
+    return _adapter_class()()
+
+
 _BAD_LOCATION = re.compile(r"[\\\s\x00-\x1f\x7f]")
 """A backslash, whitespace or a control character: parsers disagree on what such a URL names."""
 
@@ -294,15 +416,24 @@ def _get(session: Any, url: str, headers: dict[str, str], grant: AssetGrant) -> 
             )
         prepared = session.prepare_request(requests.Request("GET", url, headers=headers))
         host, port = _checked(prepared.url, grant)
+        head = _HeadDeadline(HEAD_TIMEOUT)
         try:
-            resp = session.send(
-                prepared,
-                stream=True,
-                allow_redirects=False,
-                timeout=(CONNECT_TIMEOUT, READ_TIMEOUT),
-            )
-        except (requests.ConnectionError, requests.Timeout) as exc:
-            raise Transient(f"cannot reach {host}:{port}: {type(exc).__name__}") from None
+            with head:
+                resp = session.send(
+                    prepared,
+                    stream=True,
+                    allow_redirects=False,
+                    timeout=(CONNECT_TIMEOUT, READ_TIMEOUT),
+                )
+        except requests.RequestException as exc:
+            if head.expired:
+                raise head.too_slow(prepared.url) from None
+            if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
+                raise Transient(f"cannot reach {host}:{port}: {type(exc).__name__}") from None
+            raise
+        if head.expired:  # the head came, but too late
+            resp.close()
+            raise head.too_slow(prepared.url)
         if resp.is_redirect and "Location" in resp.headers:
             location = resp.headers["Location"]
             resp.close()

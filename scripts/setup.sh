@@ -176,6 +176,19 @@ ensure_wheelhouse() {
   printf '%s\n' "$want" >"$WHEELHOUSE/.stamp"
 }
 
+# tests/test_hostile_fetch_bundle.py installs the tree, as a user would, into a venv made by the
+# distribution's own Python (/usr/bin/python3: Debian 12's 3.11.2, older than the pyenv or
+# other python3 that may come first on PATH) and runs the demo's commands with it.
+ensure_system_python() {
+  [ -x /usr/bin/python3 ] || apt_install python3
+  if /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    log "system python: $(/usr/bin/python3 --version 2>&1) with venv and ensurepip"
+  else
+    log "system python: ensurepip missing, installing python3-venv"
+    apt_install python3-venv
+  fi
+}
+
 # --------------------------------------------------------------------------- images
 image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
 
@@ -415,6 +428,7 @@ ensure_gvisor
 ensure_test_tools
 ensure_venv
 ensure_wheelhouse
+ensure_system_python
 ensure_base
 build_job_image
 build_proxy_image

@@ -7,7 +7,12 @@ the file the first one names) is read in one place.
 The checks, in this order; each problem names its file, relative to the bag's folder:
 
 1. *archive*: a tar of one top folder holding only files and folders (no link, device or
-   FIFO, no name twice, no ``..``), within the caps, unpacked with tarfile's ``data`` filter
+   FIFO, no name twice, no ``..``, names as :func:`runner.archives.member_parts` allows),
+   within the caps. A first pass reads only headers and writes nothing: each member's
+   declared size is checked against the caps and the bag's Payload-Oxum (from bag-info.txt)
+   as its header is read, and the whole against the temporary folder's free space; the
+   stream decompressed is capped (:func:`runner.archives.open_tar`). Only then is it
+   unpacked, by :class:`runner.archives.Writer` (no tarfile extraction filter is relied on),
    into a fresh temporary folder (removed afterwards);
 2. *seal*: ``bundle.intoto.json`` verifies against a trusted runner key and signs the
    tag manifest's digest;
@@ -39,8 +44,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
 import re
+import shutil
+import stat
 import tarfile
 import tempfile
 import zlib
@@ -51,7 +59,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from runner import attest, ledger, safefs, signing
+from runner import archives, attest, ledger, safefs, signing
 from runner.bundle import (
     BLOB_PREFIX,
     INFO_FILE,
@@ -193,8 +201,11 @@ def verify(
 def _extract(
     archive: Path, dest: Path, max_total: int, max_files: int, report: Report
 ) -> tuple[Path, list[Problem]]:
-    """Unpack the archive into ``dest``, member by member, refusing what a bundle never holds;
-    its one top folder, and the problems of bytes that belong to no file."""
+    """Unpack the archive into ``dest``, refusing what a bundle never holds; its one top
+    folder, and the problems of bytes that belong to no file. Two passes over one open file:
+    the first writes nothing (names, kinds, declared sizes against the caps, the bag's
+    Payload-Oxum and ``dest``'s free space); the second writes with :class:`archives.Writer`
+    the very members the first saw, no more bytes than they declared."""
 
     def stop(file: str, message: str) -> _Stop:
         report.problems.append(Problem(file, message))
@@ -203,46 +214,196 @@ def _extract(
 
     name = archive.name
     try:
-        tar = tarfile.open(archive, "r:*")  # noqa: SIM115 - closed below
+        fd = os.open(archive, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no wait
     except FileNotFoundError:
         raise stop(name, "does not exist") from None
-    except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
-        raise stop(name, f"is not a readable tar archive: {exc}") from None
-    top: str | None = None
-    seen: set[str] = set()
-    total = 0
-    afterwards: list[Problem] = []
-    with tar:
-        stream = tar.fileobj
-        if stream is None:  # tarfile.open always sets it
-            raise stop(name, "is not a readable tar archive")
+    except OSError as exc:
+        raise stop(name, f"cannot be read: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise stop(name, "is not a regular file")
+        scan = _Scan(name, max_total, max_files, dest, stop)
         try:
+            with archives.open_tar(f, max_bytes=max_total, max_files=max_files) as tar:
+                for member in tar:
+                    scan.member(member, tar)
+        except _Stop:
+            raise
+        except archives.UnsafeArchive as exc:
+            raise stop(name, str(exc)) from None
+        except (OSError, tarfile.TarError, EOFError, zlib.error, lzma.LZMAError,
+                RecursionError) as exc:  # fmt: skip
+            if scan.top is None:
+                raise stop(name, f"is not a readable tar archive: {exc}") from None
+            scan.damage = str(exc)  # after some members: the second pass names what it hides
+        top = scan.fits()
+        f.seek(0)
+        afterwards = _unpack(f, dest, top, scan, stop)
+    report.checks.append(Check("archive", "ok", f"{len(scan.seen):,} entries in {top}/"))
+    return dest / top, afterwards
+
+
+_OXUM = re.compile(rb"^Payload-Oxum:[ \t]*(\d+)\.(\d+)[ \t]*\r?$", re.MULTILINE)
+BAG_INFO_MAX = MiB
+"""Most bytes of bag-info.txt read before unpacking (for its Payload-Oxum)."""
+BLOCK = 4096
+"""What a file or folder takes on disk at least, for the free-space check."""
+
+
+class _Scan:
+    """The first pass: every member checked from its header alone (its data is skipped, so
+    nothing is written and, for a plain tar, not even read), the bag's Payload-Oxum read from
+    bag-info.txt; each declared size is checked against the caps and the Payload-Oxum the
+    moment its header is read, before any of its data."""
+
+    def __init__(
+        self,
+        name: str,
+        max_total: int,
+        max_files: int,
+        dest: Path,
+        stop: Callable[[str, str], _Stop],
+    ) -> None:
+        self.name, self.max_total, self.max_files, self.stop = name, max_total, max_files, stop
+        self.where = dest.parent
+        self.free = shutil.disk_usage(dest).free
+        """Bytes free where it is to be unpacked."""
+        self.top: str | None = None
+        self.seen: set[str] = set()
+        self.folders: set[str] = set()
+        """Every folder the members name or imply (the writer makes and counts them)."""
+        self.members: list[tuple[str, bytes, int]] = []
+        """(name, type, size) of each member in order: the second pass must see the same."""
+        self.total = 0
+        self.disk = 0
+        self.payload = 0
+        self.payload_files = 0
+        self.oxum: tuple[int, int] | None = None
+        self.damage: str | None = None
+
+    def member(self, member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
+        stop = self.stop
+        parts = PurePosixPath(member.name).parts
+        if member.name.startswith("/") or not parts or ".." in parts:
+            raise stop(member.name, "leaves the bundle's folder (absolute, or '..')")
+        if self.top is None:
+            self.top = parts[0]
+        if parts[0] != self.top or (len(parts) == 1 and not member.isdir()):
+            raise stop(member.name, f"is outside the bag's one folder {self.top}/")
+        if not (member.isreg() or member.isdir()):
+            kind = "a link" if member.issym() or member.islnk() else "not a plain file"
+            raise stop(member.name, f"is {kind}; a bundle holds only files and folders")
+        try:
+            archives.member_parts(member.name, strict=False)
+        except archives.UnsafeArchive as exc:
+            raise stop(member.name, str(exc)) from None
+        key = "/".join(parts)
+        if key in self.seen:
+            raise stop(key, "is in the archive twice")
+        self.seen.add(key)
+        self.members.append((member.name, member.type, member.size))
+        last = len(parts) if member.isdir() else len(parts) - 1
+        self.folders.update("/".join(parts[:i]) for i in range(1, last + 1))
+        if len(self.seen | self.folders) > self.max_files:
+            raise stop(self.name, f"holds over {self.max_files:,} files and folders")
+        self.total += member.size
+        self.disk += -(-member.size // BLOCK) * BLOCK + BLOCK
+        if self.total > self.max_total:
+            raise stop(
+                self.name, f"unpacks to over {self.max_total:,} bytes (raise --max-total-mb)"
+            )
+        if self.disk > self.free:
+            raise stop(
+                member.name,
+                f"brings what the archive unpacks to {self.total:,} bytes ({self.disk:,} on "
+                f"disk); the temporary folder {self.where} has {self.free:,} bytes free: point "
+                "TMPDIR at a folder with room",
+            )
+        if member.isreg() and parts[1:] == ("bag-info.txt",):
+            self.bag_info(member, tar)
+        if member.isreg() and len(parts) > 2 and parts[1] == "data":
+            self.payload += member.size
+            self.payload_files += 1
+        self.check_oxum(member.name)
+
+    def bag_info(self, member: tarfile.TarInfo, tar: tarfile.TarFile) -> None:
+        if member.size > BAG_INFO_MAX:
+            raise self.stop(member.name, f"is over {BAG_INFO_MAX:,} bytes, more than it ever holds")
+        src = tar.extractfile(member)
+        data = src.read(BAG_INFO_MAX) if src is not None else b""
+        found = _OXUM.findall(data)
+        if len(found) != 1:
+            raise self.stop(
+                member.name,
+                "declares no Payload-Oxum (or more than one), so the payload's size cannot be "
+                "checked before unpacking (runner export always writes one)",
+            )
+        self.oxum = (int(found[0][0]), int(found[0][1]))
+
+    def check_oxum(self, where: str) -> None:
+        if self.oxum is None:
+            return
+        size, count = self.oxum
+        if self.payload > size or self.payload_files > count:
+            raise self.stop(
+                where,
+                f"brings the payload to {self.payload:,} bytes in {self.payload_files:,} files; "
+                f"bag-info.txt's Payload-Oxum says the whole payload is {size:,} bytes in "
+                f"{count:,} files: refused before anything is unpacked",
+            )
+
+    def fits(self) -> str:
+        """After the scan: the bag's folder, when its Payload-Oxum was read and holds."""
+        if self.top is None:
+            raise self.stop(self.name, "holds no bag folder")
+        if self.oxum is None and self.damage is not None:
+            raise self.stop(self.name, f"is damaged before its Payload-Oxum: {self.damage}")
+        if self.oxum is None:
+            raise self.stop(
+                f"{self.top}/bag-info.txt",
+                "is missing, so the payload's size cannot be checked before unpacking",
+            )
+        self.check_oxum(self.name)
+        return self.top
+
+
+def _unpack(
+    f: Any, dest: Path, top: str, scan: _Scan, stop: Callable[[str, str], _Stop]
+) -> list[Problem]:
+    """The second pass: the members the scan saw, written by :class:`archives.Writer` (no link
+    followed, no file made twice, no more bytes than declared); the padding after each and
+    the end of the archive checked as it goes."""
+    name = scan.name
+    files = len(scan.seen | scan.folders)
+    writer = archives.Writer(dest, scan.total, files, sync=False, strict=False)
+    afterwards: list[Problem] = []
+    try:
+        with archives.open_tar(f, max_bytes=scan.total, max_files=scan.max_files) as tar:
+            stream = tar.fileobj
+            if stream is None:  # pragma: no cover - tarfile always sets it
+                raise stop(name, "is not a readable tar archive")
+            i = 0
             for member in tar:
-                parts = PurePosixPath(member.name).parts
-                if member.name.startswith("/") or not parts or ".." in parts:
-                    raise stop(member.name, "leaves the bundle's folder (absolute, or '..')")
-                if top is None:
-                    top = parts[0]
-                if parts[0] != top or (len(parts) == 1 and not member.isdir()):
-                    raise stop(member.name, f"is outside the bag's one folder {top}/")
-                if not (member.isreg() or member.isdir()):
-                    kind = "a link" if member.issym() or member.islnk() else "not a plain file"
-                    raise stop(member.name, f"is {kind}; a bundle holds only files and folders")
-                key = "/".join(parts)
-                if key in seen:
-                    raise stop(key, "is in the archive twice")
-                seen.add(key)
-                total += member.size
-                if len(seen) > max_files:
-                    raise stop(name, f"holds over {max_files:,} files and folders")
-                if total > max_total:
-                    raise stop(name, f"unpacks to over {max_total:,} bytes (raise --max-total-mb)")
-                tar.extract(member, dest, filter="data")
-                padding = -member.size % tarfile.BLOCKSIZE if member.isreg() else 0
+                if i >= len(scan.members) or scan.members[i] != (
+                    member.name,
+                    member.type,
+                    member.size,
+                ):
+                    raise stop(member.name, "changed while it was verified (not what was read)")
+                i += 1
+                if member.isdir():
+                    writer.folder(member.name)
+                    continue
+                src = tar.extractfile(member)
+                if src is None:  # pragma: no cover - a regular file always has data
+                    raise stop(member.name, "has no data")
+                with src:
+                    writer.file(member.name, src, member.size)
+                padding = -member.size % tarfile.BLOCKSIZE
                 if padding:
-                    stream.seek(member.offset_data + member.size)  # where extract left it
+                    stream.seek(member.offset_data + member.size)
                     if stream.read(padding).strip(b"\0"):
-                        rel = "/".join(parts[1:])
+                        rel = "/".join(PurePosixPath(member.name).parts[1:])
                         afterwards.append(
                             Problem(rel, "the archive's padding after it is not zeros")
                         )
@@ -256,14 +417,18 @@ def _extract(
                         Problem(name, "has bytes after its last member (or a damaged header)")
                     )
                     break
-        except (OSError, tarfile.TarError, EOFError, zlib.error) as exc:
-            if top is None:
-                raise stop(name, f"is damaged: {exc}") from None
-            afterwards.append(Problem(name, f"is damaged: {exc}"))
-    if top is None or not (dest / top).is_dir():
+    except _Stop:
+        raise
+    except archives.UnsafeArchive as exc:
+        if "runs past" not in str(exc):
+            raise stop(name, str(exc)) from None
+        afterwards.append(Problem(name, "has bytes after its last member (or a damaged header)"))
+    except (OSError, tarfile.TarError, EOFError, zlib.error, lzma.LZMAError,
+            RecursionError) as exc:  # fmt: skip
+        afterwards.append(Problem(name, f"is damaged: {exc}"))
+    if not (dest / top).is_dir():
         raise stop(name, "holds no bag folder")
-    report.checks.append(Check("archive", "ok", f"{len(seen):,} entries in {top}/"))
-    return dest / top, afterwards
+    return afterwards
 
 
 def _sha256_file(path: Path) -> str:
