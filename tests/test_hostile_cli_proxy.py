@@ -13,15 +13,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from runner import attest
+from runner import attest, backends, egress, sweeper
+from runner.backends.types import EgressPlan, HostPort
 from runner.envelope import ParserRef, ResultEnvelope
 from runner.proxylog import read_log
-from tests.support import run_cli, run_job, write_contract
+from tests.support import SESSION_ID, SESSION_LABEL, docker, run_cli, run_job, write_contract
+from tests.support.egress import outside
+from tests.test_egress import PLAN, _fake
 from tests.test_egress_proxy import Proxy, proxy  # noqa: F401 - the proxy fixture
+
+SESSION = {SESSION_LABEL: SESSION_ID}
+
 
 # -------------------------------------------------- 8. one meaning per flag; values re-parsed
 
@@ -275,3 +282,88 @@ def test_well_formed_fields_still_pass(proxy: Proxy) -> None:  # noqa: F811
     assert got.startswith(b"HTTP/1.1 200 OK"), got
     seen = json.loads(got.split(b"\r\n\r\n", 1)[1])
     assert seen["body"] == "hi" and "a\tb  c" in seen["headers"]["x-odd_name.1!#$%&'*+^`|~"]
+
+
+# --------------------------------------------------------- 10. cleanup of one state folder
+
+
+def _slots_named(names: list[str]) -> dict[str, bool]:
+    """Whether each slot's proxy is still on the engine."""
+    have = docker("ps", "-a", "--format", "{{.Names}}").stdout.split()
+    return {n: f"{n}-proxy" in have for n in names}
+
+
+@pytest.fixture
+def two_free_slots(tmp_path: Path) -> Iterator[tuple[Path, str, Path, str]]:
+    """A real free slot (network, proxy, namespace holder) in each of two state folders, as
+    an attempt leaves its slot behind: (state A, its slot, state B, its slot)."""
+    with outside(SESSION, {}, runs=SESSION) as net:
+        plan = EgressPlan((HostPort("api.example", 443),), net.network, "runner-proxy:local")
+        backend = backends.default()
+        made = []
+        for name in ("a", "b"):
+            state = tmp_path / f"state-{name}"
+            eg = egress.lease(backend, plan, f"runner-cleanup-{name}-a1", state, labels=SESSION)
+            egress.release(eg)
+            made += [state, eg.slot]
+        yield made[0], made[1], made[2], made[3]
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_cleanup_of_one_state_folder_leaves_anothers_slot(
+    two_free_slots: tuple[Path, str, Path, str],
+) -> None:
+    """`runner cleanup` used to remove every free slot on the engine, whatever folder made
+    it, and its --dry-run listed them all as "removed". Now --state-dir A: a dry run removes
+    nothing and lists A's slot alone, as "would remove"; the cleanup removes A's slot and
+    leaves B's."""
+    a, slot_a, b, slot_b = two_free_slots
+    assert _slots_named([slot_a, slot_b]) == {slot_a: True, slot_b: True}
+
+    dry = run_cli("cleanup", "--state-dir", str(a), "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    report = json.loads(dry.stdout)
+    assert report["dryRun"] is True and "removed" not in report
+    assert report["stateDir"] == str(a.resolve())
+    assert [x["name"] for x in report["wouldRemove"]] == [slot_a]
+    assert _slots_named([slot_a, slot_b]) == {slot_a: True, slot_b: True}
+
+    text = run_cli("cleanup", "--state-dir", str(a), "--dry-run")
+    assert text.returncode == 0, text.stderr
+    assert f"would remove  {slot_a}" in text.stdout and slot_b not in text.stdout
+    assert not [line for line in text.stdout.splitlines() if line.startswith("removed")]
+    assert "dry run: nothing was removed" in text.stdout
+
+    done = run_cli("cleanup", "--state-dir", str(a), "--json")
+    assert done.returncode == 0, done.stderr
+    assert [x["name"] for x in json.loads(done.stdout)["removed"]] == [slot_a]
+    assert _slots_named([slot_a, slot_b]) == {slot_a: False, slot_b: True}
+    net = docker("network", "ls", "--format", "{{.Name}}").stdout.split()
+    assert f"{slot_a}-net" not in net and f"{slot_b}-net" in net
+
+    other = run_cli("cleanup", "--json", env={"RUNNER_STATE_DIR": str(b)})  # the default
+    assert other.returncode == 0, other.stderr
+    assert [x["name"] for x in json.loads(other.stdout)["removed"]] == [slot_b]
+    assert _slots_named([slot_b]) == {slot_b: False}
+
+
+@pytest.mark.hostile
+def test_a_slot_from_before_the_state_label_is_left_alone(tmp_path: Path) -> None:
+    """Slots made before they carried their state folder (org.runner.state-dir) are neither
+    removed nor listed by cleanup (their own folder's runners still reap them when idle)."""
+    fake, state = _fake(), tmp_path / "state"
+    old = egress.lease(fake, PLAN, "runner-j-a1", state)
+    new = egress.lease(fake, PLAN, "runner-k-a1", state)
+    egress.release(old)
+    egress.release(new)
+    for c in fake.containers.values():
+        if c.spec.labels[egress.SLOT] == old.slot:
+            c.spec.labels.pop(egress.STATE)
+            assert c.spec.labels[egress.LOCK].startswith(str(state))
+    report = sweeper.sweep(fake, state_dir=state, dry_run=True)
+    assert [x["name"] for x in report["wouldRemove"]] == [new.slot]
+    report = sweeper.sweep(fake, state_dir=state)
+    assert [x["name"] for x in report["removed"]] == [new.slot]
+    assert {c.spec.labels[egress.SLOT] for c in fake.containers.values()} == {old.slot}
+    assert egress.reap(fake, idle_seconds=0.0, folder=egress.pool_dir(state)) == [old.slot]
