@@ -23,8 +23,8 @@ A result signed before SLSA provenance has only ``result.intoto.json``, holding 
 statement; it still verifies.
 
 ``runner verify-result`` takes a job folder, its ``result.json`` or either statement file
-(:func:`locate`), and checks every signature and every signed file's hash
-(:func:`verify_result`).
+(:func:`locate`), and checks every signature and every signed file's hash, and re-parses
+each value from its evidence as ``runner verify-bundle`` does (:func:`verify_result`).
 """
 
 from __future__ import annotations
@@ -394,8 +394,10 @@ def verify_result(
     path: Path, trusted: list[signing.TrustedKey], output_dir: Path | None = None
 ) -> Verified:
     """Check every signature of the result at ``path`` (see :func:`locate`), that
-    ``result.json`` is the one signed, and every signed file under the output folder; raise
-    :class:`SignatureInvalid` on any mismatch."""
+    ``result.json`` is the one signed, every signed file under the output folder, and each
+    value re-parsed from its evidence there; raise :class:`SignatureInvalid` on any mismatch."""
+    from runner import evidence
+
     loc = locate(path, output_dir)
     keyids: set[str] = set()
     files: dict[str, str] = {}
@@ -451,6 +453,13 @@ def verify_result(
         )
     outputs = {n.removeprefix("output/"): d for n, d in files.items() if n.startswith("output/")}
     checked = _check_outputs(loc.output, outputs) if loc.output is not None else 0
+    if loc.output is not None:  # the values re-parsed, as verify-bundle does
+        try:
+            evidence.confirm_values(loc.job, loc.output, envelope, outputs)
+        except evidence.NotConfirmed as exc:
+            raise SignatureInvalid(exc.message, hint=exc.hint or evidence.NOT_GIVEN) from None
+    elif envelope.get("measurements"):
+        notes.append("values not re-parsed: no output folder to read the evidence from")
     return Verified(
         envelope,
         tuple(sorted(keyids)),

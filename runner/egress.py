@@ -21,7 +21,8 @@ when none is free, and writes the attempt's rules (``<state>/egress/<slot>/rules
 mounted read-only into the proxy, read by it at each request). :func:`down` refuses
 everything again, keeps the attempt's lines of the proxy's log in its record and frees the
 slot. A slot idle for :data:`IDLE_SECONDS` is removed by the next runner of the state folder
-that ends an attempt, and ``runner cleanup`` removes every free slot at once.
+that ends an attempt, and ``runner cleanup`` removes every free slot of its state folder at
+once (:data:`STATE`).
 
 The job's container joins ``container:<slot>-netns``. Docker 20.10 gives a container on an
 internal network a default route through the host's bridge address, and its embedded DNS
@@ -70,6 +71,10 @@ SLOT = "org.runner.egress-slot"
 """Label on a slot's resources, and on the job container in it: the slot's name."""
 LOCK = "org.runner.egress-lock"
 """Label on a slot's resources: its lock file (``runner cleanup`` frees only what is free)."""
+STATE = "org.runner.state-dir"
+"""Label on a slot's resources: the state folder whose pool it is (resolved), which
+``runner cleanup --state-dir`` looks for. A slot made before this label is left alone by
+``runner cleanup``; its own state folder's runners still reap it when idle (:func:`down`)."""
 LOG_MAX_BYTES = 16 * MIB
 """An attempt's lines of the proxy's log kept in its record: some 50,000 requests."""
 PROXY_LOG_BYTES = 64 * MIB
@@ -296,7 +301,8 @@ def _write_rules(path: Path, text: str) -> None:
 
 def _labels(eg: Egress, folder: Path, role: str, extra: dict[str, str]) -> dict[str, str]:
     lock = str(folder / f"{eg.slot}.lock")
-    return {**extra, POOL: eg.pool, SLOT: eg.slot, LOCK: lock, ROLE: role}
+    state = str(folder.parent.resolve())  # folder is pool_dir(state_dir)
+    return {**extra, POOL: eg.pool, SLOT: eg.slot, LOCK: lock, STATE: state, ROLE: role}
 
 
 def _make(
@@ -557,11 +563,17 @@ def reap(
     idle_seconds: float = IDLE_SECONDS,
     dry_run: bool = False,
     labels: dict[str, str] | None = None,
+    state_dir: Path | None = None,
 ) -> list[str]:
     """Remove the free slots (of ``pool`` and with their locks in ``folder``, when given)
     idle ``idle_seconds`` or longer; the slots removed (with ``dry_run``, that would be). A
     slot is free when no runner holds its lock and no job container is in it. ``labels``:
-    only slots carrying these too."""
+    only slots carrying these too; ``state_dir``: only the slots of that state folder's
+    pools (labelled :data:`STATE` with it, their locks in its ``egress/``)."""
+    if state_dir is not None:
+        state = state_dir.resolve()
+        labels = {**(labels or {}), STATE: str(state)}
+        folder = folder or pool_dir(state)
     if pool:
         found = backend.find({POOL: pool})
     else:  # every pool, with each pool's job containers
@@ -571,8 +583,10 @@ def reap(
     gone: list[str] = []
     for slot, mine in sorted(_slots(found).items()):
         lock = Path(mine[0].labels.get(LOCK, "/nonexistent/x.lock"))
-        if slot in busy or (folder is not None and lock.parent != folder):
+        if slot in busy or (folder is not None and lock.parent.resolve() != folder.resolve()):
             continue
+        if state_dir is not None and any(c.labels.get(STATE) != str(state) for c in mine):
+            continue  # a pool of another state folder, or a slot from before the label
         try:
             if time.time() - lock.stat().st_mtime < idle_seconds:
                 continue

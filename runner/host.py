@@ -13,8 +13,8 @@ config dir                 ``$RUNNER_CONFIG_DIR``, else the user's (``~/.config/
 state dir                  ``--state-dir``, else ``$RUNNER_STATE_DIR``, else the user's
 trusted issuer keys        ``--trusted-keys``, else ``$RUNNER_TRUSTED_KEYS``, else
                            ``<config>/trusted-keys``
-trusted runner keys        ``--key``/``--trusted-keys`` (verify-result), else this host's
-                           runner key and
+trusted runner keys        ``--key``/``--result-keys`` (verify-result, verify-bundle),
+                           else this host's runner key and
                            ``<config>/trusted-runner-keys``
 host policy                ``--policy``, else ``$RUNNER_POLICY``, else
                            ``<config>/policy.json`` when it exists, else the defaults
@@ -106,7 +106,7 @@ def trusted_keys_dir(given: str | None = None) -> Path:
 
 
 def trusted_runner_keys_dir(given: str | None = None) -> Path:
-    """The trusted runner keys (for signed results): ``given``, else
+    """The trusted runner keys (for signed results): ``given`` (--result-keys), else
     ``<config dir>/trusted-runner-keys``."""
     from pathlib import Path
 

@@ -11,6 +11,14 @@ heartbeat to its end), its egress lease ended, and then removed. The egress allo
 (network, proxy, namespace holder; see :mod:`runner.egress`) outlive attempts on purpose: each
 free one (no runner holds its lock, no job container is in it) is removed, however recently
 used.
+
+Everything it looks at is one state folder's: containers and networks whose job folder
+(``org.runner.job-dir``) lies under its ``jobs/``, slots labelled with it
+(:data:`runner.egress.STATE`). What another state folder made, or what carries no such label
+(a slot made before the label), is neither touched nor listed. With ``labels`` and no state
+folder (what the Slurm Epilog runs, as root, knowing the Slurm job but not its state folder)
+the containers carrying those labels are looked at whatever their state folder, and no
+network or slot.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import Any
 from runner import container, egress, ledger
 from runner.backends.base import Backend, ContainerSummary
 from runner.errors import ContainerVanished, JobBusy, JobFenced, RunnerError
-from runner.staging import JobDir
+from runner.staging import JobDir, StateDir
 
 STILL_RUNS = "its ledger says it still runs; `runner run` on the job reattaches to it"
 
@@ -99,23 +107,40 @@ def _stop_orphan(backend: Backend, c: ContainerSummary, grace: float) -> str:
     )
 
 
+def _of_state(labels: dict[str, str], jobs: Path | None) -> bool:
+    """Whether a container or network is of the state folder whose ``jobs/`` is ``jobs``
+    (None: of any)."""
+    if jobs is None:
+        return True
+    job_dir = labels.get("org.runner.job-dir")
+    return job_dir is not None and job_dir != "" and Path(job_dir).parent == jobs
+
+
 def sweep(
     backend: Backend | None = None,
     *,
+    state_dir: Path | None,
     dry_run: bool = False,
     orphans: bool = False,
     labels: dict[str, str] | None = None,
     grace: float = 5.0,
 ) -> dict[str, Any]:
-    """Remove what the module docstring says; only containers carrying ``labels`` when given
-    (and then no network or egress slot)."""
+    """Remove what the module docstring says, of the state folder ``state_dir`` (None: only
+    with ``labels``, of any); only containers carrying ``labels`` when given (and then no
+    network or egress slot). The report's ``removed`` (with ``dry_run``: ``wouldRemove``,
+    nothing removed) and ``kept`` list each thing with why."""
+    if state_dir is None and not labels:
+        raise ValueError("sweep: a state folder, or labels to look for")
     if backend is None:
         from runner import backends
 
         backend = backends.default()
+    jobs = StateDir(state_dir).jobs.resolve() if state_dir is not None else None
     removed: list[dict[str, str]] = []
     kept: list[dict[str, str]] = []
     for c in backend.find({"org.runner.managed": "true", **(labels or {})}):
+        if not _of_state(c.labels, jobs):
+            continue
         remove, why = _verdict(c.labels)
         if not remove and why == STILL_RUNS and orphans:
             if dry_run:
@@ -134,9 +159,11 @@ def sweep(
             removed.append(item)
         else:
             kept.append(item)
-    if labels:
-        return {"removed": removed, "kept": kept, "dryRun": dry_run}
+    if labels or state_dir is None:
+        return _report(state_dir, dry_run, removed, kept)
     for n in backend.find_networks({"org.runner.managed": "true"}):
+        if not _of_state(n.labels, jobs):
+            continue
         remove, why = _verdict(n.labels)
         item = {"id": n.id, "name": n.name, "status": "network", "why": why}
         if remove and not dry_run:
@@ -145,7 +172,18 @@ def sweep(
             except RunnerError as exc:  # a container not ours is still on it
                 remove, item["why"] = False, f"it could not be removed: {exc.message}"
         (removed if remove else kept).append(item)
-    for slot in egress.reap(backend, idle_seconds=0.0, dry_run=dry_run):
-        why = "a free egress slot (its network, proxy and holder)"
+    for slot in egress.reap(backend, idle_seconds=0.0, dry_run=dry_run, state_dir=state_dir):
+        why = "a free egress slot of this state folder (its network, proxy and holder)"
         removed.append({"id": slot, "name": slot, "status": "egress slot", "why": why})
-    return {"removed": removed, "kept": kept, "dryRun": dry_run}
+    return _report(state_dir, dry_run, removed, kept)
+
+
+def _report(
+    state_dir: Path | None,
+    dry_run: bool,
+    removed: list[dict[str, str]],
+    kept: list[dict[str, str]],
+) -> dict[str, Any]:
+    done = "wouldRemove" if dry_run else "removed"
+    state = str(state_dir.resolve()) if state_dir is not None else None
+    return {"stateDir": state, "dryRun": dry_run, done: removed, "kept": kept}

@@ -359,10 +359,10 @@ def test_idle_slots_go_and_busy_ones_stay(tmp_path: Path) -> None:
     assert egress.reap(fake, idle_seconds=0.0) == [free.slot]
     names, networks = _slot_resources(fake)
     assert names == [held.holder, held.proxy] and networks == [held.network, "up"]
-    report = sweeper.sweep(fake)
+    report = sweeper.sweep(fake, state_dir=state)
     assert report["removed"] == [] and _slot_resources(fake) == (names, networks)
     egress.down(fake, held, tmp_path / "rec2", tmp_path)
-    report = sweeper.sweep(fake)
+    report = sweeper.sweep(fake, state_dir=state)
     assert [x["name"] for x in report["removed"]] == [held.slot]
     assert fake.containers == {} and list(fake.networks) == ["up"]
 
@@ -725,7 +725,7 @@ def test_runner_cleanup_removes_free_slots(
     assert code == 0, (env["failure"], err)
     eg = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl").attempts[0].starting["egress"]
     assert _inspect(eg["proxy"])["State"]["Running"]  # kept for the next attempt
-    cleanup = run_cli("cleanup", "--json")
+    cleanup = run_cli("cleanup", "--state-dir", str(tmp_path / "state"), "--json")
     assert cleanup.returncode == 0, cleanup.stderr
     assert eg["slot"] in {x["name"] for x in json.loads(cleanup.stdout)["removed"]}
     for name in (eg["proxy"], eg["holder"]):

@@ -292,11 +292,11 @@ def test_securesystemslib_signed_result_verifies_with_runner_verify_result(
     trusted = tmp_path / "trusted-runner-keys"
     trusted.mkdir()
 
-    refused = run_cli("verify-result", str(job), "--trusted-keys", str(trusted))
+    refused = run_cli("verify-result", str(job), "--result-keys", str(trusted))
     assert refused.returncode == 3 and "signature_invalid" in refused.stderr
 
-    assert run_cli("trust", str(public), "--trusted-keys", str(trusted)).returncode == 0
-    proc = run_cli("verify-result", str(job), "--trusted-keys", str(trusted), "--json")
+    assert run_cli("trust", str(public), "--result-keys", str(trusted)).returncode == 0
+    proc = run_cli("verify-result", str(job), "--result-keys", str(trusted), "--json")
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert [s["keyId"] for s in info["signedBy"]] == [signer.public_key.keyid]

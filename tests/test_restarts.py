@@ -245,7 +245,7 @@ def test_status_and_cleanup(tmp_path: Path, image_id: str) -> None:
     info = json.loads(status.stdout)
     assert info["container"]["state"] == "running"
     assert info["attempts"][0]["end"] == "in flight"
-    swept = json.loads(run_cli("cleanup", "--dry-run", "--json").stdout)
+    swept = json.loads(run_cli("cleanup", "--state-dir", str(state), "--dry-run", "--json").stdout)
     kept = {c["name"]: c["why"] for c in swept["kept"]}
     (name,) = [n for n in kept if job_id in n]
     assert "reattaches" in kept[name]

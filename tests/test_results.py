@@ -185,8 +185,8 @@ def test_signed_result_verifies_and_catches_tampering(tmp_path: Path, image_id: 
 
     runner_pub = Path(os.environ["RUNNER_CONFIG_DIR"]) / "runner-key" / "runner.pub"
     trusted = tmp_path / "trusted-runner-keys"
-    assert run_cli("trust", str(runner_pub), "--trusted-keys", str(trusted)).returncode == 0
-    args = ["--trusted-keys", str(trusted), "--json"]
+    assert run_cli("trust", str(runner_pub), "--result-keys", str(trusted)).returncode == 0
+    args = ["--result-keys", str(trusted), "--json"]
     ok = run_cli("verify-result", str(statement), "--output-dir", str(job / "output"), *args)
     assert ok.returncode == 0, ok.stderr
     info = json.loads(ok.stdout)
@@ -213,7 +213,7 @@ def test_signed_result_verifies_and_catches_tampering(tmp_path: Path, image_id: 
     # An untrusted key.
     empty = tmp_path / "empty"
     empty.mkdir()
-    bad = run_cli("verify-result", str(statement), "--trusted-keys", str(empty))
+    bad = run_cli("verify-result", str(statement), "--result-keys", str(empty))
     assert bad.returncode == 3 and "no trusted keys" in bad.stderr
 
     # One byte of evidence.

@@ -344,6 +344,6 @@ def test_cleanup_removes_a_taken_over_attempts_container_even_while_a_runner_hol
     assert env["status"] == "succeeded"
     assert left.id in fake.containers, "A's container still there (another engine, really)"
     with JobDir(Path(env["jobDir"])).locked():  # a runner holds the job
-        report = sweeper.sweep(fake)
+        report = sweeper.sweep(fake, state_dir=tmp_path / "state")
     assert [r["why"] for r in report["removed"]] == ["its attempt has finished in the ledger"]
     assert left.id not in fake.containers

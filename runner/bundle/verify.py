@@ -59,7 +59,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from runner import archives, attest, ledger, safefs, signing
+from runner import archives, attest, evidence, ledger, safefs, signing
 from runner.bundle import (
     BLOB_PREFIX,
     INFO_FILE,
@@ -1018,44 +1018,14 @@ class _Verifier:
             if env.measurements:
                 self.problem(CONTRACT, "without the contract no value can be re-parsed")
             return None
-        from runner.parsers import registry
-
-        bindings = {m.measurementId: m for m in contract.model.measurements}
         for m in env.measurements:
-            binding = bindings.get(m.measurementId)
             rel = self.payload_path(m.evidence.path)
-            if binding is None or binding.parser.evidencePath != m.evidence.path:
-                self.problem(ENVELOPE, f"measurement {m.measurementId} is not the contract's")
-                continue
-            if rel not in self.digests or rel in self.absent:
-                self.problem(
-                    rel or ENVELOPE, f"is not bundled, so {m.measurementId} cannot be re-parsed"
-                )
-                continue
-            path = self.beside.get(rel, self.top / rel)
-            parser_name = f"{m.parser.id}@{m.parser.version}"
+            bundled = rel in self.digests and rel not in self.absent
+            path = self.beside.get(rel, self.top / rel) if bundled else None
             try:
-                parser = registry.get(m.parser.id, m.parser.version)
-            except KeyError:
-                self.problem(
-                    rel,
-                    f"cannot be re-parsed: parser {parser_name} is not registered here (install "
-                    "the plug-in that provides it)",
-                )
-                continue
-            try:
-                value = parser.parse(path, dict(binding.parser.config))
-            except Exception as exc:  # noqa: BLE001 - any failure is the bundle's, reported
-                self.problem(
-                    rel, f"does not re-parse with {parser_name}: {type(exc).__name__}: {exc}"[:1000]
-                )
-                continue
-            if type(value) is not type(m.value) or value != m.value:
-                self.problem(
-                    rel,
-                    f"re-parses with {parser_name} to {value!r}; the envelope says "
-                    f"{m.measurementId} = {m.value!r}",
-                )
+                value = evidence.reparse(m, contract, path, "not bundled")
+            except evidence.NotConfirmed as exc:
+                self.problem((rel or ENVELOPE) if exc.of_evidence else ENVELOPE, exc.message)
                 continue
             self.report.measurements[m.measurementId] = value
         return (

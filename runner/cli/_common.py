@@ -140,6 +140,51 @@ def own_runner_keys() -> list[TrustedKey]:
     return labelled + [replace(k, source=f"trusted runner key {k.source}") for k in others]
 
 
+RESULT_KEYS_FLAG = "--result-keys"
+"""The folder of keys trusted to sign results (runner keys), on every command that checks a
+signed result. ``--trusted-keys`` always names issuer (contract signer) keys."""
+
+
+def result_key_options(p: argparse.ArgumentParser) -> None:
+    """--key and --result-keys: the runner keys trusted to sign results (verify-result,
+    verify-bundle)."""
+    p.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="PUB",
+        help="trust this runner public key for results (repeatable); then only the keys named are",
+    )
+    p.add_argument(
+        RESULT_KEYS_FLAG,
+        metavar="DIR",
+        help="trust the runner keys in DIR for results (e.g. <config>/trusted-runner-keys); "
+        "then only the keys named are",
+    )
+
+
+def named_result_keys(args: argparse.Namespace) -> tuple[list[TrustedKey], bool]:
+    """The runner keys trusted to sign results: those named by --key and --result-keys, else
+    this host's (:func:`own_runner_keys`); and whether they are this host's defaults."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from runner import host, signing
+
+    if args.result_keys == "":
+        usage(f"{RESULT_KEYS_FLAG} wants a folder of trusted runner .pub keys")
+    if not args.key and args.result_keys is None:
+        return own_runner_keys(), True
+    keys = [replace(signing.load_public_key(Path(p)), source=f"--key {p}") for p in args.key]
+    if args.result_keys:
+        folder = host.trusted_runner_keys_dir(args.result_keys)
+        keys += [
+            replace(k, source=f"trusted runner key {k.source}")
+            for k in signing.load_trusted_keys(folder)
+        ]
+    return keys, False
+
+
 def fmt_clock(seconds: float) -> str:
     seconds = int(seconds)
     h, rem = divmod(seconds, 3600)

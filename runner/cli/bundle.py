@@ -9,7 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner import host
-from runner.cli._common import EXIT_SUCCEEDED, exit_code_of, own_runner_keys, usage
+from runner.cli._common import (
+    EXIT_SUCCEEDED,
+    exit_code_of,
+    named_result_keys,
+    result_key_options,
+    usage,
+)
 
 if TYPE_CHECKING:
     from runner.bundle.verify import Keys
@@ -29,11 +35,13 @@ this host's runner key.
 """
 
 VERIFY_EPILOG = """\
-keys: --key trusts a runner public key (the bundle's seal and the result statement), --issuer-key
-an issuer's (the signed contract); each may be repeated. Without --key, this host's own runner
-key and <config>/trusted-runner-keys are trusted; without --issuer-key, this host's trusted
-issuer keys. A signature that no trusted key verifies, and an unsigned contract, are reported
-UNVERIFIED and fail the check unless --allow-untrusted.
+keys: --key trusts a runner public key (the bundle's seal and the result statement),
+--result-keys DIR a folder of them; --issuer-key trusts an issuer's (the signed contract),
+--trusted-keys DIR a folder of them (as on run); --key and --issuer-key may be repeated.
+Without --key or --result-keys, this host's own runner key and <config>/trusted-runner-keys
+are trusted; without --issuer-key or --trusted-keys, this host's trusted issuer keys. A
+signature that no trusted key verifies, and an unsigned contract, are reported UNVERIFIED
+and fail the check unless --allow-untrusted.
 
 exit codes:
   0    the bundle verifies: every file, signature, the ledger and every value
@@ -107,15 +115,19 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         ver.add_argument(
             "--blobs", metavar="DIR", help="files stored beside it (default ARCHIVE.blobs)"
         )
-        ver.add_argument(
-            "--key", action="append", default=[], metavar="PUB", help="a trusted runner key"
-        )
+        result_key_options(ver)
         ver.add_argument(
             "--issuer-key",
             action="append",
             default=[],
             metavar="PUB",
-            help="a trusted issuer key",
+            help="trust this issuer key for the contract (repeatable)",
+        )
+        ver.add_argument(
+            "--trusted-keys",
+            metavar="DIR",
+            help="trust the issuer keys in DIR for the contract, as on run (default: the "
+            "host's trusted issuer keys)",
         )
         ver.add_argument(
             "--allow-untrusted",
@@ -202,11 +214,14 @@ def _keys(args: argparse.Namespace) -> Keys:
     from runner import signing
     from runner.bundle.verify import Keys
 
-    named = [signing.load_public_key(Path(p)) for p in args.key]
-    runner = named or own_runner_keys()
-    if args.issuer_key:
-        issuer = [signing.load_public_key(Path(p)) for p in args.issuer_key]
-    else:
+    runner, _ = named_result_keys(args)
+    issuer = [signing.load_public_key(Path(p)) for p in args.issuer_key]
+    if args.trusted_keys:
+        issuer += _labelled(
+            signing.load_trusted_keys(host.trusted_keys_dir(args.trusted_keys)),
+            "trusted issuer key",
+        )
+    elif not issuer:
         issuer = _labelled(
             signing.load_trusted_keys(host.trusted_keys_dir()), "this host's trusted issuer key"
         )

@@ -59,12 +59,26 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         trust = sub.add_parser(
             name,
             help=help,
-            description="Copy a .pub key into the trusted-keys folder, named by its key id.",
+            description="Copy a .pub key into the trusted issuer keys folder (or, with "
+            "--result-keys, the trusted runner keys folder), named by its key id.",
             epilog=HOST_HELP,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         trust.add_argument("public_key", metavar="KEY.pub")
-        trust.add_argument("--trusted-keys", metavar="DIR", help="folder of trusted keys")
+        where = trust.add_mutually_exclusive_group()
+        where.add_argument(
+            "--trusted-keys",
+            metavar="DIR",
+            help="the folder of trusted issuer keys (default: the host's, <config>/trusted-keys)",
+        )
+        where.add_argument(
+            "--result-keys",
+            metavar="DIR",
+            nargs="?",
+            const="",
+            help="trust it to sign results instead (a runner key): into DIR, else "
+            "<config>/trusted-runner-keys",
+        )
         trust.add_argument("--json", action="store_true")
         trust.set_defaults(func=cmd_trust)
     elif name == "sign":
@@ -131,7 +145,10 @@ def cmd_trust(args: argparse.Namespace) -> int:
     from runner import signing
 
     key = signing.load_public_key(Path(args.public_key))
-    folder = host.trusted_keys_dir(args.trusted_keys)
+    if args.result_keys is not None:
+        folder = host.trusted_runner_keys_dir(args.result_keys or None)
+    else:
+        folder = host.trusted_keys_dir(args.trusted_keys)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{key.keyid.removeprefix('sha256:')[:32]}.pub"
     data = Path(args.public_key).read_bytes()

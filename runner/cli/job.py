@@ -73,13 +73,25 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         cleanup = sub.add_parser(
             name,
             help=help,
-            description="Remove containers labelled by this runner whose job has no live runner "
-            "and whose ledger says the attempt finished; list (never touch) those whose ledger "
-            "says they still run: `runner run` reattaches to them. Also remove every free "
-            "egress slot (network, proxy and namespace holder that no runner holds and no job "
-            "container is in); the next job with egress makes a new one.",
+            description="Of one state folder (--state-dir): remove containers labelled by "
+            "this runner whose job has no live runner and whose ledger says the attempt "
+            "finished; list (never touch) those whose ledger says they still run: `runner run` "
+            "reattaches to them. Also remove every free egress slot of the state folder "
+            "(network, proxy and namespace holder that no runner holds and no job container is "
+            "in); the next job with egress makes a new one. Another state folder's containers "
+            "and slots are neither touched nor listed.",
         )
-        cleanup.add_argument("--dry-run", action="store_true", help="only list what would go")
+        cleanup.add_argument(
+            "--state-dir",
+            metavar="DIR",
+            help="the state folder to clean up (default: $RUNNER_STATE_DIR, else the user's; "
+            "with --label and no --state-dir, the labelled containers of any)",
+        )
+        cleanup.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="change nothing: list what it would remove (`would remove`) and keep",
+        )
         cleanup.add_argument(
             "--orphans",
             action="store_true",
@@ -238,18 +250,28 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         if not sep or not key:
             usage(f"--label wants KEY=VALUE, got {item!r}")
         labels[key] = value
+    state = host.state_dir(args.state_dir) if args.state_dir or not labels else None
     report = sweeper.sweep(
-        dry_run=args.dry_run, orphans=args.orphans, labels=labels, grace=args.stop_grace
+        state_dir=state,
+        dry_run=args.dry_run,
+        orphans=args.orphans,
+        labels=labels,
+        grace=args.stop_grace,
     )
+    gone = report["wouldRemove"] if args.dry_run else report["removed"]
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        for item in report["removed"]:
-            print(f"removed  {item['name']}  ({item['why']})")
+        verb = "would remove" if args.dry_run else "removed"
+        for item in gone:
+            print(f"{verb}  {item['name']}  ({item['why']})")
         for item in report["kept"]:
-            print(f"kept     {item['name']}  ({item['why']})")
-        if not report["removed"] and not report["kept"]:
-            print("no containers of this runner on this engine")
+            print(f"{'would keep' if args.dry_run else 'kept'}  {item['name']}  ({item['why']})")
+        if not gone and not report["kept"]:
+            where = f"of state folder {report['stateDir']}" if state else "with those labels"
+            print(f"nothing of this runner {where} on this engine")
+        elif args.dry_run:
+            print("dry run: nothing was removed or stopped")
     running = [k for k in report["kept"] if k["status"] == "running"]
     if args.orphans and not args.dry_run and running:  # what an Epilog must not let pass
         names = ", ".join(k["name"] for k in running)

@@ -8,19 +8,20 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import host
 from runner.cli._common import (
     EXIT_SUCCEEDED,
     HOST_HELP,
+    RESULT_KEYS_FLAG,
     fmt_clock,
     host_options,
     load_host,
-    own_runner_keys,
+    named_result_keys,
+    result_key_options,
+    usage,
 )
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
-    from runner.signing import TrustedKey
 
 
 def register(sub: Subparsers, name: str, help: str) -> None:
@@ -61,31 +62,27 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             metavar="DIR",
             help="the output folder to check (default: output/ beside the result)",
         )
-        vres.add_argument(
-            "--key",
-            action="append",
-            default=[],
-            metavar="PUB",
-            help="trust this runner public key (repeatable); then only the keys named are",
-        )
-        vres.add_argument(
-            "--trusted-keys",
-            metavar="DIR",
-            help="trust the runner keys in DIR; then only the keys named are",
-        )
+        result_key_options(vres)
+        vres.add_argument("--trusted-keys", metavar="DIR", help=argparse.SUPPRESS)
         vres.add_argument("--json", action="store_true")
         vres.set_defaults(func=cmd_verify_result)
 
 
 VERIFY_RESULT_EPILOG = """\
-keys: with neither --key nor --trusted-keys, the keys this host trusts for its own results:
+keys: with neither --key nor --result-keys, the keys this host trusts for its own results:
 its runner key (<config>/runner-key/runner.pub, or the policy's resultSigningKey) and
 <config>/trusted-runner-keys; the output says which key verified. An auditor elsewhere names
 the producing host's runner.pub: --key runner.pub (or `runner trust runner.pub
---trusted-keys <config>/trusted-runner-keys` once).
+--result-keys` once). --trusted-keys names issuer (contract signer) keys on every command,
+never result signers: here it is refused (exit 2).
+
+values: with the output folder, every value is re-parsed from its evidence with the parser
+and config of the contract the envelope names (input/task.json of the job folder), as
+verify-bundle does; a value the evidence does not give fails.
 
 exit codes:
   0    every signature and every signed file checked out
+  2    the command line was wrong (--trusted-keys given: use --result-keys)
   3    it does not (signature_invalid), or RESULT is not a result (the message names the
        file it needs)
 """
@@ -171,29 +168,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_SUCCEEDED
 
 
-def _result_keys(args: argparse.Namespace) -> tuple[list[TrustedKey], bool]:
-    """The trusted runner keys, and whether they are this host's defaults."""
-    from dataclasses import replace
-
-    from runner import signing
-
-    if not args.key and not args.trusted_keys:
-        return own_runner_keys(), True
-    keys = [replace(signing.load_public_key(Path(p)), source=f"--key {p}") for p in args.key]
-    if args.trusted_keys:
-        folder = host.trusted_runner_keys_dir(args.trusted_keys)
-        keys += [
-            replace(k, source=f"trusted runner key {k.source}")
-            for k in signing.load_trusted_keys(folder)
-        ]
-    return keys, False
-
-
 def cmd_verify_result(args: argparse.Namespace) -> int:
     from runner import attest
     from runner.errors import SignatureInvalid
 
-    keys, by_default = _result_keys(args)
+    if args.trusted_keys is not None:
+        usage(
+            f"verify-result --trusted-keys {args.trusted_keys}: --trusted-keys names issuer "
+            "(contract signer) keys on every command, and a result is signed by a runner key; "
+            f"pass the folder of trusted runner keys as {RESULT_KEYS_FLAG} DIR "
+            "(or a runner key as --key PUB)"
+        )
+    keys, by_default = named_result_keys(args)
     output = Path(args.output_dir) if args.output_dir else None
     try:
         verified = attest.verify_result(Path(args.result), keys, output)
