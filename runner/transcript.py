@@ -444,13 +444,11 @@ class ProxyCount:
     """The model requests the egress proxy let through for one lease, counted live from the
     engine's log of the proxy (runner-side: the job cannot touch it). Each allowed connection
     to a model host (``host:port`` in ``hosts``) is at least one request, so at least one
-    turn."""
-
-    MAX_IDS = 1_000_000
+    turn. The proxy writes one outcome line per request id, so a count is all it keeps."""
 
     def __init__(self, lease: str, hosts: set[str], proxy: str, since: float) -> None:
         self.lease, self.hosts, self.proxy, self.since = lease, hosts, proxy, since
-        self._ids: set[int] = set()
+        self._count = 0
         self._partial = b""
         self._lock = threading.Lock()
         self._follower: _Follower | None = None
@@ -458,7 +456,7 @@ class ProxyCount:
     @property
     def count(self) -> int:
         with self._lock:
-            return len(self._ids)
+            return self._count
 
     def attach(self, backend: Backend) -> None:
         if self._follower is None:
@@ -489,18 +487,24 @@ class ProxyCount:
             or f"{data.get('host')}:{data.get('port')}" not in self.hosts
         ):
             return
-        if len(self._ids) < self.MAX_IDS:
-            self._ids.add(data["id"])
+        self._count += 1
 
     def final(self, backend: Backend) -> int:
         """The count once the attempt has ended: the proxy's log read up to now."""
         if self._follower is not None:
             self._follower.stop()
         self._follower = None
-        with contextlib.suppress(Exception):
-            self._partial = b""
+        live = self.count
+        with self._lock:
+            self._count, self._partial = 0, b""
+        try:  # counted again from the start of the lease, to its end
             backend.follow_logs(self.proxy, self._sink, since=self.since, follow=False)
-        return self.count
+        except Exception:  # noqa: BLE001 - the proxy's log is gone: what was counted live
+            with self._lock:
+                self._count = live
+        with self._lock:
+            self._count = max(self._count, live)
+            return self._count
 
     def stop(self) -> None:
         if self._follower is not None:

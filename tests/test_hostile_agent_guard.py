@@ -14,6 +14,7 @@ requests, live, and fails closed when a transcript it read vanishes or is replac
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -24,7 +25,9 @@ from typing import Any
 import pytest
 
 from runner import transcript
-from tests.support import run_job, session_containers
+from runner.contract import Trust, load_contract
+from runner.plan import default_job_id
+from tests.support import run_job, session_containers, start_job
 from tests.support.agents import (
     SCRIPTED_ARGV,
     agent_contract,
@@ -152,6 +155,41 @@ def test_model_requests_through_the_proxy_floor_the_turns_live(
     assert not session_containers()
 
 
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_a_runner_killed_while_the_agent_runs_reattaches_to_its_stream(
+    tmp_path: Path, scripted_agent_image: str
+) -> None:
+    """The runner is killed (SIGKILL) while the agent runs; the next `runner run` reattaches:
+    it reads the earlier capture, then the engine's stream again, so the capture holds every
+    answer once and the turns are the runtime's own stop at --max-turns."""
+    prompt = "repeat: echo once more\npause: 0.3\n"
+    contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 12}, change=_short)
+    policy = _policy(tmp_path, scripted_agent_image)
+    state = tmp_path / "state"
+    job = state / "jobs" / default_job_id(load_contract(contract, Trust()))
+    live = job / "record" / "attempts" / "1" / "transcript.jsonl"
+    proc = start_job(contract, state, *policy)
+    try:
+        deadline = time.monotonic() + 120
+        while not (live.exists() and _answers(live) >= 3):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the agent took no turns"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    code, env, err = run_job(contract, state, *policy)
+    assert code == 1, (env.get("failure"), err)
+    usage = env["agentUsage"]
+    assert [a["attempt"] for a in usage["attempts"]] == [1]  # the same attempt, reattached
+    assert usage["turns"] == 12 and usage["attempts"][0]["stoppedFor"] == "agent.maxTurns"
+    lines = [e for e in transcript_events(live) if e.get("type") == "assistant"]
+    assert len(lines) == _answers(live) == 12  # each answer once
+    assert (job / "output" / "logs" / "stdout.log").read_bytes() == live.read_bytes()
+    assert not session_containers()
+
+
 # --- item 2, fail closed: the meter on a file that is replaced ------------------------------------
 
 
@@ -249,3 +287,22 @@ def test_the_readers_memory_stays_bounded_whatever_the_transcript_holds(tmp_path
     assert got["streamed"] < 100 * MIB, got
     assert got["total"] < 100 * MIB, got
     assert got["tampered"], got
+
+
+# --- item 12: a broken download's hint carries the answers ---------------------------------------
+
+
+def test_a_failed_download_names_each_sources_answer_in_its_hint(tmp_path: Path) -> None:
+    """Before: the hint said "its answer is listed above", pointing at nothing where the hint is
+    shown on its own (the envelope, --json). Now message and hint both carry each source with
+    its answer."""
+    from runner.assets import AssetCache, fetch
+    from runner.errors import AssetUnavailable
+    from tests.test_hostile_asset_sources import _asset, _grant
+
+    with pytest.raises(AssetUnavailable) as raised:
+        fetch(_asset("missing/blob.bin"), tmp_path, AssetCache(tmp_path / "c"), _grant())
+    err = raised.value
+    assert "missing/blob.bin" in err.message
+    assert "listed above" not in (err.hint or "")
+    assert "1 source(s) tried" in (err.hint or "") and "missing/blob.bin" in (err.hint or "")
