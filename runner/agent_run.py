@@ -3,17 +3,20 @@
 The agent's turns and cost are budgets like the wall time: cumulative over every attempt
 (retries and reruns never reset them), recorded in the ledger as one ``agent.usage`` event per
 attempt, passed to each attempt's runtime as what is left (its argv's ``{maxTurns}`` and
-``{maxBudgetUsd}``), enforced by the runner from the transcript while the agent runs
-(:class:`~runner.transcript.AgentGuard` in the watch loop), and refused before an attempt
-starts once spent.
+``{maxBudgetUsd}``), enforced by the runner while the agent runs
+(:class:`~runner.transcript.AgentGuard` in the watch loop: the runner's own capture of the
+agent's stdout, ``record/attempts/<n>/transcript.jsonl``, floored by the egress proxy's count
+of model requests), and refused before an attempt starts once spent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 from typing import Any
 
-from runner import agents, proxylog, safefs, transcript
+from runner import agents, egress, proxylog, safefs, transcript
 from runner.agents import AgentPlan
 from runner.backends.types import HostPort
 from runner.container import Outcome
@@ -30,6 +33,8 @@ from runner.plan import ExecutionPlan
 from runner.staging import JobDir
 
 LIMITS = {"agent.maxTurns": "turns", "agent.maxBudgetUsd": "USD"}
+STOPS = {*LIMITS, transcript.TAMPERED}
+"""Why an attempt's agent was stopped, as the ledger's agent.usage records it."""
 
 
 def prices(agent: AgentPlan) -> transcript.Prices | None:
@@ -78,12 +83,47 @@ def limits(agent: AgentPlan, state: LedgerState) -> AgentLimits:
     )
 
 
-def guard(p: ExecutionPlan, job: JobDir, state: LedgerState) -> transcript.AgentGuard | None:
-    """The guard of the attempt in flight: its transcript, and what is left for it."""
+def guard(
+    p: ExecutionPlan,
+    job: JobDir,
+    state: LedgerState,
+    n: int,
+    eg: egress.Egress | None = None,
+) -> transcript.AgentGuard | None:
+    """The guard of attempt ``n`` in flight: the runner's capture of its stdout (in its
+    record), the proxy's count of its model requests (``eg``: its egress lease), and what is
+    left of the agent's limits."""
     if p.agent is None or p.agent.adapter.usage == "none":
         return None
-    meter = transcript.Meter(job.output, p.stdout_path, prices(p.agent))
-    return transcript.AgentGuard(meter, *left(p.agent, state))
+    capture = transcript.Capture(
+        job.attempt_record(n) / transcript.CAPTURE, prices(p.agent), p.limits.log_limit_bytes
+    )
+    proxy = None
+    if eg is not None and p.agent.adapter.allow:
+        hosts = {str(HostPort.parse(a)) for a in p.agent.adapter.allow}
+        proxy = transcript.ProxyCount(eg.lease, hosts, eg.proxy, eg.since - 1.0)
+    return transcript.AgentGuard(capture, *left(p.agent, state), proxy=proxy)
+
+
+def keep_transcript(p: ExecutionPlan, job: JobDir, n: int) -> None:
+    """Copy attempt ``n``'s captured stdout to ``output/<stdoutPath>`` once its container has
+    ended, for the job's evidence and the envelope's logs (whatever the job left at that name
+    is replaced; no link is followed). The copy is never read for a budget decision."""
+    if p.agent is None or p.agent.adapter.usage == "none":
+        return  # its stdout went to output/ itself
+    with (
+        contextlib.suppress(safefs.UnsafePath, OSError),
+        safefs.open_under(job.attempt_record(n), transcript.CAPTURE) as src,
+    ):
+        safefs.makedirs_under(job.output, os.path.dirname(p.stdout_path) or ".")
+        with safefs.parent_fd(job.output, p.stdout_path) as (fd, name):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(name, dir_fd=fd)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+            out = os.open(name, flags, 0o644, dir_fd=fd)
+            with os.fdopen(out, "wb") as dst:
+                while chunk := src.read(1024 * 1024):
+                    dst.write(chunk)
 
 
 def ended(outcome: Outcome, agent_guard: transcript.AgentGuard | None) -> Outcome:
@@ -108,7 +148,14 @@ def scrub(p: ExecutionPlan, job: JobDir, n: int, secrets: dict[str, str] | None 
         except HostConfigError:
             return  # nothing to match against; the files stay as they are
     agents.redact(job.output, [p.stdout_path, p.stderr_path], secrets)
-    agents.redact(job.attempt_record(n), ["engine.log"], secrets)
+    agents.redact(job.attempt_record(n), ["engine.log", transcript.CAPTURE], secrets)
+
+
+def settle(p: ExecutionPlan, job: JobDir, n: int, secrets: dict[str, str] | None = None) -> None:
+    """Attempt ``n``'s container has ended: its captured stdout copied to output/
+    (:func:`keep_transcript`), then the agent's secrets out of what is kept (:func:`scrub`)."""
+    keep_transcript(p, job, n)
+    scrub(p, job, n, secrets)
 
 
 def lost(
@@ -121,19 +168,21 @@ def lost(
     """Attempt ``n`` of an agent ended unseen (its container vanished or never started): its
     usage is what its transcript shows, recorded before a new attempt counts what is left."""
     if p.agent is not None:
-        record(ledger, n, usage_of(p, job, agent_guard))
-        scrub(p, job, n)
+        record(ledger, n, usage_of(p, job, n, agent_guard))
+        settle(p, job, n)
 
 
 def usage_of(
-    p: ExecutionPlan, job: JobDir, agent_guard: transcript.AgentGuard | None
+    p: ExecutionPlan, job: JobDir, n: int, agent_guard: transcript.AgentGuard | None
 ) -> transcript.Usage:
-    """An attempt's usage: from its guard, or read from its transcript file."""
+    """Attempt ``n``'s usage: from its guard, or read from the runner's capture of its stdout
+    (never from the copy in output/, which the job could have written)."""
     if agent_guard is not None:
         return agent_guard.final()
     if p.agent is None or p.agent.adapter.usage == "none":
         return transcript.Usage()
-    return transcript.Meter(job.output, p.stdout_path, prices(p.agent)).drain()
+    meter = transcript.Meter(job.attempt_record(n), transcript.CAPTURE, prices(p.agent))
+    return meter.drain(requests=proxy_requests(p, job, n))
 
 
 def record(ledger: Ledger, n: int, usage: transcript.Usage, stopped_for: str | None = None) -> None:
@@ -147,9 +196,10 @@ def record(ledger: Ledger, n: int, usage: transcript.Usage, stopped_for: str | N
         "costUsd": usage.costUsd,
         "reportedTurns": usage.reportedTurns,
         "reportedCostUsd": usage.reportedCostUsd,
-        "requests": None,
+        "answers": usage.answers,
+        "requests": usage.requests,
         "tokens": usage.tokens,
-        "stoppedFor": stopped_for if stopped_for in LIMITS else None,
+        "stoppedFor": stopped_for if stopped_for in STOPS else None,
         "totalTurns": state.agent_turns + usage.turns,
         "totalCostUsd": round(state.agent_cost + usage.costUsd, 6),
     }
@@ -167,10 +217,11 @@ def recorded(
     """Record the ended attempt's usage in the ledger; the failure of an attempt stopped at an
     agent limit says how much was used, over every attempt, of what."""
     n = len(ledger.state.attempts)
-    record(ledger, n, usage_of(p, job, agent_guard), outcome.stopped_for)
+    record(ledger, n, usage_of(p, job, n, agent_guard), outcome.stopped_for)
     if failure is None or failure.category != Category.RESOURCE_EXHAUSTED:
         return failure
-    reason = limit_reason(p, ledger.state, outcome.stopped_for or "")
+    why = agent_guard.why if agent_guard is not None else None
+    reason = limit_reason(p, ledger.state, outcome.stopped_for or "", why)
     return failure.model_copy(update={"reason": reason})
 
 
@@ -255,15 +306,24 @@ def records(
     return agent_record(p, state, n), usage_record(p, state, job)
 
 
-def limit_reason(p: ExecutionPlan, state: LedgerState, which: str) -> str:
-    """Why an attempt stopped at an agent limit, with the usage so far."""
+def limit_reason(p: ExecutionPlan, state: LedgerState, which: str, why: str | None = None) -> str:
+    """Why an attempt stopped at an agent limit, with the usage so far. Turns are model
+    answers (distinct answers in the agent's stream), floored by the model requests the egress
+    proxy counted."""
     agent = p.agent
     if agent is None:
         return which
+    if which == transcript.TAMPERED:
+        return (
+            f"the runner could no longer read the agent's usage ({why or 'its stream'}) and "
+            f"stopped it (fail closed): {state.agent_turns} turns (model answers) counted over "
+            "every attempt (usage in agentUsage)"
+        )
     if which == "agent.maxTurns":
         return (
-            f"the agent passed agent.maxTurns: {state.agent_turns} turns over every attempt, "
-            f"the contract allows {agent.max_turns}; it was stopped (usage in agentUsage)"
+            f"the agent passed agent.maxTurns: {state.agent_turns} turns (model answers, or "
+            "model requests the egress proxy counted where more) over every attempt, the "
+            f"contract allows {agent.max_turns}; it was stopped (usage in agentUsage)"
         )
     return (
         f"the agent passed agent.maxBudgetUsd: ${state.agent_cost:g} over every attempt, the "

@@ -269,10 +269,12 @@ def _from_sources(
             hint="fix the source, or the contract's sha256 and size if the source is right "
             "(and sign it again)",
         )
+    answers = "; ".join(tried) or "it lists no source"
     raise AssetUnavailable(
-        f"asset {asset.id!r} ({asset.sha256}) could not be fetched: " + "; ".join(tried),
-        hint="check each source (its answer is listed above) and that the host policy's "
-        "assets.allowHosts names its host",
+        f"asset {asset.id!r} ({asset.sha256}) could not be fetched: {answers}",
+        hint=f"{len(tried)} source(s) tried, each named with its answer ({answers[:300]}); fix "
+        "the source that should serve it, and check that the host policy's assets.allowHosts "
+        "names its host",
     )
 
 

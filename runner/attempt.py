@@ -103,13 +103,18 @@ def run(job: Job, known: Known) -> AttemptResult:
 
 
 def guards_for(
-    p: ExecutionPlan, job: staging.JobDir, state: LedgerState | None = None
+    p: ExecutionPlan,
+    job: staging.JobDir,
+    state: LedgerState | None = None,
+    n: int = 0,
+    eg: egress.Egress | None = None,
 ) -> quotas.Guards:
-    """The disk quota on output/ + workspace/, the caps on stdout and stderr, and an agent's
-    limits left after the attempts ``state`` records (its transcript is its stdout)."""
+    """The disk quota on output/ + workspace/, the caps on stdout and stderr, and the limits
+    left to attempt ``n``'s agent after the attempts ``state`` records (read from the runner's
+    capture of its stdout and the proxy's count of its model requests, ``eg`` its lease)."""
     lim = p.limits
     return quotas.Guards(
-        agent=agent_run.guard(p, job, state) if state is not None else None,
+        agent=agent_run.guard(p, job, state, n, eg) if state is not None else None,
         disk=quotas.DiskMeter(list(job.writable), lim.disk_quota_bytes),
         logs=[
             quotas.LogCap(job.output / rel, lim.log_limit_bytes, job.output)
@@ -135,7 +140,9 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         gpus=tuple(GpuRecord.model_validate(g) for g in last.starting.get("gpus", [])),
         allocation=_decided(job.dir, n),
     )
-    guards = guards_for(job.plan, job.dir, st)
+    started = last.starting.get("egress")
+    eg = egress.Egress.from_json(started) if started and "slot" in started else None
+    guards = guards_for(job.plan, job.dir, st, n, eg)
     if last.finished is not None:
         if ledger.events[-1].type == "job.rerun" or last.finished["classification"] not in FINAL:
             if n not in st.agent_usage:  # ended by `runner cleanup --orphans`: usage not read yet
@@ -187,12 +194,15 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             # say so now), then the budget (the engine's backstop killed it past its end).
             timed_out = found.seconds >= job.limit - before
             seconds = round(found.seconds, 3)
+            if guards.agent is not None:  # its stdout as the engine kept it
+                guards.agent.attach(job.backend, cid)
+                guards.agent.final()
             watched = container.Watched(timed_out, False, seconds, guards.breached())
             outcome = container.finish(
                 job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
                 how="recovered",
             )  # fmt: skip
-            agent_run.scrub(job.plan, job.dir, n)
+            agent_run.settle(job.plan, job.dir, n)
             return AttemptResult(outcome, known, guards, n)
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
         w = _watch(job, n, before, found.seconds, guards)
@@ -202,7 +212,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             how="reattached",
         )  # fmt: skip
         outcome = agent_run.ended(outcome, guards.agent)
-        agent_run.scrub(job.plan, job.dir, n)
+        agent_run.settle(job.plan, job.dir, n)
         return AttemptResult(outcome, known, guards, n)
 
 
@@ -320,14 +330,19 @@ def _new(job: Job, known: Known) -> AttemptResult:
         )
 
     progress.stage("container", f"attempt {n}: {spec.name}")
-    guards = guards_for(p, job.dir, st)
+    guards = guards_for(p, job.dir, st, n, eg)
     with stage("container", known):
         w = _watch(job, n, consumed, 0.0, guards)
         try:
             outcome = container.run_attempt(
                 job.backend, spec, w, job.dir.attempt_record(n), progress, created
             )
-        except container.NotStarted as failed:
+        except BaseException as exc:
+            if guards.agent is not None:  # its followers end with the attempt
+                guards.agent.close()
+            if not isinstance(exc, container.NotStarted):
+                raise
+            failed = exc
             cause = failed.cause
             category = (
                 errors.Category.CANCELLED
@@ -351,7 +366,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 raise Stopped("container", cause, gone) from None
             raise cause from None
     outcome = agent_run.ended(outcome, guards.agent)
-    agent_run.scrub(p, job.dir, n, secrets)
+    agent_run.settle(p, job.dir, n, secrets)
     return AttemptResult(outcome, known, guards, n)
 
 
@@ -434,7 +449,14 @@ def _watch(job: Job, n: int, before: float, already: float, guards: quotas.Guard
         job.dir.write_budget(Budget(limit, total))
 
     opts = job.options
+    agent = guards.agent
+
+    def started(container_id: str) -> None:
+        if agent is not None:
+            agent.attach(job.backend, container_id)
+
     return Watch(
+        on_start=started,
         budget_left=limit - before - already,
         already=already,
         consumed_before=before,

@@ -163,6 +163,9 @@ class Watch:
     """Checked every tick: a reason to stop the job (a quota), or None."""
     breached: Callable[[], str | None] = lambda: None
     """Checked once at the deadline: a quota already broken, measured at once."""
+    on_start: Callable[[str], None] = lambda container_id: None
+    """Called with the container's id once it runs, before the first tick (an agent's guard
+    follows its stdout in the engine from then on)."""
     lease: float = 0.0
     """Seconds the attempt may go without a heartbeat written before the container is removed
     (``_Lease``), so that a runner that can no longer prove it is alive never runs the job
@@ -248,6 +251,7 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
     stopped_for = None
     lease = _Lease(backend, container_id, w.lease)
     try:
+        w.on_start(container_id)
         while True:
             if lease.fired:
                 raise lease.lost()

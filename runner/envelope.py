@@ -337,8 +337,9 @@ class AgentUsageAttempt(_Model):
     """One attempt's agent usage, as the ledger's agent.usage event records it."""
 
     attempt: int
-    turns: int = Field(description="Model turns: the turns the transcript shows, or the "
-                       "runtime's reported num_turns when higher.")  # fmt: skip
+    turns: int = Field(description="Model turns: the model's answers in the runner's "
+                       "capture of the agent's stdout, or the model requests the egress "
+                       "proxy counted when more.")  # fmt: skip
     costUsd: float = Field(description="The runtime's reported cost, or the runner's estimate "
                            "from token usage and the adapter's prices when higher.")  # fmt: skip
     reportedTurns: int | None = Field(default=None, description="The runtime's own num_turns.")
@@ -350,7 +351,9 @@ class AgentUsageAttempt(_Model):
     )
     stoppedFor: str | None = Field(
         default=None,
-        description="agent.maxTurns or agent.maxBudgetUsd when the attempt ended at that limit.",
+        description="agent.maxTurns or agent.maxBudgetUsd when the attempt ended at that "
+        "limit; agent.transcript when the runner stopped it because its usage could no longer "
+        "be read (fail closed).",
     )
 
 

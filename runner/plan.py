@@ -29,6 +29,10 @@ JOB_UID = 10001
 # The job's stdout and stderr go straight to files under /job/output: no bytes pass through the
 # daemon or the runner, so capture costs nothing and memory stays bounded whatever the size.
 STREAM_WRAPPER = 'exec "$@" >"$RUNNER_STDOUT" 2>"$RUNNER_STDERR"'
+# An agent's stdout is its transcript, which the runner reads for its turns and cost: it stays
+# the container's stdout, which the engine hands to the runner (runner.transcript.Capture),
+# out of the job's reach; the runner copies it to $RUNNER_STDOUT once the container has ended.
+AGENT_STREAM_WRAPPER = 'exec "$@" 2>"$RUNNER_STDERR"'
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,9 @@ class ExecutionPlan:
 
     @property
     def entrypoint(self) -> list[str]:
-        return ["/bin/sh", "-c", STREAM_WRAPPER, "runner-job"]
+        guarded = self.agent is not None and self.agent.adapter.usage != "none"
+        wrapper = AGENT_STREAM_WRAPPER if guarded else STREAM_WRAPPER
+        return ["/bin/sh", "-c", wrapper, "runner-job"]
 
 
 def default_job_id(contract: VerifiedContract) -> str:

@@ -214,7 +214,8 @@ class Guards:
     logs: list[LogCap]
     stop_on_log_limit: bool
     agent: transcript.AgentGuard | None = None
-    """An agent's turn and cost limits, read from its transcript (agent_planned runs)."""
+    """An agent's turn and cost limits, read from the runner's capture of its stdout and the
+    proxy's count of its model requests (agent_planned runs)."""
 
     def check(self) -> str | None:
         # The agent's transcript first: it is read before a cap punches its middle out.
@@ -237,5 +238,5 @@ class Guards:
         if self.stop_on_log_limit and any(log.over() for log in self.logs):
             return "log_limit_exceeded"
         if self.agent is not None:
-            return self.agent.final().over(self.agent.turns_left, self.agent.budget_left)
+            return self.agent.check()
         return None

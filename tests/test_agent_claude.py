@@ -111,8 +111,10 @@ def test_a_model_that_never_stops_ends_at_max_turns(
     assert "agent.maxTurns" in env["failure"]["reason"]
     usage = env["agentUsage"]
     assert usage["attempts"][0]["stoppedFor"] == "agent.maxTurns"
-    assert usage["turns"] > 3
+    # turns are the model's answers (Claude Code's own num_turns says one more)
+    assert usage["turns"] == 3 and usage["attempts"][0]["reportedTurns"] == 4
     assert len([r for r in requests if r.get("main")]) == 3
+    assert "3 turns (model answers" in env["failure"]["reason"]
 
 
 def test_a_model_past_the_budget_is_stopped_and_a_rerun_starts_from_the_cost(

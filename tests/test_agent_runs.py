@@ -194,10 +194,8 @@ def test_a_second_attempt_starts_from_the_cumulative_usage(
     proc = start_job(contract, state, *policy)
     try:
         deadline = time.monotonic() + 120
-        while not (
-            (job / "output" / "logs" / "stdout.log").exists()
-            and _assistant_turns(job / "output" / "logs" / "stdout.log") >= 4
-        ):
+        live = job / "record" / "attempts" / "1" / "transcript.jsonl"  # the runner's capture
+        while not (live.exists() and _assistant_turns(live) >= 4):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the agent took no turns"
             time.sleep(0.1)

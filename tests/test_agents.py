@@ -232,7 +232,8 @@ def test_claude_codes_own_stream_json_reports() -> None:
     assert (done.turns, done.reportedTurns, done.stoppedFor) == (3, 3, None)
     assert done.costUsd == pytest.approx(0.0018)
     turns = _read("claude-max-turns.jsonl")  # --max-turns 3: three answers, num_turns 4
-    assert (turns.turns, turns.reportedTurns, turns.stoppedFor) == (4, 4, "agent.maxTurns")
+    # turns are model answers, one way; the runtime's num_turns is kept beside
+    assert (turns.turns, turns.reportedTurns, turns.stoppedFor) == (3, 4, "agent.maxTurns")
     assert turns.over(3, None) == "agent.maxTurns"
     budget = _read("claude-max-budget.jsonl")  # --max-budget-usd 3, a million output tokens
     assert budget.stoppedFor == "agent.maxBudgetUsd"
@@ -280,14 +281,17 @@ def test_junk_long_lines_and_a_replaced_file_do_not_derail_the_meter(tmp_path: P
     with log.open("a") as f:
         f.write("\n")
     assert meter.poll().turns == 2
-    # the job swaps the file (or truncates it): read again, answers de-duplicated by id
+    # the file is swapped: the meter fails closed, keeping what it had read
     log.unlink()
     log.write_text(turn + json.dumps({"type": "assistant", "message": {"id": "c"}}) + "\n")
-    assert meter.poll().turns == 3
+    swapped = meter.poll()
+    assert swapped.turns == 2 and swapped.tampered and swapped.over(10, None) == "agent.transcript"
     # a link is never followed
+    linked = transcript.Meter(out, "stdout.log")
+    assert linked.poll().turns == 2
     log.unlink()
     os.symlink("/etc/passwd", log)
-    assert meter.poll().turns == 3
+    assert linked.poll().tampered is not None
 
 
 # --- usage in the ledger ------------------------------------------------------------------------

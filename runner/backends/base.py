@@ -7,6 +7,7 @@ the engine cannot be reached or fails, ``ContainerVanished`` when the container 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ __all__ = [
     "DeviceNode",
     "ImageInfo",
     "Limits",
+    "LogFollow",
     "Mount",
     "NetworkInfo",
     "NetworkSummary",
@@ -173,6 +175,30 @@ class NetworkSummary:
     labels: dict[str, str]
 
 
+class LogFollow:
+    """Ends a :meth:`Backend.follow_logs` call from another thread: the backend binds how to
+    close its stream (:meth:`bind`), :meth:`cancel` calls it (now, or once bound)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._close: Callable[[], None] | None = None
+        self.cancelled = False
+
+    def bind(self, close: Callable[[], None]) -> None:
+        with self._lock:
+            self._close = close
+            cancelled = self.cancelled
+        if cancelled:
+            close()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            close = self._close
+        if close is not None:
+            close()
+
+
 class Backend(Protocol):
     def ping(self) -> None:
         """Check the engine answers; raise EngineUnavailable when not."""
@@ -228,6 +254,21 @@ class Backend(Protocol):
     ) -> int:
         """Write at most ``max_bytes`` of the engine's log of the container (only its lines
         logged at or after ``since``, seconds since the epoch, when given); return the count."""
+
+    def follow_logs(
+        self,
+        container_id: str,
+        sink: Callable[[bytes], None],
+        *,
+        stdout: bool = True,
+        stderr: bool = False,
+        since: float | None = None,
+        follow: bool = True,
+        handle: LogFollow | None = None,
+    ) -> None:
+        """Hand the container's log, as the engine keeps it (raw bytes, no timestamps), to
+        ``sink`` in order, from its start (or ``since``); with ``follow``, what it logs next
+        too, until the container ends or ``handle`` is cancelled."""
 
     def remove(self, container_id: str) -> None:
         """Remove the container, forcibly; a container already gone is not an error."""

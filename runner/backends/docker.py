@@ -36,6 +36,7 @@ from runner.backends.base import (
     ContainerSpec,
     ContainerState,
     ContainerSummary,
+    LogFollow,
     NetworkInfo,
     NetworkSummary,
 )
@@ -54,6 +55,19 @@ if TYPE_CHECKING:
 _MAX_API = (1, 45)
 """The newest Engine API version the requests below were written against."""
 _DEFAULT_SOCKET = "/var/run/docker.sock"
+_NO_TIMEOUT = 30 * 24 * 3600.0
+"""A followed log's socket waits this long for the next bytes: in effect, as long as the
+container runs (the engine ends the stream when it ends; :class:`LogFollow` cancels it)."""
+
+
+def _shut(conn: http.client.HTTPConnection) -> None:
+    """End a connection another thread reads from (its read returns at once)."""
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 _GPU_START_ERROR = re.compile(r"device driver|nvidia-container|nvidia", re.IGNORECASE)
 _ENGINE_HINT = "start it (`scripts/setup.sh` does) and check DOCKER_HOST"
 
@@ -184,6 +198,7 @@ class DockerBackend:
         *,
         stream_to: Callable[[http.client.HTTPResponse], None] | None = None,
         headers: dict[str, str] | None = None,
+        opened: Callable[[http.client.HTTPConnection], None] | None = None,
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
         conn = self._connect(timeout)
         headers = {"Host": "docker", **(headers or {})}
@@ -193,6 +208,8 @@ class DockerBackend:
             headers["Content-Type"] = "application/json"
         try:
             conn.request(method, path, body=payload, headers=headers)
+            if opened is not None:
+                opened(conn)
             response = conn.getresponse()
             if stream_to is not None and response.status < 300:
                 stream_to(response)
@@ -223,6 +240,7 @@ class DockerBackend:
         timeout: float | None = None,
         ok: tuple[int, ...] = (),
         stream_to: Callable[[http.client.HTTPResponse], None] | None = None,
+        opened: Callable[[http.client.HTTPConnection], None] | None = None,
     ) -> Any:
         """One Engine API call; the decoded JSON answer (None when empty). 404 raises
         ``_NotFound``; other errors the runner's own, except the statuses in ``ok``."""
@@ -236,6 +254,7 @@ class DockerBackend:
             self._timeout if timeout is None else timeout,
             action,
             stream_to=stream_to,
+            opened=opened,
         )
         if status >= 400 and status not in ok:
             try:
@@ -557,6 +576,50 @@ class DockerBackend:
                 f"saving the container's engine log to {dest}: {exc}"
             ) from exc
         return written
+
+    def follow_logs(
+        self,
+        container_id: str,
+        sink: Callable[[bytes], None],
+        *,
+        stdout: bool = True,
+        stderr: bool = False,
+        since: float | None = None,
+        follow: bool = True,
+        handle: LogFollow | None = None,
+    ) -> None:
+        def demultiplex(response: http.client.HTTPResponse) -> None:
+            while True:  # frames as in save_logs; each frame's bytes to the sink, in order
+                header = response.read(8)
+                if len(header) < 8:
+                    return
+                (length,) = struct.unpack(">I", header[4:])
+                chunk = response.read(length)
+                if chunk:
+                    sink(chunk)
+                if len(chunk) < length:
+                    return
+
+        def opened(conn: http.client.HTTPConnection) -> None:
+            if handle is not None:
+                handle.bind(lambda: _shut(conn))
+
+        query = {"stdout": int(stdout), "stderr": int(stderr), "follow": int(follow)}
+        try:
+            self._container_call(
+                "GET",
+                container_id,
+                "/logs",
+                "following the container's engine log",
+                query=query | ({"since": f"{since:.6f}"} if since is not None else {}),
+                stream_to=demultiplex,
+                opened=opened,
+                timeout=_NO_TIMEOUT if follow else None,
+            )
+        except EngineUnavailable:
+            if handle is not None and handle.cancelled:
+                return  # closed on purpose
+            raise
 
     def remove(self, container_id: str) -> None:
         # 404: already gone; 409: removal already in progress. Both are the goal.

@@ -27,6 +27,7 @@ from runner.backends.base import (
     ContainerSpec,
     ContainerState,
     ContainerSummary,
+    LogFollow,
     NetworkInfo,
     NetworkSummary,
 )
@@ -269,6 +270,33 @@ class FakeBackend:
         log = c.job.log[:max_bytes] if c.started is not None else b""
         dest.write_bytes(log)
         return len(log)
+
+    def follow_logs(
+        self,
+        container_id: str,
+        sink: Callable[[bytes], None],
+        *,
+        stdout: bool = True,
+        stderr: bool = False,
+        since: float | None = None,
+        follow: bool = True,
+        handle: LogFollow | None = None,
+    ) -> None:
+        """A fake job's stdout is what its ``work`` wrote to ``$RUNNER_STDOUT`` (read once, at
+        the call); a container without one logs its ``log``."""
+        self._call("follow_logs", container_id)
+        c = self._get(container_id)
+        if c.started is None:
+            return
+        where = c.spec.environment.get("RUNNER_STDOUT", "")
+        outputs = [m.source for m in c.spec.mounts if m.target == "/job/output"]
+        if stdout and where.startswith("/job/output/") and outputs:
+            path = outputs[0] / where.removeprefix("/job/output/")
+            if path.is_file() and not path.is_symlink():
+                sink(path.read_bytes())
+                return
+        if c.job.log:
+            sink(c.job.log)
 
     def remove(self, container_id: str) -> None:
         self._call("remove", container_id)
