@@ -128,13 +128,14 @@ WITHHELD = "withheld.json"
 """``record/withheld.json``: the output files that hold a secret, which no export carries."""
 
 
-def redact_records(redact: Redactor, job: JobDir, n: int) -> list[str]:
-    """Every file the runner keeps in ``record/attempts/<n>/`` redacted in place (before the
-    envelope hashes them): the engine's and the proxy's logs, the output manifest (the job's
-    file names), the streams moved there. The files changed, relative to the record."""
+def redact_records(redact: Redactor, job: JobDir) -> list[str]:
+    """Every file the runner keeps in ``record/attempts/`` redacted in place (before the
+    envelope hashes them): each attempt's engine and proxy logs, its output manifest (the
+    job's file names), the streams moved there. The files changed, relative to that folder
+    (a file redacted before reads clean: a fast scan)."""
     if not redact:
         return []
-    folder = job.attempt_record(n)
+    folder = job.record / "attempts"
     rels = []
     for dirpath, dirnames, filenames in os.walk(folder):
         dirnames.sort()
@@ -158,15 +159,17 @@ def withhold(redact: Redactor, job: JobDir, envelope: ResultEnvelope) -> ResultE
         seen.add(path)
         try:
             rel = "/".join(safefs.parts(path))
-            names = redact.scan(job.output, rel)
+            named = redact.found(rel.encode())
+            names = named or redact.scan(job.output, rel)
         except (safefs.UnsafePath, OSError, ValueError):
             continue  # not a file the envelope hashes: nothing of it is exported
         if names:
+            what = "its name holds" if named else "it holds"
             held.append(
                 {
                     "path": redact.text(f"output/{rel}"),
                     "secrets": names,
-                    "why": f"it holds the value of the agent secret {', '.join(names)}; "
+                    "why": f"{what} the value of the agent secret {', '.join(names)}; "
                     "redacting it would change the evidence the envelope hashes, so it is "
                     "kept on this host only and never exported",
                 }

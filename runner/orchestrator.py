@@ -95,6 +95,7 @@ def run(
             and not stopped.known.written
             and not isinstance(cause, JobAlreadyFinished | JobBusy | LedgerCorrupt)
         ):
+            agent_run.redact_records(redact, job)
             envelope = agent_run.withhold(redact, job, envelope)
             write_envelope(job, envelope)
         log_end(envelope)
@@ -197,12 +198,13 @@ def _locked(
         # The attempt's egress allowlist goes once its container has: the proxy's log is kept.
         eg = attempt.egress_down(backend, ledger, job, got.number, redact)
         known = replace(known, egress=eg)
-        for kept in ledger.state.attempts:  # an earlier one's too, when a crash ended it
-            agent_run.redact_records(redact, job, kept.number)
     agent, usage = agent_run.records(p, ledger.state, got.number, job)  # (None, None): none
     known = replace(known, budget=budget, agent=agent, agent_usage=usage)
     with stage("parsers", known):
         envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
+        # What the runner keeps of each attempt (an earlier one's too, when a crash ended it),
+        # the output manifest just written included, redacted before it is hashed.
+        agent_run.redact_records(redact, job)
         envelope = envelope.model_copy(
             update={"attempts": records.attempt_records(ledger.state, job, _max_evidence(opts))}
         )

@@ -375,3 +375,85 @@ def test_a_stray_percent_before_the_value_does_not_hide_it() -> None:
     redact = redactor.proxy_rules()
     proxy.Rules._parse({"lease": "L", "allow": [], "redact": redact})
     assert proxy.redacted("L", target) == "[redacted: K]"
+
+
+# --- the same rules through the orchestrator, with the fake backend ------------------------
+
+
+def _leaking_job(mounts: dict[str, Path]) -> None:
+    """A job that puts the key in its transcript (base64), its evidence, a file whose name
+    holds it and its result.json (a listed file and the summary)."""
+    out = mounts["/job/output"]
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    key = KEY.encode()
+    (out / "logs" / "stdout.log").write_text(
+        json.dumps({"type": "assistant", "message": {"id": "m1", "content": []}}) + "\n"
+        + json.dumps({"type": "user", "text": base64.b64encode(b"k=" + key).decode()}) + "\n"
+        + json.dumps({"type": "result", "subtype": "success", "num_turns": 1}) + "\n"
+    )  # fmt: skip
+    (out / "logs" / "evaluation.log").write_text(json.dumps({"accuracy": 0.819, "k": KEY}))
+    (out / f"{KEY}.txt").write_text("named after the key\n")
+    (out / "notes.txt").write_text("nothing secret here\n")
+    (out / "result.json").write_text(
+        json.dumps(
+            {
+                "schemaVersion": "2.0",
+                "status": "completed",
+                "summary": f"done; my key is {KEY.encode().hex()}",
+                "execution": {"status": "succeeded", "failure": None},
+                "evidence": [
+                    {"path": "logs/evaluation.log"},
+                    {"path": f"{KEY}.txt"},
+                    {"path": "notes.txt"},
+                ],
+                "experiment": {"commands": []},
+                "workloadCompletion": [],
+                "diagnosis": "scripted",
+            }
+        )
+    )
+
+
+def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No engine: the orchestrator's one redaction step. The transcript and every string of
+    the envelope are redacted; the evidence, result.json and the file named after the key are
+    kept as the job wrote them, named in the warnings and record/withheld.json, and left out of
+    the export with why; a clean listed file is exported as it is."""
+    from runner import orchestrator, policy
+    from runner.backends.fake import FakeBackend, FakeJob
+    from runner.policy import HostPolicy
+    from tests.test_agents import SCRIPTED, _contract
+
+    monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", KEY)
+    fake = FakeBackend()
+    info = fake.add_image()
+    fake.jobs = lambda spec: FakeJob(work=_leaking_job)
+    pol = HostPolicy.model_validate(
+        {"acceptUnsigned": True, "agents": {"scripted": {**SCRIPTED, "image": info.id}}}
+    )
+    options = orchestrator.RunOptions(
+        state_dir=tmp_path / "state",
+        policy=policy.LoadedPolicy(pol.resolved(), "test"),
+        tick_seconds=0.01,
+        heartbeat_seconds=0.05,
+        stop_grace_seconds=0.05,
+    )
+    env = orchestrator.as_json(orchestrator.run(_contract(tmp_path), options, backend=fake))
+    job = Path(env["jobDir"])
+    assert env["measurements"][0]["value"] == 0.819, env["failure"]
+    assert holding(json.dumps(env).encode()) == []
+    withheld = {f["path"] for f in json.loads((job / "record/withheld.json").read_text())["files"]}
+    assert withheld == {"output/logs/evaluation.log", "output/result.json", f"output/{MARK}.txt"}
+    assert sum("is withheld from export" in w for w in env["warnings"]) == 3, env["warnings"]
+    kept = {"output/logs/evaluation.log", "output/result.json"}
+    leaks = {n: f for n, d in _files(job).items() if n not in kept and (f := holding(d))}
+    assert leaks == {}
+    archive = tmp_path / "run.tar"
+    exported = run_cli("export", str(job), "-o", str(archive))
+    assert exported.returncode == 0, exported.stderr
+    members = _members(archive)
+    assert [n for n, d in members.items() if holding(d) or holding(n.encode())] == []
+    assert any(m.endswith("data/output/notes.txt") for m in members)
+    assert "output/result.json: is withheld" in exported.stdout + exported.stderr
