@@ -7,7 +7,7 @@ file the job lists as evidence). A :class:`Redactor` holds the attempt's values 
 of them as it is, and in its usual encodings:
 
 * percent-encoding (URL-encoding): each byte as itself or as ``%hh`` (either case), a space
-  also as ``+``; so the plain value too;
+  also as ``+``; so the plain value too (and each character of the forms below, likewise);
 * hexadecimal, in either case;
 * base64 (standard and URL-safe alphabets) at each of the three alignments a value can have
   inside a longer encoded string: the characters that depend on the value alone, with line
@@ -36,7 +36,7 @@ import hashlib
 import os
 import re
 import secrets as _random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -47,7 +47,8 @@ REDACTED = "[redacted: {name}]"
 MIN_ENCODED = 8
 """Encoded forms shorter than this are not looked for (they would match ordinary text)."""
 CHUNK = 1024 * 1024
-_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+BLOCKS = (16 * 1024, 1024)
+"""The expression runs only on blocks of these sizes that may hold a match."""
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 _WRAP = rb"(?:\r?\n)?"
 _SWAP = bytes.maketrans(b"%=", b"=%")
@@ -62,15 +63,18 @@ def _percent(byte: int) -> bytes:
     return ("%" + "".join(_hex_class(c) for c in f"{byte:02x}")).encode()
 
 
-def _url_pattern(value: bytes) -> bytes:
-    """The value with each byte as itself or percent-encoded (a space also as ``+``)."""
+def _units(form: bytes, *, fold: bool = False, join: bytes = b"") -> bytes:
+    """``form`` with each byte as itself or percent-encoded (a space also as ``+``; a
+    letter in either case with ``fold``), ``join`` between them."""
     parts = []
-    for b in value:
-        alts = [re.escape(bytes([b])), _percent(b)]
+    for b in form:
+        chars = {b, *(bytes([b]).swapcase() if fold else b"")}
+        alts = [re.escape(bytes([c])) for c in sorted(chars)]
+        alts += sorted({_percent(c) for c in chars})
         if b == 0x20:
             alts.append(rb"\+")
         parts.append(b"(?:" + b"|".join(alts) + b")")
-    return b"".join(parts)
+    return join.join(parts)
 
 
 def base64_cores(value: bytes) -> list[bytes]:
@@ -104,6 +108,8 @@ class Redactor:
         self._values = {k: secrets[k].encode() for k in self.names}
         groups: list[bytes] = []
         self._marks: dict[str, bytes] = {}
+        self._marks_by_name: dict[str, bytes] = {}
+        self._literals: list[tuple[str, list[bytes]]] = []
         self._checks: list[tuple[bytes, bytes, list[bytes]]] = []
         self._always = False
         longest = 1
@@ -111,16 +117,19 @@ class Redactor:
             value = self._values[name]
             self._checks.append((value, value.hex().encode(), base64_cores(value)))
             self._always |= any(c in value for c in b"%= \r\n") or len(value) < 4
-            alts = [_url_pattern(value)]
+            alts = [_units(value)]
             hexed = value.hex().encode()
             for form in encoded_forms(value):
                 if form == hexed:
-                    alts.append(b"(?i:" + re.escape(form) + b")")
+                    alts.append(_units(form, fold=True))
                 else:  # base64, wrapped at any width (the base64 tool's 76, PEM's 64)
-                    alts.append(_WRAP.join(re.escape(bytes([c])) for c in form))
-            longest = max(longest, 4 * len(value) + 8)
+                    alts.append(_units(form, join=_WRAP))
+            # a base64 character as %hh with a line break after it: 5 bytes of 3/4 of one
+            longest = max(longest, 7 * len(value) + 8)
             groups.append(b"(?P<s%d>" % i + b"|".join(alts) + b")")
-            self._marks[f"s{i}"] = REDACTED.format(name=name).encode()
+            self._marks[f"s{i}"] = self._marks_by_name[name] = REDACTED.format(name=name).encode()
+            literal = [value, hexed, hexed.upper(), *encoded_forms(value)]
+            self._literals.append((name, list(dict.fromkeys(literal))))
         self._pattern = re.compile(b"|".join(groups)) if groups else None
         self.longest = longest
         """The longest a match can be (bytes): what a stream keeps back between chunks."""
@@ -138,29 +147,75 @@ class Redactor:
             return True
         # Percent-decoded in C: quoted-printable's decoder with "%" and "=" swapped.
         decoded = binascii.a2b_qp(data.translate(_SWAP)) if b"%" in data else data
-        lowered = data.lower()
-        unwrapped = data.replace(b"\r", b"").replace(b"\n", b"")
+        lowered = decoded.lower()
+        unwrapped = decoded.replace(b"\r", b"").replace(b"\n", b"")
         for value, hexed, cores in self._checks:
-            if value[2:] in decoded or hexed in lowered:
+            if value[2:] in decoded or hexed[2:] in lowered:
                 return True
-            if any(core in unwrapped for core in cores):
+            if any(core[2:] in unwrapped for core in cores):
                 return True
         return False
 
     def _mark(self, m: re.Match[bytes]) -> bytes:
         return self._marks[m.lastgroup or ""]
 
+    def _name(self, m: re.Match[bytes]) -> str:
+        return self.names[int((m.lastgroup or "s0")[1:])]
+
+    def _matches(self, data: bytes, stop: int | None = None) -> Iterator[re.Match[bytes]]:
+        """The matches in ``data`` that start before ``stop``, in order, none overlapping.
+        The expression runs only where :meth:`_maybe` lets it: the whole, then blocks of each
+        of :data:`BLOCKS` bytes in turn (each with the longest a match can be after it)."""
+        if self._pattern is None:
+            return
+        stop = len(data) if stop is None else stop
+        if not self._maybe(data):
+            return
+        pos = 0
+        for start, end in self._windows(data, 0, stop, BLOCKS):
+            for m in self._pattern.finditer(data, max(pos, start), end + self.longest):
+                if m.start() >= end:
+                    break
+                pos = m.end()
+                yield m
+
+    def _windows(
+        self, data: bytes, start: int, stop: int, sizes: Sequence[int]
+    ) -> Iterator[tuple[int, int]]:
+        """``[start, stop)`` cut into the smallest blocks that may hold a match's start."""
+        if not sizes:
+            yield start, stop
+            return
+        size = sizes[0]
+        for at in range(start, stop, size):
+            end = min(at + size, stop)
+            if self._maybe(data[at : end + self.longest]):
+                yield from self._windows(data, at, end, sizes[1:])
+
+    def _literal(self, data: bytes, found: set[str]) -> bytes:
+        """``data`` with the forms as they usually come (the value, its hex in either case,
+        its base64 cores) replaced at C speed; the names replaced added to ``found``."""
+        for name, forms in self._literals:
+            for form in forms:
+                if form in data:
+                    found.add(name)
+                    data = data.replace(form, self._marks_by_name[name])
+        return data
+
     def found(self, data: bytes) -> list[str]:
         """The names whose values occur in ``data``."""
-        if self._pattern is None or not self._maybe(data):
-            return []
-        hit = {self.names[int((m.lastgroup or "s0")[1:])] for m in self._pattern.finditer(data)}
-        return sorted(hit)
+        names: set[str] = set()
+        rest = self._literal(data, names)
+        return sorted(names | {self._name(m) for m in self._matches(rest)})
 
     def bytes(self, data: bytes) -> bytes:
-        if self._pattern is None or not self._maybe(data):
-            return data
-        return self._pattern.sub(self._mark, data)
+        data = self._literal(data, set())
+        pieces: list[bytes] = []
+        pos = 0
+        for m in self._matches(data):
+            pieces += [data[pos : m.start()], self._mark(m)]
+            pos = m.end()
+        return data if not pieces else b"".join([*pieces, data[pos:]])
 
     def text(self, text: str) -> str:
         if self._pattern is None:
@@ -195,15 +250,13 @@ class Redactor:
             chunk = f.read(size) if size > 0 else b""
             if left is not None:
                 left -= len(chunk)
-            data = tail + chunk
+            data = self._literal(tail + chunk, found)
             last = not chunk
             cut = len(data) if last else max(len(data) - keep, 0)
             pieces: list[bytes] = []
             pos = 0
-            for m in self._pattern.finditer(data) if self._maybe(data) else ():
-                if m.start() >= cut:
-                    break
-                found.add(self.names[int((m.lastgroup or "s0")[1:])])
+            for m in self._matches(data, cut):
+                found.add(self._name(m))
                 pieces += [data[pos : m.start()], self._mark(m)]
                 pos = m.end()
             emit_to = max(cut, pos)

@@ -457,3 +457,22 @@ def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
     assert [n for n, d in members.items() if holding(d) or holding(n.encode())] == []
     assert any(m.endswith("data/output/notes.txt") for m in members)
     assert "output/result.json: is withheld" in exported.stdout + exported.stderr
+
+
+def test_encoded_forms_percent_encoded_again_are_found() -> None:
+    """Base64 with ``+`` and ``/`` (as a URL carries them, ``%2B``/``%2F``; wrapped too) and
+    hex percent-encoded: each character of a form may itself be percent-encoded."""
+    value = "sk-~~~???>>>-made-up-value-0123"
+    raw = value.encode()
+    b64 = base64.b64encode(b"Q" + raw).decode()
+    assert "+" in b64 and "/" in b64
+    redactor = Redactor({"K": value})
+    for data in (
+        urllib.parse.quote(b64, safe=""),
+        "\n".join(urllib.parse.quote(b64, safe="")[i : i + 11] for i in range(0, 200, 11)),
+        "x%" + urllib.parse.quote(b64, safe=""),
+        "".join(f"%{ord(c):02x}" for c in raw.hex()),
+        "%" + raw.hex().upper(),
+    ):
+        assert redactor.found(data.encode()) == ["K"], data
+        assert "[redacted: K]" in redactor.text(data), data
