@@ -157,23 +157,26 @@ def withhold(redact: Redactor, job: JobDir, envelope: ResultEnvelope) -> ResultE
         if path in seen or digest is None:  # unhashed: never exported
             continue
         seen.add(path)
+        why = None
         try:
             rel = "/".join(safefs.parts(path))
             named = redact.found(rel.encode())
             names = named or redact.scan(job.output, rel)
-        except (safefs.UnsafePath, OSError, ValueError):
-            continue  # not a file the envelope hashes: nothing of it is exported
+        except safefs.UnsafePath as exc:
+            rel, names, why = path, [], None if exc.missing else exc.problem
+        except OSError as exc:
+            rel, names, why = path, [], exc.strerror or str(exc)
         if names:
             what = "its name holds" if named else "it holds"
-            held.append(
-                {
-                    "path": redact.text(f"output/{rel}"),
-                    "secrets": names,
-                    "why": f"{what} the value of the agent secret {', '.join(names)}; "
-                    "redacting it would change the evidence the envelope hashes, so it is "
-                    "kept on this host only and never exported",
-                }
+            why = (
+                f"{what} the value of the agent secret {', '.join(names)}; redacting it "
+                "would change the evidence the envelope hashes, so it is kept on this host "
+                "only and never exported"
             )
+        elif why is not None:  # fail closed: what cannot be checked never leaves
+            why = f"it could not be read to check it for the agent's secrets ({why})"
+        if why is not None:
+            held.append({"path": redact.text(f"output/{rel}"), "secrets": names, "why": why})
     target = job.record / WITHHELD
     if held:
         write_json(target, {"schemaVersion": "1.0", "files": held})

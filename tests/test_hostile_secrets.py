@@ -457,6 +457,11 @@ def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
     assert [n for n, d in members.items() if holding(d) or holding(n.encode())] == []
     assert any(m.endswith("data/output/notes.txt") for m in members)
     assert "output/result.json: is withheld" in exported.stdout + exported.stderr
+    # a list of withheld files that cannot be read stops the export: what it names must stay
+    (job / "record" / "withheld.json").write_text("{not json")
+    refused = run_cli("export", str(job), "-o", str(tmp_path / "again.tar"))
+    assert refused.returncode == 3 and "withheld.json" in refused.stderr, refused.stderr
+    assert not (tmp_path / "again.tar").exists()
 
 
 def test_encoded_forms_percent_encoded_again_are_found() -> None:
