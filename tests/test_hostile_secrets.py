@@ -28,6 +28,7 @@ import pytest
 from runner.redaction import REDACTED, Redactor, base64_cores
 from tests.support import ROOT, docker, run_cli
 from tests.support.agents import SCRIPTED_ARGV, agent_contract, agent_policy, model_server
+from tests.support.hostile import record
 from tests.support.jobs import SESSION_ID, SESSION_LABEL
 
 KEY = "sk-ant-made-up-for-this-test-7d2e91b4c0a5f3"
@@ -356,6 +357,8 @@ def test_the_agents_key_is_nowhere_the_run_and_its_export_write(
         if found := holding(data):
             leaks[name] = found
     assert leaks == {}
+    record("agent key in request targets, CONNECT host and evidence", "runc", env, held=True,
+           filesChecked=len(_files(state)) + len(members), connections=len(targets))  # fmt: skip
     # what the agent printed was redacted, in its transcript (hashed after) and its stderr
     transcript = job / "output" / "logs" / "stdout.log"
     assert MARK.encode() in transcript.read_bytes()
