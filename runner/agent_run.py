@@ -19,6 +19,7 @@ from typing import Any
 from runner import agents, egress, proxylog, safefs, transcript
 from runner.agents import AgentPlan
 from runner.backends.types import HostPort
+from runner.bundle import output_files
 from runner.container import Outcome
 from runner.envelope import (
     AgentLimits,
@@ -26,11 +27,13 @@ from runner.envelope import (
     AgentUsageAttempt,
     AgentUsageRecord,
     Failure,
+    ResultEnvelope,
 )
 from runner.errors import Category, HostConfigError, ResourceExhausted
 from runner.ledger import Ledger, LedgerState
 from runner.plan import ExecutionPlan
-from runner.staging import JobDir
+from runner.redaction import NONE, Redactor
+from runner.staging import JobDir, write_json
 
 LIMITS = {"agent.maxTurns": "turns", "agent.maxBudgetUsd": "USD"}
 STOPS = {*LIMITS, transcript.TAMPERED}
@@ -136,19 +139,28 @@ def ended(outcome: Outcome, agent_guard: transcript.AgentGuard | None) -> Outcom
     return outcome if over is None else dataclasses.replace(outcome, stopped_for=over)
 
 
-def scrub(p: ExecutionPlan, job: JobDir, n: int, secrets: dict[str, str] | None = None) -> None:
-    """An agent's secrets out of what the runner keeps of attempt ``n``: its transcript and
-    stderr, and the engine's log (the agent could have printed its own environment).
-    ``secrets`` None: read them again (an attempt picked up after a runner restart)."""
+def redactor(p: ExecutionPlan, secrets: dict[str, str] | None = None) -> Redactor:
+    """The one redaction step of an agent's attempts: its adapter's secrets (``secrets`` as
+    the attempt was given them, else read again: an attempt picked up after a restart), in
+    every form :mod:`runner.redaction` finds. Nothing to redact without secrets, or when they
+    cannot be read now (then the proxy's own redaction of its log is all there is)."""
     if p.agent is None or not p.agent.adapter.secrets:
-        return
+        return NONE
     if secrets is None:
         try:
             secrets = agents.secret_values(p.agent.adapter)
         except HostConfigError:
-            return  # nothing to match against; the files stay as they are
-    agents.redact(job.output, [p.stdout_path, p.stderr_path], secrets)
-    agents.redact(job.attempt_record(n), ["engine.log", transcript.CAPTURE], secrets)
+            return NONE
+    return Redactor(secrets)
+
+
+def scrub(p: ExecutionPlan, job: JobDir, n: int, secrets: dict[str, str] | None = None) -> None:
+    """An agent's secrets out of what the runner keeps of attempt ``n`` as it ends, before
+    anything hashes it: its transcript and stderr, and the engine's log (the agent could have
+    printed its own environment). ``secrets`` None: read them again."""
+    redact = redactor(p, secrets)
+    redact.files(job.output, [p.stdout_path, p.stderr_path])
+    redact.files(job.attempt_record(n), ["engine.log", transcript.CAPTURE])
 
 
 def settle(p: ExecutionPlan, job: JobDir, n: int, secrets: dict[str, str] | None = None) -> None:
@@ -156,6 +168,76 @@ def settle(p: ExecutionPlan, job: JobDir, n: int, secrets: dict[str, str] | None
     (:func:`keep_transcript`), then the agent's secrets out of what is kept (:func:`scrub`)."""
     keep_transcript(p, job, n)
     scrub(p, job, n, secrets)
+
+
+WITHHELD = "withheld.json"
+"""``record/withheld.json``: the output files that hold a secret, which no export carries."""
+
+
+def redact_records(redact: Redactor, job: JobDir) -> list[str]:
+    """Every file the runner keeps in ``record/attempts/`` redacted in place (before the
+    envelope hashes them): each attempt's engine and proxy logs, its output manifest (the
+    job's file names), the streams moved there. The files changed, relative to that folder
+    (a file redacted before reads clean: a fast scan)."""
+    if not redact:
+        return []
+    folder = job.record / "attempts"
+    rels = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames.sort()
+        rels += [os.path.relpath(os.path.join(dirpath, f), folder) for f in sorted(filenames)]
+    return redact.files(folder, rels)
+
+
+def withhold(redact: Redactor, job: JobDir, envelope: ResultEnvelope) -> ResultEnvelope:
+    """The envelope as the runner writes, signs and prints it: every string in it redacted
+    (a request target, a host, a reason, a file name). Each output file it names (evidence,
+    the job's result.json and the files it lists) that holds a secret stays as the job wrote
+    it, hashed as it is (redacting it would change the evidence), and is withheld from every
+    export: listed with why in ``record/withheld.json`` and named in the envelope's warnings."""
+    if not redact:
+        return envelope
+    held: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for path, digest, _problem in output_files(envelope):
+        if path in seen or digest is None:  # unhashed: never exported
+            continue
+        seen.add(path)
+        why = None
+        try:
+            rel = "/".join(safefs.parts(path))
+            named = redact.found(rel.encode())
+            names = named or redact.scan(job.output, rel)
+        except safefs.UnsafePath as exc:
+            rel, names, why = path, [], None if exc.missing else exc.problem
+        except OSError as exc:
+            rel, names, why = path, [], exc.strerror or str(exc)
+        if names:
+            what = "its name holds" if named else "it holds"
+            why = (
+                f"{what} the value of the agent secret {', '.join(names)}; redacting it "
+                "would change the evidence the envelope hashes, so it is kept on this host "
+                "only and never exported"
+            )
+        elif why is not None:  # fail closed: what cannot be checked never leaves
+            why = f"it could not be read to check it for the agent's secrets ({why})"
+        if why is not None:
+            held.append({"path": redact.text(f"output/{rel}"), "secrets": names, "why": why})
+    target = job.record / WITHHELD
+    if held:
+        write_json(target, {"schemaVersion": "1.0", "files": held})
+    else:
+        target.unlink(missing_ok=True)
+    warnings = [f"{h['path']} is withheld from export: {h['why']}" for h in held]
+    envelope = envelope.model_copy(update={"warnings": [*envelope.warnings, *warnings]})
+    return redacted(redact, envelope)
+
+
+def redacted(redact: Redactor, envelope: ResultEnvelope) -> ResultEnvelope:
+    """The envelope with every string in it (keys too) redacted."""
+    if not redact:
+        return envelope
+    return ResultEnvelope.model_validate(redact.value(envelope.model_dump(mode="json")))
 
 
 def lost(

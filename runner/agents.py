@@ -10,20 +10,19 @@ after the earlier attempts.
 
 Secrets reach the agent's container as environment variables only: they are read when an
 attempt starts (:func:`secret_values`), handed to the engine, and never written by the runner
-into the job folder, the ledger, the envelope or a bundle; :func:`redact` scrubs them from the
-files the runner keeps of the attempt (the transcript, the engine's log) should the agent have
-printed them.
+into the job folder, the ledger, the envelope or a bundle; :mod:`runner.redaction` scrubs
+them, in their usual encodings, from everything the runner keeps, signs or exports of the
+attempt should the agent have put them there (:func:`runner.agent_run.redactor`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, BinaryIO, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -52,8 +51,6 @@ _HOST_PORT = r"^[A-Za-z0-9*]([A-Za-z0-9.*-]{0,252}[A-Za-z0-9])?:[0-9]{1,5}$"
 
 SECRET_MAX_BYTES = 64 * 1024
 """A secret file is at most this large."""
-
-REDACTED = "[redacted: {name}]"
 
 
 def _placeholders(text: str) -> list[str]:
@@ -327,73 +324,3 @@ def secret_values(
             )
         out[secret.env] = value
     return out
-
-
-def redact(root: Path, rels: Sequence[str], secrets: Mapping[str, str]) -> list[str]:
-    """Replace every occurrence of a secret's value in the files ``root/rel`` (each reached
-    without following a link, a regular file) with ``[redacted: NAME]``; the files changed.
-    Streams: a file is read in chunks and rewritten (beside it, then renamed) only when a value
-    occurs in it."""
-    pairs = [(v.encode(), REDACTED.format(name=k).encode()) for k, v in secrets.items() if v]
-    if not pairs:
-        return []
-    changed = []
-    for rel in rels:
-        with contextlib.suppress(safefs.UnsafePath, OSError):
-            if _redact_one(root, rel, pairs):
-                changed.append(rel)
-    return changed
-
-
-_CHUNK = 1024 * 1024
-
-
-def _scan(f: BinaryIO, pairs: list[tuple[bytes, bytes]], out: BinaryIO | None) -> bool:
-    """Whether a value occurs (and, with ``out``, the redacted bytes written there)."""
-    keep = max(len(v) for v, _ in pairs) - 1
-    found = False
-    tail = b""
-    while True:
-        chunk = f.read(_CHUNK)
-        data = tail + chunk
-        if not chunk:
-            tail_out = data
-            for value, mark in pairs:
-                found |= value in tail_out
-                tail_out = tail_out.replace(value, mark)
-            if out is not None:
-                out.write(tail_out)
-            return found
-        for value, mark in pairs:
-            if value in data:
-                found = True
-                data = data.replace(value, mark)
-        cut = max(len(data) - keep, 0)
-        if out is not None:
-            out.write(data[:cut])
-        tail = data[cut:]
-
-
-def _redact_one(root: Path, rel: str, pairs: list[tuple[bytes, bytes]]) -> bool:
-    with safefs.open_under(root, rel) as f:
-        if not _scan(f, pairs, None):
-            return False
-    with safefs.parent_fd(root, rel) as (parent, name):
-        src_fd = safefs.open_at(parent, name, rel)
-        tmp = f".{name}.redact.tmp"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=parent)
-        try:
-            with os.fdopen(src_fd, "rb") as src:
-                st = os.fstat(src.fileno())
-                with os.fdopen(os.open(tmp, flags, 0o600, dir_fd=parent), "wb") as dst:
-                    _scan(src, pairs, dst)
-                    os.fchmod(dst.fileno(), st.st_mode & 0o777)
-                    with contextlib.suppress(PermissionError):
-                        os.fchown(dst.fileno(), st.st_uid, st.st_gid)
-            os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp, dir_fd=parent)
-    return True

@@ -40,6 +40,7 @@ from runner import (
     policy,
     quotas,
     records,
+    redaction,
     staging,
     takeover,
 )
@@ -74,6 +75,8 @@ class AttemptResult:
     guards: quotas.Guards
     number: int
     """Which attempt (1, 2 ...)."""
+    redactor: redaction.Redactor = redaction.NONE
+    """A new attempt's secrets as it was given them (else the run reads them again)."""
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
     secrets: dict[str, str] = {}
     with stage("stage", known):
         if st.attempts and st.attempts[-1].starting.get("egress"):  # what a crash left
-            egress_down(job.backend, job.ledger, job.dir, st.attempts[-1].number)
+            last = st.attempts[-1].number
+            egress_down(job.backend, job.ledger, job.dir, last, agent_run.redactor(p))
         policy.refuse_expired(job.contract, datetime.now(UTC), what=NO_NEW_ATTEMPT)
         if consumed >= job.limit:
             data = {"consumedSeconds": round(consumed, 3), "limitSeconds": job.limit}
@@ -290,7 +294,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
         p.agent.argv(*agent_run.left(p.agent, st)) if p.agent is not None else p.argv
     )  # an agent's: with what is left of its turns and budget
     with stage("container", known):
-        eg = _egress_lease(job, p.egress, name) if p.egress else None
+        redactor = agent_run.redactor(p, secrets)  # the proxy never logs them either
+        eg = _egress_lease(job, p.egress, name, redactor) if p.egress else None
     try:
         spec = container.spec(
             p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None,
@@ -362,36 +367,46 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 },
             )
             if eg is not None:  # its egress goes with it, its log kept
-                gone = replace(known, egress=egress_down(job.backend, job.ledger, job.dir, n))
+                down = egress_down(job.backend, job.ledger, job.dir, n, redactor)
+                gone = replace(known, egress=down)
                 raise Stopped("container", cause, gone) from None
             raise cause from None
     outcome = agent_run.ended(outcome, guards.agent)
     agent_run.settle(p, job.dir, n, secrets)
-    return AttemptResult(outcome, known, guards, n)
+    return AttemptResult(outcome, known, guards, n, redactor)
 
 
-def _egress_lease(job: Job, plan: EgressPlan, name: str) -> egress.Egress:
+def _egress_lease(
+    job: Job, plan: EgressPlan, name: str, redactor: redaction.Redactor
+) -> egress.Egress:
     """Lease a slot of the state folder's egress pool for the attempt named ``name`` (making
     one when none is free: the first attempt of a pool, or more at once than before)."""
     job.progress.stage("egress", f"proxy for {', '.join(map(str, plan.allow))} via "
                        f"{plan.upstream_network}")  # fmt: skip
     opts = job.options
-    return egress.lease(job.backend, plan, name, opts.state_dir, labels=opts.labels)
+    return egress.lease(
+        job.backend, plan, name, opts.state_dir, labels=opts.labels, redactor=redactor
+    )
 
 
 def egress_down(
-    backend: Backend, ledger: Ledger, job: staging.JobDir, n: int
+    backend: Backend,
+    ledger: Ledger,
+    job: staging.JobDir,
+    n: int,
+    redactor: redaction.Redactor = redaction.NONE,
 ) -> envelope.EgressRecord | None:
     """End attempt ``n``'s egress lease, as its ``attempt.starting`` event recorded it,
-    keeping its lines of the proxy's log in its record; None when it had none. Safe to
-    repeat."""
+    keeping its lines of the proxy's log, redacted, in its record; None when it had none.
+    Safe to repeat."""
     mine = next((a for a in ledger.state.attempts if a.number == n), None)
     started = mine.starting.get("egress") if mine is not None else None
     if not started or "slot" not in started:  # none, or an earlier runner's (the sweeper's)
         return None
     if mine is not None and hostid.elsewhere(mine.starting):  # that host's slot, its to reap
         return None
-    return egress.down(backend, egress.Egress.from_json(started), job.attempt_record(n), job.root)
+    eg = egress.Egress.from_json(started)
+    return egress.down(backend, eg, job.attempt_record(n), job.root, redactor)
 
 
 def _acquire(job: Job) -> tuple[images.Acquired, ImageRecord]:

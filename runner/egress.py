@@ -39,7 +39,10 @@ its container, and without NET_ADMIN it changed nothing in the namespace.
 
 The proxy logs every request as JSON lines naming the lease (the attempt) it was served
 under; :mod:`runner.proxylog` turns an attempt's lines into connections, each allowed,
-refused or incomplete.
+refused or incomplete. An agent's attempt's rules carry salted digests of its secrets
+(:meth:`runner.redaction.Redactor.proxy_rules`): the proxy logs a field holding one as
+``[redacted: NAME]``, so the engine's log of a slot, which outlives the attempt, never holds
+a secret; :func:`down` redacts the kept lines again with the values themselves.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from runner.backends.types import MIB, EgressPlan, HostPort, Limits
 from runner.envelope import EgressRecord
 from runner.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 from runner.proxylog import read_log
+from runner.redaction import NONE, Redactor
 
 ROLE = "org.runner.role"
 """Label naming what an egress resource is: egress-network, egress-proxy, egress-netns."""
@@ -179,10 +183,14 @@ class Egress:
         )
 
 
-def proxy_rules(allow: tuple[HostPort, ...], lease: str | None) -> str:
+def proxy_rules(allow: tuple[HostPort, ...], lease: str | None, redactor: Redactor = NONE) -> str:
     """The proxy's rules for ``allow`` (JSON): the pairs it lets through, compared whole on
-    what the job asked for; everything else is refused."""
-    return json.dumps({"lease": lease, "allow": [str(x) for x in allow]}, sort_keys=True)
+    what the job asked for; everything else is refused. With an attempt's secrets, the salted
+    digests the proxy blanks its log lines with (:meth:`Redactor.proxy_rules`)."""
+    rules: dict[str, Any] = {"lease": lease, "allow": [str(x) for x in allow]}
+    if (redact := redactor.proxy_rules()) is not None:
+        rules["redact"] = redact
+    return json.dumps(rules, sort_keys=True)
 
 
 def pool_dir(state_dir: Path) -> Path:
@@ -202,11 +210,12 @@ def lease(
     *,
     labels: dict[str, str] | None = None,
     ready_seconds: float = READY_SECONDS,
+    redactor: Redactor = NONE,
 ) -> Egress:
     """A slot of the state folder's pool for the attempt named ``attempt_name``, its rules
     written: a free one, else a new one (made and ready before this returns, carrying
     ``labels`` too: the run's own). The slot's lock is held by this process until
-    :func:`down`."""
+    :func:`down`. ``redactor``: the attempt's secrets, which the proxy never logs."""
     info = backend.inspect_image(plan.proxy_image)
     if info is None:
         raise ImageUnavailable(
@@ -243,7 +252,7 @@ def lease(
             )
             if not _healthy(backend, eg, slots.get(slot, [])):
                 _make(backend, eg, folder, labels or {}, ready_seconds)
-            _write_rules(Path(eg.rules), proxy_rules(eg.allow, eg.lease))
+            _write_rules(Path(eg.rules), proxy_rules(eg.allow, eg.lease, redactor))
         except BaseException:
             os.close(handle)
             raise
@@ -437,9 +446,16 @@ def _remove_all(backend: Backend, eg: Egress) -> list[str]:
     return _remove_slot(backend, eg.slot)
 
 
-def down(backend: Backend, eg: Egress, record_dir: Path, job_root: Path) -> EgressRecord:
+def down(
+    backend: Backend,
+    eg: Egress,
+    record_dir: Path,
+    job_root: Path,
+    redactor: Redactor = NONE,
+) -> EgressRecord:
     """End the attempt's lease: its slot refuses everything again, the attempt's lines of the
-    proxy's log are kept as ``egress.log`` in its record (at most :data:`LOG_MAX_BYTES`) and
+    proxy's log, redacted (``redactor``: the attempt's secrets, in every form it knows), are
+    kept as ``egress.log`` in its record (at most :data:`LOG_MAX_BYTES`) and
     read into its egress record, also written as ``egress.json``, and the slot is free for the
     next attempt. Safe to call again, and from another process than the one that leased it (a
     rerun after a crash): it returns the record the first call wrote. Never raises the
@@ -461,7 +477,7 @@ def down(backend: Backend, eg: Egress, record_dir: Path, job_root: Path) -> Egre
         problems.append("the proxy was gone: its log is lost")
     except RunnerError as exc:
         problems.append(f"the proxy's log could not be read: {exc}")
-    text = _mine(raw, eg.lease) if saved is not None else ""
+    text = redactor.text(_mine(raw, eg.lease)) if saved is not None else ""
     raw.unlink(missing_ok=True)
     log.write_text(text)
     connections = read_log(text, eg.lease)

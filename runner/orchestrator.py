@@ -36,6 +36,7 @@ from runner import (
     plan,
     policy,
     records,
+    redaction,
     safefs,
     slurm,
     staging,
@@ -84,6 +85,9 @@ def run(
         return envelope
     except Stopped as stopped:
         envelope = _envelope(stopped.known, options, clock, _failure(stopped.stage, stopped.cause))
+        plan = stopped.known.plan
+        redact = agent_run.redactor(plan) if plan is not None else redaction.NONE
+        envelope = agent_run.redacted(redact, envelope)  # an agent's secrets: out of it too
         job, cause = stopped.known.job, stopped.cause
         # A busy or finished job's envelope, or a ledger we may not touch, is not ours.
         if (
@@ -91,6 +95,8 @@ def run(
             and not stopped.known.written
             and not isinstance(cause, JobAlreadyFinished | JobBusy | LedgerCorrupt)
         ):
+            agent_run.redact_records(redact, job)
+            envelope = agent_run.withhold(redact, job, envelope)
             write_envelope(job, envelope)
         log_end(envelope)
         return envelope
@@ -186,17 +192,23 @@ def _locked(
     known = replace(got.known, outcome=got.outcome)
     if known.gpu_fallback:
         known = replace(known, warnings=(*known.warnings, f"ran on CPU only: {known.gpu_fallback}"))
+    redact = got.redactor or agent_run.redactor(p)  # one step for all it writes and signs
     with stage("container", known):
         failure, budget = _record_end(got, ledger, p, job, backend, limit)
         # The attempt's egress allowlist goes once its container has: the proxy's log is kept.
-        known = replace(known, egress=attempt.egress_down(backend, ledger, job, got.number))
+        eg = attempt.egress_down(backend, ledger, job, got.number, redact)
+        known = replace(known, egress=eg)
     agent, usage = agent_run.records(p, ledger.state, got.number, job)  # (None, None): none
     known = replace(known, budget=budget, agent=agent, agent_usage=usage)
     with stage("parsers", known):
         envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
+        # What the runner keeps of each attempt (an earlier one's too, when a crash ended it),
+        # the output manifest just written included, redacted before it is hashed.
+        agent_run.redact_records(redact, job)
         envelope = envelope.model_copy(
             update={"attempts": records.attempt_records(ledger.state, job, _max_evidence(opts))}
         )
+        envelope = agent_run.withhold(redact, job, envelope)
         ledger.check_owned()  # fenced meanwhile (another host took the job over): not ours
     write_envelope(job, envelope)
     known = replace(known, written=True)

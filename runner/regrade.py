@@ -4,19 +4,24 @@ By default each measurement is parsed again with the parser version its envelope
 the values must come out the same; ``latest`` uses the newest registered version of each
 parser instead and records which versions changed. The stored evidence must still hash to what
 the envelope recorded, or nothing is re-read. The result is a new envelope revision; the old
-one is kept under ``record/``.
+one is kept under ``record/``. An agent's job is re-read under the same redaction step as its
+run (:func:`runner.agent_run.withhold`): its adapter's secrets, read from the host policy again,
+out of every string of the new envelope, and its files that hold one withheld from export.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from runner import agent_result, attest, evidence, staging
-from runner.contract import parse_json, verify_data
+from runner import agent_result, agent_run, agents, attest, evidence, staging
+from runner.agents import AgentAdapter
+from runner.contract import VerifiedContract, parse_json, verify_data
 from runner.envelope import Failure, Regrade, ResultEnvelope
 from runner.errors import Category, RefusedError
 from runner.parsers import registry
+from runner.redaction import NONE, Redactor
 from runner.safefs import UnsafePath
 
 
@@ -42,8 +47,10 @@ def regrade(
     max_bytes: int,
     result_key: Path | None,
     max_result_bytes: int = 1024 * 1024,
+    agent_adapters: Mapping[str, AgentAdapter] | None = None,
 ) -> ResultEnvelope:
-    """Re-read the job's evidence into a new envelope revision (under the job's lock)."""
+    """Re-read the job's evidence into a new envelope revision (under the job's lock);
+    ``agent_adapters``: the host policy's, whose secrets an agent's job is redacted of."""
     job = staging.JobDir(job_root)
     with job.locked():
         return _regrade(
@@ -52,7 +59,18 @@ def regrade(
             max_bytes=max_bytes,
             result_key=result_key,
             max_result_bytes=max_result_bytes,
+            agent_adapters=agent_adapters or {},
         )
+
+
+def _redactor(contract: VerifiedContract, adapters: Mapping[str, AgentAdapter]) -> Redactor:
+    """The redaction step of the contract's agent runtime on this host (its secrets read
+    now; a secret that cannot be read stops the re-grade, naming it)."""
+    agent = contract.model.agent
+    adapter = adapters.get(agent.runtime) if agent is not None and agent.runtime else None
+    if adapter is None or not adapter.secrets:
+        return NONE
+    return Redactor(agents.secret_values(adapter))
 
 
 def _regrade(
@@ -62,6 +80,7 @@ def _regrade(
     max_bytes: int,
     result_key: Path | None,
     max_result_bytes: int,
+    agent_adapters: Mapping[str, AgentAdapter],
 ) -> ResultEnvelope:
     job_root = job.root
     if not job.envelope.exists():
@@ -147,6 +166,17 @@ def _regrade(
         }
     )
     new = ResultEnvelope.model_validate(new.model_dump())
+    redact = _redactor(contract, agent_adapters)
+    if not redact and (job.record / agent_run.WITHHELD).exists():
+        raise RefusedError(
+            f"{job.record / agent_run.WITHHELD} lists files that hold an agent's secret, and "
+            "this host policy names no secret for the contract's agent runtime to redact the "
+            "values re-read from them with",
+            hint="re-grade with --policy naming the host policy the job ran under",
+        )
+    if redact:  # the run's warnings of withheld files are said again, as they are now
+        kept = [w for w in new.warnings if " is withheld from export: " not in w]
+        new = agent_run.withhold(redact, job, new.model_copy(update={"warnings": kept}))
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     job.envelope.replace(job.record / f"result-{stamp}.json")
     staging.atomic_write(job.envelope, (new.model_dump_json(indent=2) + "\n").encode())

@@ -21,6 +21,7 @@ from runner.contract import load_contract, with_digest
 from runner.errors import HostConfigError, PolicyViolation, ProtocolAmbiguous
 from runner.ledger import Ledger, LedgerCorrupt
 from runner.policy import HostPolicy
+from runner.redaction import Redactor
 from tests.support import ROOT, SEED, run_cli
 from tests.support.agents import files_holding
 from tests.support.crash import Crash, CrashingProgress
@@ -351,7 +352,8 @@ def test_redact_scrubs_a_value_across_chunks_and_follows_no_link(tmp_path: Path)
     log.write_bytes(head + secret.encode() + b"\nmore " + secret.encode())
     os.symlink(log, tmp_path / "link.log")
     (tmp_path / "clean.log").write_text("nothing here")
-    changed = agents.redact(tmp_path, ["stdout.log", "link.log", "clean.log"], {"K": secret})
+    redactor = Redactor({"K": secret})
+    changed = redactor.files(tmp_path, ["stdout.log", "link.log", "clean.log"])
     assert changed == ["stdout.log"]
     data = log.read_bytes()
     assert secret.encode() not in data

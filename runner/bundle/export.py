@@ -11,7 +11,10 @@ never ``workspace/``.
 Every file is reached from the job folder without following a link (:mod:`runner.safefs`)
 and only if it is a regular file; anything else (a link the job planted, a FIFO), a file the
 envelope names but could not hash, and a name a BagIt manifest cannot carry, is left out and
-listed with the reason in ``runner-bundle.json``. An output file that no longer hashes to
+listed with the reason in ``runner-bundle.json``. So is every output file the run found holding
+an agent's secret (``record/withheld.json``, :func:`runner.agent_run.withhold`): redacting it
+would change the evidence the envelope hashes, so it stays on the host, and the export says
+which file and why (the run's envelope says so too). An output file that no longer hashes to
 what the envelope recorded stops the export: its bundle would not verify. The job's lock is
 held throughout, so no runner writes the job meanwhile.
 """
@@ -224,7 +227,35 @@ def _plan(
             )
         else:
             items.setdefault(rel, _Item(rel, digest))
+    for rel, why in _withheld(job).items():
+        if items.pop(rel, None) is not None:
+            skipped.append(Skipped(rel, why))
     return sorted(items.values(), key=lambda i: i.rel), skipped
+
+
+WITHHELD = "record/withheld.json"
+"""The run's list of output files that hold an agent's secret (``agent_run.withhold``)."""
+
+
+def _withheld(job: staging.JobDir) -> dict[str, str]:
+    """``{path: why}`` of the files the run withheld from export; a list that cannot be read
+    stops the export (what it names must never leave)."""
+    try:
+        with safefs.open_under(job.root, WITHHELD) as f:
+            raw = f.read(MAX_ENVELOPE_BYTES + 1)
+    except safefs.UnsafePath as exc:
+        if exc.missing:
+            return {}
+        raise BundleInvalid(f"{WITHHELD}: {exc.problem}") from None
+    try:
+        files = json.loads(raw)["files"]
+        return {str(f["path"]): f"is withheld: {f['why']}" for f in files}
+    except (ValueError, KeyError, TypeError):
+        raise BundleInvalid(
+            f"{job.root / WITHHELD} is not the list the run wrote",
+            hint="it names output files that hold an agent's secret; restore it, or run the "
+            "job again",
+        ) from None
 
 
 def _walk(root: Path, rel: str) -> tuple[list[str], list[Skipped]]:

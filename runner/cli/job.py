@@ -291,6 +291,7 @@ def cmd_parse(args: argparse.Namespace) -> int:
         max_bytes=int(loaded.policy.maxEvidenceMb * 1024 * 1024),
         result_key=host.result_key_path(loaded.policy.resultSigningKey),
         max_result_bytes=int(loaded.policy.maxResultKb * 1024),
+        agent_adapters=loaded.policy.agents,
     )
     data = orchestrator.as_json(envelope)
     if args.json:
