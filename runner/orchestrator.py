@@ -32,6 +32,7 @@ from runner import (
     backends,
     errors,
     evidence,
+    inputcache,
     log,
     plan,
     policy,
@@ -58,7 +59,7 @@ from runner.envelope import (
 from runner.errors import Category, JobAlreadyFinished, JobBusy, PolicyViolation, RunnerError
 from runner.ledger import Ledger, LedgerCorrupt, read_state
 from runner.options import RunOptions
-from runner.outcome import classify
+from runner.outcome import classify, inputs_changed
 from runner.plan import ExecutionPlan
 from runner.stages import Clock, Known, Logged, Silent, Stopped, log_end, now_iso, stage
 
@@ -365,8 +366,6 @@ def _read_evidence(
             + ", ".join(f"{k} dropped {v:,} bytes" for k, v in dropped.items() if v)
         )
     checked = staging.recheck_inputs(job)
-    if checked.problem is not None:
-        warnings.append(f"the staged inputs changed while the job ran: {checked.problem}")
     status: Status = "failed" if failure else "succeeded"
     if failure is None and errs:
         first = errs[0]
@@ -374,6 +373,9 @@ def _read_evidence(
             category=first.category, stage="parsers", retryable=False, reason=first.reason
         )
         status = "partial" if results else "failed"
+    if checked.unchanged is False:  # what ran is not what the contract binds: no result
+        removed = inputcache.verify_used(inputcache.InputCache.of_state(opts.state.root), job)
+        failure, status = inputs_changed(str(checked.problem), removed, failure), "failed"
     claim = agent_result.read(
         job.output,
         max_bytes,
