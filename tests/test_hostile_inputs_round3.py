@@ -156,13 +156,23 @@ def _pinned(folder: Path, image: str) -> VerifiedContract:
     return load_contract(path)
 
 
-def test_a_job_folder_removed_does_not_make_a_cached_entry_stale(tmp_path: Path) -> None:
-    """Removing a job folder that links the cached inodes changes their ctime: the next job
-    re-hashes them (they cannot be shown unchanged by lstat), finds them whole and links
-    them as before, recording the stamps it saw."""
+def test_a_cached_entry_is_rehashed_only_when_it_cannot_be_shown_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second job links the cached files without reading them (their stamps match);
+    removing a job folder that links the cached inodes changes their ctime, so the next job
+    re-hashes them, finds them whole and links them as before, recording the stamps it saw."""
     contract = _pinned(tmp_path / "c", "sha256:" + "ab" * 32)
     state = StateDir(tmp_path / "state")
     cache = InputCache.of_state(state.root)
+    rehashed: list[str] = []
+    real = inputcache._rehash
+
+    def counting(path: str | Path, row: dict[str, Any], st: os.stat_result) -> None:
+        rehashed.append(row["path"])
+        real(path, row, st)
+
+    monkeypatch.setattr(inputcache, "_rehash", counting)
 
     def stage(job_id: str) -> inputcache.Staged:
         job = staging.prepare(state.job(job_id).root)
@@ -171,13 +181,19 @@ def test_a_job_folder_removed_does_not_make_a_cached_entry_stale(tmp_path: Path)
         return done
 
     stage("j1")
+    done = stage("j2")
+    assert done.copied == [] and len(done.linked) == 2 and rehashed == []
     hexd = str(contract.model.paper.digest).removeprefix("sha256:")  # type: ignore[union-attr]
     before = cache.seen(hexd)[""]
     shutil.rmtree(state.job("j1").root)
     assert inputcache.stamp(os.lstat(cache.data(hexd))) != before  # the ctime moved
-    done = stage("j2")
+    done = stage("j3")
     assert done.copied == [] and len(done.linked) == 2
+    assert "" in rehashed  # the paper (a file entry) was read again, and was whole
     assert cache.seen(hexd)[""] == inputcache.stamp(os.lstat(cache.data(hexd)))
+    rehashed.clear()
+    stage("j4")
+    assert rehashed == []
 
 
 # -- item 5: a sparse input and the working copy ----------------------------------------------
