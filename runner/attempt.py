@@ -214,7 +214,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
             how="reattached",
         )  # fmt: skip
-        outcome = agent_run.ended(outcome, guards.agent)
+        outcome = agent_run.ended(_disk_at_end(outcome, guards), guards.agent)
         agent_run.settle(job.plan, job.dir, n)
         return AttemptResult(outcome, known, guards, n)
 
@@ -257,7 +257,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
         files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via)
         files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
-        layout.working_copy(job.dir, job.contract)
+        layout.working_copy(job.dir, job.contract, p.limits.disk_quota_bytes)
         streams = [p.stdout_path, p.stderr_path]
         if n > 1:  # the last attempt's stdout and stderr move to its record, never truncated
             if not (job.dir.attempt_record(n - 1) / "output-manifest.json").exists():
@@ -371,9 +371,18 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 gone = replace(known, egress=down)
                 raise Stopped("container", cause, gone) from None
             raise cause from None
-    outcome = agent_run.ended(outcome, guards.agent)
+    outcome = agent_run.ended(_disk_at_end(outcome, guards), guards.agent)
     agent_run.settle(p, job.dir, n, secrets)
     return AttemptResult(outcome, known, guards, n, redactor)
+
+
+def _disk_at_end(outcome: container.Outcome, guards: quotas.Guards) -> container.Outcome:
+    """The disk quota measured once more as a container that ended by itself: a job that
+    wrote past it and exited within one tick of the watch is stopped for it all the same."""
+    ended_itself = not (outcome.stopped_for or outcome.cancelled or outcome.timed_out)
+    if ended_itself and guards.disk.measure() > guards.disk.quota:
+        return replace(outcome, stopped_for="disk_quota_exceeded")
+    return outcome
 
 
 def _egress_lease(

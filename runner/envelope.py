@@ -577,7 +577,8 @@ class ResultEnvelope(_Model):
     inputsUnchanged: bool | None = Field(
         default=None,
         description="Whether input/ was, after the job, exactly as staged (re-hashed, no link "
-        "followed); false comes with a warning naming the first change; null: not checked.",
+        "followed); false makes the run failed with input_digest_mismatch, its reason naming "
+        "the first change; null: not checked.",
     )
     jobDir: str | None = Field(default=None, description="Host folder holding the job's files.")
     materials: list[Material] = Field(

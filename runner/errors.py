@@ -14,6 +14,7 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   ├── ProtocolAmbiguous        protocol_ambiguous: no command, or a required fragment missing
     │   ├── ImageDigestMismatch      image_digest_mismatch: the local image is not the pinned one
     │   ├── InputDigestMismatch      input_digest_mismatch: a staged input is not the one bound
+    │   │                            (also input/ changed during a job: classified, not raised)
     │   ├── AssetDigestMismatch      asset_digest_mismatch: an asset's bytes are not the ones bound
     │   ├── JobAlreadyFinished       the job id already ran to an end on this host
     │   └── BundleInvalid            bundle_invalid: a bundle that cannot be made, or that does
@@ -59,7 +60,8 @@ class Family(Enum):
                       "not to blame")  # fmt: skip
     REFUSED = (3, "refused before anything ran (for `runner export` and `runner "
                "verify-bundle`: a bundle that cannot be made, or that does not "
-               "verify)")  # fmt: skip
+               "verify; `input_digest_mismatch` also after a job whose input/ changed "
+               "while it ran)")  # fmt: skip
     NOT_FOUND = (5, "no such job: the job id or folder given to status, parse, ledger, "
                  "export ... is not on this host")  # fmt: skip
     JOB_FAILED = (1, "the job ran and failed (also `partial`), or its budget was already spent")
@@ -148,7 +150,9 @@ _TABLE: dict[Category, _Row] = {
     Category.INPUT_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
         "a staged input (paper, repository) is not the one the contract binds: its digest "
         "differs (the reason names the first differing path), or the repository is not the "
-        "commit the contract names"),
+        "commit the contract names; or input/ was not as staged after the job (changed on "
+        "the host while it ran): the job ran on other inputs, so none of its values is a "
+        "result"),
     Category.ASSET_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
         "an asset's bytes (from a source, or unpacked) are not the ones the contract binds: "
         "its SHA-256 or size differs (the reason names the asset and both digests); nothing "

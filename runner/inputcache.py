@@ -1,4 +1,8 @@
-"""The input cache: a contract's inputs (paper, repository, agent prompt), kept once per digest
+"""Long on purpose: the input cache is one store with its whole life (made, checked on each
+use, re-hashed, removed) in one place, so the rules on when a cached byte may be used are read
+together.
+
+The input cache: a contract's inputs (paper, repository, agent prompt), kept once per digest
 and hard-linked into the next job's ``input/`` instead of copied and hashed again.
 
 Layout of ``<state>/cache/inputs/``::
@@ -9,7 +13,8 @@ Layout of ``<state>/cache/inputs/``::
                                  and modification time when the entry was made (0444)
     tmp/                         entries being built (renamed into entries/ whole)
     locks/<hex>.lock             flock(2) per digest (:mod:`runner.locks`, as the asset cache)
-    meta/<hex>.json              the paths it was staged as, when made, when last used
+    meta/<hex>.json              the paths it was staged as, when made, when last used, and
+                                 each file's stamp as last seen whole (``seen``)
 
 ``<hex>`` is the hex of the input's digest (:mod:`runner.inputs`: SHA-256 of a file's bytes, or
 of a folder's runner-tree-v1 listing).
@@ -21,11 +26,14 @@ hard-linked into ``input/`` file by file: the source beside the contract is not 
 walked, not hashed (the contract's signature covers the digest; the entry was hashed when it
 was made, and its manifest's listing must hash to its name). Each cached file is checked on the
 way (``lstat``: a regular file with the inode, size, modification time and read-only mode it had
-when made): a file edited, replaced or made writable on the host fails the check, the entry is
-removed and the input is staged from its source as before. Edits that keep size and restore the
-modification time are not seen by that check; ``runner cache verify`` re-hashes every entry,
-and the check of ``input/`` after each job (which re-hashes it) names any file that is not what
-was recorded.
+when made, and the device, inode, size, mtime and *ctime* of its :func:`stamp` when the runner
+last saw it whole: made, verified or linked, kept in meta/). A user can restore an mtime but not
+a ctime, so a file whose stamp differs (edited, even same size with its mtime put back; or only
+linked or unlinked by a job folder) is re-hashed before it is linked. A file edited, replaced or
+made writable on the host fails, the entry is removed and the input is staged from its source
+as before. What changes between the check and the link, or during the job, the re-hash of
+``input/`` after the job finds: the run is then ``input_digest_mismatch`` and the entries the
+job used are re-hashed (:func:`verify_used`); ``runner cache verify`` re-hashes every entry.
 
 Without a digest in the contract, or without an entry, the input is copied and hashed as before,
 and the copy just made becomes the entry: its files are hard-linked (not copied again) into a
@@ -60,7 +68,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner import archives, inputs, locks, log
+from runner import archives, inputs, locks, log, safefs
 from runner.staging import JobDir, StagedFile, StagedInput, Stager, write_json
 
 RECORD = "inputs.json"
@@ -177,18 +185,46 @@ class InputCache:
                     removed.append(path.name)
         return removed
 
-    def touch(self, hexd: str, path: str, *, made: bool = False) -> None:
-        """Record in meta/ that the entry was used now (staged as ``path``)."""
-        file = self.meta(hexd)
+    def _read_meta(self, hexd: str) -> dict[str, Any]:
         try:
-            meta: dict[str, Any] = json.loads(file.read_bytes())
+            meta = json.loads(self.meta(hexd).read_bytes())
         except (OSError, ValueError):
-            meta = {}
+            return {}
+        return meta if isinstance(meta, dict) else {}
+
+    def seen(self, hexd: str) -> dict[str, list[int]]:
+        """Each cached file's :func:`stamp` when the runner last saw it whole (made, verified
+        or linked); what is missing or malformed is simply not known (re-hashed on use)."""
+        got = self._read_meta(hexd).get("seen")
+        if not isinstance(got, dict):
+            return {}
+        return {
+            str(k): v
+            for k, v in got.items()
+            if isinstance(v, list) and len(v) == 5 and all(type(x) is int for x in v)
+        }
+
+    def touch(
+        self,
+        hexd: str,
+        path: str | None,
+        *,
+        made: bool = False,
+        seen: dict[str, list[int]] | None = None,
+    ) -> None:
+        """Record in meta/ that the entry was used now (staged as ``path``; None: only
+        checked), and, given ``seen``, its files' stamps as just seen."""
+        file = self.meta(hexd)
+        meta = self._read_meta(hexd)
         now = _now()
-        meta.update(digest=f"sha256:{hexd}", lastUsedAt=now)
-        meta["paths"] = sorted({*meta.get("paths", []), path})
-        if made or "madeAt" not in meta:
-            meta["madeAt"] = now
+        meta["digest"] = f"sha256:{hexd}"
+        if path is not None:
+            meta["lastUsedAt"] = now
+            meta["paths"] = sorted({*meta.get("paths", []), path})
+            if made or "madeAt" not in meta:
+                meta["madeAt"] = now
+        if seen is not None:
+            meta["seen"] = seen
         write_json(file, meta)
 
     def usage(self, hexd: str) -> int:
@@ -234,13 +270,15 @@ def _read_only(kind: str) -> int:
     return 0o555 if kind == "X" else 0o444
 
 
-def add(cache: InputCache, got: StagedInput, staged_at: Path) -> bool:
+def add(cache: InputCache, got: StagedInput, staged_at: Path) -> dict[str, list[int]] | None:
     """Make ``got`` (just staged, hashed, at ``staged_at``) an entry by hard-linking its files
-    (never copying them); call under the digest's lock. False when no entry was made (a link
-    failed: another file system, or too many links)."""
+    (never copying them); call under the digest's lock. Each file's :func:`stamp` once made
+    read-only (for :meth:`InputCache.touch`); None when no entry was made (a link failed:
+    another file system, or too many links)."""
     hexd = hex_of(got.digest)
     if hexd is None or os.path.lexists(cache.entry(hexd)):
-        return False
+        return None
+    seen: dict[str, list[int]] = {}
     cache.prepare()
     tmp = cache.root / "tmp" / f"{hexd}.{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -252,6 +290,7 @@ def add(cache: InputCache, got: StagedInput, staged_at: Path) -> bool:
             os.link(staged_at, data, follow_symlinks=False)
             os.chmod(data, _read_only(kind))
             st = os.lstat(data)
+            seen[""] = stamp(st)
             rows.append(_file_row(None, "", st, got.files[0].sha256) | {"kind": kind})
         else:
             data.mkdir()
@@ -267,6 +306,8 @@ def add(cache: InputCache, got: StagedInput, staged_at: Path) -> bool:
                 if e.kind != "L":
                     os.chmod(dst, _read_only(e.kind))
                 st = os.lstat(dst)
+                if e.kind != "L":
+                    seen[e.path] = stamp(st)
                 rows.append(_file_row(e, e.path, st, e.sha256))
             for folder in [*reversed(folders), data]:
                 os.chmod(folder, 0o555)  # noqa: S103 - read-only to everyone, owner included
@@ -284,16 +325,51 @@ def add(cache: InputCache, got: StagedInput, staged_at: Path) -> bool:
     except OSError as exc:
         archives.remove_tree(tmp)
         if exc.errno in _NO_LINK:
-            return False
+            return None
         raise
-    return True
+    return seen
 
 
 # -- placing an entry -------------------------------------------------------------------------
 
 
-def _fresh(path: str | Path, row: dict[str, Any]) -> None:
-    """The cached file is as it was made (cheap: one lstat; a link's target is re-hashed)."""
+def stamp(st: os.stat_result) -> list[int]:
+    """What shows a cached file unchanged since it was last seen: its device, inode, size,
+    modification time and change time (ns). A user can restore a file's mtime (``utime``)
+    but not its ctime: any write, chmod, utime or link sets it to now."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _rehash(path: str | Path, row: dict[str, Any], st: os.stat_result) -> None:
+    """Hash the cached file (opened without following a link, the inode ``lstat`` saw) and
+    compare with its row; it must not change while it is read."""
+    name = row["path"] or "the file"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Stale(f"{name} cannot be read: {exc.strerror}") from None
+    try:
+        before = os.fstat(fd)
+        if stamp(before) != stamp(st):
+            raise Stale(f"{name} changed while it was checked")
+        digest = hashlib.sha256()
+        size = safefs.copy_sparse(fd, None, before.st_size, digest)
+        if size != row["size"] or digest.hexdigest() != row["sha256"]:
+            raise Stale(f"{name} does not hash to what was cached")
+        if stamp(os.fstat(fd)) != stamp(before):
+            raise Stale(f"{name} changed while it was hashed")
+    finally:
+        os.close(fd)
+
+
+def _fresh(path: str | Path, row: dict[str, Any], seen: list[int] | None = None,
+           *, rehash: bool = True) -> os.stat_result | None:  # fmt: skip
+    """The cached file is as it was made: a read-only regular file with the inode, size and
+    mtime it was cached with, and (cheap: one lstat) the device, inode, size, mtime and ctime
+    it had when last seen (``seen``: when it was cached, verified or last linked). When it
+    cannot be shown unchanged so (``seen`` differs or is unknown), it is re-hashed (unless
+    ``rehash`` is off: the caller hashes it). Its lstat (None for a link, whose target is
+    re-hashed)."""
     try:
         st = os.lstat(path)
     except OSError as exc:
@@ -302,12 +378,15 @@ def _fresh(path: str | Path, row: dict[str, Any]) -> None:
         target = os.readlink(path) if stat.S_ISLNK(st.st_mode) else ""
         if hashlib.sha256(os.fsencode(target)).hexdigest() != row["sha256"]:
             raise Stale(f"{row['path']} is not the link it was")
-        return
+        return None
     mode = stat.S_IMODE(st.st_mode)
     if not stat.S_ISREG(st.st_mode) or mode != _read_only(row["kind"]):
         raise Stale(f"{row['path'] or 'the file'} is no longer a read-only file ({mode:o})")
     if (st.st_ino, st.st_size, st.st_mtime_ns) != (row["ino"], row["size"], row["mtimeNs"]):
         raise Stale(f"{row['path'] or 'the file'} was replaced or changed since it was cached")
+    if rehash and stamp(st) != seen:
+        _rehash(path, row, st)
+    return st
 
 
 def _place(src: str | Path, dst: str | Path, row: dict[str, Any]) -> None:
@@ -319,14 +398,40 @@ def _place(src: str | Path, dst: str | Path, row: dict[str, Any]) -> None:
         if row["kind"] == "L":
             os.symlink(os.readlink(src), dst)
         else:  # the bytes checked by _fresh; a copy the job cannot reach the cache through
-            shutil.copyfile(src, dst, follow_symlinks=False)
-            os.chmod(dst, 0o755 if row["kind"] == "X" else 0o644)
+            _copy_out(src, dst, 0o755 if row["kind"] == "X" else 0o644)
+
+
+def _copy_out(src: str | Path, dst: str | Path, mode: int) -> None:
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        out = os.open(dst, flags, mode)
+        try:
+            safefs.copy_sparse(fd, out, os.fstat(fd).st_size)
+            os.fchmod(out, mode)
+        finally:
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def _seen_after(src: str | Path, before: os.stat_result | None, row: dict[str, Any]) -> list[int]:
+    """The stamp of the cached file once placed (linking it set its ctime): the same file,
+    same size and mtime, as just checked."""
+    st = os.lstat(src)
+    if before is None or stamp(st)[:4] != stamp(before)[:4]:
+        raise Stale(f"{row['path'] or 'the file'} changed while it was placed")
+    return stamp(st)
 
 
 def place(cache: InputCache, hexd: str, m: dict[str, Any], field: str, rel: str,
-          input_root: Path) -> StagedInput:  # fmt: skip
+          input_root: Path, seen: dict[str, list[int]] | None = None) -> StagedInput:  # fmt: skip
     """Hard-link the entry into ``input_root/rel``; the staged input it stands for. Raises
-    :class:`Stale` (leaving nothing at ``input_root/rel``) when a cached file has changed."""
+    :class:`Stale` (leaving nothing at ``input_root/rel``) when a cached file has changed.
+    ``seen``: each file's :func:`stamp` when last seen, read from the entry's meta (a file
+    whose stamp differs is re-hashed before it is linked), updated in place to the stamps
+    after linking."""
+    seen = {} if seen is None else seen
     data = cache.data(hexd)
     dst = input_root / rel
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -334,8 +439,9 @@ def place(cache: InputCache, hexd: str, m: dict[str, Any], field: str, rel: str,
     try:
         if m["kind"] == "file":
             row = rows[0]
-            _fresh(data, row)
+            st = _fresh(data, row, seen.get(""))
             _place(data, dst, row)
+            seen[""] = _seen_after(data, st, row)
             files = [StagedFile(rel, row["sha256"], row["size"])]
             return StagedInput(field, rel, m["digest"], None, files, row["kind"] == "X")
         dst.mkdir()
@@ -347,8 +453,11 @@ def place(cache: InputCache, hexd: str, m: dict[str, Any], field: str, rel: str,
                 os.mkdir(f"{dst_at}/{path}")
                 found[path] = inputs.Entry("D", path)
                 continue
-            _fresh(f"{src_at}/{path}", row)
-            _place(f"{src_at}/{path}", f"{dst_at}/{path}", row)
+            src = f"{src_at}/{path}"
+            st = _fresh(src, row, seen.get(path))
+            _place(src, f"{dst_at}/{path}", row)
+            if st is not None:
+                seen[path] = _seen_after(src, st, row)
             files.append(StagedFile(f"{rel}/{path}", row["sha256"], row["size"],
                                     link=row["kind"] == "L"))  # fmt: skip
             found[path] = inputs.Entry(row["kind"], path, row["sha256"])
@@ -408,8 +517,9 @@ def stager(cache: InputCache, job: JobDir, *, done: Staged | None = None) -> Sta
             with cache.locked(hexd):
                 m = cache.read_manifest(hexd)
                 if m is not None:
+                    seen = cache.seen(hexd)
                     try:
-                        got = place(cache, hexd, m, field, rel, job.input)
+                        got = place(cache, hexd, m, field, rel, job.input, seen)
                     except Stale as exc:
                         log.event(
                             logging.WARNING,
@@ -418,7 +528,7 @@ def stager(cache: InputCache, job: JobDir, *, done: Staged | None = None) -> Sta
                         )
                         cache.remove(hexd)
                     else:
-                        cache.touch(hexd, rel)
+                        cache.touch(hexd, rel, seen=seen)
                         if done is not None:
                             done.linked.append(field)
                         return got, True
@@ -430,12 +540,14 @@ def stager(cache: InputCache, job: JobDir, *, done: Staged | None = None) -> Sta
             return got, False  # refused next (not the input the contract binds): never cached
         _record(job, field, got.digest)
         with cache.locked(made):
+            stamps = None  # an entry there already: its stamps as they were
             if cache.read_manifest(made) is None:
                 if os.path.lexists(cache.entry(made)):
                     cache.remove(made)  # unusable (a manifest lost): made again below
-                if add(cache, got, job.input / rel) and done is not None:
+                stamps = add(cache, got, job.input / rel)
+                if stamps is not None and done is not None:
                     done.cached.append(field)
-            cache.touch(made, rel, made=True)
+            cache.touch(made, rel, made=True, seen=stamps)
         return got, False
 
     return stage
@@ -446,11 +558,12 @@ def stager(cache: InputCache, job: JobDir, *, done: Staged | None = None) -> Sta
 
 def verify_entry(cache: InputCache, hexd: str) -> str | None:
     """Re-hash an entry's every file against its manifest, and its listing against its name;
-    None when it is whole, else what is wrong."""
+    None when it is whole (its files' stamps then recorded as seen), else what is wrong."""
     m = cache.read_manifest(hexd)
     if m is None:
         return "its manifest is missing, unreadable or not this digest's"
     data = cache.data(hexd)
+    seen: dict[str, list[int]] = {}
     for row in m["entries"]:
         path = data / row["path"] if row["path"] else data
         if row["kind"] == "D":
@@ -458,14 +571,13 @@ def verify_entry(cache: InputCache, hexd: str) -> str | None:
                 return f"{row['path']} is not a folder"
             continue
         try:
-            _fresh(path, row)
-            if row["kind"] != "L":
-                with path.open("rb") as f:
-                    sha = hashlib.file_digest(f, "sha256").hexdigest()
-                if sha != row["sha256"]:
-                    return f"{row['path'] or 'the file'} does not hash to what was cached"
+            st = _fresh(path, row, rehash=False)
+            if st is not None:
+                _rehash(path, row, st)
+                seen[row["path"]] = stamp(st)
         except (Stale, OSError) as exc:
             return str(exc)
+    cache.touch(hexd, None, seen=seen)
     return None
 
 
@@ -480,4 +592,17 @@ def verify(cache: InputCache, *, remove: bool = True) -> dict[str, str]:
                 bad[hexd] = problem
                 if remove:
                     cache.remove(hexd)
+    return bad
+
+
+def verify_used(cache: InputCache, job: JobDir) -> list[str]:
+    """Re-hash the entries ``job`` was staged from (its ``record/inputs.json``) and remove
+    those that are not whole: after a job whose ``input/`` changed (its files are the cached
+    inodes), so no later job is handed the changed bytes. The hexes removed."""
+    bad = []
+    for hexd in used_by(job):
+        with cache.locked(hexd):
+            if os.path.lexists(cache.entry(hexd)) and verify_entry(cache, hexd) is not None:
+                cache.remove(hexd)
+                bad.append(hexd)
     return bad

@@ -11,6 +11,10 @@ Stages take values and return values: what the run knows so far is a frozen
 :class:`~runner.stages.Stopped` with its name and what was known, from which the envelope of
 the failed run is built. The attempt itself (resume or new) is :mod:`runner.attempt`, the
 classification of its end :mod:`runner.outcome`, the envelope :func:`runner.envelope.build`.
+
+Long on purpose: the whole sequence, with every way out of it ending in an envelope (the
+inputs re-hashed after the run, the agent's secrets redacted before anything is hashed),
+reads top to bottom in one place; each step is a call into the module that owns it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from runner import (
     backends,
     errors,
     evidence,
+    inputcache,
     log,
     plan,
     policy,
@@ -59,7 +64,7 @@ from runner.envelope import (
 from runner.errors import Category, JobAlreadyFinished, JobBusy, PolicyViolation, RunnerError
 from runner.ledger import Ledger, LedgerCorrupt, read_state
 from runner.options import RunOptions
-from runner.outcome import classify
+from runner.outcome import classify, inputs_changed
 from runner.plan import ExecutionPlan
 from runner.stages import Clock, Known, Logged, Silent, Stopped, log_end, now_iso, stage
 
@@ -377,8 +382,6 @@ def _read_evidence(
             + ", ".join(f"{k} dropped {v:,} bytes" for k, v in dropped.items() if v)
         )
     checked = staging.recheck_inputs(job)
-    if checked.problem is not None:
-        warnings.append(f"the staged inputs changed while the job ran: {checked.problem}")
     status: Status = "failed" if failure else "succeeded"
     if failure is None and errs:
         first = errs[0]
@@ -386,6 +389,9 @@ def _read_evidence(
             category=first.category, stage="parsers", retryable=False, reason=first.reason
         )
         status = "partial" if results else "failed"
+    if checked.unchanged is False:  # what ran is not what the contract binds: no result
+        removed = inputcache.verify_used(inputcache.InputCache.of_state(opts.state.root), job)
+        failure, status = inputs_changed(str(checked.problem), removed, failure), "failed"
     claim = agent_result.read(
         job.output,
         max_bytes,

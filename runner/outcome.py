@@ -89,3 +89,21 @@ def classify(outcome: Outcome, budget_seconds: float) -> Failure | None:
                 reason=rule.reason(outcome, budget_seconds),
             )
     return None
+
+
+def inputs_changed(problem: str, removed: list[str], failure: Failure | None) -> Failure:
+    """``input/`` was not, after the job, what was staged (``problem``: the first change;
+    ``removed``: the input cache entries then found changed and removed): the run is
+    ``input_digest_mismatch`` whatever else it did (``failure``, named in the reason), since
+    the job read other inputs than the ones the contract binds."""
+    cached = "".join(f"; cache entry sha256:{h[:12]}… changed too, removed" for h in removed)
+    also = f" (the job also ended {failure.category}: {failure.reason})" if failure else ""
+    return Failure(
+        category=Category.INPUT_DIGEST_MISMATCH,
+        stage="container",
+        retryable=False,
+        reason=(
+            f"the staged inputs changed while the job ran ({problem}): what the job read is "
+            f"not what the contract binds, so no value of this run is its result{cached}{also}"
+        ),
+    )

@@ -6,7 +6,8 @@ Docker cannot cap a bind mount on this filesystem, so the runner measures:
   as what they take). A walk over a million files is not free, so walks are spaced by at least
   20 times the last walk's duration (and at least ``min_interval`` seconds): the measurement
   never costs more than about 5% of one core. Past the quota the job is stopped
-  (``disk_quota_exceeded``); its files stay for inspection.
+  (``disk_quota_exceeded``), and measured once more as its container ends
+  (``runner.attempt._disk_at_end``); its files stay for inspection.
 - **Logs**: each of stdout and stderr is capped. Past the cap the runner keeps the first and
   last halves: while the job runs it punches a hole in the middle (``fallocate``), so the
   disk is freed without touching the job's open file; at the end the file is rewritten as head

@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -206,3 +206,84 @@ def read_named(path: Path, cap: int) -> bytes:
     if len(data) > cap:
         raise UnsafePath(str(path), f"is larger than {cap:,} bytes")
     return data
+
+
+COPY_CHUNK = 1024 * 1024
+_ZEROS = bytes(COPY_CHUNK)
+
+
+class _Hash(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+
+def _next_data(fd: int, pos: int, end: int) -> int:
+    """Where the next data at or after ``pos`` starts (``end`` when only a hole is left);
+    ``pos`` itself on a file system without SEEK_DATA (everything is data there)."""
+    try:
+        return min(os.lseek(fd, pos, os.SEEK_DATA), end)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # no data past pos: a hole to the end (or past EOF)
+            return end
+        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return pos
+        raise
+
+
+def _next_hole(fd: int, pos: int, end: int) -> int:
+    try:
+        return min(os.lseek(fd, pos, os.SEEK_HOLE), end)
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.EINVAL, errno.EOPNOTSUPP):
+            return end
+        raise
+
+
+def copy_sparse(
+    src: int,
+    dst: int | None,
+    size: int,
+    digest: _Hash | None = None,
+    *,
+    on_write: Callable[[int], None] | None = None,
+) -> int:
+    """Copy the first ``size`` bytes of the open file ``src`` to the open, empty file ``dst``
+    (None: only read), keeping holes: the source's holes (``SEEK_DATA``/``SEEK_HOLE``) are
+    never read nor written, and a run of zeros in its data becomes a hole too. ``digest`` is
+    fed every byte as the file reads (zeros for holes), so the hash is the file's. The one
+    copy routine for every file the runner copies from a contract's or a job's folder
+    (staging, the input cache's fallback copy, the working copy). ``on_write(n)`` is told of
+    each ``n`` bytes of data written (before they are), and may raise to stop the copy.
+    Returns the bytes copied: ``size``, or less when the file shrank meanwhile; ``dst`` is
+    truncated to it."""
+    pos = 0
+    while pos < size:
+        data = _next_data(src, pos, size)
+        while pos < data:  # a hole: zeros for the hash, nothing read, nothing written
+            n = min(COPY_CHUNK, data - pos)
+            if digest is not None:
+                digest.update(_ZEROS[:n])
+            pos += n
+        if pos >= size:
+            break
+        hole = _next_hole(src, pos, size)
+        if hole <= pos:
+            hole = size
+        while pos < hole:
+            chunk = os.pread(src, min(COPY_CHUNK, hole - pos), pos)
+            if not chunk:  # shrank under us: what was there is what was copied
+                size = pos
+                break
+            if digest is not None:
+                digest.update(chunk)
+            if dst is not None and chunk != _ZEROS[: len(chunk)]:
+                if on_write is not None:
+                    on_write(len(chunk))
+                view = memoryview(chunk)
+                at = pos
+                while view:
+                    done = os.pwrite(dst, view, at)
+                    view, at = view[done:], at + done
+            pos += len(chunk)
+    if dst is not None:
+        os.ftruncate(dst, pos)
+    return pos

@@ -128,7 +128,7 @@ def stage(contract_path: Path, opts: RunOptions, *, host_uid: int, host_gid: int
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job)
         files = staging.stage_inputs(job, contract, opts.input_rules(), via=via)
         files.append(layout.add_input(job, "result.schema.json", agent_result.schema_bytes()))
-        layout.working_copy(job, contract)
+        layout.working_copy(job, contract, p.limits.disk_quota_bytes)
         streams = [p.stdout_path, p.stderr_path]
         if n > 1:  # as runner.attempt: the last attempt's streams move to its record
             if not (job.attempt_record(n - 1) / "output-manifest.json").exists():

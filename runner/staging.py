@@ -276,37 +276,25 @@ class _Tally:
             )
 
 
-_ZEROS = bytes(CHUNK)
-
-
 def _copy_fd(fd: int, dst: Path | None, rel: str, tally: _Tally) -> tuple[StagedFile, bool]:
-    """Copy (to ``dst``; None: only read) and hash the open regular file ``fd``; runs of zeros
-    stay holes (sparse files stay sparse); never more than the size the file had when opened,
-    nor past the inputs' cap. Also whether its owner may execute it."""
-    st = os.fstat(fd)
-    tally.take(rel, st.st_size)
-    executable = bool(st.st_mode & stat.S_IXUSR)
-    digest = hashlib.sha256()
-    left = st.st_size
+    """Copy (to ``dst``; None: only read) and hash the open regular file ``fd``, closing it:
+    holes stay holes and runs of zeros become holes (:func:`runner.safefs.copy_sparse`);
+    never more than the size the file had when opened, nor past the inputs' cap. Also
+    whether its owner may execute it."""
     with contextlib.ExitStack() as files:
-        fin = files.enter_context(os.fdopen(fd, "rb"))
-        fout = None
+        files.callback(os.close, fd)
+        st = os.fstat(fd)
+        tally.take(rel, st.st_size)
+        executable = bool(st.st_mode & stat.S_IXUSR)
+        digest = hashlib.sha256()
+        out = None
         if dst is not None:
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-            fout = files.enter_context(os.fdopen(os.open(dst, flags, 0o644), "wb"))
-        while left > 0 and (chunk := fin.read(min(CHUNK, left))):
-            digest.update(chunk)
-            left -= len(chunk)
-            if fout is None:
-                continue
-            if chunk == _ZEROS[: len(chunk)]:
-                fout.seek(len(chunk), os.SEEK_CUR)
-            else:
-                fout.write(chunk)
-        size = st.st_size - left
-        if fout is not None:
-            fout.truncate(size)
-            os.fchmod(fout.fileno(), 0o755 if executable else 0o644)
+            out = os.open(dst, flags, 0o644)
+            files.callback(os.close, out)
+        size = safefs.copy_sparse(fd, out, st.st_size, digest)
+        if out is not None:
+            os.fchmod(out, 0o755 if executable else 0o644)
     return StagedFile(rel, digest.hexdigest(), size), executable
 
 

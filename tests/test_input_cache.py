@@ -115,7 +115,7 @@ def test_the_working_copy_is_a_writable_copy_never_a_link_to_the_cache(tmp_path:
     _stage(state, "j1", contract)
     job, done = _stage(state, "j2", contract)
     assert done.linked == [PAPER, REPO]
-    assert layout.working_copy(job, contract)
+    assert layout.working_copy(job, contract, 1 << 40)
     cache = InputCache.of_state(state.root)
     data = cache.data(_hex(contract, "repository"))
     before = {k: (data / k).read_bytes() for k, st in _files(data).items()
@@ -192,12 +192,12 @@ def test_a_tampered_entry_without_its_source_fails_staging_rather_than_use_it(
     assert _hex(contract, "paper") not in cache.hexes()
 
 
-def test_an_edit_that_keeps_size_and_time_is_caught_by_verify_and_by_the_recheck(
+def test_an_edit_that_keeps_size_and_time_is_caught_by_verify_and_on_link(
     tmp_path: Path,
 ) -> None:
-    """The cheap check on link does not re-hash: an edit keeping the size and restoring the
-    modification time gets through to input/ — and the re-hash of input/ after the job names
-    the file, and `runner cache verify` finds and removes the entry."""
+    """An edit keeping the size and restoring the modification time (issue 25 item 4):
+    `runner cache verify` names the file, and the next job's check on link sees the changed
+    ctime, re-hashes the file, removes the entry and stages the input from its source."""
     contract = _pinned(tmp_path / "c")
     state = StateDir(tmp_path / "state")
     _stage(state, "j1", contract)
@@ -209,17 +209,16 @@ def test_an_edit_that_keeps_size_and_time_is_caught_by_verify_and_by_the_recheck
     paper.write_bytes(body[:-2] + b"!\n")
     os.chmod(paper, 0o444)
     os.utime(paper, ns=(st.st_atime_ns, st.st_mtime_ns))
-    job, done = _stage(state, "j2", contract)
-    assert done.linked == [PAPER, REPO]
-    checked = staging.recheck_inputs(job)
-    assert checked.unchanged is False and checked.problem is not None
-    assert "paper.md" in checked.problem
-    out = run_cli("cache", "verify", "--state-dir", str(state.root), "--json")
+    out = run_cli("cache", "verify", "--keep", "--state-dir", str(state.root), "--json")
     assert out.returncode == 1, out.stderr
     bad = json.loads(out.stdout)["bad"]
     assert [b["sha256"] for b in bad] == [f"sha256:{_hex(contract, 'paper')}"]
     assert "does not hash" in bad[0]["problem"]
-    assert _hex(contract, "paper") not in cache.hexes()
+    assert _hex(contract, "paper") in cache.hexes()  # --keep: only listed
+    job, done = _stage(state, "j2", contract)
+    assert done.linked == [REPO] and done.copied == [PAPER] and done.cached == [PAPER]
+    assert (job.input / "paper.md").read_bytes() == (tmp_path / "c" / "paper.md").read_bytes()
+    assert staging.recheck_inputs(job).unchanged is True
     assert run_cli("cache", "verify", "--state-dir", str(state.root)).returncode == 0
 
 

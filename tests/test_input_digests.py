@@ -185,11 +185,12 @@ def test_input_is_read_only_and_checked_again_after_the_job(tmp_path: Path, imag
     ]
 
 
-def test_inputs_changed_on_the_host_during_the_job_are_reported(
+def test_inputs_changed_on_the_host_during_the_job_fail_the_run(
     tmp_path: Path, image_id: str
 ) -> None:
     """input/ changed under the job (here by the host, the one party that can write it):
-    the envelope says inputsUnchanged false and a warning names the path."""
+    the run is input_digest_mismatch (exit 3, never succeeded), its reason names the path,
+    and the envelope says inputsUnchanged false (issue 25 item 4)."""
     contract = write_contract(tmp_path, image_id, command=["sleep", "3"], measurements=None)
     state = tmp_path / "state"
     proc = start_job(contract, state)
@@ -199,6 +200,7 @@ def test_inputs_changed_on_the_host_during_the_job_are_reported(
     out, err = proc.communicate(timeout=120)
     env = json.loads(out)
     assert env["inputsUnchanged"] is False, (env, err)
-    assert any("input/repository/planted.py was added" in w for w in env["warnings"]), env[
-        "warnings"
-    ]
+    assert proc.returncode == 3, (env.get("failure"), err)
+    assert env["status"] == "failed"
+    assert env["failure"]["category"] == "input_digest_mismatch", env["failure"]
+    assert "input/repository/planted.py was added" in env["failure"]["reason"], env["failure"]
