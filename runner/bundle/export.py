@@ -341,13 +341,12 @@ def _copy(
 
 
 def _copy_stream(f: BinaryIO, dst: Path, size: int) -> tuple[str, int]:
+    """The first ``size`` bytes of ``f`` copied to ``dst`` by the one copy routine
+    (:func:`runner.safefs.copy_sparse`: a sparse evidence file stays sparse in the bundle's
+    folder), with their SHA-256."""
     digest = hashlib.sha256()
-    copied = 0
     with dst.open("wb") as out:
-        while copied < size and (chunk := f.read(min(CHUNK, size - copied))):
-            digest.update(chunk)
-            out.write(chunk)
-            copied += len(chunk)
+        copied = safefs.copy_sparse(f.fileno(), out.fileno(), size, digest)
     return digest.hexdigest(), copied
 
 
