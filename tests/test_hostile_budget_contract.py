@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from runner import jsondepth, signing
 from tests.support import run_cli, write_contract
@@ -230,3 +232,32 @@ def test_repeated_kills_under_load_stay_within_the_stated_bound(
     if checked.stop is not None:  # a runner stopped it: it recorded how
         assert checked.how == "reattached"
         assert checked.found is not None, "a reattaching runner records what it charged"
+
+
+def _depth(value: Any) -> int:
+    todo, deepest = [(value, 1)], 0
+    while todo:
+        node, level = todo.pop()
+        if isinstance(node, list | dict):
+            deepest = max(deepest, level)
+            todo.extend((v, level + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+_BRACKETY = st.sampled_from('"\\[]{}a')
+_VALUES = st.recursive(
+    st.none() | st.integers() | st.text(_BRACKETY),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(_BRACKETY), inner),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_VALUES, cap=st.integers(min_value=1, max_value=12))
+def test_depth_check_agrees_with_the_value(value: Any, cap: int) -> None:
+    """The C-speed check and the token scan against the parsed value's own depth, with
+    brackets, quotes and backslashes in strings and keys."""
+    text = json.dumps(value)
+    within = _depth(value) <= cap
+    assert jsondepth._within(text, cap) == within
+    assert (jsondepth.too_deep(text, cap) is None) == within
