@@ -453,7 +453,7 @@ class Found:
     """None: the container is gone."""
     seconds: float
     """The attempt's running time up to now (running) or to its end (exited), never less."""
-    at: float = 0.0
+    at: float
     """The ``time.monotonic()`` at which ``seconds`` held (for a reattach's deadline)."""
 
 

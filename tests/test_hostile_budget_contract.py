@@ -6,6 +6,7 @@ crash what reads it (a contract, its signed envelope, a signed result, a bundle)
 from __future__ import annotations
 
 import base64
+import io
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runner import jsondepth, signing
+from runner.errors import ImageUnavailable
 from tests.support import run_cli, write_contract
 from tests.support.budget import check_bound
 from tests.test_restarts import BEAT, repeated_kills
@@ -261,3 +263,24 @@ def test_depth_check_agrees_with_the_value(value: Any, cap: int) -> None:
     within = _depth(value) <= cap
     assert jsondepth._within(text, cap) == within
     assert (jsondepth.too_deep(text, cap) is None) == within
+
+
+@pytest.mark.hostile
+def test_deep_image_bundle_manifest_and_input_listing(tmp_path: Path) -> None:
+    """Two more readers of JSON from outside that raised RecursionError at 100000 levels: a
+    `docker save` bundle's manifest.json (an image bundle) and the input listings file beside
+    a contract. Each is now the refusal its reader gives any unreadable file."""
+    from runner import images, inputs
+
+    deep = _deep("array", 100_000).encode()
+    bundle = tmp_path / "image.tar"
+    with tarfile.open(bundle, "w") as tar:
+        member = tarfile.TarInfo("manifest.json")
+        member.size = len(deep)
+        tar.addfile(member, io.BytesIO(deep))
+    with pytest.raises(ImageUnavailable, match="more than 128 levels deep"):
+        images.bundle_image_ids(bundle)
+
+    (tmp_path / inputs.listings_name("task.json")).write_bytes(deep)
+    with pytest.raises(ValueError, match="has no"):
+        inputs.read_listing(tmp_path, "task.json", "repository", "sha256:" + "0" * 64)

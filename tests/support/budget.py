@@ -76,6 +76,8 @@ def check_bound(state: Path, limit: float, heartbeat: float) -> list[Checked]:
         ]
         found = reattached[-1] if reattached else None
         stop = fin.get("stop")
+        if fin["classification"] == "timeout" and fin["how"] in {"observed", "reattached"}:
+            assert stop is not None, ("a runner that stops a job records its stop", fin)
         if stop is not None:  # the runner stopped it
             due = max(left, found or 0.0)
             assert stop["atSeconds"] <= due + heartbeat, (n, stop, due, heartbeat, fin)
