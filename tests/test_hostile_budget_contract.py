@@ -284,3 +284,15 @@ def test_deep_image_bundle_manifest_and_input_listing(tmp_path: Path) -> None:
     (tmp_path / inputs.listings_name("task.json")).write_bytes(deep)
     with pytest.raises(ValueError, match="has no"):
         inputs.read_listing(tmp_path, "task.json", "repository", "sha256:" + "0" * 64)
+
+
+@pytest.mark.hostile
+def test_deep_ledger_line_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    """`runner verify-bundle` and `runner ledger verify` read a bundle's or a job's ledger
+    line by line; a line nested 100000 deep raised RecursionError. It is a broken line."""
+    from runner import ledger
+
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(_deep("object", 100_000).encode() + b"\n")
+    (problem,) = ledger.verify_file(path)
+    assert problem.line == 1 and "more than 128 levels deep" in problem.message
