@@ -208,7 +208,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             agent_run.settle(job.plan, job.dir, n)
             return AttemptResult(outcome, known, guards, n)
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
-        w = _watch(job, n, before, found.seconds, guards)
+        w = _watch(job, n, before, found.seconds, guards, as_of=found.at)
         watched = container.watch(job.backend, cid, w, progress)
         outcome = container.finish(
             job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
@@ -458,18 +458,28 @@ def _check_runtime(job: Job) -> None:
         )
 
 
-def _watch(job: Job, n: int, before: float, already: float, guards: quotas.Guards) -> Watch:
-    """How to watch attempt ``n``: deadline from the remaining budget, heartbeats to the
-    ledger and runtime-budget.json."""
+def _watch(
+    job: Job,
+    n: int,
+    before: float,
+    already: float,
+    guards: quotas.Guards,
+    as_of: float | None = None,
+) -> Watch:
+    """How to watch attempt ``n``: deadline from the remaining budget as of ``as_of`` (a
+    reattach: when it was charged), heartbeats to the ledger and runtime-budget.json."""
     ledger, limit = job.ledger, job.limit
 
-    def beat(seconds: float) -> None:
+    def beat(seconds: float, reattached: bool) -> None:
         total = before + seconds
-        ledger.append(
-            f"attempt-{n}.beat-{len(ledger.events)}",
-            "heartbeat",
-            {"attempt": n, "attemptSeconds": round(seconds, 3), "consumedSeconds": round(total, 3)},
-        )
+        data: dict[str, Any] = {
+            "attempt": n,
+            "attemptSeconds": round(seconds, 3),
+            "consumedSeconds": round(total, 3),
+        }
+        if reattached:  # what this runner charged for the time no runner watched
+            data["reattached"] = True
+        ledger.append(f"attempt-{n}.beat-{len(ledger.events)}", "heartbeat", data)
         job.dir.write_budget(Budget(limit, total))
 
     opts = job.options
@@ -492,6 +502,7 @@ def _watch(job: Job, n: int, before: float, already: float, guards: quotas.Guard
         guard=guards.check,
         breached=guards.breached,
         lease=opts.lease_seconds,
+        as_of=as_of,
     )
 
 

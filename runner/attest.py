@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner import signing
+from runner import jsondepth, signing
 from runner.envelope import ResultEnvelope
 from runner.errors import SignatureInvalid
 
@@ -235,7 +235,7 @@ def _peek(path: Path) -> Any:
     try:
         if path.stat().st_size > MAX_BYTES:
             raise ValueError(f"over {MAX_BYTES // 2**20} MiB")
-        return json.loads(path.read_bytes())
+        return jsondepth.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
         raise SignatureInvalid(
             f"{path} is not a result: it is not readable JSON ({exc})", hint=WHAT_IT_TAKES
@@ -246,7 +246,7 @@ def _predicate_type(dsse: dict[str, Any]) -> object:
     """The predicate type an in-toto envelope's payload names, read before verifying: only
     to tell which file this is. Nothing read here is trusted."""
     try:
-        return json.loads(signing._b64(dsse.get("payload"), "payload")).get("predicateType")
+        return jsondepth.loads(signing._b64(dsse.get("payload"), "payload")).get("predicateType")
     except (SignatureInvalid, ValueError, AttributeError):
         return None
 
@@ -364,14 +364,14 @@ def _statement(
     path: Path, trusted: list[signing.TrustedKey]
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     try:
-        dsse = json.loads(path.read_bytes())
+        dsse = jsondepth.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
         raise SignatureInvalid(f"{path} is not a readable signed result: {exc}") from exc
     if not isinstance(dsse, dict):
         raise SignatureInvalid(f"{path} is not a DSSE envelope")
     verified = signing.verify_envelope(dsse, trusted, 1, payload_type=PAYLOAD_TYPE)
     try:
-        stmt = json.loads(verified.payload)
+        stmt = jsondepth.loads(verified.payload)
     except ValueError as exc:
         raise SignatureInvalid(f"{path}: the signed payload is not JSON") from exc
     if not isinstance(stmt, dict) or stmt.get("_type") != STATEMENT_TYPE:
@@ -424,7 +424,7 @@ def verify_result(
                     hint="the envelope was changed after it was signed",
                 )
             else:
-                envelope = json.loads(written)
+                envelope = jsondepth.loads(written)
             files.update(signed)
         if loc.envelope_statement is not None:
             stmt, ids = _statement(loc.envelope_statement, trusted)
@@ -432,7 +432,7 @@ def verify_result(
                 raise SignatureInvalid(f"{loc.envelope_statement} is not a runner result statement")
             keyids.update(ids)
             statements.append((loc.envelope_statement, ENVELOPE_PREDICATE_TYPE))
-            if written is not None and stmt.get("predicate") != json.loads(written):
+            if written is not None and stmt.get("predicate") != jsondepth.loads(written):
                 raise SignatureInvalid(
                     f"{loc.envelope} is not the envelope that {loc.envelope_statement} signs",
                     hint="the envelope was changed after it was signed",

@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
@@ -35,7 +35,7 @@ from runner.errors import (
     JobFenced,
     RunnerError,
 )
-from runner.ledger import Attempt
+from runner.ledger import Attempt, parse_time
 from runner.plan import ExecutionPlan
 
 
@@ -50,6 +50,19 @@ class Progress(Protocol):
 
 
 @dataclass(frozen=True)
+class Stop:
+    """The runner's stop of a container, for the ledger's ``attempt.finished``: the attempt's
+    running seconds when the runner asked the engine to stop it, and the seconds until the
+    engine said it had (SIGTERM, then SIGKILL after the grace), both counted as consumed."""
+
+    at_seconds: float
+    seconds: float
+
+    def as_json(self) -> dict[str, float]:
+        return {"atSeconds": round(self.at_seconds, 3), "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How an attempt's container ended."""
 
@@ -61,10 +74,12 @@ class Outcome:
     timed_out: bool
     cancelled: bool
     how: str = "observed"
+    """observed | recovered (ended while the runner was away) | ledger (read back)."""
     stopped_for: str | None = None
     """disk_quota_exceeded | log_limit_exceeded when the runner stopped it for a quota;
     agent.maxTurns | agent.maxBudgetUsd when an agent passed that limit."""
-    """observed | recovered (ended while the runner was away) | ledger (read back)."""
+    stop: Stop | None = None
+    """When the runner stopped it (the deadline, a quota, Ctrl-C), and how long that took."""
 
 
 def container_name(job_root: Path, job_id: str, attempt: int) -> str:
@@ -157,8 +172,13 @@ class Watch:
     grace: float
     tick: float
     heartbeat: float
-    on_beat: Callable[[float], None]
-    """Called with the attempt's running seconds at each heartbeat."""
+    on_beat: Callable[[float, bool], None]
+    """Called with the attempt's running seconds at each heartbeat, and whether it is the one
+    a reattaching runner writes at once (what it charged for the time no runner watched)."""
+    as_of: float | None = None
+    """The ``time.monotonic()`` at which ``already`` and ``budget_left`` held (when the
+    container started, or when :func:`recover` charged it); None: when the watch begins. The
+    time between is counted, so the deadline is the budget's end, not that plus the gap."""
     guard: Callable[[], str | None] = lambda: None
     """Checked every tick: a reason to stop the job (a quota), or None."""
     breached: Callable[[], str | None] = lambda: None
@@ -240,18 +260,49 @@ class Watched:
     """The attempt's running seconds (across reattaches)."""
     stopped_for: str | None
     """The guard's reason when the runner stopped it for a quota."""
+    stop: Stop | None = None
 
 
 def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> Watched:
-    """Wait for the container against the deadline and the guards (quotas)."""
-    origin = time.monotonic() - w.already
-    deadline = time.monotonic() + w.budget_left
-    next_beat = time.monotonic() + w.heartbeat
+    """Wait for the container against the deadline and the guards (quotas). The deadline is
+    checked before anything else each time the loop wakes (at the latest every tick), so the
+    stop is asked for at the budget's end, not after a quota walk or a heartbeat write; a
+    reattaching runner writes a heartbeat at once, before it stops a job whose budget ran
+    out while no runner watched."""
+    start = w.as_of if w.as_of is not None else time.monotonic()
+    origin = start - w.already
+    deadline = start + w.budget_left
+    next_beat = start + w.heartbeat
     timed_out = cancelled = False
     stopped_for = None
+    stop: Stop | None = None
     lease = _Lease(backend, container_id, w.lease)
+
+    def stop_it() -> None:
+        nonlocal stop
+        asked = time.monotonic()
+        try:
+            backend.stop(container_id, w.grace)
+        finally:
+            stop = Stop(asked - origin, time.monotonic() - asked)
+
+    def beat(reattached: bool = False) -> None:
+        try:
+            w.on_beat(time.monotonic() - origin, reattached)
+        except (RunnerError, OSError):
+            # Fenced (another host took the job over), or the ledger cannot be written:
+            # this runner can no longer account for the job, so the job stops now.
+            lease.stop()
+            backend.remove(container_id)
+            raise
+        if lease.fired:  # the write came back only after the lease had run out
+            raise lease.lost()
+        lease.last_ok = time.monotonic()
+
     try:
         w.on_start(container_id)
+        if w.already > 0:
+            beat(reattached=True)
         while True:
             if lease.fired:
                 raise lease.lost()
@@ -263,32 +314,24 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
                 # happened first; the budget's end is recorded as the stop either way.
                 stopped_for = w.breached()
                 timed_out = True
-                backend.stop(container_id, w.grace)
+                stop_it()
                 break
             wait_for = min(w.tick, deadline - now, max(next_beat - now, 0.01))
             if backend.wait(container_id, wait_for) is not None:
                 break
+            if time.monotonic() >= deadline:
+                continue  # the budget's end first: no quota walk or heartbeat before the stop
             stopped_for = w.guard()
             if stopped_for is not None:
-                backend.stop(container_id, w.grace)
+                stop_it()
                 break
             if time.monotonic() >= next_beat:
-                try:
-                    w.on_beat(time.monotonic() - origin)
-                except (RunnerError, OSError):
-                    # Fenced (another host took the job over), or the ledger cannot be written:
-                    # this runner can no longer account for the job, so the job stops now.
-                    lease.stop()
-                    backend.remove(container_id)
-                    raise
-                if lease.fired:  # the write came back only after the lease had run out
-                    raise lease.lost()
-                lease.last_ok = time.monotonic()
+                beat()
                 next_beat = time.monotonic() + w.heartbeat
             progress.running(w.consumed_before + time.monotonic() - origin, w.limit)
     except KeyboardInterrupt:
         cancelled = True
-        backend.stop(container_id, w.grace)
+        stop_it()
     except Exception:  # the engine's view of a container the lease removed, say
         if lease.fired:
             raise lease.lost() from None
@@ -297,7 +340,8 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
         lease.stop()
     if lease.fired:
         raise lease.lost()
-    return Watched(timed_out, cancelled, round(time.monotonic() - origin, 3), stopped_for)
+    seconds = round(time.monotonic() - origin, 3)
+    return Watched(timed_out, cancelled, seconds, stopped_for, stop)
 
 
 def finish(
@@ -331,6 +375,7 @@ def finish(
         watched.cancelled,
         how,
         watched.stopped_for,
+        watched.stop,
     )
 
 
@@ -360,7 +405,9 @@ def run_attempt(
         raise NotStarted(exc) from exc
     try:
         on_created(container_id)
+        before = time.monotonic()
         backend.start(container_id)
+        w = replace(w, as_of=started_at(backend, container_id, before, time.monotonic()))
     except (RunnerError, KeyboardInterrupt) as exc:
         backend.remove(container_id)
         if isinstance(exc, GpuUnavailable) and container.gpu_ids:  # name the devices asked for
@@ -387,6 +434,21 @@ def run_attempt(
     )
 
 
+def started_at(backend: Backend, container_id: str, before: float, after: float) -> float:
+    """When the container started, on this host's ``time.monotonic()`` clock: the engine's
+    ``StartedAt`` of the start this runner asked for between ``before`` and ``after``, kept
+    within that call (a remote engine's clock may differ); ``after`` when the engine cannot
+    say. Counting from there, no moment the job ran goes uncharged."""
+    try:
+        when = parse_time(backend.state(container_id).started_at)
+    except RunnerError:
+        return after
+    if when is None:
+        return after
+    mono, wall = time.monotonic(), datetime.now(UTC)
+    return min(max(mono - (wall - when).total_seconds(), before), after)
+
+
 @dataclass(frozen=True)
 class Found:
     """What :func:`recover` learnt about an attempt left in flight."""
@@ -395,6 +457,8 @@ class Found:
     """None: the container is gone."""
     seconds: float
     """The attempt's running time up to now (running) or to its end (exited), never less."""
+    at: float
+    """The ``time.monotonic()`` at which ``seconds`` held (for a reattach's deadline)."""
 
 
 def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> Found:
@@ -403,18 +467,17 @@ def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> 
     Running: it ran from the last heartbeat until now. Exited: until the engine's FinishedAt.
     Gone, or no usable time: until now, so the budget is never under-counted (it may be
     over-counted by the time the runner was away)."""
+    at = time.monotonic()
     now = now or datetime.now(UTC)
     since = attempt.last_beat_at or attempt.starting_at
     try:
         state = backend.state(attempt.container_name)
     except ContainerVanished:
-        return Found(None, attempt.seconds + max((now - since).total_seconds(), 0.0))
+        return Found(None, attempt.seconds + max((now - since).total_seconds(), 0.0), at)
     if state.running or state.status in {"restarting", "paused"}:
-        return Found(state, attempt.seconds + max((now - since).total_seconds(), 0.0))
+        return Found(state, attempt.seconds + max((now - since).total_seconds(), 0.0), at)
     if state.status == "created":
-        return Found(state, attempt.seconds)
-    from runner.ledger import parse_time
-
+        return Found(state, attempt.seconds, at)
     ended = parse_time(state.finished_at)
     until = ended if ended is not None and ended >= since else now
-    return Found(state, attempt.seconds + max((until - since).total_seconds(), 0.0))
+    return Found(state, attempt.seconds + max((until - since).total_seconds(), 0.0), at)

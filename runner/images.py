@@ -8,13 +8,13 @@ unless the host allows unpinned images.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from runner import jsondepth
 from runner.backends.types import ImageInfo
 from runner.errors import ImageDigestMismatch, ImageUnavailable, PolicyViolation
 
@@ -128,7 +128,7 @@ def bundle_image_ids(bundle: Path) -> list[str]:
             manifest_member = tar.extractfile("manifest.json")
             if manifest_member is None:
                 raise ImageUnavailable(f"{bundle} has no manifest.json: not a `docker save` bundle")
-            manifest = json.loads(manifest_member.read())
+            manifest = jsondepth.loads(manifest_member.read())
             ids = []
             for entry in manifest:
                 config_name = str(entry["Config"])

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from runner import safefs
+from runner import jsondepth, safefs
 from runner.errors import InputDigestMismatch
 
 FORMAT = "runner-tree-v1"
@@ -199,7 +199,7 @@ def read_listing(folder: Path, contract_name: str, field: str, digest: str) -> d
     if len(raw) > MAX_LISTINGS_BYTES:
         raise ValueError(f"{name} is larger than {MAX_LISTINGS_BYTES:,} bytes")
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = jsondepth.loads(raw.decode("utf-8"))
         text = doc["inputs"][field] if doc.get("format") == FORMAT else None
     except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
         raise ValueError(f"{name} has no {FORMAT} listing for {field}") from None

@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runner import jsondepth
 from runner.errors import (
     InfrastructureError,
     JobAlreadyFinished,
@@ -296,8 +297,13 @@ def _scan(lines: list[bytes]) -> tuple[list[LedgerEvent], LedgerState, list[Prob
     prev: str | None = None
     for number, line in enumerate(lines, start=1):
         try:
-            event = LedgerEvent.model_validate(json.loads(line))
-        except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as exc:
+            event = LedgerEvent.model_validate(jsondepth.loads(line))
+        except (
+            json.JSONDecodeError,
+            jsondepth.TooDeep,
+            UnicodeDecodeError,
+            ValidationError,
+        ) as exc:
             problems.append(Problem(number, f"not a ledger event: {str(exc).splitlines()[0]}"))
             prev = _line_hash(line)
             continue

@@ -311,6 +311,7 @@ def _record_end(
                 "classification": failure.category if failure else "succeeded",
                 "seconds": outcome.run_seconds,
                 "how": outcome.how,
+                **({"stop": outcome.stop.as_json()} if outcome.stop else {}),
             },
         )
     if p.agent is not None:  # its turns and cost, cumulative like the wall time

@@ -43,7 +43,6 @@ imports the docker SDK or talks to an engine.
 from __future__ import annotations
 
 import hashlib
-import json
 import lzma
 import os
 import re
@@ -59,7 +58,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from runner import archives, attest, evidence, ledger, safefs, signing
+from runner import archives, attest, evidence, jsondepth, ledger, safefs, signing
 from runner.bundle import (
     BLOB_PREFIX,
     INFO_FILE,
@@ -557,7 +556,7 @@ class _Verifier:
         ``role`` verifies it; when only a key the bundle carries does, the payload too, with
         an UNVERIFIED problem (or warning, when allowed). None when nothing verifies it."""
         try:
-            envelope = json.loads(raw)
+            envelope = jsondepth.loads(raw)
             if not isinstance(envelope, dict):
                 raise ValueError("not a JSON object")
         except (ValueError, UnicodeDecodeError) as exc:
@@ -616,7 +615,7 @@ class _Verifier:
     def seal(self) -> str | None:
         info_raw = self.read(INFO_FILE, 16 * MiB)
         try:
-            info = json.loads(info_raw) if info_raw is not None else {}
+            info = jsondepth.loads(info_raw) if info_raw is not None else {}
         except (ValueError, UnicodeDecodeError):
             info = {}
         if isinstance(info, dict) and info.get("kind") == INFO_KIND:
@@ -629,7 +628,7 @@ class _Verifier:
         if payload is None:
             return None
         try:
-            stmt = json.loads(payload)
+            stmt = jsondepth.loads(payload)
             if stmt.get("_type") != attest.STATEMENT_TYPE:
                 raise ValueError("not an in-toto statement")
             if stmt.get("predicateType") != SEAL_PREDICATE:
@@ -907,7 +906,7 @@ class _Verifier:
         if payload is None:
             return None, {}, by
         try:
-            stmt = json.loads(payload)
+            stmt = jsondepth.loads(payload)
             if stmt.get("_type") != attest.STATEMENT_TYPE:
                 raise ValueError("not an in-toto statement")
             kind = stmt.get("predicateType")
@@ -947,7 +946,7 @@ class _Verifier:
         """The envelope as the predicate: the bundled one, and its files the bundled ones."""
         if stmt.get("predicateType") != attest.ENVELOPE_PREDICATE_TYPE:
             self.problem(rel, f"its predicateType is {stmt.get('predicateType')!r}")
-        if stmt.get("predicate") != json.loads(self.envelope_raw):
+        if stmt.get("predicate") != jsondepth.loads(self.envelope_raw):
             self.problem(ENVELOPE, f"is not the envelope that {rel} signs")
         self.signed_outputs(rel, files)
         return len(files)
@@ -1038,7 +1037,7 @@ class _Verifier:
         if raw is None:
             return "no input manifest"
         try:
-            entries = {str(e["path"]): str(e["sha256"]) for e in json.loads(raw)["files"]}
+            entries = {str(e["path"]): str(e["sha256"]) for e in jsondepth.loads(raw)["files"]}
         except (ValueError, TypeError, KeyError) as exc:
             self.problem(INPUT_MANIFEST, f"is not an input manifest: {exc}")
             return None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import rfc8785
 from pydantic import ValidationError
 
+from runner import jsondepth
 from runner.contract.models import ExecutionContract
 from runner.errors import ContractError, DigestMismatch, SignatureInvalid
 from runner.safefs import UnsafePath, read_named
@@ -106,7 +107,14 @@ def parse_json(raw: bytes, source: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ContractError(f"{source} is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
     try:
-        data = json.loads(text, object_pairs_hook=_refuse_duplicates)
+        data = jsondepth.loads(text, jsondepth.CONTRACT_DEPTH, object_pairs_hook=_refuse_duplicates)
+    except jsondepth.TooDeep as exc:  # found before anything recursed over it, json.loads first
+        raise ContractError(
+            f"{source} nests arrays and objects more than {exc.cap} levels deep; the first "
+            "one too deep is here",
+            path=exc.path,
+            hint=f"keep the document, parser configs included, within {exc.cap} levels",
+        ) from None
     except json.JSONDecodeError as exc:
         raise ContractError(
             f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
