@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Run the hostile suite (tests/test_hostile.py: hostile jobs under runc and runsc;
-tests/test_hostile_review.py: the holes a security review found, as a hostile contract author
-or job) and publish what held: reports/hostile/latest.json and reports/hostile/latest.md.
+"""Run the hostile suite (every tests/test_hostile*.py: tests/test_hostile.py, hostile jobs
+under runc and runsc; tests/test_hostile_review.py and the later rounds' files, the holes each
+security review found, as a hostile contract author, job, agent or local user) and publish what
+held: reports/hostile/latest.json and reports/hostile/latest.md.
 
     .venv/bin/python scripts/hostile_report.py [pytest args]
 
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "hostile"
 
 MIB = 1024 * 1024
-SUITE = (ROOT / "tests" / "test_hostile.py", ROOT / "tests" / "test_hostile_review.py")
+SUITE = tuple(sorted((ROOT / "tests").glob("test_hostile*.py")))
 
 
 def _engine() -> dict[str, Any]:
