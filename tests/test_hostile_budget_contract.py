@@ -146,7 +146,7 @@ def test_deep_signed_result_is_refused(tmp_path: Path) -> None:
     traceback); now signature_invalid naming where."""
     path = tmp_path / "result.intoto.json"
     path.write_text(_deep("array", 100_000))
-    proc = run_cli("verify-result", str(path), "--trusted-keys", str(tmp_path), timeout=120)
+    proc = run_cli("verify-result", str(path), "--result-keys", str(tmp_path), timeout=120)
     _no_traceback(proc)
     assert proc.returncode == 3, proc.stderr
     assert "more than 128 levels deep at $[0][0]" in proc.stderr
@@ -154,7 +154,7 @@ def test_deep_signed_result_is_refused(tmp_path: Path) -> None:
     # A DSSE envelope whose (unverified) payload is the deep part.
     payload = base64.b64encode(_deep("object", 100_000).encode()).decode()
     path.write_text(json.dumps({"payloadType": "x", "payload": payload, "signatures": []}))
-    proc = run_cli("verify-result", str(path), "--trusted-keys", str(tmp_path), timeout=120)
+    proc = run_cli("verify-result", str(path), "--result-keys", str(tmp_path), timeout=120)
     _no_traceback(proc)
     assert proc.returncode == 3, proc.stderr
 
@@ -170,6 +170,7 @@ def test_deep_bundle_metadata_is_refused(tmp_path: Path) -> None:
     (top / "bundle.intoto.json").write_text(deep)
     (top / "bagit.txt").write_text("BagIt-Version: 1.0\nTag-File-Character-Encoding: UTF-8\n")
     (top / "data" / "x").write_text("x")
+    (top / "bag-info.txt").write_text("Payload-Oxum: 1.1\n")  # so unpacking is reached
     archive = tmp_path / "deep.tar"
     with tarfile.open(archive, "w") as tar:
         tar.add(top, arcname="b")
