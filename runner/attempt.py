@@ -15,6 +15,7 @@ allowlist's slot if the plan has one, create and watch the container. Either way
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -25,6 +26,7 @@ from typing import Any
 from runner import (
     agent_result,
     agent_run,
+    agentimage,
     agents,
     cdi,
     container,
@@ -243,6 +245,9 @@ def _new(job: Job, known: Known) -> AttemptResult:
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
         files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via)
         files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
+        prompt = agents.prompt_bytes(p.agent) if p.agent is not None else None
+        if prompt is not None:  # the host's prompt (the contract names none): an input too
+            files.append(layout.add_input(job.dir, agents.HOST_PROMPT_NAME, prompt))
         layout.working_copy(job.dir, job.contract)
         streams = [p.stdout_path, p.stderr_path]
         if n > 1:  # the last attempt's stdout and stderr move to its record, never truncated
@@ -262,6 +267,20 @@ def _new(job: Job, known: Known) -> AttemptResult:
     info = got[0].info
     names = ", ".join(info.repo_tags) or "untagged"
     progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")
+    argv = (
+        p.agent.argv(*agent_run.left(p.agent, st)) if p.agent is not None else p.argv
+    )  # an agent's: with what is left of its turns and budget
+    with stage("image", known):  # an agent's runtime, brought into the contract's image
+        brought = agentimage.bring(
+            job.backend, p, info, lambda pin: _acquire(job, pin), opts.state.root,
+            opts.labels, argv,
+        )  # fmt: skip
+    if brought is not None:
+        progress.stage("agent", f"commands run in {info.id[:19]}… (the contract's image); "
+                       + agentimage.describe(brought))  # fmt: skip
+    elif p.agent is not None:
+        progress.stage("agent", f"commands run in {info.id[:19]}… (the {p.agent.runtime} "
+                       "adapter's image, runIn adapter-image)")  # fmt: skip
     name = container.container_name(job.dir.root, p.job_id, n)
     with stage("image", known):
         _check_runtime(job)
@@ -276,9 +295,6 @@ def _new(job: Job, known: Known) -> AttemptResult:
         layout.add_input(job.dir, "compute-decision.json", decision)
     known = replace(known, allocation=decided)
     deadline = container.backstop(job.limit - consumed, opts.stop_grace_seconds)
-    argv = (
-        p.agent.argv(*agent_run.left(p.agent, st)) if p.agent is not None else p.argv
-    )  # an agent's: with what is left of its turns and budget
     with stage("container", known):
         eg = _egress_lease(job, p.egress, name) if p.egress else None
     try:
@@ -288,6 +304,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
         )  # fmt: skip
         if eg is not None:  # the slot is busy while the job's container exists
             spec = replace(spec, labels={**spec.labels, **eg.job_labels()})
+        if brought is not None and p.agent is not None:
+            spec = brought.apply(spec, p.agent.adapter.env)
         ledger.append(
             f"attempt-{n}.starting",
             "attempt.starting",
@@ -301,6 +319,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 "gpus": [g.model_dump(mode="json") for g in given],
                 **({"egress": eg.as_json()} if eg else {}),
                 **({"agentArgv": list(argv)} if p.agent is not None else {}),
+                **({"agentRuntime": brought.record()} if brought is not None else {}),
+                **({"agentPrompt": _prompt_record(p, prompt)} if prompt is not None else {}),
             },
         )
     except BaseException:
@@ -379,7 +399,19 @@ def egress_down(
     return egress.down(backend, egress.Egress.from_json(started), job.attempt_record(n), job.root)
 
 
-def _acquire(job: Job) -> tuple[images.Acquired, ImageRecord]:
+def _prompt_record(p: ExecutionPlan, prompt: bytes) -> dict[str, Any]:
+    source = p.agent.prompt_source if p.agent is not None else "default"
+    return {
+        "path": agents.HOST_PROMPT_NAME,
+        "sha256": "sha256:" + hashlib.sha256(prompt).hexdigest(),
+        "source": source,
+        **({"hostFile": p.agent.prompt_file} if p.agent and p.agent.prompt_file else {}),
+    }
+
+
+def _acquire(job: Job, pin: images.ImagePin | None = None) -> tuple[images.Acquired, ImageRecord]:
+    """The plan's image (or ``pin``: an agent runtime's), acquired and verified."""
+    pin = job.plan.image if pin is None else pin
     pol = job.options.policy.policy
     settings = images.PullSettings(
         docker_config=Path(pol.dockerConfig) if pol.dockerConfig else None,
@@ -388,14 +420,14 @@ def _acquire(job: Job) -> tuple[images.Acquired, ImageRecord]:
     )
     got = images.acquire(
         job.backend,
-        job.plan.image,
-        bundle=job.options.bundle,
+        pin,
+        bundle=job.options.bundle if pin is job.plan.image else None,
         settings=settings,
         progress=job.progress,
     )
     info = got.info
     record = ImageRecord(
-        reference=job.plan.image.reference,
+        reference=pin.reference,
         id=info.id,
         repoDigest=got.repo_digest,
         architecture=info.architecture or None,
