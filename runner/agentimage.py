@@ -24,7 +24,8 @@ loader (``PT_INTERP``, e.g. ``/lib64/ld-linux-x86-64.so.2``) in the image; each 
 ``#!`` interpreter must be there; ``/bin/sh`` (the runner's own stream wrapper) and the argv's
 first word (``python3`` for the scripted runtime) must be there; and so must each command the
 adapter's ``runtimeRequires`` names. A runtime that cannot run is refused before the attempt,
-naming why and the image.
+naming why and the image. A pair found to fit is remembered (images are immutable by id), so
+a cached attempt asks the engine nothing but the runtime image's inspect.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ MOUNT = "/opt/runner-agent"
 MAX_BYTES = 4 * 1024**3
 """The most bytes a runtime's files may hold (Claude Code's binary is about 400 MB)."""
 MAX_FILES = 20_000
+FIT_CHECK = 1
+"""The version of :func:`check_fits`' rules (a cached fit of older rules is not reused)."""
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """The engine's PATH for an image whose configuration names none."""
 _HEAD = 64 * 1024
@@ -110,6 +113,11 @@ class Runtime:
 
 def cache_root(state_root: Path) -> Path:
     return state_root / "cache" / "agent-runtimes"
+
+
+def fits_root(state_root: Path) -> Path:
+    """Where a (contract image, runtime) pair found to fit is remembered: one file each."""
+    return state_root / "cache" / "agent-runtime-fits"
 
 
 def _key(image_id: str, paths: Sequence[str]) -> str:
@@ -461,18 +469,22 @@ def bring(
     if agent is None or plan.agent_image is None:
         return None
     got, record = acquire(plan.agent_image)
-    runtime = ensure(
-        backend, got.info.id, agent.adapter.runtimePaths, cache_root(state_root), labels
+    root = cache_root(state_root)
+    runtime = ensure(backend, got.info.id, agent.adapter.runtimePaths, root, labels)
+    requires = agent.adapter.runtimeRequires
+    # Images are immutable by id: a fit found once holds for the same pair (and argv's
+    # first word and requirements), so only the first attempt of a pair asks the engine.
+    key = json.dumps(
+        [FIT_CHECK, contract_image.id, runtime.digest, argv[:1], sorted(requires)],
+        separators=(",", ":"),
     )
-    check_fits(
-        backend,
-        contract_image,
-        plan.image.reference,
-        runtime,
-        argv,
-        agent.adapter.runtimeRequires,
-        labels,
-    )
+    fit = fits_root(state_root) / hashlib.sha256(key.encode()).hexdigest()
+    if not fit.is_file():
+        check_fits(backend, contract_image, plan.image.reference, runtime, argv, requires, labels)
+        fit.parent.mkdir(parents=True, exist_ok=True)
+        tmp = fit.with_name(f".{fit.name}.{os.getpid()}.tmp")
+        tmp.write_text(key + "\n")
+        os.replace(tmp, fit)
     own = {e.partition("=")[0] for e in contract_image.env}
     carried = {}
     for item in got.info.env:

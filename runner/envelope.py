@@ -644,7 +644,8 @@ class ResultEnvelope(_Model):
     materials: list[Material] = Field(
         default_factory=list,
         description="What the result was made from, by digest: the contract, every input, "
-        "the image and every asset mounted (in-toto ResourceDescriptors; the signed statement "
+        "the image, an agent runtime's image and every asset mounted (in-toto "
+        "ResourceDescriptors; the signed statement "
         "carries them).",
     )
     research: dict[str, Any] | None = Field(
@@ -673,7 +674,9 @@ class ResultEnvelope(_Model):
         "refused, counted (null: it had none).",
     )
     agent: AgentRecord | None = Field(
-        default=None, description="An agent_planned run's agent: runtime, images, argv, transcript."
+        default=None,
+        description="An agent_planned run's agent: runtime, where its commands ran (runIn, "
+        "commandsImageId), the runtime's image and files brought in, argv, prompt, transcript.",
     )
     agentUsage: AgentUsageRecord | None = Field(
         default=None,

@@ -616,3 +616,66 @@ def test_a_contract_naming_its_own_prompt_still_gets_it(tmp_path: Path) -> None:
     p = plan.build(load_contract(path), pol, job_id="j", host_uid=0, host_gid=0)
     assert p.agent is not None and p.agent.prompt_source == "host"
     assert p.agent.prompt_file == "/etc/runner/prompt.md"
+
+
+def test_no_contract_input_may_take_a_name_the_runner_writes(tmp_path: Path) -> None:
+    """A contract naming its paper agent-prompt.md (or compute-decision.json ...) would have
+    it replaced by the runner's own file under its name: refused before anything is staged."""
+    from runner import agents, staging
+    from runner.errors import ContractError
+    from runner.staging import InputRules, JobDir
+
+    assert agents.HOST_PROMPT_NAME in staging.RUNNER_INPUTS
+    for name in ("agent-prompt.md", "compute-decision.json", "result.schema.json"):
+        data = json.loads((EXAMPLE / "task.scripted.json").read_text())
+        data.pop("contractDigest")
+        data["paper"]["path"] = name
+        (tmp_path / name).write_text("not the paper's own")
+        path = tmp_path / "task.json"
+        path.write_text(json.dumps(with_digest(data)))
+        job = JobDir(tmp_path / "job" / name)
+        job.execution.mkdir(parents=True)
+        with pytest.raises(ContractError, match="a file the runner writes"):
+            staging.stage_inputs(job, load_contract(path), InputRules())
+
+
+def test_a_fit_is_checked_once_per_pair(tmp_path: Path) -> None:
+    """bring(): the first attempt of a (contract image, runtime) pair asks the engine about
+    the contract image's files; later ones reuse the fit found (images are immutable by id),
+    and a pair that did not fit is asked again every time."""
+    fake, runtime_id, contract_id = _fake(tmp_path, GLIBC_IMAGE)
+    adapter = {"image": runtime_id, "argv": CLAUDE_ARGV, **CLAUDE_RUNTIME}
+    pol = HostPolicy.model_validate({"agents": {"claude-code": adapter}})
+    data = json.loads(SEED.read_text())
+    data["environment"].update(image=contract_id, networkAccess=False)
+    data.pop("contractDigest")
+    path = tmp_path / "task.json"
+    path.write_text(json.dumps(with_digest(data)))
+    p = plan.build(load_contract(path), pol, job_id="j", host_uid=0, host_gid=0)
+    record = type("R", (), {})()
+
+    def acquire(pin: Any) -> Any:
+        info = fake.images[pin.lookup]
+        return type("A", (), {"info": info})(), record
+
+    def bring() -> agentimage.Brought | None:
+        return agentimage.bring(
+            fake, p, fake.images[contract_id], acquire, tmp_path / "state", {}, p.argv
+        )
+
+    brought = bring()
+    assert brought is not None and brought.path.startswith("/opt/runner-agent:/usr/local/bin")
+    asked = [c for c in fake.calls if c == ("image_files", contract_id)]
+    bring()
+    assert (
+        [c for c in fake.calls if c == ("image_files", contract_id)]
+        == asked
+        == [("image_files", contract_id)]
+    )
+    (tmp_path / "contract-image" / "lib64").unlink()  # as if another image: no fit remembered
+    for fit in agentimage.fits_root(tmp_path / "state").iterdir():
+        fit.unlink()
+    for _ in range(2):
+        with pytest.raises(PolicyViolation, match="dynamic loader"):
+            bring()
+    assert len([c for c in fake.calls if c == ("image_files", contract_id)]) == 3
