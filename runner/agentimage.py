@@ -460,7 +460,6 @@ def bring(
     acquire: Callable[[ImagePin], tuple[Acquired, ImageRecord]],
     state_root: Path,
     labels: Mapping[str, str],
-    argv: Sequence[str],
 ) -> Brought | None:
     """The agent runtime of ``plan``, brought into the contract's image: its image acquired
     and verified as any pinned image, its files from the cache (extracted now if not there),
@@ -472,6 +471,7 @@ def bring(
     root = cache_root(state_root)
     runtime = ensure(backend, got.info.id, agent.adapter.runtimePaths, root, labels)
     requires = agent.adapter.runtimeRequires
+    argv = plan.argv  # the first word is every attempt's (the limits left come later)
     # Images are immutable by id: a fit found once holds for the same pair (and argv's
     # first word and requirements), so only the first attempt of a pair asks the engine.
     key = json.dumps(

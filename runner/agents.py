@@ -18,6 +18,7 @@ printed them.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -367,6 +368,16 @@ def prompt_bytes(plan: AgentPlan) -> bytes | None:
             hint="fix the file the host policy's agents.<runtime>.prompts names (a regular "
             f"file of at most {PROMPT_MAX_BYTES:,} bytes)",
         ) from None
+
+
+def prompt_record(plan: AgentPlan, prompt: bytes) -> dict[str, str]:
+    """The staged host prompt, as the ledger's attempt.starting records it."""
+    return {
+        "path": HOST_PROMPT_NAME,
+        "sha256": "sha256:" + hashlib.sha256(prompt).hexdigest(),
+        "source": plan.prompt_source,
+        **({"hostFile": plan.prompt_file} if plan.prompt_file else {}),
+    }
 
 
 def _capped(name: str, asked: float | None, cap: float | None, runtime: str) -> float | None:

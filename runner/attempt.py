@@ -15,7 +15,6 @@ allowlist's slot if the plan has one, create and watch the container. Either way
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -267,14 +266,10 @@ def _new(job: Job, known: Known) -> AttemptResult:
     info = got[0].info
     names = ", ".join(info.repo_tags) or "untagged"
     progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")
-    argv = (
-        p.agent.argv(*agent_run.left(p.agent, st)) if p.agent is not None else p.argv
-    )  # an agent's: with what is left of its turns and budget
     with stage("image", known):  # an agent's runtime, brought into the contract's image
         brought = agentimage.bring(
-            job.backend, p, info, lambda pin: _acquire(job, pin), opts.state.root,
-            opts.labels, argv,
-        )  # fmt: skip
+            job.backend, p, info, lambda pin: _acquire(job, pin), opts.state.root, opts.labels
+        )
     if brought is not None:
         progress.stage("agent", f"commands run in {info.id[:19]}… (the contract's image); "
                        + agentimage.describe(brought))  # fmt: skip
@@ -295,6 +290,9 @@ def _new(job: Job, known: Known) -> AttemptResult:
         layout.add_input(job.dir, "compute-decision.json", decision)
     known = replace(known, allocation=decided)
     deadline = container.backstop(job.limit - consumed, opts.stop_grace_seconds)
+    argv = (
+        p.agent.argv(*agent_run.left(p.agent, st)) if p.agent is not None else p.argv
+    )  # an agent's: with what is left of its turns and budget
     with stage("container", known):
         eg = _egress_lease(job, p.egress, name) if p.egress else None
     try:
@@ -320,7 +318,11 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 **({"egress": eg.as_json()} if eg else {}),
                 **({"agentArgv": list(argv)} if p.agent is not None else {}),
                 **({"agentRuntime": brought.record()} if brought is not None else {}),
-                **({"agentPrompt": _prompt_record(p, prompt)} if prompt is not None else {}),
+                **(
+                    {"agentPrompt": agents.prompt_record(p.agent, prompt)}
+                    if p.agent and prompt
+                    else {}
+                ),
             },
         )
     except BaseException:
@@ -397,16 +399,6 @@ def egress_down(
     if mine is not None and hostid.elsewhere(mine.starting):  # that host's slot, its to reap
         return None
     return egress.down(backend, egress.Egress.from_json(started), job.attempt_record(n), job.root)
-
-
-def _prompt_record(p: ExecutionPlan, prompt: bytes) -> dict[str, Any]:
-    source = p.agent.prompt_source if p.agent is not None else "default"
-    return {
-        "path": agents.HOST_PROMPT_NAME,
-        "sha256": "sha256:" + hashlib.sha256(prompt).hexdigest(),
-        "source": source,
-        **({"hostFile": p.agent.prompt_file} if p.agent and p.agent.prompt_file else {}),
-    }
 
 
 def _acquire(job: Job, pin: images.ImagePin | None = None) -> tuple[images.Acquired, ImageRecord]:

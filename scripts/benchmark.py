@@ -1230,8 +1230,13 @@ def fig_agentimage(b: Bench, reps: int) -> Row:
         after == entries and [(p / "runtime.json").stat().st_ino for p in after] == stamp
     )
     added = statistics.median(xs) - statistics.median(ys)
+    claude = _claude_extraction(base / "claude-cache")
+    paired = [x - y for x, y in zip(xs, ys, strict=True)]
     notes = [
+        f"the contract's image adds {added:+.3f} s to the median run (median of the paired "
+        f"differences {statistics.median(paired):+.3f} s); target at most +0.3 s",
         f"the first run (extracting the runtime into the cache) took {first:.3f} s",
+        *([claude] if claude else []),
         f"the runtime was extracted once for {reps + 1} runs in the contract's image: "
         + ("yes (one cache entry, its runtime.json never rewritten)" if extracted_once else "NO"),
     ]
@@ -1249,9 +1254,30 @@ def fig_agentimage(b: Bench, reps: int) -> Row:
         notes=notes,
     )
     row.extra["addedSecondsMedian"] = round(added, 3)
-    row.extra["pairedDifferences"] = summary([x - y for x, y in zip(xs, ys, strict=True)])
+    row.extra["pairedDifferences"] = summary(paired)
     row.extra["firstRunSeconds"] = round(first, 3)
     return row
+
+
+def _claude_extraction(cache: Path) -> str | None:
+    """Claude Code's runtime (its 400 MB binary and wrapper) copied out of
+    runner-agent-claude:local into an empty cache, then found there: the seconds of each."""
+    from runner import agentimage, backends
+
+    engine = backends.default()
+    info = engine.inspect_image("runner-agent-claude:local")
+    if info is None:
+        return None
+    paths = ["/usr/local/bin/claude", "/usr/local/bin/run-claude"]
+    labels = {"bench": "agentimage"}
+    made = agentimage.ensure(engine, info.id, paths, cache, labels)
+    again = agentimage.ensure(engine, info.id, paths, cache, labels)
+    size = sum(f.size for f in made.files)
+    return (
+        f"Claude Code's runtime ({size_text(size)}) copied out of its image, unpacked and "
+        f"hashed in {made.seconds:.2f} s, once; found in the cache afterwards in "
+        f"{again.seconds:.3f} s"
+    )
 
 
 def make_log(path: Path, size: int) -> None:

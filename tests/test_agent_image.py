@@ -659,9 +659,7 @@ def test_a_fit_is_checked_once_per_pair(tmp_path: Path) -> None:
         return type("A", (), {"info": info})(), record
 
     def bring() -> agentimage.Brought | None:
-        return agentimage.bring(
-            fake, p, fake.images[contract_id], acquire, tmp_path / "state", {}, p.argv
-        )
+        return agentimage.bring(fake, p, fake.images[contract_id], acquire, tmp_path / "state", {})
 
     brought = bring()
     assert brought is not None and brought.path.startswith("/opt/runner-agent:/usr/local/bin")
