@@ -1,7 +1,9 @@
 """Agent adapters: how this host runs an agent_planned contract's agent runtime.
 
 The host policy's ``agents`` maps a runtime name (a contract's ``agent.runtime``) to an
-:class:`AgentAdapter`: the pinned image the runtime runs in, the argv template that starts it,
+:class:`AgentAdapter`: the pinned image the runtime comes from (its files brought into the
+contract's image, :mod:`runner.agentimage`, or the image it runs in), the argv template that
+starts it,
 the environment and the secrets the host injects, the hosts it may reach, how its usage is
 read, and the host's own caps on its turns and cost. The contract chooses the runtime and its
 limits; the host decides which runtimes exist. An :class:`AgentPlan` is the adapter applied to
@@ -235,7 +237,8 @@ class AgentPlan:
     runtime: str
     adapter: AgentAdapter
     contract_image: str
-    """The contract's environment.image: its statement, recorded; the adapter's image runs."""
+    """The contract's environment.image, as written (the job's image, unless the adapter
+    runs the agent in its own: runIn adapter-image)."""
     prompt: str
     """The prompt file in the container."""
     values: Mapping[str, str]
