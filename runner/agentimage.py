@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner import archives, locks
+from runner import archives, locks, safefs
 from runner.backends.base import Backend, ContainerSpec, ImageFiles, ImageInfo, Mount, PathStat
 from runner.envelope import ImageRecord
 from runner.errors import PolicyViolation
@@ -504,3 +504,47 @@ def describe(brought: Brought) -> str:
         f"{len(runtime.files)} runtime file(s) ({size:,} bytes, {how}) from "
         f"{brought.image.id} at {MOUNT}, read-only"
     )
+
+
+def verify(state_root: Path, *, remove: bool) -> tuple[int, dict[str, str]]:
+    """Re-hash every file of every cached runtime against its runtime.json (an attempt checks
+    only inode, size, mode and mtime): (entries checked, {entry: problem} of those that are
+    not what was extracted), each removed with ``remove`` (the next attempt extracts it
+    again)."""
+    root = cache_root(state_root)
+    try:
+        names = sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return 0, {}
+    bad: dict[str, str] = {}
+    for name in names:
+        entry = root / name
+        with locks.flocked(root / f".{name}.lock"):
+            problem = _problem(entry)
+            if problem is not None:
+                bad[name] = problem
+                if remove:
+                    archives.remove_tree(entry)
+    return len(names), bad
+
+
+def _problem(entry: Path) -> str | None:
+    try:
+        data = json.loads((entry / "runtime.json").read_text())
+        want = {str(f["path"]): f for f in data["files"]}
+        have = {rel: st for rel, st in _walk_files(entry / "files")}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable: {exc}"
+    if set(have) != set(want):
+        odd = sorted(set(have) ^ set(want))
+        return f"its files are not those extracted ({', '.join(odd[:3])})"
+    for rel, st in sorted(have.items()):
+        if not stat.S_ISREG(st.st_mode):
+            return f"{rel} is not a regular file"
+        digest = hashlib.sha256()
+        with safefs.open_under(entry / "files", rel) as f:
+            while chunk := f.read(1024 * 1024):
+                digest.update(chunk)
+        if "sha256:" + digest.hexdigest() != want[rel]["sha256"]:
+            return f"{rel} changed since it was extracted"
+    return None

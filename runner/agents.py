@@ -4,10 +4,10 @@ The host policy's ``agents`` maps a runtime name (a contract's ``agent.runtime``
 :class:`AgentAdapter`: the pinned image the runtime comes from (its files brought into the
 contract's image, :mod:`runner.agentimage`, or the image it runs in), the argv template that
 starts it, the environment and the secrets the host injects, the hosts it may reach, how its
-usage is read, and the host's own caps on its turns and cost. The contract chooses the runtime and its
-limits; the host decides which runtimes exist. An :class:`AgentPlan` is the adapter applied to
-one contract: the argv is rendered per attempt with what is left of the turn and cost limits
-after the earlier attempts.
+usage is read, and the host's own caps on its turns and cost. The contract chooses the
+runtime and its limits; the host decides which runtimes exist. An :class:`AgentPlan` is the
+adapter applied to one contract: the argv is rendered per attempt with what is left of the
+turn and cost limits after the earlier attempts.
 
 Secrets reach the agent's container as environment variables only: they are read when an
 attempt starts (:func:`secret_values`), handed to the engine, and never written by the runner

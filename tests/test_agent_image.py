@@ -677,3 +677,37 @@ def test_a_fit_is_checked_once_per_pair(tmp_path: Path) -> None:
         with pytest.raises(PolicyViolation, match="dynamic loader"):
             bring()
     assert len([c for c in fake.calls if c == ("image_files", contract_id)]) == 3
+
+
+def test_cache_verify_rehashes_the_agent_runtimes(tmp_path: Path) -> None:
+    """An edit that keeps size, mode, inode and mtime gets past an attempt's cheap check;
+    `runner cache verify` re-hashes the runtime's files, names the file and removes the
+    entry (with --keep: only lists it)."""
+    fake, runtime_id, _ = _fake(tmp_path, GLIBC_IMAGE)
+    state = tmp_path / "state"
+    paths = ["/usr/local/bin/claude", "/usr/local/bin/run-claude"]
+    got = agentimage.ensure(fake, runtime_id, paths, agentimage.cache_root(state), {})
+    ok = run_cli("cache", "verify", "--state-dir", str(state), "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["agentRuntimes"] == {"checked": 1, "bad": []}
+    target = got.folder / "claude"
+    st = target.stat()
+    os.chmod(got.folder, 0o700)
+    target.chmod(0o600)
+    with target.open("r+b") as f:  # one byte, same size
+        f.seek(100)
+        f.write(b"X")
+    target.chmod(0o555)
+    os.chmod(got.folder, 0o555)  # noqa: S103 - as it was
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = agentimage.ensure(fake, runtime_id, paths, agentimage.cache_root(state), {})
+    assert not again.extracted  # the cheap check does not see it
+    kept = run_cli("cache", "verify", "--state-dir", str(state), "--keep", "--json")
+    assert kept.returncode == 1
+    bad = json.loads(kept.stdout)["agentRuntimes"]["bad"]
+    assert [b["problem"] for b in bad] == ["claude changed since it was extracted"]
+    assert got.folder.exists()
+    removed = run_cli("cache", "verify", "--state-dir", str(state))
+    assert removed.returncode == 1 and "removed agent runtime" in removed.stdout
+    assert not got.folder.exists()
+    assert agentimage.ensure(fake, runtime_id, paths, agentimage.cache_root(state), {}).extracted
