@@ -369,8 +369,14 @@ def _found(files: ImageFiles, command: str, search: Sequence[str]) -> str | None
     return None
 
 
+MAX_SEARCH = 32
+"""The most PATH entries of an image a command is looked up in (each is an engine call)."""
+
+
 def search_path(info: ImageInfo) -> list[str]:
-    return [d for d in (info.env_value("PATH") or DEFAULT_PATH).split(":") if d.startswith("/")]
+    """The image's PATH (absolute entries, each once, at most :data:`MAX_SEARCH`)."""
+    entries = (info.env_value("PATH") or DEFAULT_PATH).split(":")
+    return list(dict.fromkeys(d for d in entries if d.startswith("/")))[:MAX_SEARCH]
 
 
 def check_fits(
@@ -412,6 +418,11 @@ def check_fits(
                 missing.append(f"{n.path}'s {why} {n.interpreter}")
             elif n.interpreter_arg and _found(files, n.interpreter_arg, search) is None:
                 missing.append(f"{n.path}'s interpreter {n.interpreter_arg}")
+        for folder in ("/opt", MOUNT):  # the mount point: the engine makes it, in a folder
+            st = _resolved(files, folder)
+            if st is not None and not st.is_dir:
+                missing.append(f"folder at {folder} (something else is there) to mount the "
+                               f"runtime at {MOUNT}")  # fmt: skip
         first = argv[0] if argv else ""
         wanted = ["/bin/sh", *([first] if first and not first.startswith(MOUNT + "/") else [])]
         for command in [*wanted, *requires]:

@@ -179,6 +179,9 @@ def test_a_runtime_path_that_is_a_link_or_missing_is_refused(tmp_path: Path) -> 
         ({k: v for k, v in GLIBC_IMAGE.items() if k != "usr/bin/bash"}, "amd64",
          r"no bash \(on its PATH /usr/local/bin:/usr/bin\)"),
         (GLIBC_IMAGE, "arm64", r"claude is built for amd64, the image for arm64"),
+        ({**GLIBC_IMAGE, "opt": b"a file"}, "amd64", r"no folder at /opt \(something else"),
+        ({**GLIBC_IMAGE, "opt/runner-agent": b"x"}, "amd64", r"no folder at /opt/runner-agent"),
+        ({**GLIBC_IMAGE, "opt/runner-agent/old": b"x"}, "amd64", None),  # mounted over
     ],
 )  # fmt: skip
 def test_a_runtime_that_cannot_run_in_the_contracts_image_is_refused_naming_why(
@@ -540,7 +543,7 @@ def test_a_missing_contract_image_is_refused_before_any_container(
     code, env, err = run_job(
         contract, tmp_path / "state", *_scripted_policy(tmp_path, scripted_agent_image)
     )
-    assert code != 0, err
+    assert code == 4, err  # as a fixed entrypoint's missing image
     assert env["failure"]["category"] == "image_unavailable"
     assert missing in env["failure"]["reason"]
     assert not session_containers()
@@ -711,3 +714,27 @@ def test_cache_verify_rehashes_the_agent_runtimes(tmp_path: Path) -> None:
     assert removed.returncode == 1 and "removed agent runtime" in removed.stdout
     assert not got.folder.exists()
     assert agentimage.ensure(fake, runtime_id, paths, agentimage.cache_root(state), {}).extracted
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_a_contract_image_with_a_file_where_the_runtime_mounts_is_refused_not_a_runner_failure(
+    tmp_path: Path, image_id: str, scripted_agent_image: str
+) -> None:
+    """The paper's image puts a file at /opt/runner-agent (the engine could not mount the
+    runtime there, and the attempt would fail as the runner's own infrastructure): refused
+    before the attempt, naming the path and the image."""
+    blocked = _build(
+        "runner-test-blocked-mount",
+        f"FROM {image_id}\nCOPY blocker /opt/runner-agent\n",
+        {"blocker": "not a folder\n"},
+    )
+    contract = agent_contract(tmp_path, image=blocked)
+    code, env, err = run_job(
+        contract, tmp_path / "state", *_scripted_policy(tmp_path, scripted_agent_image)
+    )
+    assert code == 3, (env["failure"], err)
+    assert env["failure"]["category"] == "policy_violation"
+    assert "no folder at /opt/runner-agent" in env["failure"]["reason"]
+    assert blocked in env["failure"]["reason"]
+    assert not session_containers()

@@ -358,7 +358,7 @@ class _FakeFiles:
         host = self._host(path)
         try:
             st = os.lstat(host)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         mode = st.st_mode & 0o7777
         target = ""
