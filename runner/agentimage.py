@@ -418,9 +418,9 @@ def check_fits(
                 missing.append(f"{n.path}'s {why} {n.interpreter}")
             elif n.interpreter_arg and _found(files, n.interpreter_arg, search) is None:
                 missing.append(f"{n.path}'s interpreter {n.interpreter_arg}")
-        for folder in ("/opt", MOUNT):  # the mount point: the engine makes it, in a folder
-            st = _resolved(files, folder)
-            if st is not None and not st.is_dir:
+        for folder in ("/opt", MOUNT):  # the mount point: a real folder, or nothing yet
+            st = files.stat(folder)  # a link is not followed: it could lead into /job
+            if st is not None and (st.is_link or not st.is_dir):
                 missing.append(f"folder at {folder} (something else is there) to mount the "
                                f"runtime at {MOUNT}")  # fmt: skip
         first = argv[0] if argv else ""

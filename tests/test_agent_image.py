@@ -182,6 +182,8 @@ def test_a_runtime_path_that_is_a_link_or_missing_is_refused(tmp_path: Path) -> 
         ({**GLIBC_IMAGE, "opt": b"a file"}, "amd64", r"no folder at /opt \(something else"),
         ({**GLIBC_IMAGE, "opt/runner-agent": b"x"}, "amd64", r"no folder at /opt/runner-agent"),
         ({**GLIBC_IMAGE, "opt/runner-agent/old": b"x"}, "amd64", None),  # mounted over
+        ({**GLIBC_IMAGE, "job/output/x": b"x", "opt": "job/output"}, "amd64",
+         r"no folder at /opt \(something else"),  # a link into the job's writable folder
     ],
 )  # fmt: skip
 def test_a_runtime_that_cannot_run_in_the_contracts_image_is_refused_naming_why(
