@@ -583,6 +583,8 @@ def test_the_scripted_runtime_runs_in_the_contracts_image_and_is_extracted_once(
     said = next(x for x in human.stderr.splitlines() if "commands run in" in x)
     assert paper_image[:19] in said and "the contract's image" in said
     assert "cached" in said and "copied out" not in said
+    row = next(x for x in human.stdout.splitlines() if x.startswith("agent"))
+    assert f"commands in the contract's image, runtime from {scripted_agent_image}" in row
     code, env2, err2 = run_job(contract2, state, *_scripted_policy(tmp_path, scripted_agent_image))
     assert code == 0, (env2["failure"], err2)
     assert _cache_entries(state) == entries
