@@ -479,6 +479,8 @@ def test_the_seeds_contract_verbatim_reaches_an_envelope(
     env, err = _claude_run(tmp_path, tmp_path / "task.json", claude_agent_image,
                            allowUnpinnedImages=True)  # fmt: skip
     assert env["contractDigest"] == json.loads(SEED.read_text())["contractDigest"]
+    assert env["status"] == "succeeded", (env["failure"], err)
+    assert env["agentResult"]["valid"] is True, env["agentResult"]
     assert env["measurements"] and env["measurements"][0]["value"] == 0.819, (env, err)
     assert env["image"]["id"] == image_id and env["image"]["reference"] == seed_image_tag
     agent = env["agent"]
