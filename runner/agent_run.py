@@ -23,7 +23,9 @@ from runner.bundle import output_files
 from runner.container import Outcome
 from runner.envelope import (
     AgentLimits,
+    AgentPromptRecord,
     AgentRecord,
+    AgentRuntimeRecord,
     AgentUsageAttempt,
     AgentUsageRecord,
     Failure,
@@ -369,12 +371,18 @@ def agent_record(p: ExecutionPlan, state: LedgerState, n: int | None) -> AgentRe
     if agent is None:
         return None
     starting = state.attempts[n - 1].starting if n and n <= len(state.attempts) else {}
+    brought, prompt = starting.get("agentRuntime"), starting.get("agentPrompt")
     return AgentRecord(
         runtime=agent.runtime,
         image=agent.adapter.image,
         contractImage=agent.contract_image,
+        runIn=agent.adapter.runIn,
+        commandsImageId=(starting.get("image") or {}).get("id"),
+        agentRuntime=AgentRuntimeRecord.model_validate(brought) if brought else None,
         argv=[str(a) for a in starting.get("agentArgv", [])],
         prompt=agent.prompt,
+        promptSource=agent.prompt_source,
+        hostPrompt=AgentPromptRecord.model_validate(prompt) if prompt else None,
         transcript=p.stdout_path,
         allow=list(agent.adapter.allow),
         network=p.limits.network,

@@ -1,12 +1,13 @@
 """Agent adapters: how this host runs an agent_planned contract's agent runtime.
 
 The host policy's ``agents`` maps a runtime name (a contract's ``agent.runtime``) to an
-:class:`AgentAdapter`: the pinned image the runtime runs in, the argv template that starts it,
-the environment and the secrets the host injects, the hosts it may reach, how its usage is
-read, and the host's own caps on its turns and cost. The contract chooses the runtime and its
-limits; the host decides which runtimes exist. An :class:`AgentPlan` is the adapter applied to
-one contract: the argv is rendered per attempt with what is left of the turn and cost limits
-after the earlier attempts.
+:class:`AgentAdapter`: the pinned image the runtime comes from (its files brought into the
+contract's image, :mod:`runner.agentimage`, or the image it runs in), the argv template that
+starts it, the environment and the secrets the host injects, the hosts it may reach, how its
+usage is read, and the host's own caps on its turns and cost. The contract chooses the
+runtime and its limits; the host decides which runtimes exist. An :class:`AgentPlan` is the
+adapter applied to one contract: the argv is rendered per attempt with what is left of the
+turn and cost limits after the earlier attempts.
 
 Secrets reach the agent's container as environment variables only: they are read when an
 attempt starts (:func:`secret_values`), handed to the engine, and never written by the runner
@@ -17,6 +18,7 @@ attempt should the agent have put them there (:func:`runner.agent_run.redactor`)
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -31,7 +33,8 @@ from runner.contract import VerifiedContract
 from runner.errors import HostConfigError, PolicyViolation, ProtocolAmbiguous
 
 PLACEHOLDERS = {
-    "prompt": "the prompt file in the container (/job/input/<agent.promptPath>)",
+    "prompt": "the prompt file in the container (/job/input/<agent.promptPath>, or "
+    "/job/input/agent-prompt.md: the host's)",
     "task": "the contract, /job/input/task.json",
     "model": "agent.model",
     "subagentModel": "agent.subagentModel",
@@ -51,6 +54,12 @@ _HOST_PORT = r"^[A-Za-z0-9*]([A-Za-z0-9.*-]{0,252}[A-Za-z0-9])?:[0-9]{1,5}$"
 
 SECRET_MAX_BYTES = 64 * 1024
 """A secret file is at most this large."""
+
+HOST_PROMPT_NAME = "agent-prompt.md"
+HOST_PROMPT = f"/job/input/{HOST_PROMPT_NAME}"
+"""Where the host's prompt (a contract without agent.promptPath) is staged."""
+PROMPT_MAX_BYTES = 1024 * 1024
+"""A host's prompt file is at most this large."""
 
 
 def _placeholders(text: str) -> list[str]:
@@ -104,8 +113,36 @@ class AgentAdapter(BaseModel):
     image: str = Field(
         min_length=1,
         description="The runtime's image: 'name@sha256:<manifest digest>' or 'sha256:<image "
-        "id>' (a tag only where the policy allows unpinned images). The agent's commands run "
-        "in it; the contract's environment.image is recorded beside it.",
+        "id>' (a tag only where the policy allows unpinned images). By default its "
+        "runtimePaths are brought into the contract's image, where the agent's commands run; "
+        "with runIn adapter-image the agent runs in this image instead.",
+    )
+    runIn: Literal["contract-image", "adapter-image"] = Field(
+        default="contract-image",
+        description="Where the agent (and every command it runs) runs: contract-image, the "
+        "contract's environment.image with the runtime's files mounted read-only at "
+        "/opt/runner-agent; adapter-image, this adapter's image (the contract's image is "
+        "then only recorded).",
+    )
+    runtimePaths: list[Annotated[str, StringConstraints(pattern=r"^/[^\x00]{0,1023}$")]] = Field(
+        default_factory=list,
+        description="The runtime's files in its image (absolute paths: files or folders), "
+        "each mounted at /opt/runner-agent/<base name> in the contract's container; "
+        "required with runIn contract-image.",
+    )
+    runtimeRequires: list[Annotated[str, StringConstraints(pattern=r"^[^\x00\s]{1,1024}$")]] = (
+        Field(
+            default_factory=list,
+            description="Commands (names looked up on the contract image's PATH, or absolute "
+            "paths) the runtime needs in the contract's image besides /bin/sh and its argv's "
+            "first word, e.g. bash for Claude Code's Bash tool.",
+        )
+    )
+    prompts: dict[Literal["agent_planned"], str] = Field(
+        default_factory=dict,
+        description="The host's prompt file (an absolute host path) per execution mode, for "
+        "a contract that names no agent.promptPath; none: the runner's default prompt "
+        "(runner/prompts/agent_planned.md).",
     )
     imageId: Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")] | None = Field(
         default=None, description="The image id the image must have."
@@ -169,6 +206,18 @@ class AgentAdapter(BaseModel):
             raise ValueError(f"{', '.join(runner_owned)}: RUNNER_* variables are the runner's")
         if len(set(names)) != len(names):
             raise ValueError("a variable is named twice in env and secrets")
+        if self.runIn == "contract-image" and not self.runtimePaths:
+            raise ValueError(
+                "runIn contract-image brings the runtime into the contract's image: name its "
+                'files in runtimePaths (e.g. ["/usr/local/bin/claude", '
+                '"/usr/local/bin/run-claude"]), or set "runIn": "adapter-image"'
+            )
+        bases = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.runtimePaths]
+        if any(not b for b in bases) or len(set(bases)) != len(bases):
+            raise ValueError("runtimePaths: each path needs a base name of its own")
+        for mode, path in self.prompts.items():
+            if not os.path.isabs(path):
+                raise ValueError(f"prompts.{mode}: an absolute host path")
         if self.network in {"host", "default"} or (
             self.network is not None
             and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}", self.network)
@@ -184,13 +233,25 @@ class AgentPlan:
     runtime: str
     adapter: AgentAdapter
     contract_image: str
-    """The contract's environment.image: its statement, recorded; the adapter's image runs."""
+    """The contract's environment.image, as written (the job's image, unless the adapter
+    runs the agent in its own: runIn adapter-image)."""
     prompt: str
     """The prompt file in the container."""
     values: Mapping[str, str]
     """Placeholder values other than the limits."""
     max_turns: int | None
     max_budget_usd: float | None
+    prompt_source: Literal["contract", "host", "default"] = "contract"
+    """Where the prompt comes from: the contract's agent.promptPath (an input like the
+    others), the host adapter's prompts (a host file), or the runner's default prompt; the
+    latter two are staged by the runner as /job/input/agent-prompt.md."""
+    prompt_file: str | None = None
+    """The host's prompt file (prompt_source host)."""
+
+    @property
+    def in_contract_image(self) -> bool:
+        """Whether the agent runs in the contract's image (its runtime brought in)."""
+        return self.adapter.runIn == "contract-image"
 
     def argv(self, turns_left: int | None, budget_left: float | None) -> tuple[str, ...]:
         """The argv of an attempt with these limits left."""
@@ -248,15 +309,17 @@ def plan_for(contract: VerifiedContract, agents: Mapping[str, AgentAdapter]) -> 
             hint="issue the contract for a runtime this host offers, or add an adapter for it "
             "to the host policy's 'agents'",
         )
-    if not agent.promptPath:
-        raise ProtocolAmbiguous(
-            "$.agent.promptPath: an agent_planned contract names the prompt its agent gets",
-            hint='add "promptPath": "prompt.md" (relative to the contract\'s folder) to agent',
-        )
+    source: Literal["contract", "host", "default"] = "contract"
+    prompt_file = None
+    if agent.promptPath:
+        prompt = "/job/input/" + os.path.normpath(agent.promptPath)
+    else:  # the platform's contracts: the prompt is the host's, for the execution mode
+        prompt_file = adapter.prompts.get("agent_planned")
+        source = "default" if prompt_file is None else "host"
+        prompt = HOST_PROMPT
     turns = _capped("maxTurns", agent.maxTurns, adapter.maxTurns, runtime)
     max_turns = None if turns is None else int(turns)
     max_budget = _capped("maxBudgetUsd", agent.maxBudgetUsd, adapter.maxBudgetUsd, runtime)
-    prompt = "/job/input/" + os.path.normpath(agent.promptPath)
     values = {"prompt": prompt, "task": "/job/input/task.json"}
     for name in ("model", "subagentModel", "effort", "reasoningMode"):
         value = getattr(agent, name)
@@ -266,7 +329,15 @@ def plan_for(contract: VerifiedContract, agents: Mapping[str, AgentAdapter]) -> 
         if getattr(agent, name) is not None:
             values[name] = str(getattr(agent, name))
     plan = AgentPlan(
-        runtime, adapter, contract.model.environment.image, prompt, values, max_turns, max_budget
+        runtime,
+        adapter,
+        contract.model.environment.image,
+        prompt,
+        values,
+        max_turns,
+        max_budget,
+        source,
+        prompt_file,
     )
     try:
         plan.argv(max_turns, max_budget)
@@ -278,6 +349,34 @@ def plan_for(contract: VerifiedContract, agents: Mapping[str, AgentAdapter]) -> 
             hint=f"give agent.{name} a value",
         ) from None
     return plan
+
+
+def prompt_bytes(plan: AgentPlan) -> bytes | None:
+    """The host's prompt an attempt stages as /job/input/agent-prompt.md: the adapter's file
+    for the mode, else the runner's default; None when the contract names its own."""
+    if plan.prompt_source == "contract":
+        return None
+    if plan.prompt_file is None:
+        return (Path(__file__).parent / "agent-prompt.md").read_bytes()
+    try:
+        return safefs.read_named(Path(plan.prompt_file), PROMPT_MAX_BYTES)
+    except (OSError, safefs.UnsafePath) as exc:
+        why = exc.problem if isinstance(exc, safefs.UnsafePath) else exc.strerror
+        raise HostConfigError(
+            f"the {plan.runtime} adapter's prompt {plan.prompt_file} cannot be read: {why}",
+            hint="fix the file the host policy's agents.<runtime>.prompts names (a regular "
+            f"file of at most {PROMPT_MAX_BYTES:,} bytes)",
+        ) from None
+
+
+def prompt_record(plan: AgentPlan, prompt: bytes) -> dict[str, str]:
+    """The staged host prompt, as the ledger's attempt.starting records it."""
+    return {
+        "path": HOST_PROMPT_NAME,
+        "sha256": "sha256:" + hashlib.sha256(prompt).hexdigest(),
+        "source": plan.prompt_source,
+        **({"hostFile": plan.prompt_file} if plan.prompt_file else {}),
+    }
 
 
 def _capped(name: str, asked: float | None, cap: float | None, runtime: str) -> float | None:

@@ -1,5 +1,8 @@
 """Unpacking an asset's archive (tar or zip) safely into a fresh folder of the asset cache.
 
+Long on purpose: the one safe reader of hostile archives (assets, bundles, agent runtimes),
+every check of a member in one place so no caller keeps a copy of its own.
+
 The archive's bytes match the digest its contract binds, but whoever made the archive is not
 trusted. So every member is checked before anything of it is written, and the folder is written
 only by this module, from scratch:
@@ -41,7 +44,7 @@ import stat
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -183,6 +186,8 @@ class Writer:
         """Names of the members so far."""
         self.folders: set[str] = set()
         """Folders made so far (relative)."""
+        self.executables: set[str] = set()
+        """Files whose member had an execute bit (kept executable only where asked)."""
 
     def _name(self, raw: str) -> list[str]:
         return member_parts(raw, strict=self.strict)
@@ -229,11 +234,13 @@ class Writer:
                 raise UnsafeArchive(f"member {raw!r} needs {part!r} as a folder; it is a file")
             self.folders.add(rel)
 
-    def file(self, raw: str, src: IO[bytes], declared: int) -> None:
+    def file(self, raw: str, src: IO[bytes], declared: int, mode: int = 0) -> None:
         parts = self._name(raw)
         rel = self._member(raw, parts)
         if rel is None:
             raise UnsafeArchive(f"member {raw!r} is a file without a name")
+        if mode & 0o111:
+            self.executables.add(rel)
         if len(parts) > 1:
             self._makedirs(parts[:-1], raw)
         self._count()
@@ -283,7 +290,7 @@ def _tar_members(archive: Path, w: Writer) -> None:
                     if src is None:  # pragma: no cover - isreg() members always have data
                         raise UnsafeArchive(f"member {m.name!r} has no data")
                     with src:
-                        w.file(m.name, src, m.size)
+                        w.file(m.name, src, m.size, m.mode)
                 elif m.issym() or m.islnk():
                     raise UnsafeArchive(
                         f"member {m.name!r} is a link ({m.linkname!r}); links are refused"
@@ -358,12 +365,15 @@ def tree_bytes(root: Path) -> int:
     return total
 
 
-def make_read_only(root: Path) -> None:
-    """Files 0444, folders 0555, below and including ``root`` (no link is there to follow)."""
+def make_read_only(root: Path, executables: frozenset[str] = frozenset()) -> None:
+    """Files 0444 (0555 for those named in ``executables``, relative to ``root``), folders
+    0555, below and including ``root`` (no link is there to follow)."""
     folders = []
     for folder, _dirs, files in _walk(root):
         for name in files:
-            os.chmod(os.path.join(folder, name), 0o444, follow_symlinks=False)
+            path = os.path.join(folder, name)
+            mode = 0o555 if os.path.relpath(path, root) in executables else 0o444
+            os.chmod(path, mode, follow_symlinks=False)
         folders.append(folder)
     for folder in reversed(folders):  # the deepest first: a 0555 folder's entries stay settable
         os.chmod(folder, 0o555)  # noqa: S103 - read-only: r-x for everyone is the point
@@ -453,14 +463,45 @@ def unpack(
 ) -> tuple[int, int]:
     """Unpack ``archive`` into ``dest`` (which must not exist), read-only; (files, bytes).
     Raises :class:`UnsafeArchive` and leaves no ``dest`` behind."""
+    return _unpack_into(
+        dest,
+        lambda w: (_tar_members if kind == "tar" else _zip_members)(archive, w),
+        max_bytes=max_bytes,
+        max_files=max_files,
+        executable=False,
+    )
+
+
+def unpack_tars(
+    archives: Sequence[Path], dest: Path, *, max_bytes: int, max_files: int
+) -> tuple[int, int]:
+    """Unpack the tar ``archives`` into the one new tree ``dest``, as :func:`unpack` does,
+    except that a file whose member has an execute bit stays executable (0555): for programs
+    (an agent's runtime) rather than data. A name two archives hold is refused."""
+
+    def fill(w: Writer) -> None:
+        for archive in archives:
+            _tar_members(archive, w)
+
+    return _unpack_into(dest, fill, max_bytes=max_bytes, max_files=max_files, executable=True)
+
+
+def _unpack_into(
+    dest: Path,
+    fill: Callable[[Writer], None],
+    *,
+    max_bytes: int,
+    max_files: int,
+    executable: bool,
+) -> tuple[int, int]:
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     remove_tree(tmp)
     tmp.mkdir(mode=0o755)
     w = Writer(tmp, max_bytes, max_files)
     try:
         try:
-            (_tar_members if kind == "tar" else _zip_members)(archive, w)
-            make_read_only(tmp)
+            fill(w)
+            make_read_only(tmp, frozenset(w.executables) if executable else frozenset())
             sync_folders(tmp)
             os.rename(tmp, dest)
             sync_folders(dest.parent, below=False)

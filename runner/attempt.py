@@ -25,6 +25,7 @@ from typing import Any
 from runner import (
     agent_result,
     agent_run,
+    agentimage,
     agents,
     cdi,
     container,
@@ -257,6 +258,9 @@ def _new(job: Job, known: Known) -> AttemptResult:
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
         files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via)
         files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
+        prompt = agents.prompt_bytes(p.agent) if p.agent is not None else None
+        if prompt is not None:  # the host's prompt (the contract names none): an input too
+            files.append(layout.add_input(job.dir, agents.HOST_PROMPT_NAME, prompt))
         layout.working_copy(job.dir, job.contract, p.limits.disk_quota_bytes)
         streams = [p.stdout_path, p.stderr_path]
         if n > 1:  # the last attempt's stdout and stderr move to its record, never truncated
@@ -276,6 +280,16 @@ def _new(job: Job, known: Known) -> AttemptResult:
     info = got[0].info
     names = ", ".join(info.repo_tags) or "untagged"
     progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")
+    with stage("image", known):  # an agent's runtime, brought into the contract's image
+        brought = agentimage.bring(
+            job.backend, p, info, lambda pin: _acquire(job, pin), opts.state.root, opts.labels
+        )
+    if brought is not None:
+        progress.stage("agent", f"commands run in {info.id[:19]}… (the contract's image); "
+                       + agentimage.describe(brought))  # fmt: skip
+    elif p.agent is not None:
+        progress.stage("agent", f"commands run in {info.id[:19]}… (the {p.agent.runtime} "
+                       "adapter's image, runIn adapter-image)")  # fmt: skip
     name = container.container_name(job.dir.root, p.job_id, n)
     with stage("image", known):
         _check_runtime(job)
@@ -303,6 +317,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
         )  # fmt: skip
         if eg is not None:  # the slot is busy while the job's container exists
             spec = replace(spec, labels={**spec.labels, **eg.job_labels()})
+        if brought is not None and p.agent is not None:
+            spec = brought.apply(spec, p.agent.adapter.env)
         ledger.append(
             f"attempt-{n}.starting",
             "attempt.starting",
@@ -316,6 +332,12 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 "gpus": [g.model_dump(mode="json") for g in given],
                 **({"egress": eg.as_json()} if eg else {}),
                 **({"agentArgv": list(argv)} if p.agent is not None else {}),
+                **({"agentRuntime": brought.record()} if brought is not None else {}),
+                **(
+                    {"agentPrompt": agents.prompt_record(p.agent, prompt)}
+                    if p.agent and prompt
+                    else {}
+                ),
             },
         )
     except BaseException:
@@ -418,7 +440,9 @@ def egress_down(
     return egress.down(backend, eg, job.attempt_record(n), job.root, redactor)
 
 
-def _acquire(job: Job) -> tuple[images.Acquired, ImageRecord]:
+def _acquire(job: Job, pin: images.ImagePin | None = None) -> tuple[images.Acquired, ImageRecord]:
+    """The plan's image (or ``pin``: an agent runtime's), acquired and verified."""
+    pin = job.plan.image if pin is None else pin
     pol = job.options.policy.policy
     settings = images.PullSettings(
         docker_config=Path(pol.dockerConfig) if pol.dockerConfig else None,
@@ -427,14 +451,14 @@ def _acquire(job: Job) -> tuple[images.Acquired, ImageRecord]:
     )
     got = images.acquire(
         job.backend,
-        job.plan.image,
-        bundle=job.options.bundle,
+        pin,
+        bundle=job.options.bundle if pin is job.plan.image else None,
         settings=settings,
         progress=job.progress,
     )
     info = got.info
     record = ImageRecord(
-        reference=job.plan.image.reference,
+        reference=pin.reference,
         id=info.id,
         repoDigest=got.repo_digest,
         architecture=info.architecture or None,

@@ -41,8 +41,9 @@ class Failure(_Model):
 
 class ImageRecord(_Model):
     reference: str = Field(
-        description="environment.image as the contract wrote it; for an agent_planned "
-        "contract the host's agent adapter's image (the contract's is in agent.contractImage)."
+        description="environment.image as the contract wrote it: the image the job (an "
+        "agent and its commands included) ran in; for an agent adapter with runIn "
+        "adapter-image, the adapter's image (the contract's is in agent.contractImage)."
     )
     id: str | None = Field(description="Image id (config digest) of the image that ran.")
     repoDigest: str | None = Field(description="name@sha256 manifest digest, when known.")
@@ -373,14 +374,54 @@ class AgentUsageRecord(_Model):
     attempts: list[AgentUsageAttempt] = Field(default_factory=list)
 
 
+class AgentRuntimeRecord(_Model):
+    """The agent runtime brought into the contract's image (runIn contract-image)."""
+
+    image: ImageRecord = Field(description="The runtime's image, as acquired and verified.")
+    paths: list[str] = Field(description="The adapter's runtimePaths, copied out of it.")
+    mountedAt: str = Field(description="Where its files were, read-only, in the container.")
+    filesDigest: str = Field(
+        description="sha256 of the canonical list of its files (path, sha256, size, mode)."
+    )
+    files: list[dict[str, Any]] = Field(description="Each file: path, sha256, size.")
+
+
+class AgentPromptRecord(_Model):
+    """The prompt the runner staged for a contract that names none (agent.promptPath)."""
+
+    path: str = Field(description="Where it lay in /job/input.")
+    sha256: str
+    source: Literal["host", "default"] = Field(
+        description="host: the adapter's prompts file for the mode; default: the runner's."
+    )
+    hostFile: str | None = None
+
+
 class AgentRecord(_Model):
     """The agent of an agent_planned run, as the host's adapter ran it."""
 
     runtime: str = Field(description="agent.runtime: the adapter that ran it.")
-    image: str = Field(description="The adapter's image (what ran; see image for its id).")
-    contractImage: str = Field(description="The contract's environment.image, its statement.")
+    image: str = Field(description="The adapter's image: the runtime's.")
+    contractImage: str = Field(description="The contract's environment.image, as written.")
+    runIn: Literal["contract-image", "adapter-image"] = Field(
+        default="adapter-image",
+        description="Where the agent's commands ran: the contract's image (its runtime "
+        "brought in, agentRuntime), or the adapter's own.",
+    )
+    commandsImageId: str | None = Field(
+        default=None,
+        description="The image id the agent and every command it ran were in (image.id).",
+    )
+    agentRuntime: AgentRuntimeRecord | None = Field(
+        default=None, description="The runtime brought into the contract's image."
+    )
     argv: list[str] = Field(description="The argv of the attempt that produced this result.")
     prompt: str = Field(description="The prompt file in the container.")
+    promptSource: Literal["contract", "host", "default"] = Field(
+        default="contract",
+        description="contract: agent.promptPath, an input; host or default: see hostPrompt.",
+    )
+    hostPrompt: AgentPromptRecord | None = None
     transcript: str = Field(
         description="The agent's stream (its stdout), relative to the output folder; hashed "
         "in logs, each earlier attempt's kept under record/attempts/<n>/streams/."
@@ -406,10 +447,13 @@ class Material(_Model):
 
 
 def materials(
-    contract: VerifiedContract | None, inputs: Sequence[InputRecord], image: ImageRecord | None
+    contract: VerifiedContract | None,
+    inputs: Sequence[InputRecord],
+    image: ImageRecord | None,
+    agent: AgentRecord | None = None,
 ) -> list[Material]:
-    """The contract, every input and the image that ran, by digest; the signed statement
-    carries them in its predicate."""
+    """The contract, every input, the image that ran and an agent's runtime image (and its
+    files) and host prompt, by digest; the signed statement carries them in its predicate."""
     out = []
     if contract is not None:
         out.append(
@@ -439,6 +483,26 @@ def materials(
                 annotations={**notes, "digestOf": "image id (config digest)"},
             )
         )
+        brought = agent.agentRuntime if agent is not None else None
+        if brought is not None and brought.image.id:
+            out.append(
+                Material(
+                    name=f"agent-runtime:{brought.image.reference}",
+                    digest={"sha256": brought.image.id.removeprefix("sha256:")},
+                    annotations={
+                        "reference": brought.image.reference,
+                        **(
+                            {"repoDigest": brought.image.repoDigest}
+                            if brought.image.repoDigest
+                            else {}
+                        ),
+                        "digestOf": "image id (config digest) of the agent runtime's image; "
+                        "its files, mounted in the image above, have filesDigest",
+                        "filesDigest": brought.filesDigest,
+                        "mountedAt": brought.mountedAt,
+                    },
+                )
+            )
         # With an image, the run got past staging: its assets were verified and mounted.
         for a in contract.model.fetched_assets if contract is not None else []:
             out.append(
@@ -584,7 +648,8 @@ class ResultEnvelope(_Model):
     materials: list[Material] = Field(
         default_factory=list,
         description="What the result was made from, by digest: the contract, every input, "
-        "the image and every asset mounted (in-toto ResourceDescriptors; the signed statement "
+        "the image, an agent runtime's image and every asset mounted (in-toto "
+        "ResourceDescriptors; the signed statement "
         "carries them).",
     )
     research: dict[str, Any] | None = Field(
@@ -613,7 +678,9 @@ class ResultEnvelope(_Model):
         "refused, counted (null: it had none).",
     )
     agent: AgentRecord | None = Field(
-        default=None, description="An agent_planned run's agent: runtime, images, argv, transcript."
+        default=None,
+        description="An agent_planned run's agent: runtime, where its commands ran (runIn, "
+        "commandsImageId), the runtime's image and files brought in, argv, prompt, transcript.",
     )
     agentUsage: AgentUsageRecord | None = Field(
         default=None,
@@ -736,9 +803,9 @@ def build(
         disk=disk,
         agentResult=agent_result,
         gpuFallback=gpu_fallback,
-        inputs=list(inputs),
+        inputs=[*inputs, *_host_prompt(agent)],
         inputsUnchanged=inputs_unchanged,
-        materials=materials(c, inputs, image),
+        materials=materials(c, [*inputs, *_host_prompt(agent)], image, agent),
         jobDir=str(job_dir) if job_dir else None,
         research=c.data.get("research") if c and isinstance(c.data.get("research"), dict) else None,
         attempt=attempt,
@@ -750,3 +817,13 @@ def build(
         agent=agent,
         agentUsage=agent_usage,
     )
+
+
+def _host_prompt(agent: AgentRecord | None) -> list[InputRecord]:
+    """The host's prompt an agent got (the contract named none), as an input of the run."""
+    hp = agent.hostPrompt if agent is not None else None
+    if hp is None:
+        return []
+    field = f"host:agents.{agent.runtime}.prompts" if agent else "host"
+    return [InputRecord(field=field if hp.source == "host" else "runner:default-prompt",
+                        path=hp.path, digest=hp.sha256)]  # fmt: skip

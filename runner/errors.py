@@ -144,7 +144,7 @@ _TABLE: dict[Category, _Row] = {
         "audience, validity, a --job-id of another contract, inputs not bound by digests)"),
     Category.PROTOCOL_AMBIGUOUS: _Row(_F.REFUSED, False, False,
         "no command, a required command fragment missing, or an agent_planned contract "
-        "without its agent's runtime or prompt"),
+        "without its agent's runtime"),
     Category.IMAGE_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,
         "the image found is not the image the contract pins"),
     Category.INPUT_DIGEST_MISMATCH: _Row(_F.REFUSED, False, False,

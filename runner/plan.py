@@ -59,6 +59,11 @@ class ExecutionPlan:
     """An agent_planned contract's agent: its adapter, prompt and limits; ``argv`` is then the
     adapter's template rendered with the contract's whole limits (each attempt renders it
     with what is left)."""
+    agent_image: ImagePin | None = None
+    """The agent runtime's image, when the agent runs in the contract's image (``image``)
+    with the runtime's files brought in from this one (runIn contract-image); None for a
+    fixed entrypoint, or an adapter that runs the agent in its own image (``image`` is then
+    the adapter's)."""
 
     @property
     def entrypoint(self) -> list[str]:
@@ -237,18 +242,28 @@ def build(
 ) -> ExecutionPlan:
     """Decide everything about the run. Raises the refusals of the protocol and image pin.
 
-    An agent_planned contract runs its agent runtime: the image and the argv are the host's
-    adapter's (the contract's environment.image is its statement, recorded beside), and the
-    required command fragments go to the agent in task.json instead of being matched."""
+    An agent_planned contract runs its agent runtime with the host's adapter's argv, in the
+    contract's environment.image (pinned and checked as any job's), the runtime's files
+    brought in from the adapter's image (``agent_image``); an adapter with runIn
+    adapter-image runs it in its own image instead (the contract's image is then only
+    recorded). The required command fragments go to the agent in task.json instead of being
+    matched."""
     agent = check_mode(contract, policy)
     env = contract.model.environment
+    unpinned = policy.allowUnpinnedImages
+    agent_image = None
     if agent is None:
         argv = check_command(contract)
-        pin = parse_pin(env.image, env.imageId, allow_unpinned=policy.allowUnpinnedImages)
+        pin = parse_pin(env.image, env.imageId, allow_unpinned=unpinned)
     else:
         argv = agent.argv(agent.max_turns, agent.max_budget_usd)
         adapter = agent.adapter
-        pin = parse_pin(adapter.image, adapter.imageId, allow_unpinned=policy.allowUnpinnedImages)
+        adapter_pin = parse_pin(adapter.image, adapter.imageId, allow_unpinned=unpinned)
+        if agent.in_contract_image:
+            pin = parse_pin(env.image, env.imageId, allow_unpinned=unpinned)
+            agent_image = adapter_pin
+        else:
+            pin = adapter_pin
     lim = tightened(contract, overrides or {})
     gpus: int | Literal["none", "all"] = env.gpu
     fallback = None
@@ -263,6 +278,8 @@ def build(
     memory = engine_value("memoryGb", lim["memoryGb"], ov)
     runtime = isolation(contract, policy)
     allow = egress_granted(contract, policy)
+    if agent is not None and env.networkAccess:
+        allow = _agent_network_access(agent, policy)
     if agent is not None and agent.adapter.allow:
         # An agent reaches what its host adapter grants (its model's API), and what the
         # contract asked for and the policy granted besides; nothing else.
@@ -288,7 +305,7 @@ def build(
         pids=None if runtime == "runsc" else engine_value("pidsLimit", lim["pidsLimit"], ov),
         tmpfs_bytes=engine_value("tmpfsMb", lim["tmpfsMb"], ov),
         gpus=gpus,
-        network=_network(env.networkAccess, egress, agent),
+        network=_network(env.networkAccess and agent is None, egress, agent),
         timeout_seconds=lim["timeoutMinutes"] * 60,
         runtime=runtime,
         disk_quota_bytes=engine_value("diskGb", env.diskGb or policy.maxima.diskGb, ov),
@@ -350,7 +367,27 @@ def build(
         },
         egress=egress,
         agent=agent,
+        agent_image=agent_image,
     )
+
+
+def _agent_network_access(agent: agents.AgentPlan, policy: HostPolicy) -> tuple[HostPort, ...]:
+    """An agent_planned contract's ``networkAccess: true``: what this host grants agents,
+    never the open network: its adapter's allow (added by the caller) and every pair the
+    policy's egress grants (package indexes, say), through the allowlist proxy; or the
+    network its adapter names. Refused when the host grants agents nothing."""
+    granted = tuple(HostPort.parse(x) for x in policy.egress.allow) if policy.egress else ()
+    if not (granted or agent.adapter.allow or agent.adapter.network):
+        raise PolicyViolation(
+            "$.environment.networkAccess: the contract asks for network access (true); an "
+            f"agent gets what this host grants agents, and it grants the {agent.runtime!r} "
+            "runtime none (its adapter has no allow or network, the policy's egress.allow "
+            "is empty)",
+            hint='grant pairs in the host policy\'s "egress": {"allow": [...]} (a package '
+            "index, say) or agents.<runtime>.allow, or issue the contract with networkAccess "
+            "false",
+        )
+    return granted
 
 
 def _network(access: bool, egress: EgressPlan | None, agent: agents.AgentPlan | None) -> str:

@@ -356,7 +356,10 @@ def check(
     isolation(contract, policy)
     if gpus_over_policy(contract, policy) and not cpu_fallback_allowed(contract):
         raise _over("gpu", env.gpu, mx.gpus if mx.gpus else "none")
-    if env.networkAccess and not policy.allowNetwork:
+    agent_planned = contract.model.execution_mode == "agent_planned"
+    if env.networkAccess and not policy.allowNetwork and not agent_planned:
+        # An agent's networkAccess is what the host grants agents (runner.plan), never the
+        # open network.
         raise PolicyViolation(
             "$.environment.networkAccess: the contract asks for network access (true) and this "
             "host never grants it",

@@ -471,9 +471,10 @@ def stage_inputs(
     staged: list[StagedInput] = []
     tally = _Tally(rules, "")
     for field, rel, bound in _named_inputs(contract):
-        if rel in {".", "task.json"}:
+        if rel in {".", *RUNNER_INPUTS}:
             raise ContractError(
-                f"{rel!r} would overwrite the input folder or task.json",
+                f"{rel!r} would overwrite the input folder or a file the runner writes there "
+                f"({', '.join(RUNNER_INPUTS)})",
                 path=field,
                 hint="name a file or folder beside the contract",
             )
@@ -535,6 +536,16 @@ def _charge(tally: _Tally, got: StagedInput) -> None:
             f"{tally.rules.max_files:,} files and folders",
             "pack the inputs (a tar file), or raise maxInputFiles in the host policy",
         )
+
+
+RUNNER_INPUTS = (
+    "task.json",
+    "parser-catalog.json",
+    "result.schema.json",
+    "compute-decision.json",
+    "agent-prompt.md",
+)
+"""The files the runner itself writes into ``input/``: no contract input may take a name."""
 
 
 def _named_inputs(contract: VerifiedContract) -> list[tuple[str, str, str | None]]:

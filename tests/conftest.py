@@ -57,8 +57,11 @@ def scripted_agent_image(image_id: str) -> str:
 
 @pytest.fixture(scope="session")
 def claude_agent_image(image_id: str) -> str:
-    """Id of the Claude Code agent image (runner-agent-claude:local)."""
-    return _local_image("runner-agent-claude:local")
+    """Id of the Claude Code agent image (runner-agent-claude:local), with this checkout's
+    run-claude wrapper (tests.support.agents.claude_image_with_this_wrapper)."""
+    from tests.support.agents import claude_image_with_this_wrapper
+
+    return claude_image_with_this_wrapper(_local_image("runner-agent-claude:local"))
 
 
 @pytest.fixture(autouse=True)

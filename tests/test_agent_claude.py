@@ -19,6 +19,7 @@ import pytest
 from tests.support import run_cli, run_job, session_containers
 from tests.support.agents import (
     CLAUDE_ARGV,
+    CLAUDE_RUNTIME,
     agent_contract,
     agent_policy,
     files_holding,
@@ -50,6 +51,7 @@ def _run(
             "claude-code",
             image,
             argv=CLAUDE_ARGV,
+            **CLAUDE_RUNTIME,
             env={"ANTHROPIC_BASE_URL": server.base_url, "CLAUDE_CODE_MAX_RETRIES": "0"},
             secrets=[{"env": "ANTHROPIC_API_KEY", "file": str(key_file)}],
             allow=[f"{server.host}:{server.port}"],
@@ -89,7 +91,9 @@ def test_claude_code_driven_by_a_scripted_model_runs_the_evaluation(
     events = transcript_events(job / "output" / env["agent"]["transcript"])
     assert events[0]["type"] == "system" and events[0]["claude_code_version"] == "2.1.332"
     assert events[-1]["type"] == "result" and events[-1]["subtype"] == "success"
-    assert env["agent"]["argv"][:2] == ["/usr/local/bin/run-claude", "/job/input/prompt.md"]
+    assert env["agent"]["argv"][:2] == ["/opt/runner-agent/run-claude", "/job/input/prompt.md"]
+    assert env["agent"]["runIn"] == "contract-image"
+    assert env["agent"]["agentRuntime"]["image"]["id"] == claude_agent_image
     # the key: nowhere in the job folder (record, envelope, transcript), nor in its bundle
     assert files_holding(job, API_KEY.encode()) == []
     archive = tmp_path / "run.tar.gz"

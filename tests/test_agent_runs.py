@@ -20,6 +20,7 @@ from tests.support import run_cli, run_job, session_containers, start_job
 from tests.support.agents import (
     EXAMPLE,
     SCRIPTED_ARGV,
+    SCRIPTED_RUNTIME,
     agent_contract,
     agent_policy,
     files_holding,
@@ -34,7 +35,12 @@ SECRET = "sk-test-made-up-for-this-test-4f1c9a7e"  # noqa: S105 - made up here, 
 
 def _policy(folder: Path, image: str, **adapter: Any) -> list[str]:
     path = agent_policy(
-        folder, "scripted", image, argv=SCRIPTED_ARGV, usage="claude-code", **adapter
+        folder,
+        "scripted",
+        image,
+        argv=SCRIPTED_ARGV,
+        usage="claude-code",
+        **{**SCRIPTED_RUNTIME, **adapter},
     )
     return ["--policy", str(path)]
 
@@ -44,7 +50,7 @@ def _assistant_turns(path: Path) -> int:
 
 
 def test_the_scripted_agent_runs_the_evaluation_end_to_end(
-    tmp_path: Path, scripted_agent_image: str
+    tmp_path: Path, scripted_agent_image: str, image_id: str
 ) -> None:
     """0.819 parsed from the evidence the agent's own command produced, its result.json
     checked against the contract, its transcript kept and hashed, its usage recorded; the
@@ -74,10 +80,12 @@ def test_the_scripted_agent_runs_the_evaluation_end_to_end(
     assert env["measurements"][0]["evidence"]["path"] == "logs/evaluation.log"
     assert env["agentResult"]["valid"] is True, env["agentResult"]
     assert env["agentResult"]["claim"]["execution"]["status"] == "succeeded"
-    # what ran: the host's image and argv; the contract's image recorded beside
-    assert env["image"]["id"] == scripted_agent_image
+    # what ran: the contract's image, the host's runtime brought into it, with its argv
+    assert env["image"]["id"] == image_id
     agent = env["agent"]
-    assert agent["runtime"] == "scripted" and agent["contractImage"] == "runner-cpu:local"
+    assert agent["runtime"] == "scripted" and agent["contractImage"] == image_id
+    assert agent["runIn"] == "contract-image" and agent["commandsImageId"] == image_id
+    assert agent["agentRuntime"]["image"]["id"] == scripted_agent_image
     assert agent["argv"][3:] == ["/job/input/prompt.md", "--max-turns", "40",
                                  "--max-budget-usd", "3"]  # fmt: skip
     assert env["allocation"]["agent"] == {

@@ -40,11 +40,15 @@ SCRIPTED: dict[str, Any] = {
         ["--max-budget-usd", "{maxBudgetUsd}"],
         ["--model", "{model}"],
     ],
+    "runtimePaths": ["/opt/runner-agent/agent.py"],
     "env": {"AGENT_MODE": "test"},
     "secrets": [{"env": "API_KEY", "fromEnv": "RUNNER_TEST_AGENT_KEY"}],
     "usage": "claude-code",
     "maxTurns": 50,
 }
+
+
+CONTRACT_IMAGE = "sha256:" + "ab" * 32
 
 
 def _policy(**adapter: Any) -> HostPolicy:
@@ -53,6 +57,7 @@ def _policy(**adapter: Any) -> HostPolicy:
 
 def _contract(tmp_path: Path, change: Any = None) -> Path:
     data = json.loads((EXAMPLE / "task.scripted.json").read_text())
+    data["environment"]["image"] = CONTRACT_IMAGE
     if change is not None:
         change(data)
     data.pop("contractDigest")
@@ -121,26 +126,30 @@ def test_an_unknown_runtime_is_refused_naming_what_the_host_offers(tmp_path: Pat
         _plan(contract, HostPolicy())
 
 
-def test_a_contract_without_runtime_or_prompt_is_ambiguous(tmp_path: Path) -> None:
+def test_no_runtime_is_ambiguous_and_no_prompt_gets_the_hosts(tmp_path: Path) -> None:
     def no_prompt(d: dict[str, Any]) -> None:
         del d["agent"]["promptPath"]
 
     def no_runtime(d: dict[str, Any]) -> None:
         del d["agent"]["runtime"]
 
-    with pytest.raises(ProtocolAmbiguous, match=r"\$\.agent\.promptPath"):
-        _plan(_contract(tmp_path, no_prompt), _policy())
+    default = _plan(_contract(tmp_path, no_prompt), _policy()).agent  # the platform's
+    assert default is not None and default.prompt_source == "default"
+    assert default.prompt == "/job/input/agent-prompt.md"
     with pytest.raises(ProtocolAmbiguous, match=r"\$\.agent\.runtime"):
         _plan(_contract(tmp_path, no_runtime), _policy())
 
 
 def test_the_plan_runs_the_adapter_with_the_contracts_limits(tmp_path: Path) -> None:
-    """Image and argv are the adapter's; the contract's image is recorded; the required
-    fragments go to the agent (they are not matched against the runtime's argv); secrets are
-    not in the plan."""
+    """The image is the contract's, the runtime's image the adapter's, the argv the
+    adapter's; the required fragments go to the agent (they are not matched against the
+    runtime's argv); secrets are not in the plan. runIn adapter-image: today's way."""
     p = _plan(_contract(tmp_path), _policy())
     assert p.agent is not None
-    assert p.image.image_id == SCRIPTED["image"]
+    assert p.image.image_id == CONTRACT_IMAGE
+    assert p.agent_image is not None and p.agent_image.image_id == SCRIPTED["image"]
+    own = _plan(_contract(tmp_path), _policy(runIn="adapter-image"))
+    assert own.image.image_id == SCRIPTED["image"] and own.agent_image is None
     assert p.argv == (
         "python3",
         "/opt/runner-agent/agent.py",
@@ -151,7 +160,7 @@ def test_the_plan_runs_the_adapter_with_the_contracts_limits(tmp_path: Path) -> 
         "--max-budget-usd",
         "3",
     )
-    assert p.agent.contract_image == "runner-cpu:local"
+    assert p.agent.contract_image == CONTRACT_IMAGE
     assert p.limits.network == "none"
     assert p.environment["AGENT_MODE"] == "test"
     assert p.environment["RUNNER_AGENT_PROMPT"] == "/job/input/prompt.scripted.md"
@@ -408,7 +417,10 @@ def test_an_attempt_that_vanished_counts_its_transcript_and_the_next_gets_the_re
     fake.jobs = jobs
     contract = _contract(tmp_path, lambda d: d["agent"].update(maxTurns=10))
     pol = HostPolicy.model_validate(
-        {"acceptUnsigned": True, "agents": {"scripted": {**SCRIPTED, "image": info.id}}}
+        {
+            "acceptUnsigned": True,
+            "agents": {"scripted": {**SCRIPTED, "image": info.id, "runIn": "adapter-image"}},
+        }
     )
     options = orchestrator.RunOptions(
         state_dir=tmp_path / "state",

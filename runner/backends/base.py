@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from runner.backends.types import DeviceEdits, DeviceNode, ImageInfo, Limits
+from runner.backends.types import DeviceEdits, DeviceNode, ImageInfo, Limits, PathStat
 
 __all__ = [
     "BACKSTOP_SCRIPT",
@@ -24,12 +25,14 @@ __all__ = [
     "ContainerSummary",
     "DeviceEdits",
     "DeviceNode",
+    "ImageFiles",
     "ImageInfo",
     "Limits",
     "LogFollow",
     "Mount",
     "NetworkInfo",
     "NetworkSummary",
+    "PathStat",
 ]
 
 
@@ -199,6 +202,19 @@ class LogFollow:
             close()
 
 
+class ImageFiles(Protocol):
+    """An image's filesystem, read through the engine's archive API from a container made
+    of it and never started (nothing of the image runs)."""
+
+    def stat(self, path: str) -> PathStat | None:
+        """The absolute ``path`` (its last link not followed); None when nothing is there."""
+
+    def archive(self, path: str, dest: Path, max_bytes: int) -> None:
+        """Write the tar archive the engine makes of ``path`` (a file: one member, its base
+        name; a folder: its tree under its base name) to the new file ``dest``; more than
+        ``max_bytes`` of it is InfrastructureError, and ``dest`` is then removed."""
+
+
 class Backend(Protocol):
     def ping(self) -> None:
         """Check the engine answers; raise EngineUnavailable when not."""
@@ -286,3 +302,9 @@ class Backend(Protocol):
 
     def find_networks(self, labels: dict[str, str]) -> list[NetworkSummary]:
         """Networks carrying all ``labels``."""
+
+    def image_files(
+        self, image_id: str, labels: dict[str, str]
+    ) -> AbstractContextManager[ImageFiles]:
+        """The image's files (:class:`ImageFiles`), through a container made of it (never
+        started, no network, carrying ``labels``) that is removed on leaving."""

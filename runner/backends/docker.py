@@ -19,6 +19,7 @@ Docker (the HTTP transport, the API calls, the SDK for image transfers) stays in
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -40,7 +41,7 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
-from runner.backends.types import ImageInfo, Limits
+from runner.backends.types import ImageInfo, Limits, PathStat
 from runner.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -316,6 +317,7 @@ class DockerBackend:
             architecture=data.get("Architecture", ""),
             os=data.get("Os", ""),
             size=int(data.get("Size") or 0),
+            env=tuple(str(e) for e in (data.get("Config") or {}).get("Env") or ()),
         )
 
     def pull(
@@ -689,3 +691,95 @@ class DockerBackend:
             NetworkSummary(str(n["Id"]), str(n["Name"]), dict(n.get("Labels") or {}))
             for n in found or []
         ]
+
+    @contextlib.contextmanager
+    def image_files(self, image_id: str, labels: dict[str, str]) -> Iterator[_ImageFiles]:
+        action = f"reading the files of the image {image_id}"
+        body = {
+            "Image": image_id,
+            "Entrypoint": ["/runner-image-files-never-started"],
+            "Cmd": [],
+            "Labels": {**labels, "org.runner.image-files": "true"},
+            "NetworkDisabled": True,
+            "HostConfig": {"NetworkMode": "none"},
+        }
+        name = f"runner-image-files-{os.urandom(6).hex()}"
+        try:
+            created = self._call(
+                "POST", "/containers/create", action, query={"name": name}, body=body
+            )
+        except _NotFound as exc:
+            raise InfrastructureError(f"{action}: {exc.message}") from exc
+        container_id = str(created["Id"])
+        try:
+            yield _ImageFiles(self, container_id, action)
+        finally:
+            self.remove(container_id)
+
+
+class _ImageFiles:
+    """:class:`~runner.backends.base.ImageFiles` of a created (never started) container."""
+
+    def __init__(self, engine: DockerBackend, container_id: str, action: str) -> None:
+        self._engine = engine
+        self._path = f"/containers/{quote(container_id)}/archive"
+        self._action = action
+
+    def _url(self, path: str) -> str:
+        return (
+            self._engine._version_prefix(self._action)
+            + self._path
+            + "?"
+            + urlencode({"path": path})
+        )
+
+    def stat(self, path: str) -> PathStat | None:
+        status, headers, _ = self._engine._exchange(
+            "HEAD", self._url(path), None, self._engine._timeout, self._action
+        )
+        if status == 404:
+            return None
+        if status >= 400:
+            raise InfrastructureError(f"{self._action}: the engine answered {status} for {path}")
+        raw = headers.get("X-Docker-Container-Path-Stat") or ""
+        try:
+            info = json.loads(base64.b64decode(raw))
+            return PathStat(path, int(info["size"]), int(info["mode"]), str(info["linkTarget"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InfrastructureError(
+                f"{self._action}: the engine's stat of {path} is unreadable ({exc})"
+            ) from None
+
+    def archive(self, path: str, dest: Path, max_bytes: int) -> None:
+        def copy(response: http.client.HTTPResponse) -> None:
+            written = 0
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(dest, flags, 0o600), "wb") as out:
+                while chunk := response.read(1024 * 1024):
+                    written += len(chunk)
+                    if written > max_bytes:
+                        raise _TooLarge
+                    out.write(chunk)
+
+        try:
+            status, _, data = self._engine._exchange(
+                "GET", self._url(path), None, None, self._action, stream_to=copy
+            )
+        except _TooLarge:
+            dest.unlink(missing_ok=True)
+            raise InfrastructureError(
+                f"{self._action}: {path} is more than {max_bytes:,} bytes as an archive",
+                hint="declare smaller runtime paths, or raise the cap",
+            ) from None
+        except BaseException:
+            dest.unlink(missing_ok=True)
+            raise
+        if status >= 400:
+            message = data.decode(errors="replace").strip()[:300]
+            raise InfrastructureError(
+                f"{self._action}: the engine answered {status} for {path}: {message}"
+            )
+
+
+class _TooLarge(Exception):
+    pass

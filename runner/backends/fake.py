@@ -14,10 +14,14 @@ real engine; this fake replaces none of them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
+import os
+import stat
+import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +35,7 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
-from runner.backends.types import ImageInfo, Limits
+from runner.backends.types import ImageInfo, Limits, PathStat
 from runner.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 
 
@@ -121,6 +125,8 @@ class FakeBackend:
     containers: dict[str, _Container] = field(default_factory=dict)
     networks: dict[str, NetworkSummary] = field(default_factory=dict)
     """Networks by name (add one with ``create_network``)."""
+    roots: dict[str, Path] = field(default_factory=dict)
+    """Image id → a host folder standing for that image's filesystem (``image_files``)."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     # ------------------------------------------------------------------ helpers for tests
@@ -336,3 +342,69 @@ class FakeBackend:
         self._call("find_networks", labels)
         wanted = labels.items()
         return [n for n in self.networks.values() if all(n.labels.get(k) == v for k, v in wanted)]
+
+    @contextlib.contextmanager
+    def image_files(self, image_id: str, labels: dict[str, str]) -> Iterator[_FakeFiles]:
+        self._call("image_files", image_id)
+        root = self.roots.get(image_id)
+        if root is None:
+            raise InfrastructureError(f"the fake engine has no files for {image_id}")
+        yield _FakeFiles(root)
+
+
+class _FakeFiles:
+    """An image's files: a host folder (links resolved inside it, as the engine does)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _host(self, path: str) -> Path:
+        return self.root / path.lstrip("/")
+
+    def _resolve(self, path: str) -> str:
+        parts: list[str] = []
+        todo = [p for p in path.split("/") if p]
+        hops = 0
+        while todo:
+            part = todo.pop(0)
+            if part == "..":
+                if parts:
+                    parts.pop()
+                continue
+            here = self.root.joinpath(*parts, part)
+            if here.is_symlink() and hops < 40:
+                hops += 1
+                target = os.readlink(here)
+                if target.startswith("/"):
+                    parts = []
+                todo = [p for p in target.split("/") if p] + todo
+                continue
+            parts.append(part)
+        return "/" + "/".join(parts)
+
+    def stat(self, path: str) -> PathStat | None:
+        host = self._host(path)
+        try:
+            st = os.lstat(host)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        mode = st.st_mode & 0o7777
+        target = ""
+        if stat.S_ISDIR(st.st_mode):
+            mode |= 1 << 31
+        elif stat.S_ISLNK(st.st_mode):
+            mode |= 1 << 27
+            target = self._resolve(path)
+        elif not stat.S_ISREG(st.st_mode):
+            mode |= 1 << 26
+        return PathStat(path, st.st_size, mode, target)
+
+    def archive(self, path: str, dest: Path, max_bytes: int) -> None:
+        host = self._host(path)
+        if not os.path.lexists(host):
+            raise InfrastructureError(f"the fake engine: no {path}")
+        with tarfile.open(dest, "w") as tar:
+            tar.add(host, arcname=os.path.basename(path.rstrip("/")))
+        if dest.stat().st_size > max_bytes:
+            dest.unlink()
+            raise InfrastructureError(f"{path} is more than {max_bytes:,} bytes as an archive")

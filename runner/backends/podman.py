@@ -230,6 +230,7 @@ class PodmanBackend(DockerBackend):
             architecture=info.architecture,
             os=info.os,
             size=info.size,
+            env=info.env,
         )
 
     def create(self, spec: ContainerSpec) -> str:

@@ -65,6 +65,52 @@ class ImageInfo:
     architecture: str
     os: str
     size: int
+    env: tuple[str, ...] = ()
+    """The image's configured environment (``NAME=value``, its ``ENV`` lines)."""
+
+    def env_value(self, name: str) -> str | None:
+        """The value the image's configuration gives ``name``, if any."""
+        for item in self.env:
+            key, sep, value = item.partition("=")
+            if sep and key == name:
+                return value
+        return None
+
+
+_GO_DIR = 1 << 31
+_GO_SYMLINK = 1 << 27
+_GO_SPECIAL = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+"""Go's os.FileMode type bits, as the engine's archive API reports a path's mode: device,
+named pipe, socket, character device, irregular."""
+
+
+@dataclass(frozen=True)
+class PathStat:
+    """What the engine's archive API says of one path in a container's filesystem (without
+    following its last link; ``link_target`` is where a link leads, resolved in the
+    container's root)."""
+
+    path: str
+    size: int
+    mode: int
+    """Go's os.FileMode: permission bits and type bits."""
+    link_target: str = ""
+
+    @property
+    def is_dir(self) -> bool:
+        return bool(self.mode & _GO_DIR)
+
+    @property
+    def is_link(self) -> bool:
+        return bool(self.mode & _GO_SYMLINK)
+
+    @property
+    def is_regular(self) -> bool:
+        return not self.mode & (_GO_DIR | _GO_SYMLINK | _GO_SPECIAL)
+
+    @property
+    def executable(self) -> bool:
+        return bool(self.mode & 0o111)
 
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"

@@ -264,6 +264,15 @@ def summary(env: dict[str, Any], path: Path | None) -> str:
         rows.append(("exit code", str(env["exitCode"])))
     if env.get("image"):
         rows.append(("image", str(env["image"]["id"])))
+    agent = env.get("agent")
+    if agent:
+        brought = agent.get("agentRuntime")
+        where = (
+            f"commands in the contract's image, runtime from {brought['image']['id']}"
+            if brought
+            else "commands in the adapter's image (runIn adapter-image)"
+        )
+        rows.append(("agent", f"{agent['runtime']}: {where}"))
     t = env["timings"]
     if t.get("runSeconds") is not None:
         rows.append(("ran", f"{t['runSeconds']:.1f} s (total {t['totalSeconds']:.1f} s)"))

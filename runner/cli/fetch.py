@@ -84,12 +84,14 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     prune.set_defaults(func=cmd_cache_prune)
     verify = actions.add_parser(
         "verify",
-        help="re-hash every cached input; remove those that are not what was cached",
+        help="re-hash every cached input and agent runtime; remove those not as cached",
         description="Re-hash every file of every input cache entry against the digest it was\n"
-        "cached under. Before linking a cached file, a job checks only its inode, size,\n"
+        "cached under, and every agent runtime's files against its runtime.json. Before\n"
+        "linking a cached file (or mounting a runtime), a job checks only its inode, size,\n"
         "modification time and read-only mode (cheap); this also catches an edit that kept\n"
         "those. An entry that fails is removed (--keep: only listed); the next job that\n"
-        "needs it stages that input from its source. Exit status 1 when any entry failed.",
+        "needs it stages that input from its source (extracts that runtime again). Exit\n"
+        "status 1 when any entry failed.",
         epilog="examples:\n  runner cache verify --json\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -217,18 +219,27 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_verify(args: argparse.Namespace) -> int:
+    from runner import agentimage, host
     from runner.inputcache import verify
 
     inputs = _inputs(args)
     checked = len(inputs.hexes())
     bad = verify(inputs, remove=not args.keep)
+    runtimes, bad_runtimes = agentimage.verify(host.state_dir(args.state_dir), remove=not args.keep)
     if args.json:
         print(json.dumps({"checked": checked, "removed": not args.keep and bool(bad),
                           "bad": [{"sha256": f"sha256:{h}", "problem": p}
-                                  for h, p in bad.items()]}, indent=2))  # fmt: skip
+                                  for h, p in bad.items()],
+                          "agentRuntimes": {"checked": runtimes,
+                                            "bad": [{"entry": e, "problem": p}
+                                                    for e, p in bad_runtimes.items()]}},
+                         indent=2))  # fmt: skip
     else:
+        how = "kept" if args.keep else "removed"
         for hexd, problem in bad.items():
-            how = "kept" if args.keep else "removed"
             print(f"{how} sha256:{hexd[:12]}…  {problem}")
+        for entry, problem in bad_runtimes.items():
+            print(f"{how} agent runtime {entry[:12]}…  {problem}")
         print(f"{checked} input cache entries checked, {len(bad)} not as cached")
-    return EXIT_JOB_FAILED if bad else EXIT_SUCCEEDED
+        print(f"{runtimes} agent runtime(s) checked, {len(bad_runtimes)} not as extracted")
+    return EXIT_JOB_FAILED if bad or bad_runtimes else EXIT_SUCCEEDED

@@ -22,6 +22,7 @@ from runner.cli._common import (
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
+    from runner.plan import ExecutionPlan
 
 
 def register(sub: Subparsers, name: str, help: str) -> None:
@@ -121,9 +122,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         "image": m.environment.image,
         "imageId": p.image.image_id,
         "command": list(p.argv),
-        "agent": {"runtime": p.agent.runtime, "image": p.agent.adapter.image}
-        if p.agent is not None
-        else None,
+        "agent": _agent_info(p),
         "timeoutSeconds": p.limits.timeout_seconds,
         "network": p.limits.network,
         "egress": [str(x) for x in p.egress.allow] if p.egress else None,
@@ -156,7 +155,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         ("image", m.environment.image),
         ("network", p.limits.network),
         *((("egress", ", ".join(info["egress"])),) if p.egress else ()),
-        *((("agent", f"{p.agent.runtime} in {p.agent.adapter.image}"),) if p.agent else ()),
+        *((("agent", _agent_line(p)),) if p.agent else ()),
         ("command", " ".join(p.argv)),
         ("budget", fmt_clock(p.limits.timeout_seconds)),
         *(("asset", line) for line in info["assets"]),
@@ -166,6 +165,38 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"  {key:<15} {value}")
     return EXIT_SUCCEEDED
+
+
+def _agent_info(p: ExecutionPlan) -> dict[str, Any] | None:
+    """Which image the agent's commands run in, and where its runtime comes from."""
+    if p.agent is None:
+        return None
+    return {
+        "runtime": p.agent.runtime,
+        "runIn": p.agent.adapter.runIn,
+        "commandsRunIn": p.image.reference,
+        "runtimeImage": p.agent.adapter.image,
+        "prompt": p.agent.prompt,
+        "promptSource": p.agent.prompt_source,
+    }
+
+
+def _agent_line(p: ExecutionPlan) -> str:
+    agent = p.agent
+    if agent is None:
+        return "-"
+    if agent.in_contract_image:
+        where = (
+            f"its commands run in the contract's image {p.image.reference}, the runtime "
+            f"brought in from {agent.adapter.image}"
+        )
+    else:
+        where = (
+            f"its commands run in the adapter's image {agent.adapter.image} (runIn "
+            f"adapter-image), not the contract's {agent.contract_image}"
+        )
+    prompt = {"contract": "the contract's", "host": "the host's", "default": "the runner's"}
+    return f"{agent.runtime}: {where}; prompt: {prompt[agent.prompt_source]} {agent.prompt}"
 
 
 def cmd_verify_result(args: argparse.Namespace) -> int:

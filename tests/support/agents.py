@@ -5,10 +5,12 @@ internal network of the test's own, and a search for a secret in every file a ru
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import shutil
 import tarfile
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,8 +35,19 @@ SCRIPTED_ARGV: list[Any] = [
     ["--model", "{model}"],
 ]
 
+SCRIPTED_RUNTIME: dict[str, Any] = {"runtimePaths": ["/opt/runner-agent/agent.py"]}
+"""The scripted runtime's files in its image (brought into the contract's, which needs
+python3: the argv's first word)."""
+
+CLAUDE_RUNTIME: dict[str, Any] = {
+    "runtimePaths": ["/usr/local/bin/claude", "/usr/local/bin/run-claude"],
+    "runtimeRequires": ["bash"],
+}
+"""Claude Code's files in runner-agent-claude (the native binary and its wrapper); its Bash
+tool needs bash in the contract's image."""
+
 CLAUDE_ARGV: list[Any] = [
-    "/usr/local/bin/run-claude",
+    "/opt/runner-agent/run-claude",
     "{prompt}",
     "--output-format",
     "stream-json",
@@ -56,10 +69,13 @@ def agent_contract(
     prompt: str | None = None,
     agent: dict[str, Any] | None = None,
     change: Callable[[dict[str, Any]], None] | None = None,
+    image: str | None = None,
 ) -> Path:
     """The example's agent_planned contract in ``folder`` with its inputs, for ``runtime``,
-    its prompt ``prompt`` (default: the example's scripted prompt) and ``agent`` fields."""
+    its prompt ``prompt`` (default: the example's scripted prompt) and ``agent`` fields; its
+    environment.image ``image`` (default: runner-cpu:local's image id, a pin)."""
     data = json.loads((EXAMPLE / "task.scripted.json").read_text())
+    data["environment"]["image"] = image or image_id_of(IMAGE)
     shutil.copytree(EXAMPLE / "repository", folder / "repository", dirs_exist_ok=True)
     shutil.copy(EXAMPLE / "paper.md", folder / "paper.md")
     text = prompt if prompt is not None else (EXAMPLE / "prompt.scripted.md").read_text()
@@ -71,6 +87,38 @@ def agent_contract(
     path = folder / "task.json"
     path.write_text(json.dumps(with_digest(data), indent=2))
     return path
+
+
+def image_id_of(tag: str) -> str:
+    """The local image id of ``tag`` (the engine's answer; the test fails without it)."""
+    out = docker("image", "inspect", "--format", "{{.Id}}", tag)
+    assert out.returncode == 0, f"{tag} is missing: run scripts/setup.sh ({out.stderr.strip()})"
+    return out.stdout.strip()
+
+
+def claude_image_with_this_wrapper(image: str) -> str:
+    """``image`` (runner-agent-claude) with this checkout's images/agent-claude/run-claude:
+    the image itself when its wrapper is the checkout's, else an image made from it with
+    only the wrapper replaced (offline, a tag of the test's own), so that the tests run the
+    wrapper this checkout ships even where setup.sh built the image before it changed."""
+    wrapper = ROOT / "images" / "agent-claude" / "run-claude"
+    have = docker("run", "--rm", "--network", "none", "--entrypoint", "cat", image,
+                  "/usr/local/bin/run-claude")  # fmt: skip
+    assert have.returncode == 0, have.stderr
+    if have.stdout == wrapper.read_text():
+        return image
+    tag = (
+        "runner-test-agent-claude:"
+        + hashlib.sha256((image + wrapper.read_text()).encode()).hexdigest()[:16]
+    )
+    with tempfile.TemporaryDirectory() as context:
+        shutil.copy(wrapper, Path(context) / "run-claude")
+        (Path(context) / "Dockerfile").write_text(
+            f"FROM {image}\nCOPY run-claude /usr/local/bin/run-claude\n"
+        )
+        built = docker("build", "--network", "none", "-q", "-t", tag, context)
+        assert built.returncode == 0, built.stderr
+    return image_id_of(tag)
 
 
 def agent_policy(
