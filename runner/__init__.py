@@ -18,17 +18,17 @@ if TYPE_CHECKING:
     from typing import Any
 
     from runner.contract import VerifiedContract
-    from runner.envelope import ResultEnvelope
-    from runner.errors import RunnerError
-    from runner.options import RunOptions
-    from runner.orchestrator import run
+    from runner.core.errors import RunnerError
+    from runner.execution.options import RunOptions
+    from runner.execution.orchestrator import run
+    from runner.models.envelope import ResultEnvelope
 
 _LAZY = {
-    "ResultEnvelope": "runner.envelope",
-    "RunOptions": "runner.options",
-    "RunnerError": "runner.errors",
+    "ResultEnvelope": "runner.models.envelope",
+    "RunOptions": "runner.execution.options",
+    "RunnerError": "runner.core.errors",
     "VerifiedContract": "runner.contract",
-    "run": "runner.orchestrator",
+    "run": "runner.execution.orchestrator",
 }
 
 

@@ -1,9 +1,9 @@
-"""The client half of ``runner serve`` (see runner/server.py): hand a command to a running
+"""The client half of ``runner serve`` (see runner/app/server.py): hand a command to a running
 server, or say that it must run here.
 
 Kept to the standard library's lightest modules, since it is on the path of every ``runner``
 start-up: ``main`` decides before ``runner.cli`` (argparse and the rest) is imported. Where the
-socket is, and what code this is, come from runner/host.py.
+socket is, and what code this is, come from runner/app/host.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def try_client(path: str, argv: list[str]) -> int | None:
     import signal
     import socket
 
-    from runner.host import code_fingerprint
+    from runner.app.host import code_fingerprint
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     everything else (and a served command without a server) runs in this process."""
     given = sys.argv[1:] if argv is None else argv
     if given and given[0] in SERVED and "-h" not in given and "--help" not in given:
-        from runner.host import socket_path
+        from runner.app.host import socket_path
 
         path = socket_path()
         code = try_client(path, given) if path is not None else None

@@ -2,9 +2,10 @@
 """In-process measurements for scripts/benchmark.py, each in its own interpreter so that its
 peak RSS is its own.
 
-    bench_inproc.py stage CONTRACT JOB_DIR   time runner.staging.stage_inputs
+    bench_inproc.py stage CONTRACT JOB_DIR   time runner.staging.jobdir.stage_inputs
     bench_inproc.py parse LOG PATTERN         time regex.scalar (occurrence last) on LOG
-    bench_inproc.py fetch CONTRACT STATE_DIR  time runner.assets.fetch of the contract's first
+    bench_inproc.py fetch CONTRACT STATE_DIR  time runner.caches.assets.fetch of the contract's
+    first
                                               asset (from a loopback server) into a new cache
     bench_inproc.py stagecache CONTRACT STATE_DIR
                                               time a job's whole staging (inputs through the
@@ -42,9 +43,9 @@ def _peak_rss() -> int:
 
 
 def stage(contract_path: Path, job_root: Path) -> dict[str, Any]:
-    from runner import staging
     from runner.contract import load_contract
     from runner.parsers import registry  # imported by stage_inputs; keep it out of the timing
+    from runner.staging import jobdir as staging
 
     registry.catalog()
     contract = load_contract(contract_path)
@@ -83,9 +84,9 @@ def fetch(contract_path: Path, state: Path) -> dict[str, Any]:
     import requests  # noqa: F401 - imported by the fetch; kept out of the timing
     import tenacity  # noqa: F401
 
-    from runner.assets import AssetCache, fetch
+    from runner.caches.assets import AssetCache, fetch
     from runner.contract import load_contract
-    from runner.policy import AssetGrant
+    from runner.planning.policy import AssetGrant
 
     contract = load_contract(contract_path)
     asset = contract.model.fetched_assets[0]
@@ -103,10 +104,12 @@ def fetch(contract_path: Path, state: Path) -> dict[str, Any]:
 
 
 def stagecache(contract_path: Path, state_root: Path) -> dict[str, Any]:
-    from runner import assets, inputcache, layout, staging
+    from runner.caches import assets, inputcache
     from runner.contract import load_contract
+    from runner.execution import layout
     from runner.parsers import registry
-    from runner.policy import AssetGrant
+    from runner.planning.policy import AssetGrant
+    from runner.staging import jobdir as staging
 
     registry.catalog()
     contract = load_contract(contract_path)

@@ -44,7 +44,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.support: the contract writer the tests use
 
-from runner.staging import StateDir  # noqa: E402 - the job folder layout, from its owner
+from runner.staging.jobdir import StateDir  # noqa: E402 - the job folder layout, from its owner
 
 TOY = ROOT / "examples" / "toy-evaluation"
 INPROC = Path(__file__).resolve().parent / "bench_inproc.py"
@@ -300,7 +300,7 @@ class Bench:
         environment: dict[str, Any] | None = None,
     ) -> Path:
         """A contract in ``folder`` based on the toy one (the tests' writer), pinned."""
-        from runner import issuer
+        from runner.app import issuer
         from tests.support import write_contract
 
         def own_repository(data: dict[str, Any]) -> None:
@@ -958,7 +958,8 @@ def fig_staging(b: Bench, reps: int, size: int) -> Row:
         extra={"files": files, "bytes": nbytes, "runnerPeakRssBytes": max(rss)},
     )
     row.notes.append(
-        "runner: `runner.staging.stage_inputs` timed in-process (a fresh job folder each time); "
+        "runner: `runner.staging.jobdir.stage_inputs` timed in-process (a fresh job folder "
+        "each time); "
         "source in the page cache for both (after a warm-up of each)"
     )
     if size < 2 * GIB:
@@ -967,7 +968,7 @@ def fig_staging(b: Bench, reps: int, size: int) -> Row:
 
 
 def fig_fetch(b: Bench, reps: int, size: int) -> Row:
-    """`runner.assets.fetch` of one asset from a loopback server (scripts/serve_assets.py)
+    """`runner.caches.assets.fetch` of one asset from a loopback server (scripts/serve_assets.py)
     against `curl -o` of the same file from the same server, interleaved."""
     import hashlib
 
@@ -1046,7 +1047,7 @@ def fig_fetch(b: Bench, reps: int, size: int) -> Row:
         extra={"bytes": nbytes, "runnerPeakRssBytes": peak},
     )
     row.notes.append(
-        "runner: `runner.assets.fetch` timed in-process (a fresh cache each time): download "
+        "runner: `runner.caches.assets.fetch` timed in-process (a fresh cache each time): download "
         f"with requests, SHA-256 as the bytes arrive, fsync, rename; peak RSS {peak / MIB:.0f} MiB "
         "(the whole interpreter)"
     )
@@ -1077,7 +1078,7 @@ def fig_stagecache(b: Bench, reps: int, size: int) -> Row:
     """A job's whole staging (inputs, assets, working copy) twice on one new state folder: the
     second job's (everything cached) against the first's (copy and hash of every input, fetch
     of the asset from beside the contract), measured in the same process, each pair fresh."""
-    from runner import issuer
+    from runner.app import issuer
     from tests.support import write_contract
 
     base = b.s.tmp / "stagecache"
@@ -1262,7 +1263,8 @@ def fig_agentimage(b: Bench, reps: int) -> Row:
 def _claude_extraction(cache: Path) -> str | None:
     """Claude Code's runtime (its 400 MB binary and wrapper) copied out of
     runner-agent-claude:local into an empty cache, then found there: the seconds of each."""
-    from runner import agentimage, backends
+    from runner import backends
+    from runner.execution import agentimage
 
     engine = backends.default()
     info = engine.inspect_image("runner-agent-claude:local")

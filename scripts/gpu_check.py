@@ -5,12 +5,13 @@
 
 The test suite runs on GPU-less machines, where detection can only be checked to answer
 "none". This script is the other half, for a host that has NVIDIA GPUs (no container engine
-needed): it asks NVML and ``nvidia-smi`` separately through ``runner.gpus.HostDetector``, checks
+needed): it asks NVML and ``nvidia-smi`` separately through ``runner.gpu.gpus.HostDetector``, checks
 that both see the same devices (index, UUID, model, memory within 1 MiB, driver), that the
 strings are text rather than ``b'...'`` reprs of bytes, and that the allocator hands every device
 out once and refuses a second job while the first holds them.
 
-Only the standard library and ``runner.gpus`` are imported (NVML through ``nvidia-ml-py`` when it
+Only the standard library and ``runner.gpu.gpus`` are imported (NVML through ``nvidia-ml-py`` when
+it
 is installed), so it runs from a checkout with no virtual environment. ``detect()`` is asked
 as well as NVML and nvidia-smi on their own: the check is that it answers what they do.
 """
@@ -27,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runner.errors import GpuUnavailable
-from runner.gpus import Allocator, Gpu, HostDetector
+from runner.core.errors import GpuUnavailable
+from runner.gpu.gpus import Allocator, Gpu, HostDetector
 
 
 def _problems_of(gpus: list[Gpu], source: str) -> list[str]:

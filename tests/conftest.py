@@ -71,7 +71,8 @@ def _free_egress_slots(request: pytest.FixtureRequest) -> Iterator[None]:
     the engine's few address pools."""
     yield
     if request.node.get_closest_marker("docker") is not None:
-        from runner import backends, egress
+        from runner import backends
+        from runner.egress import slots as egress
 
         egress.reap(backends.default(), idle_seconds=0.0, labels={SESSION_LABEL: SESSION_ID})
 
@@ -82,9 +83,10 @@ def _no_containers_left() -> Iterator[None]:
     yield
     if shutil.which("docker") is None:
         return
-    from runner import backends, egress
+    from runner import backends
+    from runner.egress import slots as egress
 
-    # The egress slots the session's jobs leased outlive them by design (runner.egress); free
+    # The egress slots the session's jobs leased outlive them by design (runner.egress.slots); free
     # ones go as `runner cleanup` removes them. One still busy stays, and fails the check.
     egress.reap(backends.default(), idle_seconds=0.0, labels={SESSION_LABEL: SESSION_ID})
     left = docker("ps", "-aq", "--filter", f"label={SESSION_LABEL}={SESSION_ID}").stdout.split()

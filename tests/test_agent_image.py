@@ -26,12 +26,13 @@ from typing import Any
 
 import pytest
 
-from runner import agentimage, plan
 from runner.backends.fake import FakeBackend
 from runner.backends.types import ImageInfo
 from runner.contract import load_contract, with_digest
-from runner.errors import PolicyViolation
-from runner.policy import HostPolicy
+from runner.core.errors import PolicyViolation
+from runner.execution import agentimage
+from runner.planning import plan
+from runner.planning.policy import HostPolicy
 from tests.support import (
     ROOT,
     SEED,
@@ -259,7 +260,7 @@ def test_runner_verify_says_which_image_the_agents_commands_run_in(tmp_path: Pat
 
 
 def test_the_default_prompt_teaches_the_job_layout_and_the_rules() -> None:
-    text = (ROOT / "runner" / "agent-prompt.md").read_text()
+    text = (ROOT / "runner" / "agents" / "agent-prompt.md").read_text()
     for needle in (
         "/job/input/task.json",
         "/job/output/result.json",
@@ -484,7 +485,7 @@ def test_the_seeds_contract_verbatim_reaches_an_envelope(
     assert env["measurements"] and env["measurements"][0]["value"] == 0.819, (env, err)
     assert env["image"]["id"] == image_id and env["image"]["reference"] == seed_image_tag
     agent = env["agent"]
-    default = (ROOT / "runner" / "agent-prompt.md").read_bytes()
+    default = (ROOT / "runner" / "agents" / "agent-prompt.md").read_bytes()
     digest = "sha256:" + hashlib.sha256(default).hexdigest()
     assert agent["promptSource"] == "default" and agent["prompt"] == "/job/input/agent-prompt.md"
     assert agent["hostPrompt"]["sha256"] == digest
@@ -630,9 +631,10 @@ def test_a_contract_naming_its_own_prompt_still_gets_it(tmp_path: Path) -> None:
 def test_no_contract_input_may_take_a_name_the_runner_writes(tmp_path: Path) -> None:
     """A contract naming its paper agent-prompt.md (or compute-decision.json ...) would have
     it replaced by the runner's own file under its name: refused before anything is staged."""
-    from runner import agents, staging
-    from runner.errors import ContractError
-    from runner.staging import InputRules, JobDir
+    from runner.agents import adapters as agents
+    from runner.core.errors import ContractError
+    from runner.staging import jobdir as staging
+    from runner.staging.jobdir import InputRules, JobDir
 
     assert agents.HOST_PROMPT_NAME in staging.RUNNER_INPUTS
     for name in ("agent-prompt.md", "compute-decision.json", "result.schema.json"):

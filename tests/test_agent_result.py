@@ -13,9 +13,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from runner import agent_result
-from runner.envelope import AgentResultRecord
-from runner.schemas import CONTRACTS
+from runner.app.schemas import CONTRACTS
+from runner.evidence import agent_result
+from runner.models.envelope import AgentResultRecord
 
 CONTRACT: dict[str, Any] = {
     "measurements": [

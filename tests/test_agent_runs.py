@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from runner.contract import Trust, load_contract
-from runner.plan import default_job_id
+from runner.planning.plan import default_job_id
 from tests.support import run_cli, run_job, session_containers, start_job
 from tests.support.agents import (
     EXAMPLE,

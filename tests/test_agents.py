@@ -13,15 +13,18 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from runner import agents, orchestrator, plan, policy, transcript
-from runner.agents import AgentAdapter
+from runner.agents import adapters as agents
+from runner.agents import transcript
+from runner.agents.adapters import AgentAdapter
 from runner.backends.base import ContainerSpec
 from runner.backends.fake import FakeBackend, FakeJob
 from runner.contract import load_contract, with_digest
-from runner.errors import HostConfigError, PolicyViolation, ProtocolAmbiguous
-from runner.ledger import Ledger, LedgerCorrupt
-from runner.policy import HostPolicy
-from runner.redaction import Redactor
+from runner.core.errors import HostConfigError, PolicyViolation, ProtocolAmbiguous
+from runner.core.redaction import Redactor
+from runner.execution import orchestrator
+from runner.planning import plan, policy
+from runner.planning.policy import HostPolicy
+from runner.state.ledger import Ledger, LedgerCorrupt
 from tests.support import ROOT, SEED, run_cli
 from tests.support.agents import files_holding
 from tests.support.crash import Crash, CrashingProgress

@@ -18,15 +18,15 @@ from typing import Any
 
 import pytest
 
-from runner.assetcache import entries, in_use, parse_bytes, parse_duration, prune
-from runner.assets import AssetCache, fetch, stage
+from runner.caches.assetcache import entries, in_use, parse_bytes, parse_duration, prune
+from runner.caches.assets import AssetCache, fetch, stage
+from runner.caches.download import Download
 from runner.contract import load_contract, with_digest
 from runner.contract.load import Trust
 from runner.contract.models import Asset
-from runner.download import Download
-from runner.errors import AssetDigestMismatch, AssetUnavailable, ContractError
-from runner.policy import AssetGrant
-from runner.staging import StateDir, prepare
+from runner.core.errors import AssetDigestMismatch, AssetUnavailable, ContractError
+from runner.planning.policy import AssetGrant
+from runner.staging.jobdir import StateDir, prepare
 from tests.support import FAKE_IMAGE_ID, ROOT, run_cli, write_contract
 from tests.support.asset_server import AssetServer, Served, asset_server
 
@@ -364,7 +364,7 @@ def test_a_job_waits_on_another_runners_fetch_only_so_long(tmp_path: Path) -> No
 
 
 def _finish(ledger: Path) -> None:
-    from runner.ledger import Ledger
+    from runner.state.ledger import Ledger
 
     led = Ledger.open(ledger)
     zero = "sha256:" + "0" * 64

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from runner.assets import AssetCache
+from runner.caches.assets import AssetCache
 from tests.support import SESSION_ID, SESSION_LABEL, json_measurement, run_cli, run_job
 from tests.support import write_contract as write_toy
 from tests.support.asset_server import AssetServer, Served, asset_server

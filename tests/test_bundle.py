@@ -372,9 +372,10 @@ def test_values_are_re_parsed_not_taken_from_the_envelope(
     runner's own key, still fails: the evidence re-parses to 0.819, not 0.9."""
     import bagit
 
-    from runner import attest, signing
-    from runner.bundle.export import seal
-    from runner.envelope import ResultEnvelope
+    from runner.models.envelope import ResultEnvelope
+    from runner.results import attest
+    from runner.results.bundle.export import seal
+    from runner.trust import signing
 
     work = tmp_path / "work"
     with tarfile.open(toy_tar) as tar:

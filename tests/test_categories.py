@@ -1,10 +1,10 @@
-"""The one table of failure categories (runner.errors): every other table derives from it."""
+"""The one table of failure categories (runner.core.errors): every other table derives from it."""
 
 from __future__ import annotations
 
-import runner.errors as errors_module
-from runner.envelope import Failure
-from runner.errors import FINAL, REFUSALS, Category, Family, RunnerError, exit_family
+import runner.core.errors as errors_module
+from runner.core.errors import FINAL, REFUSALS, Category, Family, RunnerError, exit_family
+from runner.models.envelope import Failure
 
 
 def _error_classes() -> list[type[RunnerError]]:

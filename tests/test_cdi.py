@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from runner import cdi
 from runner.backends.fake import FakeBackend
-from runner.errors import GpuUnavailable
-from runner.gpus import Gpu
+from runner.core.errors import GpuUnavailable
+from runner.gpu import cdi
+from runner.gpu.gpus import Gpu
 from tests.support.jobs import run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cdi"
@@ -370,7 +370,7 @@ def test_cli_on_this_gpu_less_machine_and_with_bad_input(tmp_path: Path) -> None
 
 def test_the_host_folders_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """RUNNER_CDI_DIRS (and RUNNER_GPU_LOCK_DIR, which failed with a NameError before)."""
-    from runner import host
+    from runner.app import host
 
     monkeypatch.setenv("RUNNER_CDI_DIRS", "/a/cdi::/b/cdi")
     monkeypatch.setenv("RUNNER_GPU_LOCK_DIR", "/a/locks")

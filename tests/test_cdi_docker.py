@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from runner import gpus, orchestrator, policy
 from runner.contract import Trust
-from runner.gpus import Gpu
+from runner.execution import orchestrator
+from runner.gpu import gpus
+from runner.gpu.gpus import Gpu
+from runner.planning import policy
 from tests.support import SESSION_ID, SESSION_LABEL, write_contract
 
 TWO = [
@@ -166,7 +168,7 @@ def test_native_cdi_asks_the_engine_by_name(image_id: str) -> None:
 
     from runner.backends.docker import DockerBackend
     from runner.backends.types import DeviceEdits
-    from runner.errors import GpuUnavailable
+    from runner.core.errors import GpuUnavailable
     from tests.support import docker
     from tests.test_engine_api import _spec
 

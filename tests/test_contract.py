@@ -9,12 +9,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from runner import plan
+from runner.app.schemas import CONTRACTS
+from runner.app.schemas import main as schemas_main
 from runner.contract import canonical_digest, load_contract, with_digest
-from runner.errors import ContractError, DigestMismatch, PolicyViolation, ProtocolAmbiguous
-from runner.policy import HostPolicy
-from runner.schemas import CONTRACTS
-from runner.schemas import main as schemas_main
+from runner.core.errors import ContractError, DigestMismatch, PolicyViolation, ProtocolAmbiguous
+from runner.planning import plan
+from runner.planning.policy import HostPolicy
 from tests.support import SEED, TOY, run_cli
 
 ID = "sha256:" + "ab" * 32
@@ -208,7 +208,7 @@ def test_tag_only_image_is_refused_by_the_cli(tmp_path: Path) -> None:
 def test_network_is_refused_unless_the_host_allows_it(tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
-    from runner import policy
+    from runner.planning import policy
 
     data = _toy()
     data["environment"]["networkAccess"] = True

@@ -23,13 +23,15 @@ from typing import Any
 
 import pytest
 
-from runner import egress, orchestrator, plan, policy, sweeper
 from runner.backends.base import ContainerSpec, Mount
 from runner.backends.fake import FakeBackend, FakeJob
 from runner.backends.types import EgressPlan, HostPort
 from runner.contract import Trust, load_contract, with_digest
-from runner.errors import ContractError, InfrastructureError, PolicyViolation
-from runner.ledger import read_state
+from runner.core.errors import ContractError, InfrastructureError, PolicyViolation
+from runner.egress import slots as egress
+from runner.execution import orchestrator, sweeper
+from runner.planning import plan, policy
+from runner.state.ledger import read_state
 from tests.support import (
     SESSION_ID,
     SESSION_LABEL,

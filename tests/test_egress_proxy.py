@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.proxylog import read_log
+from runner.egress.proxylog import read_log
 
 PROXY = Path(__file__).parents[1] / "images" / "proxy" / "egress-proxy"
 

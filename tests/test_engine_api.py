@@ -15,7 +15,7 @@ import pytest
 from runner.backends.base import ContainerSpec
 from runner.backends.docker import DockerBackend
 from runner.backends.types import Limits
-from runner.errors import ContainerVanished, EngineUnavailable
+from runner.core.errors import ContainerVanished, EngineUnavailable
 from tests.support import SESSION_ID, SESSION_LABEL
 
 MIB = 1024 * 1024

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from runner.client import main
 from runner.contract import with_digest
-from runner.errors import ContractError
+from runner.core.errors import ContractError
 from tests.support import TOY, run_cli
 
 IMAGE_ID = "sha256:" + "ab" * 32

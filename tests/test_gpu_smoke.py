@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import orchestrator, policy
 from runner.contract import Trust
-from runner.gpus import Gpu
+from runner.execution import orchestrator
+from runner.gpu.gpus import Gpu
+from runner.planning import policy
 from tests.support import ROOT, SESSION_ID, SESSION_LABEL, docker
 
 IMAGE = "runner-gpu-smoke:local"

@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
-from runner import gpus, orchestrator, policy
 from runner.contract import Trust
-from runner.errors import GpuUnavailable
-from runner.gpus import Allocator, Gpu, HostDetector, parse_smi
-from runner.ledger import read_state
+from runner.core.errors import GpuUnavailable
+from runner.execution import orchestrator
+from runner.gpu import gpus
+from runner.gpu.gpus import Allocator, Gpu, HostDetector, parse_smi
+from runner.planning import policy
+from runner.state.ledger import read_state
 from tests.support import ROOT, SESSION_ID, SESSION_LABEL, docker, write_contract
 
 FAKE = [
@@ -210,7 +212,7 @@ def test_policy_without_gpus_and_fallback_runs_on_cpu(tmp_path: Path, image_id: 
 
 def test_nvml_strings_are_text_from_either_binding() -> None:
     """nvidia-ml-py answers str, older pynvml releases bytes; both become plain text."""
-    from runner.gpus import _text
+    from runner.gpu.gpus import _text
 
     assert _text(b"GPU-1234") == "GPU-1234"
     assert _text("NVIDIA H200") == "NVIDIA H200"
@@ -219,8 +221,8 @@ def test_nvml_strings_are_text_from_either_binding() -> None:
 ALLOCATE_AS_ANOTHER_USER = """
 import json, sys
 from pathlib import Path
-from runner.errors import GpuUnavailable
-from runner.gpus import Allocator, Gpu
+from runner.core.errors import GpuUnavailable
+from runner.gpu.gpus import Allocator, Gpu
 gpu = Gpu(**json.loads(sys.argv[2]))
 try:
     allocator = Allocator(Path(sys.argv[1]), lambda holder: True)

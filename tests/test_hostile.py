@@ -408,9 +408,10 @@ def test_toy_evaluation_under_each_runtime(tmp_path: Path, image_id: str, runtim
 
 def test_runsc_demanded_but_missing_is_refused(tmp_path: Path, image_id: str) -> None:
     """A policy demanding runsc on an engine without it refuses the job (policy_violation)."""
-    from runner import orchestrator, policy
     from runner.backends.docker import DockerBackend
     from runner.contract import Trust
+    from runner.execution import orchestrator
+    from runner.planning import policy
 
     class WithoutGvisor(DockerBackend):
         def runtimes(self) -> list[str]:

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
-from runner import transcript
+from runner.agents import transcript
 from runner.contract import Trust, load_contract
-from runner.plan import default_job_id
+from runner.planning.plan import default_job_id
 from tests.support import run_job, session_containers, start_job
 from tests.support.agents import (
     SCRIPTED_ARGV,
@@ -224,7 +224,7 @@ _MEASURE = textwrap.dedent(
     """
     import json, os, resource, sys
     from pathlib import Path
-    from runner import transcript
+    from runner.agents import transcript
 
     def rss():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -296,8 +296,8 @@ def test_a_failed_download_names_each_sources_answer_in_its_hint(tmp_path: Path)
     """Before: the hint said "its answer is listed above", pointing at nothing where the hint is
     shown on its own (the envelope, --json). Now message and hint both carry each source with
     its answer."""
-    from runner.assets import AssetCache, fetch
-    from runner.errors import AssetUnavailable
+    from runner.caches.assets import AssetCache, fetch
+    from runner.core.errors import AssetUnavailable
     from tests.test_hostile_asset_sources import _asset, _grant
 
     with pytest.raises(AssetUnavailable) as raised:

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from runner import archives
-from runner.assetcache import prune
-from runner.assets import AssetCache, fetch
+from runner.caches.assetcache import prune
+from runner.caches.assets import AssetCache, fetch
 from runner.contract.models import Asset
-from runner.errors import AssetUnavailable
-from runner.policy import AssetGrant
-from runner.staging import StateDir
+from runner.core import archives
+from runner.core.errors import AssetUnavailable
+from runner.planning.policy import AssetGrant
+from runner.staging.jobdir import StateDir
 
 pytestmark = pytest.mark.hostile
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.assets import AssetCache, fetch
+from runner.caches.assets import AssetCache, fetch
 from runner.contract.models import Asset
-from runner.errors import AssetDigestMismatch, AssetUnavailable
-from runner.policy import AssetGrant
+from runner.core.errors import AssetDigestMismatch, AssetUnavailable
+from runner.planning.policy import AssetGrant
 from tests.support.asset_server import AssetServer, Served, asset_server
 
 pytestmark = pytest.mark.hostile
@@ -74,9 +74,9 @@ def test_the_host_checked_is_the_one_urllib3_connects_to(
     as prepared for sending, so the same redirect is refused naming the host it would reach."""
     import re
 
-    import runner.download
+    import runner.caches.download
 
-    monkeypatch.setattr(runner.download, "_BAD_LOCATION", re.compile(r"(?!)"))
+    monkeypatch.setattr(runner.caches.download, "_BAD_LOCATION", re.compile(r"(?!)"))
     evil = f"http://127.0.0.2:{other_host.port}\\@127.0.0.1:{server.port}/x"
     other_host.files[f"%5C@127.0.0.1:{server.port}/x"] = Served(BODY)
     server.files["start"] = Served(b"", redirect_to=evil)
@@ -190,10 +190,10 @@ def test_a_source_that_trickles_is_cut_off_and_a_steady_one_is_not(
     two, naming the rate; one sending about 640 KiB a second is not."""
     import time
 
-    import runner.download
+    import runner.caches.download
 
-    monkeypatch.setattr(runner.download, "MIN_RATE", 10_000, raising=False)
-    monkeypatch.setattr(runner.download, "RATE_WINDOW", 0.5, raising=False)
+    monkeypatch.setattr(runner.caches.download, "MIN_RATE", 10_000, raising=False)
+    monkeypatch.setattr(runner.caches.download, "RATE_WINDOW", 0.5, raising=False)
     slow = os.urandom(2000)
     server.files["slow"] = Served(slow, chunk=100, delay_per_chunk=0.5)  # 10 s in all
     since = time.monotonic()

@@ -19,8 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runner import jsondepth, signing
-from runner.errors import ImageUnavailable
+from runner.core import jsondepth
+from runner.core.errors import ImageUnavailable
+from runner.trust import signing
 from tests.support import run_cli, write_contract
 from tests.support.budget import check_bound
 from tests.test_restarts import BEAT, repeated_kills
@@ -271,7 +272,8 @@ def test_deep_image_bundle_manifest_and_input_listing(tmp_path: Path) -> None:
     """Two more readers of JSON from outside that raised RecursionError at 100000 levels: a
     `docker save` bundle's manifest.json (an image bundle) and the input listings file beside
     a contract. Each is now the refusal its reader gives any unreadable file."""
-    from runner import images, inputs
+    from runner.images import pins as images
+    from runner.staging import inputs
 
     deep = _deep("array", 100_000).encode()
     bundle = tmp_path / "image.tar"
@@ -291,7 +293,7 @@ def test_deep_image_bundle_manifest_and_input_listing(tmp_path: Path) -> None:
 def test_deep_ledger_line_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     """`runner verify-bundle` and `runner ledger verify` read a bundle's or a job's ledger
     line by line; a line nested 100000 deep raised RecursionError. It is a broken line."""
-    from runner import ledger
+    from runner.state import ledger
 
     path = tmp_path / "ledger.jsonl"
     path.write_bytes(_deep("object", 100_000).encode() + b"\n")

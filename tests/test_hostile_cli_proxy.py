@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from runner import attest, backends, egress, sweeper
+from runner import backends
 from runner.backends.types import EgressPlan, HostPort
-from runner.envelope import ParserRef, ResultEnvelope
-from runner.proxylog import read_log
+from runner.egress import slots as egress
+from runner.egress.proxylog import read_log
+from runner.execution import sweeper
+from runner.models.envelope import ParserRef, ResultEnvelope
+from runner.results import attest
 from tests.support import SESSION_ID, SESSION_LABEL, docker, run_cli, run_job, write_contract
 from tests.support.egress import outside
 from tests.test_egress import PLAN, _fake

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from runner import archives
-from runner.assets import AssetCache, fetch
+from runner.caches.assets import AssetCache, fetch
 from runner.contract.models import Asset
-from runner.errors import AssetUnavailable
-from runner.policy import AssetGrant
+from runner.core import archives
+from runner.core.errors import AssetUnavailable
+from runner.planning.policy import AssetGrant
 from tests.support import ROOT, SESSION_ID, SESSION_LABEL, run_cli, write_contract
 from tests.support.asset_server import Served, asset_server
 
@@ -88,9 +88,9 @@ def test_a_response_head_that_trickles_is_cut_off_and_frees_the_lock(
     scaled down to 1.5 s, the fetch fails within a few seconds naming the source and the
     head, and a second fetch of the same digest from a good source, waiting at most 20 s
     for the lock, gets it while the first server is still trickling."""
-    import runner.download
+    import runner.caches.download
 
-    monkeypatch.setattr(runner.download, "HEAD_TIMEOUT", 1.5, raising=False)
+    monkeypatch.setattr(runner.caches.download, "HEAD_TIMEOUT", 1.5, raising=False)
     body = os.urandom(256 * 1024)
     digest = "sha256:" + hashlib.sha256(body).hexdigest()
 
@@ -135,9 +135,9 @@ def test_a_trickling_head_after_a_redirect_on_a_kept_alive_connection_is_cut_off
 ) -> None:
     """The redirect's target on the same host is asked on the same (kept-alive) connection,
     for which no new socket is made: its head has the deadline too."""
-    import runner.download
+    import runner.caches.download
 
-    monkeypatch.setattr(runner.download, "HEAD_TIMEOUT", 1.0, raising=False)
+    monkeypatch.setattr(runner.caches.download, "HEAD_TIMEOUT", 1.0, raising=False)
     srv = socket.create_server(("127.0.0.1", 0))
     port = srv.getsockname()[1]
     second: list[bytes] = []
@@ -183,9 +183,9 @@ def test_a_tls_handshake_that_trickles_is_cut_off(
     is handed to the deadline before the handshake, so the head's deadline covers it too
     (before, only Python's own total for a handshake, the 10 s connect timeout, ended it,
     as a connection failure worth retrying)."""
-    import runner.download
+    import runner.caches.download
 
-    monkeypatch.setattr(runner.download, "HEAD_TIMEOUT", 1.0, raising=False)
+    monkeypatch.setattr(runner.caches.download, "HEAD_TIMEOUT", 1.0, raising=False)
     srv = socket.create_server(("127.0.0.1", 0))
     port = srv.getsockname()[1]
     stop = threading.Event()

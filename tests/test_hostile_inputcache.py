@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from runner import inputcache, issuer
-from runner.inputcache import InputCache
+from runner.app import issuer
+from runner.caches import inputcache
+from runner.caches.inputcache import InputCache
 from tests.support import json_measurement, write_contract
 from tests.support.hostile import RUNTIMES, measured_run, py, record
 

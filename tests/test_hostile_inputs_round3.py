@@ -17,12 +17,16 @@ from typing import Any
 
 import pytest
 
-from runner import inputcache, issuer, layout, safefs, staging
-from runner.bundle import export
+from runner.app import issuer
+from runner.caches import inputcache
+from runner.caches.inputcache import InputCache
 from runner.contract import VerifiedContract, load_contract
-from runner.errors import PolicyViolation
-from runner.inputcache import InputCache
-from runner.staging import StateDir
+from runner.core import safefs
+from runner.core.errors import PolicyViolation
+from runner.execution import layout
+from runner.results.bundle import export
+from runner.staging import jobdir as staging
+from runner.staging.jobdir import StateDir
 from tests.support import (
     json_measurement,
     run_job,

@@ -613,7 +613,7 @@ def test_slurm_batch_script_never_runs_a_path_as_shell(tmp_path: Path) -> None:
     nothing of them."""
     import subprocess
 
-    from runner import slurm
+    from runner.scheduling import slurm
 
     class _Request:
         contract = str(tmp_path / "c`touch pwned1`" / "t.json")

@@ -2,7 +2,7 @@
 bundle. A hostile prompt made the agent ask the egress proxy for ``http://<allowed host>/<key>``
 and ``CONNECT <key>.example:443``, and listed a file holding the key as evidence; the key went
 unredacted into egress.log, the envelope's connections, the signed statement, ``--json``, the
-bundle and the proxy's engine log. Now one redaction step (runner/redaction.py) covers
+bundle and the proxy's engine log. Now one redaction step (runner/core/redaction.py) covers
 everything the runner writes, signs or exports of such an attempt, in the value's usual
 encodings, the proxy blanks its own log lines from salted digests, and a job's file that holds
 the key is withheld from export, named with why.
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from runner.redaction import REDACTED, Redactor, base64_cores
+from runner.core.redaction import REDACTED, Redactor, base64_cores
 from tests.support import ROOT, docker, run_cli
 from tests.support.agents import SCRIPTED_ARGV, agent_contract, agent_policy, model_server
 from tests.support.hostile import record
@@ -424,9 +424,10 @@ def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
     the envelope are redacted; the evidence, result.json and the file named after the key are
     kept as the job wrote them, named in the warnings and record/withheld.json, and left out of
     the export with why; a clean listed file is exported as it is."""
-    from runner import orchestrator, policy
     from runner.backends.fake import FakeBackend, FakeJob
-    from runner.policy import HostPolicy
+    from runner.execution import orchestrator
+    from runner.planning import policy
+    from runner.planning.policy import HostPolicy
     from tests.test_agents import SCRIPTED, _contract
 
     monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", KEY)

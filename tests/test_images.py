@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import requests
 
-from runner import images, registry
+from runner.images import pins as images
+from runner.images import registry
 from tests.support import docker, run_job, write_contract
 
 pytestmark = pytest.mark.docker

@@ -15,13 +15,16 @@ from typing import Any
 
 import pytest
 
-from runner import inputcache, issuer, layout, staging
-from runner.assetcache import entries, prune
-from runner.assets import AssetCache
+from runner.app import issuer
+from runner.caches import inputcache
+from runner.caches.assetcache import entries, prune
+from runner.caches.assets import AssetCache
+from runner.caches.inputcache import InputCache
 from runner.contract import VerifiedContract, load_contract
-from runner.errors import ContractError, InputDigestMismatch, PolicyViolation
-from runner.inputcache import InputCache
-from runner.staging import InputRules, StateDir
+from runner.core.errors import ContractError, InputDigestMismatch, PolicyViolation
+from runner.execution import layout
+from runner.staging import jobdir as staging
+from runner.staging.jobdir import InputRules, StateDir
 from tests.support import IMAGE, run_cli, write_contract
 
 PAPER, REPO = "$.paper.path", "$.repository.path"
@@ -332,7 +335,7 @@ def test_another_file_system_falls_back_to_copies(tmp_path: Path) -> None:
 
 
 def _finish(ledger: Path, job_id: str) -> None:
-    from runner.ledger import Ledger
+    from runner.state.ledger import Ledger
 
     led = Ledger.open(ledger)
     zero = "sha256:" + "0" * 64

@@ -1,4 +1,4 @@
-"""Inputs bound to the contract (runner/inputs.py, the staging walker, the issuer's binding,
+"""Inputs bound to the contract (runner/staging/inputs.py, the staging walker, the issuer's binding,
 the host policy): the runner-tree-v1 digest and its test vector, the first differing path, the
 check of a git checkout against its commit (real repositories made with the git CLI), and the
 re-check of input/ after a job. No engine: `runner run` is in test_input_digests.py."""
@@ -18,9 +18,12 @@ from typing import Any
 
 import pytest
 
-from runner import inputs, issuer, policy, staging
+from runner.app import issuer
 from runner.contract import SignatureInfo, load_contract, with_digest
-from runner.errors import ContractError, InputDigestMismatch, PolicyViolation
+from runner.core.errors import ContractError, InputDigestMismatch, PolicyViolation
+from runner.planning import policy
+from runner.staging import inputs
+from runner.staging import jobdir as staging
 from tests.support import FAKE_IMAGE_ID, write_contract
 from tests.support.inputs import INPUT_CHANGES, add_link
 

@@ -38,9 +38,13 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from runner import attest, issuer, orchestrator, policy, signing
+from runner.app import issuer
 from runner.backends.fake import FakeBackend, FakeJob
 from runner.contract import Trust
+from runner.execution import orchestrator
+from runner.planning import policy
+from runner.results import attest
+from runner.trust import signing
 from tests.support import ROOT, contract_data, copy_toy_inputs, run_cli
 
 CONTRACT_TYPE = "application/vnd.citeark.execution-contract+json"
@@ -406,7 +410,7 @@ def test_a_result_signed_before_slsa_provenance_still_verifies(job: Path, config
 def test_a_regraded_result_is_signed_anew(job: Path, config: Path) -> None:
     """`runner parse` writes revision 2 and signs both statements again: the provenance names
     the new result.json and the re-grade, and it verifies as before."""
-    from runner.regrade import regrade
+    from runner.app.regrade import regrade
 
     regrade(job, latest=False, max_bytes=2**30, result_key=config / "runner-key" / "runner.key")
     proc = run_cli("verify-result", str(job), "--json", env={"RUNNER_CONFIG_DIR": str(config)})

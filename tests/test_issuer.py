@@ -1,4 +1,4 @@
-"""runner/issuer.py as a library: what `runner keygen` and `runner sign` do, without the CLI."""
+"""runner/app/issuer.py as a library: what `runner keygen` and `runner sign` do, without the CLI."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from runner import issuer
+from runner.app import issuer
 from runner.contract import Trust, load_contract
-from runner.errors import ContractError, RefusedError
+from runner.core.errors import ContractError, RefusedError
 from tests.support import TOY, contract_data, copy_toy_inputs, run_cli
 
 

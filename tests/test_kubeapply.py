@@ -1,4 +1,5 @@
-"""runner/kubeapply.py against a stand-in for the Kubernetes API server (tests/support/kubeapi.py:
+"""runner/scheduling/kubeapply.py against a stand-in for the Kubernetes API server
+(tests/support/kubeapi.py:
 a small recording HTTP server on 127.0.0.1, not a cluster; no cluster runs here), driven by the
 official Python client: the NetworkPolicy is created before the Job, the bytes sent are the
 manifests rendered and checked, a second apply creates nothing, an object of another contract
@@ -18,14 +19,16 @@ from typing import Any
 
 import pytest
 
-from runner import host, kube, kubeapply, kubeplan, stageonly
-from runner.errors import (
+from runner.app import host
+from runner.core.errors import (
     HostConfigError,
     InfrastructureError,
     JobNotFound,
     PolicyViolation,
 )
-from runner.options import RunOptions
+from runner.execution import stageonly
+from runner.execution.options import RunOptions
+from runner.scheduling import kube, kubeapply, kubeplan
 from tests.support import write_contract
 from tests.support.kubeapi import ApiServer, api_server, write_kubeconfig
 
@@ -409,7 +412,8 @@ def test_the_client_is_imported_only_to_talk_to_a_cluster() -> None:
     """Importing kubeapply, and rendering with `runner render`, never imports the kubernetes
     package (importing its client and config took about 0.7 s here); apply() does."""
     code = (
-        "import sys, runner.kubeapply, runner.kubeplan, runner.cli.render, runner.cli.stage; "
+        "import sys, runner.scheduling.kubeapply, runner.scheduling.kubeplan, runner.cli.render, "
+        "runner.cli.stage; "
         "print('kubernetes' in sys.modules)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,6 +1,7 @@
 """`runner render CONTRACT --to kubernetes`: the manifests validate against the official
 Kubernetes schemas of two versions (kubernetes-validate, strict: unknown fields fail), keep the
-runner's own rules (runner/kube.py check_rules, which catches each rule broken alone), and
+runner's own rules (runner/scheduling/kube.py check_rules, which catches each rule broken alone),
+and
 everything `runner run` refuses (and what a cluster cannot run yet) is refused with exit 3 and
 nothing written. No cluster runs here: nothing is applied."""
 
@@ -17,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import kube
 from runner.cli import dispatch
-from runner.ledger import Ledger
-from runner.plan import ExecutionPlan
+from runner.planning.plan import ExecutionPlan
+from runner.scheduling import kube
+from runner.state.ledger import Ledger
 from tests.support import write_contract
 
 DIGEST_IMAGE = "registry.example/runner-cpu@sha256:" + "ab" * 32
@@ -435,9 +436,9 @@ def _plan(folder: Path, environment: dict[str, Any] | None = None) -> ExecutionP
     """The plan `runner render` renders for the toy contract (with ``environment``)."""
     from datetime import UTC, datetime
 
-    from runner import plan, policy
     from runner.contract import load_contract
     from runner.contract.load import Trust
+    from runner.planning import plan, policy
 
     contract_path = write_contract(folder, DIGEST_IMAGE, environment=environment)
     contract = load_contract(contract_path, Trust(keys=[]))
@@ -475,7 +476,7 @@ def test_render_refuses_to_hand_out_broken_manifests(
 ) -> None:
     """The renderer checks its own output: a rule broken (here: the check sees the Job
     without its backoffLimit) is an infrastructure error, and no manifest is returned."""
-    from runner.errors import InfrastructureError
+    from runner.core.errors import InfrastructureError
 
     real = kube.check_rules
 

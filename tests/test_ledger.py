@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.ledger import Ledger, LedgerCorrupt, read_state, verify_file
+from runner.state.ledger import Ledger, LedgerCorrupt, read_state, verify_file
 from tests.support import run_cli
 
 
@@ -132,7 +132,7 @@ def test_ledger_verify_passes_an_intact_ledger(tmp_path: Path) -> None:
 )
 def test_engine_times_parse_with_their_zone(text: str, micro: int) -> None:
     """Engine times carry nanoseconds and a zone; both survive parsing."""
-    from runner.ledger import parse_time
+    from runner.state.ledger import parse_time
 
     parsed = parse_time(text)
     assert parsed is not None and parsed.utcoffset() is not None

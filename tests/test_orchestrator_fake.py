@@ -17,17 +17,18 @@ from typing import Any
 
 import pytest
 
-from runner import orchestrator, policy
 from runner.backends.base import ContainerState
 from runner.backends.fake import FakeBackend, FakeJob
 from runner.backends.types import ImageInfo
-from runner.container import Outcome
 from runner.contract import Trust, with_digest
-from runner.envelope import ResultEnvelope
-from runner.errors import Category
-from runner.gpus import Gpu
-from runner.ledger import read_state
-from runner.outcome import classify
+from runner.core.errors import Category
+from runner.execution import orchestrator
+from runner.execution.container import Outcome
+from runner.execution.outcome import classify
+from runner.gpu.gpus import Gpu
+from runner.models.envelope import ResultEnvelope
+from runner.planning import policy
+from runner.state.ledger import read_state
 from tests.support import TOY
 
 FIXTURES = Path(__file__).parent / "fixtures" / "engine-states"

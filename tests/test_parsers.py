@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from runner.errors import ContractError, EvidenceParseError
+from runner.core.errors import ContractError, EvidenceParseError
 from runner.parsers import registry
 from runner.parsers.json_scalar import resolve_pointer
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 from runner.parsers import registry
 
 FIXTURES = Path(__file__).parent / "fixtures" / "parsers"

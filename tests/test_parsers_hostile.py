@@ -23,7 +23,7 @@ import pytest
 
 import runner.parsers._json as json_stream
 import runner.parsers._json_guard as json_guard
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 from runner.parsers import registry
 from runner.parsers._json import MAX_TOKEN_BYTES, TokenGuard, find_in_stream
 from runner.parsers.jsonl_scalar import _shown

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 from runner.parsers import registry
 from runner.parsers.junit_summary import summarize
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 from runner.parsers import registry
 from runner.parsers._lines import MAX_LINE_BYTES, iter_lines
 from runner.parsers._values import from_text

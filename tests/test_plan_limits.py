@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from runner import plan, policy
 from runner.backends.types import Limits
 from runner.contract import load_contract, with_digest
-from runner.errors import PolicyViolation, ProtocolAmbiguous
+from runner.core.errors import PolicyViolation, ProtocolAmbiguous
+from runner.planning import plan, policy
 from tests.support import FAKE_IMAGE_ID, toy_data
 
 

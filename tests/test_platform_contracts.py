@@ -13,7 +13,7 @@ import pytest
 
 from runner.contract import load_contract, with_digest
 from runner.contract.load import Trust
-from runner.errors import ContractError
+from runner.core.errors import ContractError
 from tests.support import (
     SEED,
     TOY,

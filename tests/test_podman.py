@@ -30,7 +30,7 @@ import pytest
 import tests.test_hostile as hostile
 import tests.test_images as image_tests
 import tests.test_restarts as restarts
-from runner import backends, orchestrator, policy
+from runner import backends
 from runner.backends import podman
 from runner.backends.base import ContainerSpec
 from runner.backends.docker import DockerBackend
@@ -39,7 +39,9 @@ from runner.backends.podman import PodmanBackend
 from runner.backends.podmancaps import PodmanHost, refusal, unenforceable
 from runner.backends.types import GIB, MIB, Limits
 from runner.contract import Trust
-from runner.errors import HostConfigError, PolicyViolation
+from runner.core.errors import HostConfigError, PolicyViolation
+from runner.execution import orchestrator
+from runner.planning import policy
 from tests.support import (
     ROOT,
     SESSION_ID,
@@ -427,7 +429,8 @@ def test_the_engine_ends_a_job_whose_runner_died_at_its_deadline(
     started = time.monotonic()
     restarts._kill9(proc)
     (cid,) = restarts._containers(restarts._job_id(state))
-    deadline = budget + 1 + 2  # what runner.container.backstop gives: ceil(budget + grace) + 2
+    # what runner.execution.container.backstop gives: ceil(budget + grace) + 2
+    deadline = budget + 1 + 2
     status = ""
     while time.monotonic() - started < deadline + 15:
         status = json.loads(_podman("inspect", cid))[0]["State"]["Status"]
@@ -555,7 +558,7 @@ from pathlib import Path
 from runner.backends.base import ContainerSpec
 from runner.backends.podman import PodmanBackend
 from runner.backends.types import Limits
-from runner.errors import PolicyViolation
+from runner.core.errors import PolicyViolation
 b = PodmanBackend(sys.argv[1])
 b.check_limits = lambda limits: None  # the first line skipped
 lim = Limits(cpus=1.0, memory_bytes=2**28, memory_swap_bytes=2**28, shm_bytes=2**26, pids=64,

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 import requests
 
-from runner import registry
-from runner.errors import ImageUnavailable
+from runner.core.errors import ImageUnavailable
+from runner.images import registry
 from tests.support import docker, run_job, write_contract
 
 pytestmark = pytest.mark.docker

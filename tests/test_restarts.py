@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from runner.ledger import parse_time, read_state
+from runner.state.ledger import parse_time, read_state
 from tests.support import (
     SESSION_ID,
     SESSION_LABEL,

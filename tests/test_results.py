@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from runner.app.regrade import EvidenceChanged, regrade
 from runner.parsers import registry
-from runner.regrade import EvidenceChanged, regrade
 from tests.support import json_measurement, run_cli, run_job, write_contract
 
 pytestmark = pytest.mark.docker

@@ -15,9 +15,10 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from runner import plan, signing
 from runner.contract import load_contract, with_digest
-from runner.errors import PolicyViolation
+from runner.core.errors import PolicyViolation
+from runner.planning import plan
+from runner.trust import signing
 from tests.support import contract_data, copy_toy_inputs, run_cli
 
 PAYLOAD_TYPE = "application/vnd.citeark.execution-contract+json"

@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
-from runner import host, slurm
+from runner.app import host
 from runner.backends.types import Limits
-from runner.errors import PolicyViolation
-from runner.ledger import Ledger, read_state
-from runner.slurm_cluster import Cluster, parse_fields
+from runner.core.errors import PolicyViolation
+from runner.scheduling import slurm
+from runner.scheduling.slurm_cluster import Cluster, parse_fields
+from runner.state.ledger import Ledger, read_state
 from tests.support import (
     SESSION_ID,
     SESSION_LABEL,

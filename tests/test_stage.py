@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from runner import staging
 from runner.contract import with_digest
+from runner.staging import jobdir as staging
 from tests.support import (
     FAKE_IMAGE_ID,
     run_cli,

@@ -2,7 +2,7 @@
 the README states (wait out two leases, charge to the last heartbeat plus two leases), a
 runner that finds the ledger written by someone else removes its container and writes
 nothing more (fencing), and one whose heartbeats cannot be written removes its container once
-its lease runs out. The host is ``runner.hostid.name``, replaced here to play two hosts on one
+its lease runs out. The host is ``runner.core.hostid.name``, replaced here to play two hosts on one
 state folder; the engine is the fake for the logic, the real one for fencing a real runner."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from runner import hostid
 from runner.backends.fake import FakeBackend, FakeJob
-from runner.errors import JobFenced
-from runner.ledger import Ledger, read_state
+from runner.core import hostid
+from runner.core.errors import JobFenced
+from runner.state.ledger import Ledger, read_state
 from tests.support import SESSION_ID, SESSION_LABEL, docker, run_cli, start_job, write_contract
 from tests.test_orchestrator_fake import (
     INF,
@@ -329,8 +329,8 @@ def test_cleanup_removes_a_taken_over_attempts_container_even_while_a_runner_hol
     host-lost) and holds the job's lock. `runner cleanup` on A (here: the same fake engine)
     removes attempt 1's container: its attempt has ended in the ledger, whoever holds the job
     now; a review found it kept as "a runner is watching it"."""
-    from runner import sweeper
-    from runner.staging import JobDir
+    from runner.execution import sweeper
+    from runner.staging.jobdir import JobDir
 
     fake.jobs = FakeJob(seconds=INF, work=_writes())
     contract = _contract(tmp_path, _image(fake), timeoutMinutes=1)

@@ -64,7 +64,7 @@ def test_the_wheel_installs_and_runs(tmp_path: Path) -> None:
     )
     assert licence and "Apache License" in licence[0].read_text()
 
-    check = _run(venv / "bin" / "python", "-m", "runner.schemas", "--check", cwd=tmp_path)
+    check = _run(venv / "bin" / "python", "-m", "runner.app.schemas", "--check", cwd=tmp_path)
     assert check.returncode == 2 and "runner schema NAME" in check.stdout, check.stderr
     assert "Traceback" not in check.stderr
 

@@ -47,7 +47,7 @@ def default(engine: Engine | None = None) -> Backend:
 
         return PodmanBackend()
     if chosen != "docker":
-        from runner.errors import HostConfigError
+        from runner.core.errors import HostConfigError
 
         raise HostConfigError(
             f"RUNNER_ENGINE is {chosen!r}; the engines are docker, podman and auto",

@@ -1,7 +1,7 @@
 """The container seam: the small interface the runner needs from a container engine.
 
 ``runner.backends.docker`` is the real one and the only module that imports ``docker``. Every
-method raises only :class:`~runner.errors.RunnerError` subclasses: ``EngineUnavailable`` when
+method raises only :class:`~runner.core.errors.RunnerError` subclasses: ``EngineUnavailable`` when
 the engine cannot be reached or fails, ``ContainerVanished`` when the container is gone.
 """
 

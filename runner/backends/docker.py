@@ -42,7 +42,7 @@ from runner.backends.base import (
     NetworkSummary,
 )
 from runner.backends.types import ImageInfo, Limits, PathStat
-from runner.errors import (
+from runner.core.errors import (
     ContainerVanished,
     EngineUnavailable,
     GpuUnavailable,

@@ -36,7 +36,7 @@ from runner.backends.base import (
     NetworkSummary,
 )
 from runner.backends.types import ImageInfo, Limits, PathStat
-from runner.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
+from runner.core.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 
 
 @dataclass(frozen=True)

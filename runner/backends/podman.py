@@ -60,7 +60,7 @@ from runner.backends.base import ContainerSpec, ContainerState
 from runner.backends.docker import DockerBackend
 from runner.backends.podmancaps import PodmanHost, refusal
 from runner.backends.types import ImageInfo, Limits, loopback_registry
-from runner.errors import (
+from runner.core.errors import (
     ContainerVanished,
     EngineUnavailable,
     ImageUnavailable,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runner.backends.types import GIB, Limits
-from runner.errors import PolicyViolation
+from runner.core.errors import PolicyViolation
 
 
 @dataclass(frozen=True)

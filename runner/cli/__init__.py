@@ -46,7 +46,7 @@ from runner.cli._common import (
     HOST_HELP,
     refusal_exit,
 )
-from runner.errors import RunnerError
+from runner.core.errors import RunnerError
 
 _TABLE = {
     "run": ("run", "run a contract's job in a container and write its result envelope"),
@@ -234,7 +234,7 @@ def _print_version(as_json: bool) -> int:
 def _logging_options(given: list[str]) -> list[str]:
     """Take ``--log-level`` and ``--log-format`` from anywhere before ``--`` (else
     ``$RUNNER_LOG_LEVEL``, ``$RUNNER_LOG_FORMAT``), set the log up, and return the rest."""
-    from runner import log
+    from runner.core import log
 
     chosen: dict[str, str | None] = {
         "--log-level": os.environ.get("RUNNER_LOG_LEVEL"),

@@ -1,7 +1,7 @@
 """What the commands share: exit codes and the failure-family mapping, help texts, the host
 options, usage errors, progress for people and the result summary.
 
-Exit codes come from the category table (:mod:`runner.errors`), imported only when a command
+Exit codes come from the category table (:mod:`runner.core.errors`), imported only when a command
 ends: ``runner --help`` does not pay for it. The ``EXIT_*`` constants and the help text agree
 with that table (a test checks them).
 """
@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from runner.contract import Trust
-    from runner.envelope import ResultEnvelope
-    from runner.errors import RunnerError
-    from runner.policy import LoadedPolicy
-    from runner.signing import TrustedKey
+    from runner.core.errors import RunnerError
+    from runner.models.envelope import ResultEnvelope
+    from runner.planning.policy import LoadedPolicy
+    from runner.trust.signing import TrustedKey
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
     """What each command module's ``register`` adds its parser to."""
@@ -52,7 +52,7 @@ exit codes:
 
 def exit_code_of(category: str | None) -> int:
     """The exit code of a failure category (None: success), from the category table."""
-    from runner.errors import family_of
+    from runner.core.errors import family_of
 
     return family_of(category).code
 
@@ -64,7 +64,7 @@ def envelope_exit(envelope: ResultEnvelope) -> int:
 def batch_exit(envelopes: list[dict[str, Any]]) -> int:
     """A batch exits with the first family, in the table's order of precedence (cancelled,
     infrastructure, refused, job failed, succeeded), that any of its jobs ended in."""
-    from runner.errors import Family, family_of
+    from runner.core.errors import Family, family_of
 
     ended = {family_of((data.get("failure") or {}).get("category")) for data in envelopes}
     return next(f for f in Family if f in ended).code
@@ -106,7 +106,7 @@ def host_options(p: argparse.ArgumentParser) -> None:
 
 def load_host(args: argparse.Namespace) -> tuple[LoadedPolicy, Trust]:
     """The host's policy (file + operator switches) and its trusted keys, from host_options."""
-    from runner import host
+    from runner.app import host
 
     return host.load(
         args.policy,
@@ -130,7 +130,9 @@ def own_runner_keys() -> list[TrustedKey]:
     from dataclasses import replace
     from pathlib import Path
 
-    from runner import host, policy, signing
+    from runner.app import host
+    from runner.planning import policy
+    from runner.trust import signing
 
     loaded = policy.load(host.policy_path(None))
     own = Path(host.result_key_path(loaded.policy.resultSigningKey)).with_suffix(".pub")
@@ -169,7 +171,8 @@ def named_result_keys(args: argparse.Namespace) -> tuple[list[TrustedKey], bool]
     from dataclasses import replace
     from pathlib import Path
 
-    from runner import host, signing
+    from runner.app import host
+    from runner.trust import signing
 
     if args.result_keys == "":
         usage(f"{RESULT_KEYS_FLAG} wants a folder of trusted runner .pub keys")

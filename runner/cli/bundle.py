@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import host
+from runner.app import host
 from runner.cli._common import (
     EXIT_SUCCEEDED,
     exit_code_of,
@@ -18,9 +18,9 @@ from runner.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from runner.bundle.verify import Keys
     from runner.cli._common import Subparsers
-    from runner.signing import TrustedKey
+    from runner.results.bundle.verify import Keys
+    from runner.trust.signing import TrustedKey
 
 MiB = 1024 * 1024
 
@@ -146,17 +146,17 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def _runner_key_path(policy_file: str | None) -> Path:
-    from runner import policy
+    from runner.planning import policy
 
     loaded = policy.load(host.policy_path(policy_file))
     return host.result_key_path(loaded.policy.resultSigningKey)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from runner import signing
-    from runner.bundle import blobs_dir, is_archive_name
-    from runner.bundle.export import export
     from runner.cli.job import _job_root
+    from runner.results.bundle import blobs_dir, is_archive_name
+    from runner.results.bundle.export import export
+    from runner.trust import signing
 
     root = _job_root(args)
     archive = Path(args.output) if args.output else Path(f"{root.name}.bag.tar.gz")
@@ -211,8 +211,8 @@ def _labelled(keys: list[TrustedKey], label: str) -> list[TrustedKey]:
 
 def _keys(args: argparse.Namespace) -> Keys:
     """The keys the auditor trusts: those named, else this host's."""
-    from runner import signing
-    from runner.bundle.verify import Keys
+    from runner.results.bundle.verify import Keys
+    from runner.trust import signing
 
     runner, _ = named_result_keys(args)
     issuer = [signing.load_public_key(Path(p)) for p in args.issuer_key]
@@ -229,7 +229,7 @@ def _keys(args: argparse.Namespace) -> Keys:
 
 
 def cmd_verify_bundle(args: argparse.Namespace) -> int:
-    from runner.bundle.verify import verify
+    from runner.results.bundle.verify import verify
 
     if args.max_total_mb <= 0:
         usage("--max-total-mb must be more than 0")

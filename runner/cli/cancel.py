@@ -8,7 +8,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from runner import host
+from runner.app import host
 from runner.cli._common import EXIT_SUCCEEDED
 
 if TYPE_CHECKING:
@@ -43,9 +43,9 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from runner import kubeapply
     from runner.cli.wait import kube_args, where
-    from runner.slurm_cluster import Cluster
+    from runner.scheduling import kubeapply
+    from runner.scheduling.slurm_cluster import Cluster
 
     state = host.state_dir(args.state_dir).resolve()
     cluster = Cluster()

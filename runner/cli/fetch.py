@@ -113,9 +113,10 @@ def _size(n: int) -> str:
 def cmd_fetch(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from runner import host, policy
-    from runner.assets import AssetCache, fetch
+    from runner.app import host
+    from runner.caches.assets import AssetCache, fetch
     from runner.contract import load_contract
+    from runner.planning import policy
 
     loaded, trust = load_host(args)
     contract = load_contract(Path(args.contract), trust)
@@ -157,23 +158,23 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace) -> tuple[Any, Any]:
-    from runner import host
-    from runner.assets import AssetCache
-    from runner.staging import StateDir
+    from runner.app import host
+    from runner.caches.assets import AssetCache
+    from runner.staging.jobdir import StateDir
 
     state = StateDir(host.state_dir(args.state_dir))
     return AssetCache.of_state(state.root), state
 
 
 def _inputs(args: argparse.Namespace) -> Any:
-    from runner import host
-    from runner.inputcache import InputCache
+    from runner.app import host
+    from runner.caches.inputcache import InputCache
 
     return InputCache.of_state(host.state_dir(args.state_dir))
 
 
 def cmd_cache_ls(args: argparse.Namespace) -> int:
-    from runner.assetcache import entries
+    from runner.caches.assetcache import entries
 
     cache, state = _cache(args)
     found = entries(cache, state, _inputs(args))
@@ -195,7 +196,7 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_prune(args: argparse.Namespace) -> int:
-    from runner.assetcache import parse_bytes, parse_duration, prune
+    from runner.caches.assetcache import parse_bytes, parse_duration, prune
 
     try:
         max_bytes = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
@@ -219,8 +220,9 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_verify(args: argparse.Namespace) -> int:
-    from runner import agentimage, host
-    from runner.inputcache import verify
+    from runner.app import host
+    from runner.caches.inputcache import verify
+    from runner.execution import agentimage
 
     inputs = _inputs(args)
     checked = len(inputs.hexes())

@@ -15,7 +15,7 @@ from runner.cli._common import EXIT_SUCCEEDED, usage
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
-    from runner.gpus import Gpu
+    from runner.gpu.gpus import Gpu
 
 _CDI_HELP = """\
 Write a CDI spec (kind nvidia.com/gpu) for this host's GPUs, the way `nvidia-ctk cdi
@@ -96,7 +96,7 @@ def _report(gpus: list[Gpu]) -> dict[str, Any]:
 
 
 def cmd_gpu_ls(args: argparse.Namespace) -> int:
-    from runner import gpus
+    from runner.gpu import gpus
 
     found = gpus.HostDetector().detect()
     lock_dir = Path(os.environ.get("RUNNER_GPU_LOCK_DIR") or gpus.HOST_LOCK_DIR)
@@ -117,7 +117,7 @@ def cmd_gpu_ls(args: argparse.Namespace) -> int:
 
 
 def _read(path: Path, what: str) -> str:
-    from runner.safefs import UnsafePath, read_named
+    from runner.core.safefs import UnsafePath, read_named
 
     try:
         return read_named(path, 16 * 1024 * 1024).decode()
@@ -126,7 +126,7 @@ def _read(path: Path, what: str) -> str:
 
 
 def _gpus_from(args: argparse.Namespace) -> list[Gpu]:
-    from runner import gpus
+    from runner.gpu import gpus
 
     if args.report is None:
         return gpus.HostDetector().detect()
@@ -158,10 +158,10 @@ def _write(path: Path, text: str) -> None:
 def cmd_gpu_cdi(args: argparse.Namespace) -> int:
     import shutil
 
-    from runner import cdi
+    from runner.gpu import cdi
 
     found = _gpus_from(args)
-    from runner import host
+    from runner.app import host
 
     dirs = args.spec_dir or host.cdi_dirs() or cdi.SPEC_DIRS
     specs = cdi.find(dirs)

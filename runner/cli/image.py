@@ -30,7 +30,8 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_image_load(args: argparse.Namespace) -> int:
-    from runner import backends, images
+    from runner import backends
+    from runner.images import pins as images
 
     bundle = Path(args.bundle)
     ids = images.bundle_image_ids(bundle)

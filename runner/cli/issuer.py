@@ -1,5 +1,5 @@
 """The key and contract commands: ``runner keygen``, ``runner pin`` and ``runner sign`` (the
-issuer's side, runner/issuer.py) and ``runner trust`` (the host's side)."""
+issuer's side, runner/app/issuer.py) and ``runner trust`` (the host's side)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import host
+from runner.app import host
 from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, usage
 
 if TYPE_CHECKING:
@@ -127,7 +127,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from runner import issuer
+    from runner.app import issuer
 
     pair = issuer.keygen(Path(args.out))
     keyid, private, public = pair.key_id, pair.private_key, pair.public_key
@@ -142,7 +142,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_trust(args: argparse.Namespace) -> int:
-    from runner import signing
+    from runner.trust import signing
 
     key = signing.load_public_key(Path(args.public_key))
     if args.result_keys is not None:
@@ -162,7 +162,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
 
 
 def cmd_sign(args: argparse.Namespace) -> int:
-    from runner import issuer
+    from runner.app import issuer
 
     path = Path(args.contract)
     try:
@@ -207,7 +207,7 @@ def _print_inputs(digests: dict[str, str], listings: Path | None) -> None:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    from runner import issuer
+    from runner.app import issuer
 
     pinned = issuer.pin(
         Path(args.contract),

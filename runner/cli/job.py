@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import host
+from runner.app import host
 from runner.cli._common import (
     EXIT_INFRASTRUCTURE,
     EXIT_JOB_FAILED,
@@ -19,8 +19,8 @@ from runner.cli._common import (
     summary,
     usage,
 )
-from runner.errors import JobNotFound, RefusedError
-from runner.staging import JobDir, StateDir
+from runner.core.errors import JobNotFound, RefusedError
+from runner.staging.jobdir import JobDir, StateDir
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
@@ -135,7 +135,7 @@ def _job_root(args: argparse.Namespace) -> Path:
 
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
-    from runner import ledger
+    from runner.state import ledger
 
     path = JobDir(_job_root(args)).ledger
     if not path.exists():
@@ -163,7 +163,7 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from runner.ledger import read_state
+    from runner.state.ledger import read_state
 
     root = _job_root(args)
     path = JobDir(root).ledger
@@ -179,8 +179,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         state = "not running"
     container_state = None
     if in_flight is not None:
-        from runner import backends, hostid
-        from runner.errors import ContainerVanished
+        from runner import backends
+        from runner.core import hostid
+        from runner.core.errors import ContainerVanished
 
         if (other := hostid.elsewhere(in_flight.starting)) is not None:
             container_state = f"on host {other} (not this host's engine to ask)"
@@ -209,10 +210,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         else None,
         "envelope": str(JobDir(root).envelope) if JobDir(root).envelope.exists() else None,
     }
-    from runner.slurm_cluster import describe  # the Slurm side, if `runner submit` queued it
+    from runner.scheduling.slurm_cluster import (
+        describe,  # the Slurm side, if `runner submit` queued it
+    )
 
     info["slurm"] = describe(root.parent.parent, root.name)
-    from runner.kubeplan import last_submission  # where `runner submit` sent it (no cluster asked)
+    from runner.scheduling.kubeplan import (
+        last_submission,  # where `runner submit` sent it (no cluster asked)
+    )
 
     info["kubernetes"] = last_submission(root.parent.parent, root.name)
     if args.json:
@@ -242,7 +247,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from runner import sweeper
+    from runner.execution import sweeper
 
     labels: dict[str, str] = {}
     for item in args.label:
@@ -281,8 +286,9 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
 
 
 def cmd_parse(args: argparse.Namespace) -> int:
-    from runner import orchestrator, policy
-    from runner.regrade import regrade
+    from runner.app.regrade import regrade
+    from runner.execution import orchestrator
+    from runner.planning import policy
 
     loaded = policy.load(host.policy_path(args.policy))
     envelope = regrade(

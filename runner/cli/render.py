@@ -1,5 +1,5 @@
 """``runner render CONTRACT --to kubernetes``: the manifests for a cluster to run one job
-(runner/kube.py builds them), after the same checks as `runner run`."""
+(runner/scheduling/kube.py builds them), after the same checks as `runner run`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import host
+from runner.app import host
 from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, host_options, load_host
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from runner import kube, kubeplan
+    from runner.scheduling import kube, kubeplan
 
     loaded, trust = load_host(args)
     r = kubeplan.rendered(
@@ -147,7 +147,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def _write(manifests: list[dict[str, Any]], output: str) -> list[Path]:
     """Write each manifest as ``<kind, lower case>.json`` in the folder ``output`` (none for
     ``-``); a file there is replaced as a whole, a link in its place never followed."""
-    from runner.staging import atomic_write
+    from runner.staging.jobdir import atomic_write
 
     if output == "-":
         return []

@@ -1,4 +1,4 @@
-"""``runner run``: one contract in this process, or several as a batch (runner/batch.py)."""
+"""``runner run``: one contract in this process, or several as a batch (runner/app/batch.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import host
+from runner.app import host
 from runner.cli._common import (
     EXIT_CODES_HELP,
     HOST_HELP,
@@ -22,13 +22,13 @@ from runner.cli._common import (
     summary,
     usage,
 )
-from runner.errors import RunnerError
+from runner.core.errors import RunnerError
 
 if TYPE_CHECKING:
-    from runner import orchestrator
     from runner.cli._common import Subparsers
     from runner.contract import Trust
-    from runner.policy import LoadedPolicy
+    from runner.execution import orchestrator
+    from runner.planning.policy import LoadedPolicy
 
 
 def register(sub: Subparsers, name: str, help: str) -> None:
@@ -147,7 +147,7 @@ def _overrides(values: list[str]) -> dict[str, float]:
 def _run_options(
     args: argparse.Namespace, loaded: LoadedPolicy, trust: Trust
 ) -> orchestrator.RunOptions:
-    from runner import orchestrator
+    from runner.execution import orchestrator
 
     return orchestrator.RunOptions(
         state_dir=host.state_dir(args.state_dir),
@@ -168,8 +168,8 @@ def _run_options(
 
 
 def _run_batch(args: argparse.Namespace, options: orchestrator.RunOptions) -> int:
-    from runner import batch
-    from runner.warmup import warm_up
+    from runner.app import batch
+    from runner.app.warmup import warm_up
 
     paths = [Path(c) for c in args.contract]
     parallel = args.parallel or os.cpu_count() or 1
@@ -211,7 +211,7 @@ def _run_batch(args: argparse.Namespace, options: orchestrator.RunOptions) -> in
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runner import orchestrator
+    from runner.execution import orchestrator
 
     if len(args.contract) > 1 and args.job_id:
         usage("--job-id names one job: give it with a single CONTRACT")

@@ -30,7 +30,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from runner.schemas import render, schemas
+    from runner.app.schemas import render, schemas
 
     every = {k.removesuffix(".schema.json"): v for k, v in schemas().items()}
     if args.name is None:

@@ -1,4 +1,4 @@
-"""``runner serve``: the warm runner (runner/server.py) that ``runner run`` and ``runner
+"""``runner serve``: the warm runner (runner/app/server.py) that ``runner run`` and ``runner
 verify`` hand their work to."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runner import host
+from runner.app import host
 from runner.cli._common import usage
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from runner import server
+    from runner.app import server
     from runner.cli import dispatch, load_all
 
     where = host.socket_path()
@@ -43,7 +43,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import logging
 
-    from runner import log
+    from runner.core import log
 
     def announce(line: str) -> None:
         # The server's own events: in the log when it is on (--log-level, --log-format),

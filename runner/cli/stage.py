@@ -1,5 +1,5 @@
 """``runner stage CONTRACT``: lay out a job's folder as `runner run` would, and run nothing
-(runner/stageonly.py does the work)."""
+(runner/execution/stageonly.py does the work)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runner import host
+from runner.app import host
 from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, host_options, load_host
 
 if TYPE_CHECKING:
@@ -79,8 +79,8 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    from runner import stageonly
-    from runner.options import RunOptions
+    from runner.execution import stageonly
+    from runner.execution.options import RunOptions
 
     loaded, trust = load_host(args)
     options = RunOptions(

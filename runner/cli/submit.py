@@ -1,7 +1,8 @@
 """``runner submit CONTRACT… --to slurm|kubernetes``: verify every contract as `runner run`
 does, then queue one Slurm job per contract whose batch script runs `runner run` on a node
-(runner/slurm.py plans it, runner/slurm_cluster.py talks to Slurm), or create each contract's
-Kubernetes Job and NetworkPolicy with the official client (runner/kubeapply.py)."""
+(runner/scheduling/slurm.py plans it, runner/scheduling/slurm_cluster.py talks to Slurm), or create
+each contract's
+Kubernetes Job and NetworkPolicy with the official client (runner/scheduling/kubeapply.py)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import host
+from runner.app import host
 from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, host_options, load_host, usage
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
-    from runner.slurm import Request
-    from runner.slurm_cluster import Cluster
+    from runner.scheduling.slurm import Request
+    from runner.scheduling.slurm_cluster import Cluster
 
 EPILOG = (
     """\
@@ -167,7 +168,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def _kubernetes(args: argparse.Namespace) -> int:
     """Render every contract (refusing before anything is created), then create each."""
-    from runner import kube, kubeapply, kubeplan
+    from runner.scheduling import kube, kubeapply, kubeplan
 
     loaded, trust = load_host(args)
     state = host.state_dir(args.state_dir).resolve()
@@ -200,8 +201,8 @@ def _kubernetes(args: argparse.Namespace) -> int:
 
 
 def _slurm(args: argparse.Namespace) -> int:
-    from runner import slurm
-    from runner.slurm_cluster import Cluster
+    from runner.scheduling import slurm
+    from runner.scheduling.slurm_cluster import Cluster
 
     if args.time is not None and args.time < 1:
         usage(f"--time wants whole minutes of at least 1, got {args.time}")
@@ -257,8 +258,8 @@ def _slurm(args: argparse.Namespace) -> int:
 
 def _refuse_repeats(requests: list[Request], state: Path, cluster: Cluster) -> None:
     """Refuse a job id given twice, and one whose earlier Slurm job has not ended."""
-    from runner import slurm
-    from runner.errors import JobBusy
+    from runner.core.errors import JobBusy
+    from runner.scheduling import slurm
 
     seen: set[str] = set()
     for r in requests:

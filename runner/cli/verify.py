@@ -22,7 +22,7 @@ from runner.cli._common import (
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
-    from runner.plan import ExecutionPlan
+    from runner.planning.plan import ExecutionPlan
 
 
 def register(sub: Subparsers, name: str, help: str) -> None:
@@ -92,8 +92,8 @@ exit codes:
 def cmd_verify(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from runner import plan, policy
     from runner.contract import load_contract
+    from runner.planning import plan, policy
 
     loaded, trust = load_host(args)
     contract = load_contract(Path(args.contract), trust)
@@ -200,8 +200,8 @@ def _agent_line(p: ExecutionPlan) -> str:
 
 
 def cmd_verify_result(args: argparse.Namespace) -> int:
-    from runner import attest
-    from runner.errors import SignatureInvalid
+    from runner.core.errors import SignatureInvalid
+    from runner.results import attest
 
     if args.trusted_keys is not None:
         usage(

@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import host
+from runner.app import host
 from runner.cli._common import EXIT_INFRASTRUCTURE, batch_exit, usage
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
-    from runner.slurm_cluster import Cluster, Ended
+    from runner.scheduling.slurm_cluster import Cluster, Ended
 
 SLURM_END_GRACE_SECONDS = 30
 """How long `runner wait` waits for a Slurm job to end once its ledger says finished."""
@@ -96,8 +96,8 @@ def outcome(end: Ended) -> dict[str, Any]:
 def where(state: Path, job_id: str) -> dict[str, Any]:
     """The job's latest submission from ``state``: Slurm's or Kubernetes' (the later one), or
     job_not_found."""
-    from runner import kubeplan
-    from runner.slurm import last_submission, submission_of
+    from runner.scheduling import kubeplan
+    from runner.scheduling.slurm import last_submission, submission_of
 
     kube = kubeplan.last_submission(state, job_id)
     slurm = last_submission(state, job_id)
@@ -136,8 +136,8 @@ def kube_outcome(st: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
-    from runner.errors import InfrastructureError
-    from runner.slurm_cluster import Cluster
+    from runner.core.errors import InfrastructureError
+    from runner.scheduling.slurm_cluster import Cluster
 
     if args.poll <= 0 or (args.timeout is not None and args.timeout < 0):
         usage("--poll wants seconds above 0, --timeout seconds of at least 0")
@@ -186,8 +186,8 @@ def _poll(
     finished_at: dict[str, float],
 ) -> None:
     """One look at every job still waited for; those that ended move from pending to ends."""
-    from runner import kubeapply
-    from runner.slurm_cluster import check_end
+    from runner.scheduling import kubeapply
+    from runner.scheduling.slurm_cluster import check_end
 
     slurm_ids = [str(subs[j]["slurmJobId"]) for j in pending if subs[j]["to"] == "slurm"]
     active = cluster.active(slurm_ids) if slurm_ids else {}  # one squeue for all of them

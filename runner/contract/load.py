@@ -1,7 +1,8 @@
 """Reading a contract: bytes → (DSSE signature) → JSON → schema → digest → parser bindings
 → VerifiedContract.
 
-Every refusal is a :class:`~runner.errors.ContractError` naming the JSON path of the field, what
+Every refusal is a :class:`~runner.core.errors.ContractError` naming the JSON path of the field,
+what
 was found and what was expected.
 """
 
@@ -16,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 import rfc8785
 from pydantic import ValidationError
 
-from runner import jsondepth
 from runner.contract.models import ExecutionContract
-from runner.errors import ContractError, DigestMismatch, SignatureInvalid
-from runner.safefs import UnsafePath, read_named
+from runner.core import jsondepth
+from runner.core.errors import ContractError, DigestMismatch, SignatureInvalid
+from runner.core.safefs import UnsafePath, read_named
 
 if TYPE_CHECKING:
-    from runner.signing import TrustedKey
+    from runner.trust.signing import TrustedKey
 
 
 def is_envelope(data: dict[str, Any]) -> bool:
@@ -46,7 +47,7 @@ class Trust:
     def trusted(self) -> list[TrustedKey]:
         if self.keys is not None:
             return self.keys
-        from runner import signing
+        from runner.trust import signing
 
         return signing.load_trusted_keys(self.folder) if self.folder else []
 
@@ -235,7 +236,7 @@ def load_contract(path: Path, trust: Trust | None = None) -> VerifiedContract:
             f"{path} is a signed envelope and no trusted keys were given to check it",
             hint="configure trusted keys (--trusted-keys DIR or RUNNER_TRUSTED_KEYS)",
         )
-    from runner import signing  # cryptography is imported only for signed contracts
+    from runner.trust import signing  # cryptography is imported only for signed contracts
 
     verified = signing.verify_envelope(data, trust.trusted(), trust.threshold)
     info = SignatureInfo(verified.keyids, verified.payload_type, raw)

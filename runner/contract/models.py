@@ -16,7 +16,7 @@ that name sources, sha256, size and path are the runner's to fetch and mount
 (:mod:`runner.contract.assetspec`); legacy entries are carried.
 
 ``contracts/execution-contract.schema.json`` is generated from these models
-(``python -m runner.schemas``); a test keeps the two in step.
+(``python -m runner.app.schemas``); a test keeps the two in step.
 """
 
 from __future__ import annotations

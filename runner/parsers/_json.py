@@ -16,7 +16,7 @@ on a NULL value (a SystemError at best, a crash at worst). :class:`TokenGuard` s
 file and ijson, scans each chunk before yajl sees it, and refuses as soon as a token passes
 either limit: yajl never holds more of one token than the cap. Anything else ijson or yajl
 raises on a hostile document (a malformed one, an exponent ``Decimal`` cannot hold) becomes an
-:class:`~runner.errors.EvidenceParseError` naming the file; MemoryError is not caught.
+:class:`~runner.core.errors.EvidenceParseError` naming the file; MemoryError is not caught.
 
 A key given twice is tolerated where it does not matter, and refused where it does: on the way
 to a pointer's target (``{"a": 1, "a": 2}`` with pointer ``/a``) there is no single answer, and
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from runner import safefs
-from runner.errors import EvidenceParseError
+from runner.core import safefs
+from runner.core.errors import EvidenceParseError
 from runner.parsers._json_guard import MAX_TOKEN_BYTES, TokenGuard
 
 __all__ = ["MAX_TOKEN_BYTES", "TokenGuard"]  # with the names defined below
@@ -232,7 +232,8 @@ def _unreadable(exc: BaseException) -> str:
 def open_json(path: Path) -> BinaryIO:
     """``path`` opened for ijson, past a UTF-8 byte order mark if there is one.
 
-    Only a regular file is opened (no link, FIFO or device: :func:`runner.safefs.open_regular`);
+    Only a regular file is opened (no link, FIFO or device:
+    :func:`runner.core.safefs.open_regular`);
     anything else is an EvidenceParseError saying what it is.
     """
     try:

@@ -13,7 +13,7 @@ import re
 import sys
 from typing import BinaryIO
 
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 
 MAX_TOKEN_BYTES = 1024 * 1024
 """The longest single JSON token the streaming parsers read: a string's bytes between its

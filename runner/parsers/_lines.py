@@ -3,7 +3,7 @@
 The file is read in 1 MiB chunks; no line longer than :data:`MAX_LINE_BYTES` is ever held, so
 a 1 GB file with no newline is refused (``line N is longer than 1 MiB``) instead of loaded.
 Text is UTF-8 (a leading byte order mark is skipped); a line that is not valid UTF-8 is a parse
-error naming its number. Only a regular file is opened (:func:`runner.safefs.open_regular`: no
+error naming its number. Only a regular file is opened (:func:`runner.core.safefs.open_regular`: no
 link, FIFO or device).
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from runner import safefs
-from runner.errors import EvidenceParseError
+from runner.core import safefs
+from runner.core.errors import EvidenceParseError
 
 MAX_LINE_BYTES = 1024 * 1024
 CHUNK_BYTES = 1024 * 1024

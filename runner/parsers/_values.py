@@ -25,7 +25,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Literal
 
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 
 ValueType = Literal["number", "integer", "string", "boolean"]
 Value = bool | int | float | str

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 from runner.parsers._json import POINTER_SCHEMA, Container, find_in_stream
 from runner.parsers._values import from_json, show, type_schema
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 from runner.parsers._lines import MAX_LINE_BYTES, iter_raw_lines
 from runner.parsers._values import from_text, show, type_schema
 

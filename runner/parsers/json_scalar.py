@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 from runner.parsers._json import POINTER_SCHEMA, Container, find_in_stream, resolve_pointer
 from runner.parsers._values import Value, ValueType, from_json, type_schema
 

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 from runner.parsers._json import (
     POINTER_SCHEMA,
     DuplicateKey,

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 from xml.parsers import expat
 
-from runner import safefs
-from runner.errors import EvidenceParseError
+from runner.core import safefs
+from runner.core.errors import EvidenceParseError
 
 FIELDS = ("tests", "failures", "errors", "skipped")
 MAX_DEPTH = 256

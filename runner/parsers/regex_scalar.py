@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.errors import EvidenceParseError
+from runner.core.errors import EvidenceParseError
 from runner.parsers._lines import iter_line_batches, line_numbers
 from runner.parsers._values import from_text, type_schema
 from runner.parsers.registry import ConfigError

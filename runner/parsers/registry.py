@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import jsonschema_rs
 
-from runner.errors import ContractError
+from runner.core.errors import ContractError
 
 
 class ConfigError(ValueError):
@@ -38,7 +38,7 @@ class Parser(Protocol):
     def parse(self, evidence: Path, config: dict[str, Any]) -> float | int | str | bool:
         """Extract the value from ``evidence``.
 
-        Raises :class:`~runner.errors.EvidenceParseError` when the file cannot yield a valid
+        Raises :class:`~runner.core.errors.EvidenceParseError` when the file cannot yield a valid
         value. The caller has already checked that the file exists.
         """
         ...

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner import backends, egress
+from runner import backends
 from runner.contract import with_digest
+from runner.egress import slots as egress
 from tests.support.jobs import IMAGE, ROOT, SESSION_ID, SESSION_LABEL, docker
 
 EXAMPLE = ROOT / "examples" / "agent-evaluation"

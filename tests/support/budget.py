@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner import container
-from runner.ledger import parse_time
+from runner.execution import container
+from runner.state.ledger import parse_time
 
 COUNTING = 0.05
 """Milliseconds of rounding and of the gap between measuring a heartbeat's seconds and

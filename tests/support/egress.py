@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import backends, egress
+from runner import backends
+from runner.egress import slots as egress
 from tests.support.jobs import IMAGE, docker
 
 SERVER = r"""

@@ -38,7 +38,8 @@ def docker(*args: str) -> subprocess.CompletedProcess[str]:
 def session_containers() -> list[str]:
     """The session's containers still there, once its free egress slots are removed as
     `runner cleanup` removes them (they outlive jobs by design; a busy one stays, listed)."""
-    from runner import backends, egress
+    from runner import backends
+    from runner.egress import slots as egress
 
     egress.reap(backends.default(), idle_seconds=0.0, labels={SESSION_LABEL: SESSION_ID})
     return docker("ps", "-aq", "--filter", f"label={SESSION_LABEL}={SESSION_ID}").stdout.split()
@@ -214,7 +215,7 @@ def copy_toy_inputs(folder: Path) -> Path:
 def toy_input_digests() -> dict[str, str]:
     """The digests of the toy's inputs, as `runner pin` binds them: ``{"paper": ...,
     "repository": ...}``."""
-    from runner import staging
+    from runner.staging import jobdir as staging
 
     data = toy_data()
     return {

@@ -1,4 +1,5 @@
-"""A stand-in for a Kubernetes API server, for tests of runner/kubeapply.py: a small HTTP server
+"""A stand-in for a Kubernetes API server, for tests of runner/scheduling/kubeapply.py: a small
+HTTP server
 on 127.0.0.1 that speaks just enough of the API for the official Python client to create, read
 and dry-run Jobs and NetworkPolicies, and records every request it is sent.
 

@@ -1,0 +1,189 @@
+"""``runner serve``: a warm runner that ``runner run`` and ``runner verify`` hand their work to.
+
+A fresh runner process spends most of its own time importing (pydantic and the models built on
+it, cryptography) before it reaches the engine; for a short job that is more than the engine's
+own work. ``runner serve`` imports everything once and listens on a Unix socket (the user's
+alone: mode 0600, and the peer's uid is checked). ``runner run`` and ``runner verify`` look for
+that socket first; when a server answers, the command is run in a process forked from the
+server, with the client's own standard input, output and error (passed over the socket), its
+working directory and its environment, so that progress, tty detection, ``--json`` output and
+exit codes are exactly those of an in-process run. Mercurial's ``chg`` works the same way.
+
+- Ctrl-C or SIGTERM to the client is passed on: the job stops as an in-process one does.
+- A client that dies (even ``kill -9``) does not stop the job: it runs to its end, its envelope
+  is written, and the job's next ``runner run`` prints it.
+- A server whose code differs from the client's (the checkout changed since it started, or
+  another interpreter) is not used: the client says so and runs the command itself.
+- No server, or one that does not answer: the client runs the command itself, silently.
+
+The socket is ``$RUNNER_SERVER``, else ``<config dir>/server.sock``; ``RUNNER_SERVER=off``
+keeps every command in its own process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from runner.app.host import code_fingerprint
+from runner.app.warmup import warm_up
+
+_MAX_REQUEST = 1 << 20
+"""The largest request (command line, directory, environment) a server reads."""
+
+# -- the server ---------------------------------------------------------------------------------
+
+
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """The connecting process's pid and uid (SO_PEERCRED)."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return pid, uid
+
+
+def _handle(
+    conn: socket.socket, fingerprint: str, dispatch: Callable[[list[str]], int], log: str
+) -> None:
+    """In the forked child: take the client's request and descriptors, run it, answer."""
+    code = 4
+    try:
+        os.setsid()  # the server's terminal signals are not the job's
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # Until the command installs its own: a cancel is a KeyboardInterrupt, as in `runner`.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 3)
+        while not data.endswith(b"\n") and len(data) < _MAX_REQUEST:
+            more = conn.recv(_MAX_REQUEST)
+            if not more:
+                break
+            data += more
+        request = json.loads(data)
+        if request.get("code") != fingerprint or len(fds) != 3:
+            why = (
+                "a different checkout or interpreter"
+                if len(fds) == 3
+                else f"{len(fds)} file descriptors passed, not stdin, stdout and stderr"
+            )
+            conn.sendall(json.dumps({"stale": why}).encode() + b"\n")
+            os._exit(0)
+        argv = [str(a) for a in request["argv"]]
+        os.write(2, f"{log}: runner {' '.join(argv)}\n".encode())  # still the server's log
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        threading.Thread(target=_watch_client, args=(conn,), daemon=True).start()
+        code = dispatch(argv)
+    except SystemExit as exc:  # argparse's usage errors exit 2
+        code = exc.code if isinstance(exc.code, int) else 2
+    except KeyboardInterrupt:  # cancelled before the command could install its own handling
+        print("runner: interrupted", file=sys.stderr)
+        code = 130
+    except BaseException as exc:  # noqa: BLE001 - reported to the client as an exit code
+        print(f"runner: infrastructure: the server failed: {exc!r}", file=sys.stderr)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
+        os._exit(code & 0xFF)
+
+
+def _watch_client(conn: socket.socket) -> None:
+    """``cancel`` from the client stops the job (as SIGTERM does); a client that goes away
+    leaves the job running, with its output sent nowhere."""
+    buffered = b""
+    while True:
+        try:
+            chunk = conn.recv(64)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for target in (0, 1, 2):
+                os.dup2(devnull, target)
+            return
+        buffered += chunk
+        if b"cancel\n" in buffered:
+            buffered = b""
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def serve(path: Path, dispatch: Callable[[list[str]], int], announce: Callable[[str], None]) -> int:
+    """Listen on ``path`` until SIGINT or SIGTERM; each request runs in its own fork."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # left by a server that is gone
+        else:
+            announce(f"a runner server already listens on {path}")
+            return 2
+        finally:
+            probe.close()
+    warm_up()
+    fingerprint = code_fingerprint()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    listener.listen(64)
+    listener.settimeout(1.0)
+    stopping = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    announce(f"listening on {path} (pid {os.getpid()}); `runner run` and `runner verify` use it")
+    children: dict[int, str] = {}
+    try:
+        while not stopping:
+            for pid in list(children):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    code = os.waitstatus_to_exitcode(status)
+                    announce(f"{children.pop(pid)}: exit {code}")
+            try:
+                conn, _ = listener.accept()
+            except (TimeoutError, InterruptedError):
+                continue
+            peer_pid, peer_uid = _peer(conn)
+            if peer_uid != os.getuid():
+                announce(f"refused pid {peer_pid}: uid {peer_uid} is not this server's")
+                conn.close()
+                continue
+            label = f"{time.strftime('%H:%M:%S')} pid {peer_pid}"
+            sys.stdout.flush()
+            sys.stderr.flush()
+            child = os.fork()
+            if child == 0:
+                listener.close()
+                _handle(conn, fingerprint, dispatch, label)
+            conn.close()
+            children[child] = label
+    finally:
+        listener.close()
+        path.unlink(missing_ok=True)
+    announce(f"stopped; {len(children)} command(s) still running go on by themselves")
+    return 0

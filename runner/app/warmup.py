@@ -1,0 +1,43 @@
+"""Warming a process that commands or jobs are forked from (``runner serve``, a batch).
+
+Its own module so that the server and the batch share it without importing each other: the
+batch is handed :func:`warm_up` by its caller, and the list below may name the batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+def warm_up() -> None:
+    """Import everything a command imports, even lazily, and ask the engine what does not
+    change, so that no command forked from this process pays for it (a server's or a
+    batch's); then freeze it out of the collector's sight, so that the forks share its pages
+    instead of copying them (the documented use of gc.freeze before fork)."""
+    import gc
+
+    import ijson  # type: ignore[import-untyped]  # noqa: F401
+    import platformdirs  # noqa: F401
+
+    from runner import backends
+    from runner.app import batch  # noqa: F401
+    from runner.contract import load  # noqa: F401
+    from runner.core.errors import RunnerError
+    from runner.evidence import read as evidence  # noqa: F401
+    from runner.execution import (
+        orchestrator,  # noqa: F401
+        sweeper,  # noqa: F401
+    )
+    from runner.parsers import registry
+    from runner.planning import (
+        plan,  # noqa: F401
+        policy,  # noqa: F401
+    )
+    from runner.results import attest  # noqa: F401
+
+    for parser_id, version in registry.available():
+        with contextlib.suppress(RunnerError):  # a broken plug-in schema: its binding says so
+            registry.compiled_validator(parser_id, version)
+    with contextlib.suppress(RunnerError):  # an engine that is down: each command says so
+        backends.default().architecture()  # the engine's API version and host, asked once
+    gc.freeze()

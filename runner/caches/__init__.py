@@ -1,0 +1,1 @@
+"""The asset and input caches, and downloading an asset's bytes into them."""

@@ -1,0 +1,475 @@
+"""Downloading one asset's bytes from one source into its ``.partial`` file (see
+:mod:`runner.caches.assets` for the cache around it).
+
+HTTP(S) with ``requests``, streamed: resumed with ``Range: bytes=N-`` where the partial file
+stops (a 206 must answer the very range asked; a 200 starts over), a 4xx given up at once, a
+5xx, a timeout or a broken connection retried with tenacity (exponential wait). The bytes are
+hashed as they arrive, never past the asset's size; a local source beside the contract is read
+without following a link.
+
+Every request's host -- the first URL's and every redirect's -- is checked against the host
+policy on the URL as ``requests`` prepared it, parsed by urllib3 (which is what connects), not
+by another parser that may read a hostile ``Location`` otherwise. The session ignores the
+environment (no ``.netrc`` login, no proxy variables): a source gets no ambient credentials.
+A partial file is resumed only from the source that began it (``<hex>.partial.source`` holds
+that source's SHA-256), never on top of another mirror's bytes. A body that arrives slower
+than ``MIN_RATE`` (over each ``RATE_WINDOW``) is cut off, and so is a response head (status line
+and headers) that has not arrived ``HEAD_TIMEOUT`` seconds after its request began, so a
+trickling source cannot hold the digest's lock for ever: ``requests``' read timeout is per
+read, and a byte every 59 s defeats it. Each request is bounded in all: its head by
+``HEAD_TIMEOUT`` (connecting included, each redirect a request of its own), its body by the
+rate rule (at most ``RATE_WINDOW`` seconds per ``MIN_RATE * RATE_WINDOW`` bytes of the asset's
+size, and one window more).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import re
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import urljoin, urlsplit
+
+from runner.contract.models import Asset
+from runner.core import safefs
+from runner.planning.policy import AssetGrant
+
+CHUNK = 1024 * 1024
+MAX_REDIRECTS = 5
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
+HEAD_TIMEOUT = 60.0
+"""Seconds from a request's start (its connection included) to the end of its response head:
+past it the connection is shut down (a thread; shutting the socket down wakes the read)."""
+MIN_RATE = 16 * 1024
+"""Bytes a second a source must keep up, on average over each ``RATE_WINDOW``: a source that
+trickles (a byte every 59 s defeats the read timeout) is cut off rather than hold the digest's
+lock -- and every runner waiting on it -- for ever."""
+RATE_WINDOW = 120.0
+READ_CHUNK = 64 * 1024
+"""Bytes read from a response at a time (small enough for the rate to be seen moving)."""
+
+OnBytes = Callable[[Asset, int, int], None]
+"""Progress: called with the asset, the bytes it has so far and its size."""
+
+
+def redacted(url: str) -> str:
+    """A source without its query string (which may carry a token) for records and messages."""
+    return url.split("?", 1)[0]
+
+
+class Transient(Exception):
+    """A failure worth retrying the same source for (5xx, timeout, a broken connection)."""
+
+
+class SourceFailed(Exception):
+    """This source will not do (4xx, a host the policy does not allow, a missing file)."""
+
+
+class WrongBytes(Exception):
+    def __init__(self, digest: str, size: int, why: str) -> None:
+        super().__init__(why)
+        self.digest, self.size, self.why = digest, size, why
+
+
+class Download:
+    """One source's bytes into the partial file, resumed where it stopped, hashed as they come.
+    The hash covers the partial file's bytes so far: rebuilt from the file when the hasher
+    does not match its length (a resume after a killed runner)."""
+
+    def __init__(self, asset: Asset, partial: Path, on_bytes: OnBytes | None) -> None:
+        self.asset = asset
+        self.partial = partial
+        self.on_bytes = on_bytes
+        self.hasher = hashlib.sha256()
+        self.hashed = 0
+        self.received = 0
+
+    def have(self) -> int:
+        try:
+            size = os.lstat(self.partial).st_size
+        except FileNotFoundError:
+            return 0
+        if size > self.asset.size:
+            self.restart()
+            return 0
+        if size != self.hashed:
+            self.hasher, self.hashed = hashlib.sha256(), 0
+            with self.partial.open("rb") as f:
+                while chunk := f.read(CHUNK):
+                    self.hasher.update(chunk)
+                    self.hashed += len(chunk)
+        return size
+
+    def restart(self) -> None:
+        self.partial.unlink(missing_ok=True)
+        self.hasher, self.hashed = hashlib.sha256(), 0
+
+    @property
+    def sidecar(self) -> Path:
+        """Names the source the partial file's bytes came from (its SHA-256: no token kept)."""
+        return self.partial.with_name(self.partial.name + ".source")
+
+    def begin(self, source: str) -> None:
+        """Bytes from ``source`` follow: keep the partial file only when that source began it
+        (a resume), else start over -- never resume on top of another mirror's bytes."""
+        mark = hashlib.sha256(source.encode()).hexdigest()
+        try:
+            before = self.sidecar.read_text(encoding="ascii", errors="replace")
+        except OSError:
+            before = ""
+        if before != mark:
+            self.restart()
+            atomic = self.sidecar.with_name(self.sidecar.name + ".tmp")
+            atomic.write_text(mark, encoding="ascii")
+            os.replace(atomic, self.sidecar)
+
+    def done(self) -> None:
+        """The partial file is gone (renamed into place or refused): forget its source."""
+        self.sidecar.unlink(missing_ok=True)
+
+    def write_from(self, chunks: Iterator[bytes], mode: str) -> None:
+        with self.partial.open(mode) as out:
+            for chunk in chunks:
+                if not chunk:
+                    continue
+                if self.hashed + len(chunk) > self.asset.size:
+                    got = self.hashed + len(chunk)
+                    self.restart()
+                    why = f"the source sends more than {self.asset.size:,} bytes"
+                    raise WrongBytes("unknown (cut off)", got, why)
+                out.write(chunk)
+                self.hasher.update(chunk)
+                self.hashed += len(chunk)
+                self.received += len(chunk)
+                if self.on_bytes is not None:
+                    self.on_bytes(self.asset, self.hashed, self.asset.size)
+
+    def finish(self) -> None:
+        """Check size and digest; the partial file is removed when they are wrong."""
+        self.have()
+        digest, size = "sha256:" + self.hasher.hexdigest(), self.hashed
+        if size != self.asset.size or digest != self.asset.sha256:
+            self.restart()
+            raise WrongBytes(digest, size, "")
+
+
+_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+def http(url: str, d: Download, grant: AssetGrant) -> None:
+    """One try of ``url`` into ``d``. Raises :class:`Transient` (worth another try),
+    :class:`SourceFailed` (not this source) or :class:`WrongBytes`; whatever else ``requests``
+    raises on what a hostile server sends is one of those, never an uncaught error."""
+    import requests
+
+    try:
+        _http(url, d, grant)
+    except (Transient, SourceFailed, WrongBytes):
+        raise
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise Transient(f"the connection broke: {type(exc).__name__}") from None
+    except requests.exceptions.ChunkedEncodingError:
+        raise Transient("the connection broke mid-transfer") from None
+    except (requests.RequestException, ValueError) as exc:
+        # a body that does not decode as its Content-Encoding says, a URL that does not parse
+        raise SourceFailed(f"{redacted(url)}: {type(exc).__name__}: {_short(exc)}") from None
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _http(url: str, d: Download, grant: AssetGrant) -> None:
+    import requests
+
+    have = d.have()
+    if have == d.asset.size:
+        return  # complete already (a runner killed between download and rename)
+    headers = {"Accept-Encoding": "identity"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    with requests.Session() as session:
+        session.trust_env = False  # no .netrc login, no proxy from the environment
+        adapter = _adapter()
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        resp = _get(session, url, headers, grant)
+        with resp:
+            code = resp.status_code
+            if code == 416:
+                d.restart()
+                raise Transient("the source refused the range asked for; starting over")
+            if 400 <= code < 500:
+                raise SourceFailed(f"{redacted(url)} answered {code} {resp.reason}")
+            if code >= 500:
+                raise Transient(f"{redacted(url)} answered {code} {resp.reason}")
+            if code == 206 and have:
+                match = _CONTENT_RANGE.match(resp.headers.get("Content-Range", ""))
+                if match is None or int(match.group(1)) != have:
+                    d.restart()
+                    raise Transient("the source answered another range than asked; starting over")
+                mode = "ab"
+            elif code == 200:
+                d.restart()  # the source ignores ranges: from the start
+                mode = "wb"
+            else:
+                raise SourceFailed(f"{redacted(url)} answered {code} {resp.reason}")
+            with _Watchdog(resp, d) as dog:
+                try:
+                    d.write_from(resp.iter_content(READ_CHUNK), mode)
+                except requests.RequestException:
+                    if dog.expired:
+                        raise dog.too_slow(url) from None
+                    raise
+                if dog.expired:  # cut off between two reads
+                    raise dog.too_slow(url)
+
+
+class _Watchdog:
+    """Cuts a response's connection when fewer than ``MIN_RATE * RATE_WINDOW`` bytes arrived
+    in the last ``RATE_WINDOW`` seconds (a thread; shutting the socket down wakes the read)."""
+
+    def __init__(self, resp: Any, d: Download) -> None:
+        self.resp, self.d = resp, d
+        self.expired = False
+        self.window, self.least = RATE_WINDOW, int(MIN_RATE * RATE_WINDOW)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="asset-rate", daemon=True)
+
+    def __enter__(self) -> _Watchdog:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _watch(self) -> None:
+        seen = self.d.received
+        while not self.stop.wait(self.window):
+            if self.d.received - seen < self.least:
+                self.expired = True
+                sock = getattr(getattr(self.resp.raw, "connection", None), "sock", None)
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                return
+            seen = self.d.received
+
+    def too_slow(self, url: str) -> SourceFailed:
+        return SourceFailed(
+            f"{redacted(url)} sent fewer than {self.least:,} bytes in {self.window:g} s (less "
+            f"than {MIN_RATE:,} bytes a second); cut off as too slow"
+        )
+
+
+_current = threading.local()
+"""The :class:`_HeadDeadline` of the request this thread is sending (None between requests)."""
+
+
+class _HeadDeadline:
+    """Shuts down the connection of a request whose response head has not arrived within
+    ``seconds``. The connection's socket is handed over as it is made (:func:`_adapter`) and
+    kept as a duplicate, so the one shut down is always that connection's, never a file
+    descriptor number since reused."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self.lock = threading.Lock()
+        self.socks: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="asset-head", daemon=True)
+
+    def __enter__(self) -> _HeadDeadline:
+        _current.deadline = self
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        _current.deadline = None
+        self.stop.set()
+        self.thread.join()
+        with self.lock:
+            for sock in self.socks:
+                sock.close()
+            self.socks.clear()
+
+    def add(self, sock: socket.socket) -> None:
+        """The request's connection (from the thread sending it): a duplicate of its file
+        descriptor (a TLS socket cannot ``dup()`` itself), closed when the head is in."""
+        dup = socket.fromfd(sock.fileno(), sock.family, sock.type)
+        with self.lock:
+            self.socks.append(dup)
+            if self.expired:
+                _shut(dup)
+
+    def _watch(self) -> None:
+        if self.stop.wait(self.seconds):
+            return
+        with self.lock:
+            self.expired = True
+            for sock in self.socks:
+                _shut(sock)
+
+    def too_slow(self, url: str) -> SourceFailed:
+        return SourceFailed(
+            f"{redacted(url)} did not send its response head (status line and headers) within "
+            f"{self.seconds:g} s; cut off as too slow"
+        )
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+@functools.cache
+def _adapter_class() -> Any:
+    """An ``HTTPAdapter`` whose connections hand their socket, as soon as it is connected (a
+    TLS handshake comes after) or taken from the pool again (kept alive), to the
+    :class:`_HeadDeadline` of the request in hand."""
+    import requests.adapters
+    import urllib3.connection
+    import urllib3.connectionpool
+
+    def watched(sock: socket.socket) -> socket.socket:
+        deadline = getattr(_current, "deadline", None)
+        if deadline is not None:
+            deadline.add(sock)
+        return sock
+
+    class Conn(urllib3.connection.HTTPConnection):
+        def _new_conn(self) -> socket.socket:
+            return watched(super()._new_conn())
+
+    class TLSConn(urllib3.connection.HTTPSConnection):
+        def _new_conn(self) -> socket.socket:
+            return watched(super()._new_conn())
+
+    class Reused:
+        def _get_conn(self, timeout: float | None = None) -> Any:
+            conn = super()._get_conn(timeout)  # type: ignore[misc]
+            sock = getattr(conn, "sock", None)
+            if sock is not None:  # a connection kept alive: no new socket is made for it
+                watched(sock)
+            return conn
+
+    class Pool(Reused, urllib3.connectionpool.HTTPConnectionPool):
+        ConnectionCls = Conn
+
+    class TLSPool(Reused, urllib3.connectionpool.HTTPSConnectionPool):
+        ConnectionCls = TLSConn
+
+    class Adapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": TLSPool}
+
+    return Adapter
+
+
+def _adapter() -> Any:
+    return _adapter_class()()
+
+
+_BAD_LOCATION = re.compile(r"[\\\s\x00-\x1f\x7f]")
+"""A backslash, whitespace or a control character: parsers disagree on what such a URL names."""
+
+
+def _checked(url: str, grant: AssetGrant) -> tuple[str, int]:
+    """The host and port ``url`` (as prepared) connects to, when the policy allows them."""
+    from urllib3.util import parse_url
+
+    parsed = parse_url(url)  # what urllib3 connects to; raises a ValueError when it cannot
+    other = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise SourceFailed(f"{redacted(url)} is not an http(s) URL")
+    if parsed.auth or other.username is not None or other.password is not None:
+        raise SourceFailed(f"{redacted(url)} carries credentials (user@host); refused")
+    host = parsed.host.strip("[]")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    if (other.hostname or "") != host.lower() or (other.port or port) != port:
+        raise SourceFailed(f"{redacted(url)} reads as another host to another parser; refused")
+    if not grant.allows(host, port):
+        raise SourceFailed(f"{host}:{port} is not in the host policy's assets.allowHosts")
+    return host, port
+
+
+def _get(session: Any, url: str, headers: dict[str, str], grant: AssetGrant) -> Any:
+    """GET ``url``, following redirects by hand so that every hop's host is checked, on the
+    URL as prepared for sending (the one fetched)."""
+    import requests
+
+    for _ in range(MAX_REDIRECTS + 1):
+        if _BAD_LOCATION.search(url):
+            raise SourceFailed(
+                f"{redacted(url)!r} holds a backslash, whitespace or a control character"
+            )
+        prepared = session.prepare_request(requests.Request("GET", url, headers=headers))
+        host, port = _checked(prepared.url, grant)
+        head = _HeadDeadline(HEAD_TIMEOUT)
+        try:
+            with head:
+                resp = session.send(
+                    prepared,
+                    stream=True,
+                    allow_redirects=False,
+                    timeout=(CONNECT_TIMEOUT, READ_TIMEOUT),
+                )
+        except requests.RequestException as exc:
+            if head.expired:
+                raise head.too_slow(prepared.url) from None
+            if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
+                raise Transient(f"cannot reach {host}:{port}: {type(exc).__name__}") from None
+            raise
+        if head.expired:  # the head came, but too late
+            resp.close()
+            raise head.too_slow(prepared.url)
+        if resp.is_redirect and "Location" in resp.headers:
+            location = resp.headers["Location"]
+            resp.close()
+            if _BAD_LOCATION.search(location):
+                raise SourceFailed(
+                    f"{redacted(url)} redirects to {redacted(location)!r}, which holds a "
+                    "backslash, whitespace or a control character; refused"
+                )
+            url = urljoin(prepared.url, location)
+            continue
+        return resp
+    raise SourceFailed(f"more than {MAX_REDIRECTS} redirects")
+
+
+def local(base_dir: Path, rel: str, d: Download) -> None:
+    """A source beside the contract: a regular file, no link followed on the way."""
+    try:
+        src: BinaryIO = safefs.open_under(base_dir, rel)
+    except safefs.UnsafePath as exc:
+        raise SourceFailed(f"{rel} {exc.problem}") from None
+    with src:
+        d.restart()
+
+        def chunks() -> Iterator[bytes]:
+            while chunk := src.read(CHUNK):
+                yield chunk
+
+        d.write_from(chunks(), "wb")
+
+
+def retrying(grant: AssetGrant) -> Any:
+    import tenacity
+
+    return tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(grant.retries + 1),
+        wait=tenacity.wait_exponential(multiplier=0.25, max=8),
+        retry=tenacity.retry_if_exception_type(Transient),
+        reraise=True,
+    )

@@ -1,0 +1,1 @@
+"""The agent's only way out: the egress proxy slots and the proxy's request log."""

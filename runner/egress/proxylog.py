@@ -1,0 +1,87 @@
+"""The egress proxy's log, read: each request the job made of the proxy, with its outcome.
+
+The proxy (``images/proxy/egress-proxy``) writes one JSON object per line on its standard
+output, which the engine keeps and the runner saves as the attempt's ``egress.log``: a
+``request`` line when it has read a request head (method, target as asked), then one line with
+its outcome under the same ``id``: ``refused`` (with why), ``connected`` or ``unreachable``
+(allowed: it connected onward, or tried). Every line names the ``lease`` (the attempt) it was
+served under. A request with no outcome line is ``incomplete``.
+
+:func:`read_log` only reads text: a line it does not know, a line of another lease, or a line
+that is no JSON object is skipped. The proxy escapes what the job sent (JSON strings), so a
+request cannot forge a line.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from runner.models.envelope import EgressConnection
+
+TARGET_MAX = 600
+"""The proxy logs at most this much of a target; the envelope keeps no more."""
+_OUTCOMES = {"refused", "connected", "unreachable"}
+
+
+def _text(data: dict[str, Any], key: str, cap: int) -> str:
+    value = data.get(key)
+    return value[:cap] if isinstance(value, str) else ""
+
+
+def _line(raw: str) -> dict[str, Any] | None:
+    # The engine's timestamp, when it kept one, comes first: "<time> {json}".
+    start = raw.find("{")
+    if start < 0:
+        return None
+    try:
+        data = json.loads(raw[start:])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("id"), int) else None
+
+
+def read_log(text: str, lease: str | None = None) -> list[EgressConnection]:
+    """The requests in the proxy's log (lines as the engine keeps them, with or without its
+    timestamps), in the order they were read, each with its outcome; only those served under
+    ``lease`` when it is given."""
+    order: list[int] = []
+    asked: dict[int, dict[str, Any]] = {}
+    outcome: dict[int, dict[str, Any]] = {}
+    # Lines end at "\n" only, as the engine splits them.
+    for raw in text.split("\n"):
+        data = _line(raw)
+        if data is None or (lease is not None and data.get("lease") != lease):
+            continue
+        ident, event = data["id"], data.get("event")
+        if event == "request" and ident not in asked:
+            asked[ident] = data
+            order.append(ident)
+        elif event in _OUTCOMES and ident in asked and ident not in outcome:
+            outcome[ident] = data
+    found = []
+    for ident in order:
+        req, end = asked[ident], outcome.get(ident, {})
+        host = _text(end, "host", 253) or None
+        port = end.get("port")
+        event = end.get("event")
+        found.append(
+            EgressConnection(
+                at=_text(req, "at", 40) or None,
+                method=_text(req, "method", 32),
+                target=_text(req, "target", TARGET_MAX),
+                host=host,
+                port=port if isinstance(port, int) and 0 < port < 65536 else None,
+                decision=(
+                    "refused" if event == "refused" else "allowed" if event else "incomplete"
+                ),
+                detail=(
+                    _text(end, "detail", 80) or "refused"
+                    if event == "refused"
+                    else str(event)
+                    if event
+                    else "no outcome"
+                ),
+            )
+        )
+    return found

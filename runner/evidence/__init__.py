@@ -1,0 +1,1 @@
+"""Reading what a job left: evidence through the parsers, and the job's self-report check."""

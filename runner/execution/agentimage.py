@@ -1,0 +1,565 @@
+"""An agent runtime brought into the contract's image: its files, cached, checked, mounted.
+
+Long on purpose: copying a runtime out of its image, its cache entry, and the checks that it
+can run in the contract's image (architecture, loader, interpreters) are one decision, read
+top to bottom here.
+
+An agent_planned contract's ``environment.image`` is the job's image, as for a fixed
+entrypoint: the agent's commands (its Bash tool, the evaluation it runs) run in the paper's
+own environment. The agent runtime comes from its adapter's pinned image instead: the paths
+the adapter names (``runtimePaths``: for Claude Code the native binary and its wrapper) are
+copied out of that image through the engine's archive API (a container made of it and never
+started), unpacked by the runner's one safe-tar reader (:func:`runner.core.archives.unpack_tars`:
+no links, no devices, caps on files and bytes) into a content-addressed cache entry of the
+state folder, one per runtime image id (and set of paths), each file's SHA-256 recorded in the
+entry's ``runtime.json``. An attempt mounts the entry's ``files/`` read-only at
+``/opt/runner-agent`` (each path under its base name) and puts that folder first on ``PATH``.
+
+Extraction happens once per runtime image id: later attempts (and jobs) reuse the entry after
+checking that each recorded file is still there, the same size, mode and inode, unchanged
+since it was hashed (a full re-hash would cost a 400 MB binary half a second an attempt; the
+entry is the runner's, read-only, never mounted writable). An entry that fails the check is
+removed and extracted again.
+
+Before an attempt starts, :func:`check_fits` asks whether the runtime can run in the
+contract's image, reading that image's files through the engine without running anything:
+each ELF program of the runtime must be for the image's architecture and find its dynamic
+loader (``PT_INTERP``, e.g. ``/lib64/ld-linux-x86-64.so.2``) in the image; each script's
+``#!`` interpreter must be there; ``/bin/sh`` (the runner's own stream wrapper) and the argv's
+first word (``python3`` for the scripted runtime) must be there; and so must each command the
+adapter's ``runtimeRequires`` names. A runtime that cannot run is refused before the attempt,
+naming why and the image. A pair found to fit is remembered (images are immutable by id), so
+a cached attempt asks the engine nothing but the runtime image's inspect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import stat
+import struct
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.backends.base import Backend, ContainerSpec, ImageFiles, ImageInfo, Mount, PathStat
+from runner.core import archives, locks, safefs
+from runner.core.errors import PolicyViolation
+from runner.images.pins import Acquired, ImagePin, normalize_arch
+from runner.models.envelope import ImageRecord
+from runner.planning.plan import ExecutionPlan
+
+MOUNT = "/opt/runner-agent"
+"""Where the runtime's files are in the contract's container (read-only)."""
+
+MAX_BYTES = 4 * 1024**3
+"""The most bytes a runtime's files may hold (Claude Code's binary is about 400 MB)."""
+MAX_FILES = 20_000
+FIT_CHECK = 1
+"""The version of :func:`check_fits`' rules (a cached fit of older rules is not reused)."""
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""The engine's PATH for an image whose configuration names none."""
+_HEAD = 64 * 1024
+_LINK_HOPS = 16
+
+_ELF_MACHINES = {
+    3: "386",
+    8: "mips",
+    20: "ppc",
+    21: "ppc64le",
+    22: "s390x",
+    40: "arm",
+    62: "amd64",
+    183: "arm64",
+    243: "riscv64",
+}
+
+
+@dataclass(frozen=True)
+class RuntimeFile:
+    path: str
+    """Relative to the runtime's folder (and to /opt/runner-agent)."""
+    sha256: str
+    size: int
+    executable: bool
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A runtime image's files, extracted and verified: what an attempt mounts."""
+
+    image_id: str
+    paths: tuple[str, ...]
+    """The adapter's runtimePaths, as copied out of the image."""
+    folder: Path
+    """The tree mounted at :data:`MOUNT`."""
+    files: tuple[RuntimeFile, ...]
+    digest: str
+    """SHA-256 of the entry's canonical file list (path, digest, size, mode): the runtime's
+    content, as the envelope records it."""
+    extracted: bool
+    """Whether this call copied it out of the image (False: the cache had it)."""
+    seconds: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "paths": list(self.paths),
+            "mountedAt": MOUNT,
+            "filesDigest": self.digest,
+            "files": [{"path": f.path, "sha256": f.sha256, "size": f.size} for f in self.files],
+        }
+
+
+def cache_root(state_root: Path) -> Path:
+    return state_root / "cache" / "agent-runtimes"
+
+
+def fits_root(state_root: Path) -> Path:
+    """Where a (contract image, runtime) pair found to fit is remembered: one file each."""
+    return state_root / "cache" / "agent-runtime-fits"
+
+
+def _key(image_id: str, paths: Sequence[str]) -> str:
+    hexd = image_id.removeprefix("sha256:")
+    tail = hashlib.sha256("\0".join(paths).encode()).hexdigest()[:16]
+    return f"{hexd}-{tail}"
+
+
+def _files_digest(files: Sequence[RuntimeFile]) -> str:
+    canon = json.dumps(
+        [[f.path, f.sha256, f.size, f.executable] for f in files], separators=(",", ":")
+    )
+    return "sha256:" + hashlib.sha256(canon.encode()).hexdigest()
+
+
+def ensure(
+    backend: Backend,
+    image_id: str,
+    paths: Sequence[str],
+    root: Path,
+    labels: Mapping[str, str],
+) -> Runtime:
+    """The runtime files ``paths`` of the image ``image_id``: from the cache under ``root``
+    when an entry is there and checks out, else copied out of the image now (once: a lock per
+    entry holds other runners back until it is whole)."""
+    started = time.monotonic()
+    key = _key(image_id, paths)
+    entry = root / key
+    root.mkdir(parents=True, exist_ok=True)
+    with locks.flocked(root / f".{key}.lock"):
+        known = _load(entry, image_id, tuple(paths))
+        if known is not None:
+            return dataclasses.replace(known, seconds=round(time.monotonic() - started, 3))
+        archives.remove_tree(entry)
+        archives.remove_stale(root, key)
+        runtime = _extract(backend, image_id, tuple(paths), entry, dict(labels))
+    return dataclasses.replace(runtime, seconds=round(time.monotonic() - started, 3))
+
+
+def _extract(
+    backend: Backend, image_id: str, paths: tuple[str, ...], entry: Path, labels: dict[str, str]
+) -> Runtime:
+    tmp = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
+    archives.remove_tree(tmp)
+    tmp.mkdir(mode=0o700)
+    try:
+        tars = []
+        with backend.image_files(image_id, labels) as files:
+            for i, path in enumerate(paths):
+                st = files.stat(path)
+                if st is None:
+                    raise PolicyViolation(
+                        f"agents.runtimePaths: {path} is not in the runtime image {image_id}",
+                        hint="name the runtime's files as they are in its image (docker run "
+                        "--rm IMAGE ls -l PATH), or fix the image",
+                    )
+                if st.is_link:
+                    raise PolicyViolation(
+                        f"agents.runtimePaths: {path} is a link in the runtime image "
+                        f"{image_id} (to {st.link_target or '?'}); links are not copied",
+                        hint=f"name its target {st.link_target} instead",
+                    )
+                tar = tmp / f"{i}.tar"
+                files.archive(path, tar, MAX_BYTES + 64 * 1024 * 1024)
+                tars.append(tar)
+        try:
+            archives.unpack_tars(tars, tmp / "files", max_bytes=MAX_BYTES, max_files=MAX_FILES)
+        except archives.UnsafeArchive as exc:
+            raise PolicyViolation(
+                f"agents.runtimePaths: the runtime's files in {image_id} cannot be brought "
+                f"into the job's image: {exc}",
+                hint="name regular files and folders (no links, no two of one base name)",
+            ) from None
+        for tar in tars:
+            tar.unlink()
+        listed = _hash_tree(tmp / "files")
+        manifest = {
+            "imageId": image_id,
+            "paths": list(paths),
+            "files": [
+                {**_file_json(f), "inode": ino, "mtimeNs": mtime} for f, ino, mtime in listed
+            ],
+        }
+        (tmp / "runtime.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        os.chmod(tmp / "runtime.json", 0o444)
+        os.chmod(tmp, 0o555)  # noqa: S103 - read-only: r-x for everyone is the point
+        archives.sync_folders(tmp, below=False)
+        os.rename(tmp, entry)
+        archives.sync_folders(entry.parent, below=False)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            archives.remove_tree(tmp)
+        raise
+    got = tuple(f for f, _, _ in listed)
+    return Runtime(image_id, paths, entry / "files", got, _files_digest(got), True)
+
+
+def _file_json(f: RuntimeFile) -> dict[str, Any]:
+    return {"path": f.path, "sha256": f.sha256, "size": f.size, "executable": f.executable}
+
+
+def _walk_files(folder: Path) -> Iterator[tuple[str, os.stat_result]]:
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(folder / rel if rel else folder) as it:
+            for e in it:
+                sub = f"{rel}/{e.name}" if rel else e.name
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(sub)
+                else:
+                    yield sub, st
+
+
+def _hash_tree(folder: Path) -> list[tuple[RuntimeFile, int, int]]:
+    out = []
+    for rel, st in sorted(_walk_files(folder)):
+        digest = hashlib.sha256()
+        with open(folder / rel, "rb", buffering=0) as f:  # written by us just now
+            while chunk := f.read(1024 * 1024):
+                digest.update(chunk)
+        out.append(
+            (
+                RuntimeFile(rel, "sha256:" + digest.hexdigest(), st.st_size,
+                            bool(st.st_mode & 0o111)),
+                st.st_ino,
+                st.st_mtime_ns,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _load(entry: Path, image_id: str, paths: tuple[str, ...]) -> Runtime | None:
+    """The cached entry, when it is whole and unchanged since it was hashed; else None."""
+    try:
+        data = json.loads((entry / "runtime.json").read_text())
+        if data.get("imageId") != image_id or tuple(data.get("paths") or ()) != paths:
+            return None
+        want = {str(f["path"]): f for f in data["files"]}
+        seen = 0
+        for rel, st in _walk_files(entry / "files"):
+            f = want.get(rel)
+            if (
+                f is None
+                or not stat.S_ISREG(st.st_mode)
+                or st.st_size != int(f["size"])
+                or st.st_ino != int(f["inode"])
+                or st.st_mtime_ns != int(f["mtimeNs"])
+                or st.st_mode & 0o7777 != (0o555 if f["executable"] else 0o444)
+            ):
+                return None
+            seen += 1
+        if seen != len(want):
+            return None
+        files = tuple(
+            RuntimeFile(str(f["path"]), str(f["sha256"]), int(f["size"]), bool(f["executable"]))
+            for f in data["files"]
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Runtime(image_id, paths, entry / "files", files, _files_digest(files), False)
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What one runtime program needs of the image it runs in."""
+
+    path: str
+    machine: str | None = None
+    """The ELF's architecture (normalized as image architectures are)."""
+    interpreter: str | None = None
+    """The ELF's dynamic loader, or a script's ``#!`` interpreter."""
+    interpreter_arg: str | None = None
+    """``#!/usr/bin/env NAME``: the command NAME."""
+
+
+def needs_of(folder: Path, rel: str) -> Needs | None:
+    """What the file ``folder/rel`` needs to run: its ELF header's machine and PT_INTERP, or
+    its ``#!`` line; None for a file that is neither (data, or a script run by another)."""
+    with open(folder / rel, "rb") as f:
+        head = f.read(_HEAD)
+        if head.startswith(b"#!"):
+            line = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+            if not line:
+                return None
+            arg = line[1] if len(line) > 1 and line[0].endswith("/env") else None
+            return Needs(rel, None, line[0], arg)
+        if not head.startswith(b"\x7fELF") or len(head) < 64:
+            return None
+        return _elf(rel, f, head)
+
+
+def _elf(rel: str, f: Any, head: bytes) -> Needs:
+    wide = head[4] == 2
+    e = "<" if head[5] == 1 else ">"
+    (machine,) = struct.unpack_from(e + "H", head, 18)
+    if wide:
+        (phoff,) = struct.unpack_from(e + "Q", head, 32)
+        phentsize, phnum = struct.unpack_from(e + "HH", head, 54)
+    else:
+        (phoff,) = struct.unpack_from(e + "I", head, 28)
+        phentsize, phnum = struct.unpack_from(e + "HH", head, 42)
+    arch = _ELF_MACHINES.get(machine, f"elf-machine-{machine}")
+    if phentsize < (56 if wide else 32) or phnum > 512:
+        return Needs(rel, arch)
+    f.seek(phoff)
+    table = f.read(phentsize * phnum)
+    for i in range(len(table) // phentsize):
+        ph = table[i * phentsize : (i + 1) * phentsize]
+        (p_type,) = struct.unpack_from(e + "I", ph, 0)
+        if p_type != 3:  # PT_INTERP
+            continue
+        if wide:
+            (offset,) = struct.unpack_from(e + "Q", ph, 8)
+            (size,) = struct.unpack_from(e + "Q", ph, 32)
+        else:
+            (offset,) = struct.unpack_from(e + "I", ph, 4)
+            (size,) = struct.unpack_from(e + "I", ph, 16)
+        f.seek(offset)
+        interp = f.read(min(size, 4096)).split(b"\0", 1)[0].decode("utf-8", "replace")
+        return Needs(rel, arch, interp or None)
+    return Needs(rel, arch)  # static: needs no loader
+
+
+def _resolved(files: ImageFiles, path: str) -> PathStat | None:
+    """``path`` in the image with its links followed; None when nothing is at the end."""
+    for _ in range(_LINK_HOPS):
+        st = files.stat(path)
+        if st is None or not st.is_link:
+            return st
+        if not st.link_target or st.link_target == path:
+            return None
+        path = st.link_target
+    return None
+
+
+def _found(files: ImageFiles, command: str, search: Sequence[str]) -> str | None:
+    """Where ``command`` (an absolute path, or a name looked up on ``search``) is an
+    executable file in the image; None when nowhere."""
+    candidates = [command] if command.startswith("/") else [f"{d}/{command}" for d in search]
+    for candidate in candidates:
+        st = _resolved(files, candidate)
+        if st is not None and st.is_regular and st.executable:
+            return candidate
+    return None
+
+
+MAX_SEARCH = 32
+"""The most PATH entries of an image a command is looked up in (each is an engine call)."""
+
+
+def search_path(info: ImageInfo) -> list[str]:
+    """The image's PATH (absolute entries, each once, at most :data:`MAX_SEARCH`)."""
+    entries = (info.env_value("PATH") or DEFAULT_PATH).split(":")
+    return list(dict.fromkeys(d for d in entries if d.startswith("/")))[:MAX_SEARCH]
+
+
+def check_fits(
+    backend: Backend,
+    contract_image: ImageInfo,
+    reference: str,
+    runtime: Runtime,
+    argv: Sequence[str],
+    requires: Sequence[str],
+    labels: Mapping[str, str],
+) -> None:
+    """Refuse (PolicyViolation, naming why and the image) a runtime that cannot run in the
+    contract's image; nothing of either image runs."""
+    arch = normalize_arch(contract_image.architecture or "")
+    what = f"the contract's image {reference} ({contract_image.id})"
+    hint = (
+        "run the contract with an image that has what the runtime needs (glibc's loader, "
+        "/bin/sh, the commands its adapter names), or give the host policy's adapter "
+        '"runIn": "adapter-image" to run the agent in the runtime\'s own image'
+    )
+    needs = [n for f in runtime.files if f.executable and (n := needs_of(runtime.folder, f.path))]
+    for n in needs:
+        if n.machine is not None and arch and n.machine != arch:
+            raise PolicyViolation(
+                f"the agent runtime cannot run in {what}: its {n.path} is built for "
+                f"{n.machine}, the image for {arch}",
+                hint=hint,
+            )
+    search = search_path(contract_image)
+    with backend.image_files(contract_image.id, dict(labels)) as files:
+        missing: list[str] = []
+        for n in needs:
+            if n.interpreter is None:
+                continue
+            if n.interpreter.startswith(MOUNT + "/"):
+                continue
+            if _found(files, n.interpreter, search) is None:
+                why = "dynamic loader" if n.machine is not None else "interpreter"
+                missing.append(f"{n.path}'s {why} {n.interpreter}")
+            elif n.interpreter_arg and _found(files, n.interpreter_arg, search) is None:
+                missing.append(f"{n.path}'s interpreter {n.interpreter_arg}")
+        for folder in ("/opt", MOUNT):  # the mount point: a real folder, or nothing yet
+            st = files.stat(folder)  # a link is not followed: it could lead into /job
+            if st is not None and (st.is_link or not st.is_dir):
+                missing.append(f"folder at {folder} (something else is there) to mount the "
+                               f"runtime at {MOUNT}")  # fmt: skip
+        first = argv[0] if argv else ""
+        wanted = ["/bin/sh", *([first] if first and not first.startswith(MOUNT + "/") else [])]
+        for command in [*wanted, *requires]:
+            if _found(files, command, search) is None:
+                where = "" if command.startswith("/") else f" (on its PATH {':'.join(search)})"
+                missing.append(f"{command}{where}")
+    if missing:
+        raise PolicyViolation(
+            f"the agent runtime cannot run in {what}: the image has no "
+            + "; no ".join(dict.fromkeys(missing)),
+            hint=hint,
+        )
+
+
+# --------------------------------------------------------------------------- an attempt's
+
+
+@dataclass(frozen=True)
+class Brought:
+    """The runtime brought into an attempt's container: its files, its image, its env."""
+
+    runtime: Runtime
+    image: ImageRecord
+    """The runtime's image, as acquired and verified."""
+    carried: dict[str, str]
+    """The runtime image's configured variables the contract's image does not set."""
+    path: str
+    """PATH: /opt/runner-agent, then the contract image's own."""
+
+    def apply(self, spec: ContainerSpec, adapter_env: Mapping[str, str]) -> ContainerSpec:
+        """``spec`` with the runtime mounted read-only and its environment (the runner's own
+        variables and the adapter's win over the runtime image's; PATH is the adapter's if
+        it names one)."""
+        env = {**self.carried, **spec.environment, "PATH": adapter_env.get("PATH", self.path)}
+        mount = Mount(self.runtime.folder, MOUNT, read_only=True)
+        return dataclasses.replace(spec, environment=env, mounts=[*spec.mounts, mount])
+
+    def record(self) -> dict[str, Any]:
+        return {"image": self.image.model_dump(mode="json"), **self.runtime.record()}
+
+
+def bring(
+    backend: Backend,
+    plan: ExecutionPlan,
+    contract_image: ImageInfo,
+    acquire: Callable[[ImagePin], tuple[Acquired, ImageRecord]],
+    state_root: Path,
+    labels: Mapping[str, str],
+) -> Brought | None:
+    """The agent runtime of ``plan``, brought into the contract's image: its image acquired
+    and verified as any pinned image, its files from the cache (extracted now if not there),
+    its fit to the contract's image checked. None when the plan runs no agent there."""
+    agent = plan.agent
+    if agent is None or plan.agent_image is None:
+        return None
+    got, record = acquire(plan.agent_image)
+    root = cache_root(state_root)
+    runtime = ensure(backend, got.info.id, agent.adapter.runtimePaths, root, labels)
+    requires = agent.adapter.runtimeRequires
+    argv = plan.argv  # the first word is every attempt's (the limits left come later)
+    # Images are immutable by id: a fit found once holds for the same pair (and argv's
+    # first word and requirements), so only the first attempt of a pair asks the engine.
+    key = json.dumps(
+        [FIT_CHECK, contract_image.id, runtime.digest, argv[:1], sorted(requires)],
+        separators=(",", ":"),
+    )
+    fit = fits_root(state_root) / hashlib.sha256(key.encode()).hexdigest()
+    if not fit.is_file():
+        check_fits(backend, contract_image, plan.image.reference, runtime, argv, requires, labels)
+        fit.parent.mkdir(parents=True, exist_ok=True)
+        tmp = fit.with_name(f".{fit.name}.{os.getpid()}.tmp")
+        tmp.write_text(key + "\n")
+        os.replace(tmp, fit)
+    own = {e.partition("=")[0] for e in contract_image.env}
+    carried = {}
+    for item in got.info.env:
+        key, sep, value = item.partition("=")
+        if sep and key not in own and key not in {"PATH", "HOME"} and not key.startswith("RUNNER_"):
+            carried[key] = value
+    path = ":".join([MOUNT, *search_path(contract_image)])
+    return Brought(runtime, record, carried, path)
+
+
+def describe(brought: Brought) -> str:
+    """For the progress output: where the agent's commands run, and its runtime's files."""
+    runtime = brought.runtime
+    how = f"copied out in {runtime.seconds:.1f} s" if runtime.extracted else "cached"
+    size = sum(f.size for f in runtime.files)
+    return (
+        f"{len(runtime.files)} runtime file(s) ({size:,} bytes, {how}) from "
+        f"{brought.image.id} at {MOUNT}, read-only"
+    )
+
+
+def verify(state_root: Path, *, remove: bool) -> tuple[int, dict[str, str]]:
+    """Re-hash every file of every cached runtime against its runtime.json (an attempt checks
+    only inode, size, mode and mtime): (entries checked, {entry: problem} of those that are
+    not what was extracted), each removed with ``remove`` (the next attempt extracts it
+    again)."""
+    root = cache_root(state_root)
+    try:
+        names = sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return 0, {}
+    bad: dict[str, str] = {}
+    for name in names:
+        entry = root / name
+        with locks.flocked(root / f".{name}.lock"):
+            problem = _problem(entry)
+            if problem is not None:
+                bad[name] = problem
+                if remove:
+                    archives.remove_tree(entry)
+    return len(names), bad
+
+
+def _problem(entry: Path) -> str | None:
+    try:
+        data = json.loads((entry / "runtime.json").read_text())
+        want = {str(f["path"]): f for f in data["files"]}
+        have = {rel: st for rel, st in _walk_files(entry / "files")}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable: {exc}"
+    if set(have) != set(want):
+        odd = sorted(set(have) ^ set(want))
+        return f"its files are not those extracted ({', '.join(odd[:3])})"
+    for rel, st in sorted(have.items()):
+        if not stat.S_ISREG(st.st_mode):
+            return f"{rel} is not a regular file"
+        digest = hashlib.sha256()
+        with safefs.open_under(entry / "files", rel) as f:
+            while chunk := f.read(1024 * 1024):
+                digest.update(chunk)
+        if "sha256:" + digest.hexdigest() != want[rel]["sha256"]:
+            return f"{rel} changed since it was extracted"
+    return None

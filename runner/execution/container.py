@@ -1,0 +1,484 @@
+"""The container stage: one attempt's container, from create (or reattach) to removal.
+
+create → start → watch against the runner's own deadline, with heartbeats → stop, then kill →
+inspect → keep the engine's log → remove. After a runner crash, :func:`recover` finds the
+attempt's container by its deterministic name and reattaches to it, or records how it ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from runner.backends.base import (
+    Backend,
+    Backstop,
+    ContainerSpec,
+    ContainerState,
+    DeviceEdits,
+    Mount,
+)
+from runner.core.errors import (
+    ContainerVanished,
+    EngineUnavailable,
+    GpuUnavailable,
+    InfrastructureError,
+    JobFenced,
+    RunnerError,
+)
+from runner.planning.plan import ExecutionPlan
+from runner.staging import jobdir as staging
+from runner.state.ledger import Attempt, parse_time
+
+
+class Progress(Protocol):
+    """What the orchestrator tells whoever watches (the CLI draws it for people)."""
+
+    def stage(self, name: str, detail: str) -> None: ...
+
+    def running(self, elapsed: float, budget: float) -> None: ...
+
+    def transfer(self, label: str, done: int, total: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The runner's stop of a container, for the ledger's ``attempt.finished``: the attempt's
+    running seconds when the runner asked the engine to stop it, and the seconds until the
+    engine said it had (SIGTERM, then SIGKILL after the grace), both counted as consumed."""
+
+    at_seconds: float
+    seconds: float
+
+    def as_json(self) -> dict[str, float]:
+        return {"atSeconds": round(self.at_seconds, 3), "seconds": round(self.seconds, 3)}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt's container ended."""
+
+    state: ContainerState
+    container_id: str
+    name: str
+    run_seconds: float
+    """This attempt's running time, as the runner measured it (across reattaches)."""
+    timed_out: bool
+    cancelled: bool
+    how: str = "observed"
+    """observed | recovered (ended while the runner was away) | ledger (read back)."""
+    stopped_for: str | None = None
+    """disk_quota_exceeded | log_limit_exceeded when the runner stopped it for a quota;
+    agent.maxTurns | agent.maxBudgetUsd when an agent passed that limit."""
+    stop: Stop | None = None
+    """When the runner stopped it (the deadline, a quota, Ctrl-C), and how long that took."""
+
+
+def container_name(job_root: Path, job_id: str, attempt: int) -> str:
+    """Deterministic per (state dir, job, attempt): a restarted runner finds it again."""
+    where = hashlib.sha256(str(job_root.resolve()).encode()).hexdigest()[:8]
+    return f"runner-{job_id[:100]}-{where}-a{attempt}"
+
+
+def backstop(budget_left: float, grace: float) -> Backstop:
+    """The engine's own deadline for an attempt that may run ``budget_left`` seconds: past
+    the runner's (which stops the job at the budget's end, then kills it after ``grace``),
+    checked every tenth of the budget (1 s to 60 s), so that while no runner watches a job
+    overruns its budget by at most ``grace`` + 2 s + that interval."""
+    after = math.ceil(max(budget_left, 0.0) + grace) + 2
+    return Backstop(after, min(max(math.ceil(budget_left / 10), 1), 60))
+
+
+def spec(
+    p: ExecutionPlan,
+    job: staging.JobDir,
+    image_id: str,
+    attempt: int,
+    gpu_ids: tuple[str, ...] = (),
+    deadline: Backstop | None = None,
+    network: str | None = None,
+    *,
+    argv: tuple[str, ...] | None = None,
+    secrets: dict[str, str] | None = None,
+    devices: DeviceEdits | None = None,
+    assets: Sequence[Mount] = (),
+) -> ContainerSpec:
+    """The attempt's container. Without GPUs, NVIDIA_VISIBLE_DEVICES=void keeps a GPU-aware
+    runtime from exposing devices even when the image asks for them. ``network``: another
+    than the plan's (the egress allowlist's ``container:<holder>``). An agent's attempt has
+    its own ``argv`` (its limits left) and the host's ``secrets`` in its environment only.
+    ``assets``: the contract's assets, read-only, at /job/assets/<path>. ``devices``: CDI
+    devices; applied by the runner (``cdi-applied``), their mounts join the job's (read-only)
+    and their environment wins over the contract's, as under an engine that applies CDI
+    itself."""
+    applied = devices if devices is not None and devices.mode == "cdi-applied" else None
+    return ContainerSpec(
+        backstop=deadline,
+        network=network,
+        name=container_name(job.root, p.job_id, attempt),
+        image=image_id,
+        entrypoint=p.entrypoint,
+        command=list(p.argv if argv is None else argv),
+        user=p.user,
+        working_dir=p.working_dir,
+        environment={
+            **p.environment,
+            "RUNNER_ATTEMPT": str(attempt),
+            "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids) or "void",
+            **dict(applied.env if applied else ()),
+            **(secrets or {}),
+        },
+        gpu_ids=gpu_ids,
+        devices=devices,
+        labels={
+            **p.labels,
+            "org.runner.attempt": str(attempt),
+            "org.runner.job-dir": str(job.root.resolve()),
+        },
+        mounts=[
+            Mount(job.input, "/job/input", read_only=True),
+            Mount(job.output, "/job/output", read_only=False),
+            Mount(job.workspace, "/job/workspace", read_only=False),
+            Mount(job.runtime_cache, "/job/runtime-cache", read_only=False),
+            Mount(job.runtime_venv, "/job/runtime-venv", read_only=False),
+            Mount(job.assets, "/job/assets", read_only=True),
+            Mount(job.execution, "/job/execution", read_only=True),
+            *assets,  # read-only, each over its mount point in assets/ (the engine sorts them)
+            *(Mount(Path(h), c, read_only=True) for h, c in (applied.mounts if applied else ())),
+        ],
+        limits=p.limits,
+    )
+
+
+@dataclass(frozen=True)
+class Watch:
+    """How to watch one attempt."""
+
+    budget_left: float
+    """Seconds this attempt may still run (the job's limit minus all consumption so far)."""
+    already: float
+    """Seconds this attempt had run before this watch (a reattach)."""
+    consumed_before: float
+    """Seconds of earlier attempts, for the progress display."""
+    limit: float
+    grace: float
+    tick: float
+    heartbeat: float
+    on_beat: Callable[[float, bool], None]
+    """Called with the attempt's running seconds at each heartbeat, and whether it is the one
+    a reattaching runner writes at once (what it charged for the time no runner watched)."""
+    as_of: float | None = None
+    """The ``time.monotonic()`` at which ``already`` and ``budget_left`` held (when the
+    container started, or when :func:`recover` charged it); None: when the watch begins. The
+    time between is counted, so the deadline is the budget's end, not that plus the gap."""
+    guard: Callable[[], str | None] = lambda: None
+    """Checked every tick: a reason to stop the job (a quota), or None."""
+    breached: Callable[[], str | None] = lambda: None
+    """Checked once at the deadline: a quota already broken, measured at once."""
+    on_start: Callable[[str], None] = lambda container_id: None
+    """Called with the container's id once it runs, before the first tick (an agent's guard
+    follows its stdout in the engine from then on)."""
+    lease: float = 0.0
+    """Seconds the attempt may go without a heartbeat written before the container is removed
+    (``_Lease``), so that a runner that can no longer prove it is alive never runs the job
+    beside another host's; 0: no such limit."""
+
+
+class _Lease:
+    """A thread that removes the container once no heartbeat has been written for ``lease``
+    seconds: when writing to the ledger hangs (a network filesystem cut off from its server)
+    the watching loop hangs with it, and this is what still stops the job. A runner on another
+    host takes such a job over only after two leases without a heartbeat
+    (``runner.execution.takeover``),
+    by when this thread has removed the container."""
+
+    def __init__(self, backend: Backend, container_id: str, lease: float) -> None:
+        self.backend, self.container_id, self.lease = backend, container_id, lease
+        self.last_ok = time.monotonic()
+        self.fired = self.removed = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="runner-lease", daemon=True)
+        if lease > 0:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(min(1.0, self.lease / 10)):
+            if time.monotonic() - self.last_ok > self.lease:
+                self.fired = True
+                self._remove()
+                return
+
+    def _remove(self) -> None:
+        """Remove the container, again and again until the engine says it is gone (an engine
+        that does not answer now may in a second); stops when the runner does."""
+        while True:
+            try:
+                self.backend.remove(self.container_id)
+                self.removed = True
+                return
+            except Exception:  # noqa: BLE001 - any failure: try again
+                if self._done.wait(1.0):
+                    return
+
+    def stop(self) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def lost(self) -> JobFenced:
+        if not self.removed:  # one last try, in this thread, before saying so
+            with contextlib.suppress(Exception):
+                self.backend.remove(self.container_id)
+                self.removed = True
+        done = (
+            "the runner removed the job's container"
+            if self.removed
+            else f"the runner could NOT remove the job's container {self.container_id} (the "
+            "engine did not answer): remove it by hand before the job runs anywhere else"
+        )
+        return JobFenced(
+            f"no heartbeat could be written to the job's ledger for {self.lease:.0f} s, so "
+            f"{done}: past that, a runner on another host may take the job over, and two "
+            "containers of one job must never run at once",
+            hint="check the state folder's storage; run the contract again to continue the "
+            "same budget (the attempt is charged up to now)",
+        )
+
+
+@dataclass(frozen=True)
+class Watched:
+    timed_out: bool
+    cancelled: bool
+    seconds: float
+    """The attempt's running seconds (across reattaches)."""
+    stopped_for: str | None
+    """The guard's reason when the runner stopped it for a quota."""
+    stop: Stop | None = None
+
+
+def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> Watched:
+    """Wait for the container against the deadline and the guards (quotas). The deadline is
+    checked before anything else each time the loop wakes (at the latest every tick), so the
+    stop is asked for at the budget's end, not after a quota walk or a heartbeat write; a
+    reattaching runner writes a heartbeat at once, before it stops a job whose budget ran
+    out while no runner watched."""
+    start = w.as_of if w.as_of is not None else time.monotonic()
+    origin = start - w.already
+    deadline = start + w.budget_left
+    next_beat = start + w.heartbeat
+    timed_out = cancelled = False
+    stopped_for = None
+    stop: Stop | None = None
+    lease = _Lease(backend, container_id, w.lease)
+
+    def stop_it() -> None:
+        nonlocal stop
+        asked = time.monotonic()
+        try:
+            backend.stop(container_id, w.grace)
+        finally:
+            stop = Stop(asked - origin, time.monotonic() - asked)
+
+    def beat(reattached: bool = False) -> None:
+        try:
+            w.on_beat(time.monotonic() - origin, reattached)
+        except (RunnerError, OSError):
+            # Fenced (another host took the job over), or the ledger cannot be written:
+            # this runner can no longer account for the job, so the job stops now.
+            lease.stop()
+            backend.remove(container_id)
+            raise
+        if lease.fired:  # the write came back only after the lease had run out
+            raise lease.lost()
+        lease.last_ok = time.monotonic()
+
+    try:
+        w.on_start(container_id)
+        if w.already > 0:
+            beat(reattached=True)
+        while True:
+            if lease.fired:
+                raise lease.lost()
+            now = time.monotonic()
+            if now >= deadline:
+                if backend.wait(container_id, 0.01) is not None:
+                    break  # it ended within the last tick: not a timeout
+                # A quota broken before the deadline (while no runner watched, say) is what
+                # happened first; the budget's end is recorded as the stop either way.
+                stopped_for = w.breached()
+                timed_out = True
+                stop_it()
+                break
+            wait_for = min(w.tick, deadline - now, max(next_beat - now, 0.01))
+            if backend.wait(container_id, wait_for) is not None:
+                break
+            if time.monotonic() >= deadline:
+                continue  # the budget's end first: no quota walk or heartbeat before the stop
+            stopped_for = w.guard()
+            if stopped_for is not None:
+                stop_it()
+                break
+            if time.monotonic() >= next_beat:
+                beat()
+                next_beat = time.monotonic() + w.heartbeat
+            progress.running(w.consumed_before + time.monotonic() - origin, w.limit)
+    except KeyboardInterrupt:
+        cancelled = True
+        stop_it()
+    except Exception:  # the engine's view of a container the lease removed, say
+        if lease.fired:
+            raise lease.lost() from None
+        raise
+    finally:
+        lease.stop()
+    if lease.fired:
+        raise lease.lost()
+    seconds = round(time.monotonic() - origin, 3)
+    return Watched(timed_out, cancelled, seconds, stopped_for, stop)
+
+
+def finish(
+    backend: Backend,
+    container_id: str,
+    name: str,
+    record_dir: Path,
+    *,
+    watched: Watched,
+    how: str = "observed",
+    log_max_bytes: int = 1024 * 1024,
+) -> Outcome:
+    """Make sure it is dead and keep its final state and engine log. The container is left for
+    the caller to remove once the attempt's end is in the ledger: a runner dying in between
+    then finds the end recorded, not a vanished container to run again."""
+    state = backend.state(container_id)
+    if state.running:
+        backend.kill(container_id)
+        state = backend.state(container_id)
+    record_dir.mkdir(parents=True, exist_ok=True)
+    staging.write_json(record_dir / "container-state.json", state.raw)
+    # The engine's log is a convenience; the job's own logs are in output/.
+    with contextlib.suppress(InfrastructureError):
+        backend.save_logs(container_id, record_dir / "engine.log", log_max_bytes)
+    return Outcome(
+        state,
+        container_id,
+        name,
+        watched.seconds,
+        watched.timed_out,
+        watched.cancelled,
+        how,
+        watched.stopped_for,
+        watched.stop,
+    )
+
+
+class NotStarted(Exception):
+    """An attempt whose container never started; ``cause`` is why. Its container is removed."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def run_attempt(
+    backend: Backend,
+    container: ContainerSpec,
+    w: Watch,
+    record_dir: Path,
+    progress: Progress,
+    on_created: Callable[[str], None],
+) -> Outcome:
+    """A new attempt: create, record its id (``on_created``), start, watch, finish.
+
+    Raises :class:`NotStarted` when the container never ran (it is removed). Once it runs, an
+    unreachable engine leaves it in place and in flight: the next `runner run` reattaches."""
+    try:
+        container_id = backend.create(container)
+    except (RunnerError, KeyboardInterrupt) as exc:
+        raise NotStarted(exc) from exc
+    try:
+        on_created(container_id)
+        before = time.monotonic()
+        backend.start(container_id)
+        w = replace(w, as_of=started_at(backend, container_id, before, time.monotonic()))
+    except (RunnerError, KeyboardInterrupt) as exc:
+        backend.remove(container_id)
+        if isinstance(exc, GpuUnavailable) and container.gpu_ids:  # name the devices asked for
+            exc = GpuUnavailable(
+                "the engine could not start the container with GPU(s) "
+                f"{', '.join(container.gpu_ids)}: {exc.message}",
+                hint=exc.hint,
+            )
+        raise NotStarted(exc) from exc
+    try:
+        watched = watch(backend, container_id, w, progress)
+    except EngineUnavailable:
+        raise  # the container may well run on; the ledger keeps it in flight for a reattach
+    except BaseException:
+        backend.remove(container_id)
+        raise
+    return finish(
+        backend,
+        container_id,
+        container.name,
+        record_dir,
+        watched=watched,
+        log_max_bytes=container.log_max_bytes,
+    )
+
+
+def started_at(backend: Backend, container_id: str, before: float, after: float) -> float:
+    """When the container started, on this host's ``time.monotonic()`` clock: the engine's
+    ``StartedAt`` of the start this runner asked for between ``before`` and ``after``, kept
+    within that call (a remote engine's clock may differ); ``after`` when the engine cannot
+    say. Counting from there, no moment the job ran goes uncharged."""
+    try:
+        when = parse_time(backend.state(container_id).started_at)
+    except RunnerError:
+        return after
+    if when is None:
+        return after
+    mono, wall = time.monotonic(), datetime.now(UTC)
+    return min(max(mono - (wall - when).total_seconds(), before), after)
+
+
+@dataclass(frozen=True)
+class Found:
+    """What :func:`recover` learnt about an attempt left in flight."""
+
+    state: ContainerState | None
+    """None: the container is gone."""
+    seconds: float
+    """The attempt's running time up to now (running) or to its end (exited), never less."""
+    at: float
+    """The ``time.monotonic()`` at which ``seconds`` held (for a reattach's deadline)."""
+
+
+def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> Found:
+    """Find an in-flight attempt's container after a runner crash and account for its time.
+
+    Running: it ran from the last heartbeat until now. Exited: until the engine's FinishedAt.
+    Gone, or no usable time: until now, so the budget is never under-counted (it may be
+    over-counted by the time the runner was away)."""
+    at = time.monotonic()
+    now = now or datetime.now(UTC)
+    since = attempt.last_beat_at or attempt.starting_at
+    try:
+        state = backend.state(attempt.container_name)
+    except ContainerVanished:
+        return Found(None, attempt.seconds + max((now - since).total_seconds(), 0.0), at)
+    if state.running or state.status in {"restarting", "paused"}:
+        return Found(state, attempt.seconds + max((now - since).total_seconds(), 0.0), at)
+    if state.status == "created":
+        return Found(state, attempt.seconds, at)
+    ended = parse_time(state.finished_at)
+    until = ended if ended is not None and ended >= since else now
+    return Found(state, attempt.seconds + max((until - since).total_seconds(), 0.0), at)

@@ -1,0 +1,244 @@
+"""Disk and log quotas, enforced by the runner while the job runs.
+
+Docker cannot cap a bind mount on this filesystem, so the runner measures:
+
+- **Disk**: what ``output/`` and ``workspace/`` hold (allocated blocks, so sparse files count
+  as what they take). A walk over a million files is not free, so walks are spaced by at least
+  20 times the last walk's duration (and at least ``min_interval`` seconds): the measurement
+  never costs more than about 5% of one core. Past the quota the job is stopped
+  (``disk_quota_exceeded``), and measured once more as its container ends
+  (``runner.execution.attempt._disk_at_end``); its files stay for inspection.
+- **Logs**: each of stdout and stderr is capped. Past the cap the runner keeps the first and
+  last halves: while the job runs it punches a hole in the middle (``fallocate``), so the
+  disk is freed without touching the job's open file; at the end the file is rewritten as head
+  + a marker + tail. Or, per policy, the job is stopped (``log_limit_exceeded``). Logs are
+  never read whole into memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from runner.agents import transcript
+from runner.core import safefs
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_BLOCK = 4096
+CHUNK = 1024 * 1024
+
+
+def allocated_bytes(roots: list[Path]) -> int:
+    """Bytes allocated under ``roots`` (st_blocks), never following a link: each folder is
+    opened from its parent's descriptor with ``O_NOFOLLOW``, so a folder the job swaps for a
+    link while it is measured is skipped, not walked."""
+    total = 0
+    stack: list[int] = []
+    for root in roots:
+        with contextlib.suppress(OSError):
+            stack.append(os.open(root, safefs.DIR_FLAGS & ~os.O_NOFOLLOW))
+    while stack:
+        fd = stack.pop()
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        with contextlib.suppress(OSError):
+                            stack.append(os.open(entry.name, safefs.DIR_FLAGS, dir_fd=fd))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return total
+
+
+@dataclass
+class DiskMeter:
+    roots: list[Path]
+    quota: int
+    min_interval: float = 0.2
+    peak: int = 0
+    last: int = 0
+    measurements: int = 0
+    _next: float = 0.0
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._next
+
+    def measure(self) -> int:
+        start = time.monotonic()
+        self.last = allocated_bytes(self.roots)
+        took = time.monotonic() - start
+        self.measurements += 1
+        self.peak = max(self.peak, self.last)
+        self._next = time.monotonic() + max(self.min_interval, 20 * took)
+        return self.last
+
+
+def _libc_fallocate() -> Callable[..., int] | None:
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    libc = ctypes.CDLL(name, use_errno=True)
+    func = libc.fallocate
+    func.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    func.restype = ctypes.c_int
+    return func
+
+
+_FALLOCATE = _libc_fallocate()
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Free ``length`` bytes at ``offset`` of the open file ``fd`` without changing its size;
+    False when the filesystem cannot."""
+    if _FALLOCATE is None or length <= 0:
+        return False
+    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+    return bool(_FALLOCATE(fd, mode, offset, length) == 0)
+
+
+@dataclass
+class LogCap:
+    """One capped log file: the first and last ``limit // 2`` bytes are kept.
+
+    The job owns ``output/`` and may swap any folder on the log's path for a link while it
+    runs: every access walks the path from ``root`` without following links
+    (:mod:`runner.core.safefs`) and touches only a regular file, so a hole is never punched, nor a
+    file rewritten, anywhere but in the job's own log."""
+
+    path: Path
+    limit: int
+    root: Path
+    """The output folder the log's path is relative to."""
+    punched_to: int = field(default=0)
+    """The hole so far covers [head, punched_to)."""
+
+    @property
+    def head(self) -> int:
+        return (self.limit // 2) // _BLOCK * _BLOCK
+
+    @property
+    def rel(self) -> str:
+        return str(self.path.relative_to(self.root))
+
+    def size(self) -> int:
+        """The log's size; 0 when it is missing or not a plain file reached without links."""
+        try:
+            st = safefs.lstat_under(self.root, self.rel)
+        except (safefs.UnsafePath, OSError):
+            return 0
+        return st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+    def over(self) -> bool:
+        return self.size() > self.limit
+
+    def trim(self) -> None:
+        """Punch the middle out (block-aligned), keeping the head and about limit/2 of tail."""
+        try:
+            with safefs.parent_fd(self.root, self.rel) as (parent, name):
+                fd = safefs.open_at(parent, name, self.rel, write=True)
+        except (safefs.UnsafePath, OSError):
+            return
+        try:
+            end = (os.fstat(fd).st_size - self.limit // 2) // _BLOCK * _BLOCK
+            start = max(self.head, self.punched_to)
+            if end > start and punch_hole(fd, start, end - start):
+                self.punched_to = end
+        finally:
+            os.close(fd)
+
+    def compact(self) -> int:
+        """After the job: rewrite as head + marker + tail; return the bytes dropped."""
+        try:
+            with safefs.parent_fd(self.root, self.rel) as (parent, name):
+                return self._compact_at(parent, name)
+        except (safefs.UnsafePath, FileNotFoundError):
+            return 0
+
+    def _compact_at(self, parent: int, name: str) -> int:
+        src_fd = safefs.open_at(parent, name, self.rel)
+        with os.fdopen(src_fd, "rb") as src:
+            st = os.fstat(src_fd)
+            size = st.st_size
+            if size <= self.limit:
+                return 0
+            tail = self.limit - self.head
+            dropped = size - self.head - tail
+            marker = f"\n[runner: {dropped} bytes of this log were dropped past its cap]\n"
+            tmp = f".{name}.compact.tmp"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=parent)
+            try:
+                with os.fdopen(os.open(tmp, flags, 0o600, dir_fd=parent), "wb") as dst:
+                    _copy(src, dst, self.head)
+                    dst.write(marker.encode())
+                    src.seek(size - tail)
+                    _copy(src, dst, tail)
+                    os.fchown(dst.fileno(), st.st_uid, st.st_gid)
+                    os.fchmod(dst.fileno(), st.st_mode & 0o777)
+                os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=parent)
+        return dropped
+
+
+def _copy(src: BinaryIO, dst: BinaryIO, count: int) -> None:
+    while count > 0:
+        chunk = src.read(min(CHUNK, count))
+        if not chunk:
+            return
+        dst.write(chunk)
+        count -= len(chunk)
+
+
+@dataclass
+class Guards:
+    """Checked by the watch loop: returns why the job must stop, or None."""
+
+    disk: DiskMeter
+    logs: list[LogCap]
+    stop_on_log_limit: bool
+    agent: transcript.AgentGuard | None = None
+    """An agent's turn and cost limits, read from the runner's capture of its stdout and the
+    proxy's count of its model requests (agent_planned runs)."""
+
+    def check(self) -> str | None:
+        # The agent's transcript first: it is read before a cap punches its middle out.
+        if self.agent is not None and (over := self.agent.check()) is not None:
+            return over
+        for log in self.logs:
+            if log.over():
+                if self.stop_on_log_limit:
+                    return "log_limit_exceeded"
+                log.trim()
+        if self.disk.due() and self.disk.measure() > self.disk.quota:
+            return "disk_quota_exceeded"
+        return None
+
+    def breached(self) -> str | None:
+        """What the job's files show now, measured at once and changing nothing: a quota the
+        job broke while no runner watched it (or at the very end)."""
+        if self.disk.measure() > self.disk.quota:
+            return "disk_quota_exceeded"
+        if self.stop_on_log_limit and any(log.over() for log in self.logs):
+            return "log_limit_exceeded"
+        if self.agent is not None:
+            return self.agent.check()
+        return None

@@ -1,0 +1,1 @@
+"""GPUs: what the host has (detection) and how it is handed to a container (CDI specs)."""

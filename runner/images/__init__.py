@@ -1,0 +1,1 @@
+"""Container images: digest pins and the pull policy, and the container registry client."""

@@ -1,0 +1,829 @@
+"""Long on purpose: the envelope is one document, and its models stay together so that the
+schema generated from them (and the README's field table) reads in one place.
+
+The result envelope: what happened, in a form anyone can check.
+
+``contracts/result-envelope.schema.json`` is generated from these models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runner.backends.types import GpuInjection
+from runner.core.errors import Category
+
+if TYPE_CHECKING:
+    from runner.contract import VerifiedContract
+    from runner.execution.container import Outcome
+    from runner.planning.plan import ExecutionPlan
+
+Status = Literal["succeeded", "failed", "partial"]
+Stage = Literal["contract", "policy", "plan", "stage", "image", "container", "parsers", "envelope"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Failure(_Model):
+    """Why the job did not succeed."""
+
+    category: Category
+    stage: Stage = Field(description="The stage of the flow where it failed.")
+    retryable: bool = Field(description="Whether running the same contract again could help.")
+    reason: str = Field(description="A sentence for a person: what happened and what to do.")
+
+
+class ImageRecord(_Model):
+    reference: str = Field(
+        description="environment.image as the contract wrote it: the image the job (an "
+        "agent and its commands included) ran in; for an agent adapter with runIn "
+        "adapter-image, the adapter's image (the contract's is in agent.contractImage)."
+    )
+    id: str | None = Field(description="Image id (config digest) of the image that ran.")
+    repoDigest: str | None = Field(description="name@sha256 manifest digest, when known.")
+    architecture: str | None = None
+    os: str | None = None
+    sizeBytes: int | None = None
+    source: Literal["local", "pulled", "bundle"] | None = Field(
+        default=None, description="Where the runner got it: already here, pulled, or a bundle."
+    )
+
+
+class ParserRef(_Model):
+    id: str
+    version: str
+
+
+class EvidenceRef(_Model):
+    path: str = Field(description="Relative to the job's output folder.")
+    sha256: str
+    size: int
+    attempt: int | None = Field(
+        default=None,
+        description="The attempt that wrote the file as it was read (from each attempt's "
+        "output manifest); null when none recorded it so.",
+    )
+
+
+class FileRef(_Model):
+    """A file under the job's output folder, hashed."""
+
+    path: str = Field(description="Relative to the job's output folder.")
+    exists: bool = True
+    sha256: str | None = None
+    size: int | None = None
+    problem: str | None = Field(default=None, description="Why it could not be hashed.")
+    droppedBytes: int = Field(
+        default=0, description="Bytes cut from the middle of a log past its cap."
+    )
+    attempt: int | None = Field(
+        default=None, description="The attempt that wrote it (see EvidenceRef.attempt)."
+    )
+
+
+class AgentResultFlag(_Model):
+    """One disagreement the runner found between the job's result.json and the contract, the
+    job's files or the runner's own verdict (codes: README, "The job's result.json")."""
+
+    code: str = Field(description="Stable, machine-readable: what disagrees.")
+    path: str = Field(description="JSON path in result.json of the entry concerned, e.g. $.x.")
+    message: str = Field(description="A sentence for a person.")
+
+
+class AgentResultRecord(_Model):
+    """The job's own result.json: its claim, kept apart from the runner's verdict."""
+
+    valid: bool = Field(description="Read, schema-valid, and nothing in it was flagged.")
+    problems: list[str] = Field(
+        default_factory=list, description="Why it could not be read or fails its schema."
+    )
+    flags: list[AgentResultFlag] = Field(
+        default_factory=list, description="Every disagreement found in a schema-valid one."
+    )
+    claim: dict[str, Any] | None = Field(
+        default=None, description="The result.json content, when it parsed against its schema."
+    )
+    file: FileRef
+    listed: list[FileRef] = Field(
+        default_factory=list, description="The evidence and output files it lists, hashed."
+    )
+
+
+class Regrade(_Model):
+    """How this envelope revision re-read stored evidence without running anything."""
+
+    at: str
+    parserVersions: Literal["recorded", "latest"]
+    changes: list[str] = Field(default_factory=list, description="Parser versions that changed.")
+
+
+class MeasurementResult(_Model):
+    measurementId: str
+    metric: str
+    unit: str
+    value: bool | int | float | str = Field(
+        description="As the parser read it; numbers stay numbers, the unit is beside it."
+    )
+    parser: ParserRef
+    evidence: EvidenceRef
+
+
+class MeasurementError(_Model):
+    measurementId: str
+    category: Category = Field(description="missing_evidence or parse_error.")
+    reason: str
+
+
+class AppliedLimits(_Model):
+    """The caps applied to the container, as passed to the engine."""
+
+    cpus: float
+    memoryBytes: int
+    memorySwapBytes: int
+    shmBytes: int
+    pidsLimit: int | None = Field(
+        description="null under runsc, where the job's processes are gVisor tasks bounded by "
+        "the memory cap, not host processes."
+    )
+    tmpfsBytes: int
+    gpus: str | int
+    network: str
+    timeoutSeconds: float
+    readOnlyRootfs: bool
+    capDrop: list[str]
+    securityOpt: list[str]
+    init: bool
+    user: str
+    runtime: str = Field(default="runc", description="runc, or runsc (gVisor).")
+    diskQuotaBytes: int | None = None
+    logLimitBytes: int | None = None
+    logLimitAction: str | None = None
+
+
+class Timings(_Model):
+    startedAt: str = Field(description="When the runner accepted the job (UTC, ISO 8601).")
+    finishedAt: str
+    totalSeconds: float
+    stageSeconds: float | None = None
+    imageSeconds: float | None = None
+    runSeconds: float | None = Field(
+        default=None, description="Time the job's container ran, measured by the runner."
+    )
+    containerStartedAt: str | None = None
+    containerFinishedAt: str | None = None
+
+
+class ContainerRecord(_Model):
+    id: str
+    name: str
+    oomKilled: bool
+    stoppedByRunner: bool = Field(description="True when the runner stopped it (timeout, cancel).")
+
+
+class SignatureRecord(_Model):
+    """Who vouched for the contract."""
+
+    status: Literal["verified", "none"] = Field(
+        description="none: the contract was unsigned and the host accepted it (local development)."
+    )
+    keyIds: list[str] = Field(
+        description="Key ids, recomputed from the trusted keys, that verified."
+    )
+    payloadType: str | None
+    issuedAt: str | None
+    expiresAt: str | None
+    audience: list[str] | None
+
+
+class PolicyRecord(_Model):
+    """The host policy that applied."""
+
+    source: str = Field(description="The policy file, or 'defaults'.")
+    digest: str = Field(description="sha256 of the RFC 8785 form of the effective policy.")
+    maxima: dict[str, float | int | str | None]
+    overrides: dict[str, float] = Field(description="Operator --limit values that tightened it.")
+
+
+class GpuRecord(_Model):
+    """A GPU handed to the job."""
+
+    index: int
+    uuid: str
+    model: str
+    memoryBytes: int
+    driverVersion: str
+    injection: GpuInjection | None = Field(
+        default=None,
+        description="How it reached the container: cdi-native (the engine applied the CDI "
+        "spec), cdi-applied (the runner applied it: device node, read-only driver libraries, "
+        "environment), nvidia-runtime (the engine's NVIDIA runtime); null in envelopes written "
+        "before it was recorded.",
+    )
+    cdiDevice: str | None = Field(
+        default=None, description="Its CDI name (nvidia.com/gpu=...); null under nvidia-runtime."
+    )
+
+
+class DiskRecord(_Model):
+    """What output/ and workspace/ held, against the quota."""
+
+    quotaBytes: int
+    usedBytes: int = Field(description="At the end (allocated bytes, sparse files as allocated).")
+    peakBytes: int = Field(description="The most measured while the job ran.")
+    measurements: int = Field(description="How many times usage was measured while it ran.")
+
+
+class AgentLimits(_Model):
+    """An agent's limits as an attempt was given them: what was left of the contract's."""
+
+    runtime: str
+    maxTurns: int | None = Field(description="Turns left for this attempt; null: no limit.")
+    maxBudgetUsd: float | None = Field(description="USD left for this attempt; null: no limit.")
+    turnsUsed: int = Field(description="Turns of the earlier attempts.")
+    costUsdUsed: float = Field(description="USD of the earlier attempts.")
+
+
+class Allocation(_Model):
+    """What the runner actually gave an attempt: written for the job as
+    ``/job/input/compute-decision.json`` before it starts, and kept in the envelope."""
+
+    schemaVersion: Literal["1.0"] = "1.0"
+    jobId: str
+    attempt: int = Field(description="The attempt this allocation was made for (1, 2 ...).")
+    accelerator: Literal["gpu", "cpu"] = Field(description="gpu when GPUs were handed out.")
+    cpus: float
+    memoryBytes: int
+    shmBytes: int
+    pidsLimit: int | None
+    tmpfsBytes: int
+    diskQuotaBytes: int = Field(description="What the job's writable folders may hold together.")
+    gpus: list[GpuRecord] = Field(description="GPUs by index and UUID; [] on CPU.")
+    cpuFallback: str | None = Field(
+        description="Why a contract asking for GPUs runs on CPU only (it allowed a fallback)."
+    )
+    runtime: str = Field(description="The container runtime: runc, or runsc (gVisor).")
+    network: str = Field(
+        description="none: no network at all; egress: only the allowlist, through the proxy."
+    )
+    budgetLimitSeconds: float = Field(description="The job's budget across every attempt.")
+    budgetRemainingSeconds: float = Field(description="What was left when this attempt started.")
+    agent: AgentLimits | None = Field(
+        default=None, description="An agent_planned run's agent limits for this attempt."
+    )
+
+
+def allocation(
+    p: ExecutionPlan,
+    attempt: int,
+    gpus: Sequence[GpuRecord],
+    fallback: str | None,
+    budget: Mapping[str, float],
+    agent: AgentLimits | None = None,
+) -> Allocation:
+    """The compute decision for attempt ``attempt`` of plan ``p``."""
+    lim = p.limits
+    return Allocation(
+        jobId=p.job_id,
+        attempt=attempt,
+        accelerator="gpu" if gpus else "cpu",
+        cpus=lim.cpus,
+        memoryBytes=lim.memory_bytes,
+        shmBytes=lim.shm_bytes,
+        pidsLimit=lim.pids,
+        tmpfsBytes=lim.tmpfs_bytes,
+        diskQuotaBytes=lim.disk_quota_bytes,
+        gpus=list(gpus),
+        cpuFallback=fallback,
+        runtime=lim.runtime,
+        network=lim.network,
+        budgetLimitSeconds=budget["limitSeconds"],
+        budgetRemainingSeconds=budget["remainingSeconds"],
+        agent=agent,
+    )
+
+
+class RecordFile(_Model):
+    """A file the runner kept of an attempt, relative to the job folder, hashed."""
+
+    path: str = Field(description="Relative to the job folder, e.g. record/attempts/1/...")
+    sha256: str | None
+    size: int
+
+
+class AttemptRecord(_Model):
+    """One attempt of the job, from its ledger, with the files kept of it."""
+
+    attempt: int
+    classification: str | None = Field(description="How it ended; null while in flight.")
+    seconds: float = Field(description="Its share of the budget.")
+    how: str | None = Field(
+        description="observed, recovered, reattached, vanished, never-started, host-lost ..."
+    )
+    host: str | None = Field(
+        default=None, description="The host that ran it (null: recorded before hosts were)."
+    )
+    files: list[RecordFile] = Field(
+        description="record/attempts/<n>/: container state, engine log, output manifest, and "
+        "its stdout and stderr once a later attempt started (never truncated or replaced)."
+    )
+
+
+class AgentUsageAttempt(_Model):
+    """One attempt's agent usage, as the ledger's agent.usage event records it."""
+
+    attempt: int
+    turns: int = Field(description="Model turns: the model's answers in the runner's "
+                       "capture of the agent's stdout, or the model requests the egress "
+                       "proxy counted when more.")  # fmt: skip
+    costUsd: float = Field(description="The runtime's reported cost, or the runner's estimate "
+                           "from token usage and the adapter's prices when higher.")  # fmt: skip
+    reportedTurns: int | None = Field(default=None, description="The runtime's own num_turns.")
+    reportedCostUsd: float | None = Field(
+        default=None, description="The runtime's own total_cost_usd."
+    )
+    requests: int | None = Field(
+        default=None, description="Model requests counted by the egress proxy; null: not counted."
+    )
+    stoppedFor: str | None = Field(
+        default=None,
+        description="agent.maxTurns or agent.maxBudgetUsd when the attempt ended at that "
+        "limit; agent.transcript when the runner stopped it because its usage could no longer "
+        "be read (fail closed).",
+    )
+
+
+class AgentUsageRecord(_Model):
+    """An agent's usage against the contract's limits, cumulative over every attempt like the
+    wall-time budget (from the ledger)."""
+
+    source: str = Field(description="How usage was read: claude-code (the stream-json "
+                        "transcript), or none.")  # fmt: skip
+    maxTurns: int | None = Field(description="The contract's limit (or the host's cap).")
+    maxBudgetUsd: float | None = Field(description="The contract's limit (or the host's cap).")
+    turns: int = Field(description="Over every attempt.")
+    costUsd: float = Field(description="Over every attempt.")
+    requests: int | None = Field(
+        default=None, description="Model requests over every attempt, counted by the proxy."
+    )
+    attempts: list[AgentUsageAttempt] = Field(default_factory=list)
+
+
+class AgentRuntimeRecord(_Model):
+    """The agent runtime brought into the contract's image (runIn contract-image)."""
+
+    image: ImageRecord = Field(description="The runtime's image, as acquired and verified.")
+    paths: list[str] = Field(description="The adapter's runtimePaths, copied out of it.")
+    mountedAt: str = Field(description="Where its files were, read-only, in the container.")
+    filesDigest: str = Field(
+        description="sha256 of the canonical list of its files (path, sha256, size, mode)."
+    )
+    files: list[dict[str, Any]] = Field(description="Each file: path, sha256, size.")
+
+
+class AgentPromptRecord(_Model):
+    """The prompt the runner staged for a contract that names none (agent.promptPath)."""
+
+    path: str = Field(description="Where it lay in /job/input.")
+    sha256: str
+    source: Literal["host", "default"] = Field(
+        description="host: the adapter's prompts file for the mode; default: the runner's."
+    )
+    hostFile: str | None = None
+
+
+class AgentRecord(_Model):
+    """The agent of an agent_planned run, as the host's adapter ran it."""
+
+    runtime: str = Field(description="agent.runtime: the adapter that ran it.")
+    image: str = Field(description="The adapter's image: the runtime's.")
+    contractImage: str = Field(description="The contract's environment.image, as written.")
+    runIn: Literal["contract-image", "adapter-image"] = Field(
+        default="adapter-image",
+        description="Where the agent's commands ran: the contract's image (its runtime "
+        "brought in, agentRuntime), or the adapter's own.",
+    )
+    commandsImageId: str | None = Field(
+        default=None,
+        description="The image id the agent and every command it ran were in (image.id).",
+    )
+    agentRuntime: AgentRuntimeRecord | None = Field(
+        default=None, description="The runtime brought into the contract's image."
+    )
+    argv: list[str] = Field(description="The argv of the attempt that produced this result.")
+    prompt: str = Field(description="The prompt file in the container.")
+    promptSource: Literal["contract", "host", "default"] = Field(
+        default="contract",
+        description="contract: agent.promptPath, an input; host or default: see hostPrompt.",
+    )
+    hostPrompt: AgentPromptRecord | None = None
+    transcript: str = Field(
+        description="The agent's stream (its stdout), relative to the output folder; hashed "
+        "in logs, each earlier attempt's kept under record/attempts/<n>/streams/."
+    )
+    allow: list[str] = Field(description="host:port pairs the adapter lets it reach.")
+    network: str = Field(description="The network its container had.")
+
+
+class InputRecord(_Model):
+    """An input the contract names, as staged."""
+
+    field: str = Field(description="$.paper.path or $.repository.path.")
+    path: str = Field(description="Where it lies in /job/input.")
+    digest: str = Field(description="Its digest (sha256 of a file; runner-tree-v1 of a folder).")
+
+
+class Material(_Model):
+    """Something the result was made from, as an in-toto ResourceDescriptor."""
+
+    name: str = Field(description="contract:<name>, input/<path>, image:<reference> or asset:<id>.")
+    digest: dict[str, str] = Field(description="{'sha256': hex}.")
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+def materials(
+    contract: VerifiedContract | None,
+    inputs: Sequence[InputRecord],
+    image: ImageRecord | None,
+    agent: AgentRecord | None = None,
+) -> list[Material]:
+    """The contract, every input, the image that ran and an agent's runtime image (and its
+    files) and host prompt, by digest; the signed statement carries them in its predicate."""
+    out = []
+    if contract is not None:
+        out.append(
+            Material(
+                name=f"contract:{contract.model.name}",
+                digest={"sha256": contract.digest.removeprefix("sha256:")},
+                annotations={"digestOf": "RFC 8785 canonical JSON without contractDigest"},
+            )
+        )
+    for i in inputs:
+        form = "sha256 of a file's bytes, or of a folder's runner-tree-v1 listing"
+        out.append(
+            Material(
+                name=f"input/{i.path}",
+                digest={"sha256": i.digest.removeprefix("sha256:")},
+                annotations={"field": i.field, "digestOf": form},
+            )
+        )
+    if image is not None and image.id:
+        notes = {"reference": image.reference}
+        if image.repoDigest:
+            notes["repoDigest"] = image.repoDigest
+        out.append(
+            Material(
+                name=f"image:{image.reference}",
+                digest={"sha256": image.id.removeprefix("sha256:")},
+                annotations={**notes, "digestOf": "image id (config digest)"},
+            )
+        )
+        brought = agent.agentRuntime if agent is not None else None
+        if brought is not None and brought.image.id:
+            out.append(
+                Material(
+                    name=f"agent-runtime:{brought.image.reference}",
+                    digest={"sha256": brought.image.id.removeprefix("sha256:")},
+                    annotations={
+                        "reference": brought.image.reference,
+                        **(
+                            {"repoDigest": brought.image.repoDigest}
+                            if brought.image.repoDigest
+                            else {}
+                        ),
+                        "digestOf": "image id (config digest) of the agent runtime's image; "
+                        "its files, mounted in the image above, have filesDigest",
+                        "filesDigest": brought.filesDigest,
+                        "mountedAt": brought.mountedAt,
+                    },
+                )
+            )
+        # With an image, the run got past staging: its assets were verified and mounted.
+        for a in contract.model.fetched_assets if contract is not None else []:
+            out.append(
+                Material(
+                    name=f"asset:{a.id}",
+                    digest={"sha256": a.sha256.removeprefix("sha256:")},
+                    annotations={
+                        "path": f"/job/assets/{a.path}",
+                        "digestOf": "sha256 of the asset's bytes (the archive's, when unpacked "
+                        f"as {a.unpack})"
+                        if a.unpack
+                        else "sha256 of the asset's bytes",
+                    },
+                )
+            )
+    return out
+
+
+class EgressConnection(_Model):
+    """One request the job made of the egress proxy, as the proxy's log tells it."""
+
+    at: str | None = Field(description="When the proxy read it (the engine's log time, UTC).")
+    method: str = Field(description="CONNECT for a tunnel (TLS), else the HTTP method.")
+    target: str = Field(description="What the job asked for: host:port, or the URL.")
+    host: str | None = Field(description="The host the proxy would connect to.")
+    port: int | None
+    decision: Literal["allowed", "refused", "incomplete"] = Field(
+        description="allowed: on the allowlist, so the proxy connected onward (or tried); "
+        "refused: answered with an error, nothing sent onward; incomplete: the request never "
+        "ended (the client gave up) or its end is not in the kept log."
+    )
+    detail: str = Field(
+        description="connected, unreachable; not on the allowlist, port not allowed, bad "
+        "request, not an HTTP proxy request; no outcome."
+    )
+
+
+class EgressRecord(_Model):
+    """What the job was allowed to reach, and every connection it asked the proxy for."""
+
+    allow: list[str] = Field(description="The host:port pairs the proxy let through.")
+    upstreamNetwork: str = Field(description="The engine network the proxy reached them on.")
+    proxyImage: str = Field(description="The proxy's image id.")
+    network: str = Field(description="The job's own network (internal: no way out).")
+    allowed: int = Field(description="Connections the proxy made (or tried) for the job.")
+    refused: int = Field(description="Requests it refused.")
+    incomplete: int = Field(description="Requests with no outcome in the log.")
+    connections: list[EgressConnection] = Field(
+        description="Each request, in the order the proxy read them (the first 1,000)."
+    )
+    connectionsDropped: int = Field(default=0, description="Requests past the first 1,000.")
+    log: str = Field(description="The proxy's log, relative to the job folder.")
+    logTruncated: bool = Field(
+        default=False, description="The log reached its cap; later requests are not counted."
+    )
+    problems: list[str] = Field(
+        default_factory=list, description="What went wrong taking it down, if anything."
+    )
+
+
+class BudgetRecord(_Model):
+    """The job's runtime budget across every attempt, from its ledger."""
+
+    limitSeconds: float
+    consumedSeconds: float = Field(description="Sum over attempts of the time the job ran.")
+    remainingSeconds: float
+    attempts: int = Field(description="Attempts so far, this one included.")
+
+
+class ResultEnvelope(_Model):
+    """The runner's account of one job."""
+
+    schemaVersion: Literal["1.0"] = Field(default="1.0", description="This format's version.")
+    kind: Literal["runner.result-envelope"] = Field(
+        default="runner.result-envelope", description="What this document is."
+    )
+    runnerVersion: str = Field(description="The runner that wrote it.")
+    jobId: str | None = Field(description="The job; null when refused before it had one.")
+    contractName: str | None = Field(default=None, description="The contract's `name`.")
+    contractDigest: str | None = Field(
+        description="sha256 (RFC 8785) of the contract that ran: the issuer's own "
+        "contractDigest, which the runner recomputed and found equal."
+    )
+    status: Status = Field(
+        description="partial: the job exited 0 and some, not all, measurements were read."
+    )
+    failure: Failure | None = Field(
+        description="null on success; else category, stage, retryable and a reason."
+    )
+    exitCode: int | None = Field(description="The job's own exit code; null if it never ran.")
+    image: ImageRecord | None = Field(
+        description="Reference, image id, repo digest, platform, size and where it came from."
+    )
+    measurements: list[MeasurementResult] = Field(
+        description="Each value with its parser (id, version) and its evidence (path, sha256)."
+    )
+    measurementErrors: list[MeasurementError] = Field(
+        default_factory=list, description="Measurements that could not be read, and why."
+    )
+    limits: AppliedLimits | None = Field(description="The caps applied to the container.")
+    container: ContainerRecord | None = Field(
+        default=None, description="The container of the attempt that produced this result."
+    )
+    timings: Timings = Field(description="Runner start and end; staging, image, run seconds.")
+    signature: SignatureRecord | None = Field(
+        default=None, description="Who signed the contract (or `none`), and its validity."
+    )
+    policy: PolicyRecord | None = Field(
+        default=None, description="The host policy that applied: source, digest, maxima."
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description="Things a reader must know (unsigned, CPU fallback...)."
+    )
+    budget: BudgetRecord | None = Field(
+        default=None, description="The runtime budget across every attempt, from the ledger."
+    )
+    logs: list[FileRef] = Field(default_factory=list, description="stdout and stderr, hashed.")
+    agentResult: AgentResultRecord | None = Field(
+        default=None, description="The job's own /job/output/result.json, if it wrote one."
+    )
+    revision: int = Field(default=1, description="1 from the run; +1 for each `runner parse`.")
+    regrade: Regrade | None = Field(
+        default=None, description="How a `runner parse` revision re-read the evidence."
+    )
+    disk: DiskRecord | None = Field(
+        default=None, description="Disk used by output/ and workspace/ against the quota."
+    )
+    gpus: list[GpuRecord] = Field(default_factory=list, description="GPUs given to the job.")
+    gpuFallback: str | None = Field(
+        default=None,
+        description="Why a contract asking for GPUs ran on CPU only (it allowed a CPU fallback).",
+    )
+    inputs: list[InputRecord] = Field(
+        default_factory=list, description="The inputs staged for the job, with their digests."
+    )
+    inputsUnchanged: bool | None = Field(
+        default=None,
+        description="Whether input/ was, after the job, exactly as staged (re-hashed, no link "
+        "followed); false makes the run failed with input_digest_mismatch, its reason naming "
+        "the first change; null: not checked.",
+    )
+    jobDir: str | None = Field(default=None, description="Host folder holding the job's files.")
+    materials: list[Material] = Field(
+        default_factory=list,
+        description="What the result was made from, by digest: the contract, every input, "
+        "the image, an agent runtime's image and every asset mounted (in-toto "
+        "ResourceDescriptors; the signed statement "
+        "carries them).",
+    )
+    research: dict[str, Any] | None = Field(
+        default=None,
+        description="The contract's research ids (workId, claimId, experimentId ...), as given.",
+    )
+    attempt: int | None = Field(
+        default=None, description="The attempt that produced this result (1, 2 ...)."
+    )
+    allocation: Allocation | None = Field(
+        default=None,
+        description="What that attempt was given (its /job/input/compute-decision.json).",
+    )
+    attempts: list[AttemptRecord] = Field(
+        default_factory=list, description="Every attempt so far, from the ledger, with its files."
+    )
+    stdoutPath: str | None = Field(
+        default=None, description="The job's stdout file, relative to the output folder."
+    )
+    stderrPath: str | None = Field(
+        default=None, description="The job's stderr file, relative to the output folder."
+    )
+    egress: EgressRecord | None = Field(
+        default=None,
+        description="The egress allowlist the job ran behind: its connections, allowed and "
+        "refused, counted (null: it had none).",
+    )
+    agent: AgentRecord | None = Field(
+        default=None,
+        description="An agent_planned run's agent: runtime, where its commands ran (runIn, "
+        "commandsImageId), the runtime's image and files brought in, argv, prompt, transcript.",
+    )
+    agentUsage: AgentUsageRecord | None = Field(
+        default=None,
+        description="An agent_planned run's turns and cost against its limits, per attempt and "
+        "over every attempt.",
+    )
+
+
+def applied_limits(p: ExecutionPlan) -> AppliedLimits:
+    """The plan's caps as the envelope records them."""
+    lim = p.limits
+    return AppliedLimits(
+        cpus=lim.cpus,
+        memoryBytes=lim.memory_bytes,
+        memorySwapBytes=lim.memory_swap_bytes,
+        shmBytes=lim.shm_bytes,
+        pidsLimit=lim.pids,
+        tmpfsBytes=lim.tmpfs_bytes,
+        gpus=lim.gpus,
+        network=lim.network,
+        timeoutSeconds=lim.timeout_seconds,
+        readOnlyRootfs=lim.read_only_rootfs,
+        capDrop=list(lim.cap_drop),
+        securityOpt=list(lim.security_opt),
+        init=lim.init,
+        user=p.user,
+        runtime=lim.runtime,
+        diskQuotaBytes=lim.disk_quota_bytes,
+        logLimitBytes=lim.log_limit_bytes,
+        logLimitAction="stop" if lim.stop_on_log_limit else "truncate",
+    )
+
+
+def signature_record(c: VerifiedContract) -> SignatureRecord:
+    m = c.model
+    return SignatureRecord(
+        status="verified" if c.signature else "none",
+        keyIds=list(c.signature.keyids) if c.signature else [],
+        payloadType=c.signature.payload_type if c.signature else None,
+        issuedAt=m.issuedAt.isoformat() if m.issuedAt else None,
+        expiresAt=m.expiresAt.isoformat() if m.expiresAt else None,
+        audience=m.audience,
+    )
+
+
+def build(
+    *,
+    started_at: str,
+    finished_at: str,
+    total_seconds: float,
+    policy: PolicyRecord | None,
+    failure: Failure | None,
+    status: Status | None = None,
+    contract: VerifiedContract | None = None,
+    plan: ExecutionPlan | None = None,
+    job_dir: Path | None = None,
+    image: ImageRecord | None = None,
+    outcome: Outcome | None = None,
+    gpus: Sequence[GpuRecord] = (),
+    gpu_fallback: str | None = None,
+    seconds: Mapping[str, float] | None = None,
+    warnings: Sequence[str] = (),
+    budget: BudgetRecord | None = None,
+    logs: Sequence[FileRef] = (),
+    disk: DiskRecord | None = None,
+    agent_result: AgentResultRecord | None = None,
+    measurements: Sequence[MeasurementResult] = (),
+    errors: Sequence[MeasurementError] = (),
+    attempt: int | None = None,
+    allocation: Allocation | None = None,
+    attempts: Sequence[AttemptRecord] = (),
+    inputs: Sequence[InputRecord] = (),
+    inputs_unchanged: bool | None = None,
+    egress: EgressRecord | None = None,
+    agent: AgentRecord | None = None,
+    agent_usage: AgentUsageRecord | None = None,
+) -> ResultEnvelope:
+    """The envelope of a run, a pure function of what the run produced (any of it may be
+    missing: a run refused at the contract has no plan, no job folder, no container)."""
+    from runner._version import __version__
+
+    o, p, c = outcome, plan, contract
+    seconds = seconds or {}
+    return ResultEnvelope(
+        runnerVersion=__version__,
+        jobId=p.job_id if p else None,
+        contractName=c.model.name if c else None,
+        contractDigest=c.digest if c else None,
+        status=status or ("failed" if failure else "succeeded"),
+        failure=failure,
+        exitCode=o.state.exit_code if o else None,
+        image=image,
+        measurements=list(measurements),
+        measurementErrors=list(errors),
+        limits=applied_limits(p) if p else None,
+        container=ContainerRecord(
+            id=o.container_id,
+            name=o.name,
+            oomKilled=o.state.oom_killed,
+            stoppedByRunner=o.timed_out or o.cancelled,
+        )
+        if o
+        else None,
+        timings=Timings(
+            startedAt=started_at,
+            finishedAt=finished_at,
+            totalSeconds=total_seconds,
+            stageSeconds=seconds.get("stage"),
+            imageSeconds=seconds.get("image"),
+            runSeconds=o.run_seconds if o else None,
+            containerStartedAt=o.state.started_at if o else None,
+            containerFinishedAt=o.state.finished_at if o else None,
+        ),
+        signature=signature_record(c) if c else None,
+        policy=policy,
+        warnings=list(warnings),
+        budget=budget,
+        gpus=list(gpus),
+        logs=list(logs),
+        disk=disk,
+        agentResult=agent_result,
+        gpuFallback=gpu_fallback,
+        inputs=[*inputs, *_host_prompt(agent)],
+        inputsUnchanged=inputs_unchanged,
+        materials=materials(c, [*inputs, *_host_prompt(agent)], image, agent),
+        jobDir=str(job_dir) if job_dir else None,
+        research=c.data.get("research") if c and isinstance(c.data.get("research"), dict) else None,
+        attempt=attempt,
+        allocation=allocation,
+        attempts=list(attempts),
+        stdoutPath=p.stdout_path if p else None,
+        stderrPath=p.stderr_path if p else None,
+        egress=egress,
+        agent=agent,
+        agentUsage=agent_usage,
+    )
+
+
+def _host_prompt(agent: AgentRecord | None) -> list[InputRecord]:
+    """The host's prompt an agent got (the contract named none), as an input of the run."""
+    hp = agent.hostPrompt if agent is not None else None
+    if hp is None:
+        return []
+    field = f"host:agents.{agent.runtime}.prompts" if agent else "host"
+    return [InputRecord(field=field if hp.source == "host" else "runner:default-prompt",
+                        path=hp.path, digest=hp.sha256)]  # fmt: skip

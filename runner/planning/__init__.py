@@ -1,0 +1,3 @@
+"""From a verified contract and the host's policy to an execution plan: the policy, and the plan it
+yields.
+"""

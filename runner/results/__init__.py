@@ -1,0 +1,1 @@
+"""The signed result: attestations, and bundle export and verification."""

@@ -1,0 +1,527 @@
+"""Long on purpose: one client's whole conversation with the API server (create, read back,
+delete) and the checks around each answer stay together.
+
+Kubernetes, applied: the manifests of :mod:`runner.scheduling.kube` created on a cluster with the
+official Python client (``kubernetes`` on PyPI, the ``[kubernetes]`` extra, imported only
+inside the functions that talk to a cluster), and the Job's end read back.
+
+The functions `runner submit --to kubernetes`, `runner wait` and `runner cancel` call::
+
+    submit(contract_path, loaded, trust, *, namespace, state_dir, job_id=None,
+           claim=..., runtime_class=..., context=None, kubeconfig=None, dry_run=False,
+           apply=True, require_staged=True) -> dict
+        runner.scheduling.kubeplan.rendered() (the checks of `runner run`, the plan, the budget
+        from the
+        ledger, the manifests: what `runner render --to kubernetes` prints), then apply()
+        unless ``apply`` is False; refuses (policy_violation) a job folder under
+        ``state_dir`` that `runner stage` did not lay out for this contract
+    apply(manifests, *, namespace, context=None, kubeconfig=None, dry_run=False) -> list[dict]
+    status(job_id, *, namespace, context=None, kubeconfig=None) -> dict
+    wait(job_id, *, namespace, context=None, kubeconfig=None, timeout=None,
+         poll_seconds=2.0, on_status=None) -> dict
+    delete(job_id, *, namespace, context=None, kubeconfig=None) -> dict
+
+:func:`apply` sends nothing that breaks :func:`runner.scheduling.kube.check_rules`, and sends the
+bytes
+that were checked: the client's serialization of each object is compared with the manifest
+first. The NetworkPolicy is created before the Job, so the Job's pod never runs without it.
+Both objects are read first: one that exists with this job's labels and contract digest is
+reported (``exists``), not created again; one that exists with another contract's, or that
+the runner did not make, is refused (``policy_violation``) before anything is created. With
+``dry_run`` each create is sent with ``dryRun=All``: the API server checks it (admission
+included) and stores nothing.
+
+:func:`status` and :func:`wait` read the Job's conditions: ``Complete`` is ``complete``;
+``Failed`` is ``deadline_exceeded`` with reason DeadlineExceeded (activeDeadlineSeconds, the
+budget) and ``failed`` otherwise. They write nothing: no ledger event, no envelope. What the
+API server reports is its word, not evidence the runner observed (no exit code, no OOM flag,
+no time consumed is proved by it); the job's evidence is in ``output/`` on the claim.
+
+API errors are refusals or infrastructure failures naming the object and the server's
+message: unreachable server or refused credentials (``infrastructure``), an object the server
+rejects (``infrastructure``), a name taken by another contract (``policy_violation``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runner.contract import Trust
+from runner.core.errors import HostConfigError, InfrastructureError, JobNotFound, PolicyViolation
+from runner.planning.policy import LoadedPolicy
+from runner.scheduling import kube
+from runner.scheduling.kube import Manifest
+from runner.scheduling.kubeplan import check_staged, rendered
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+ORDER = ("NetworkPolicy", "Job")
+"""The order objects are created in: the pod's NetworkPolicy exists before the pod can."""
+
+
+def submit(
+    contract_path: Path,
+    loaded: LoadedPolicy,
+    trust: Trust,
+    *,
+    namespace: str,
+    state_dir: Path,
+    job_id: str | None = None,
+    claim: str = kube.DEFAULT_CLAIM,
+    runtime_class: str = kube.DEFAULT_RUNTIME_CLASS,
+    context: str | None = None,
+    kubeconfig: Path | None = None,
+    dry_run: bool = False,
+    apply: bool = True,
+    require_staged: bool = True,
+) -> dict[str, Any]:
+    """Render the contract's job (:func:`runner.scheduling.kubeplan.rendered`) and, with ``apply``,
+    create it on the cluster (:func:`apply`). What was rendered and what the API server
+    answered, as JSON."""
+    r = rendered(
+        contract_path, loaded, trust, state_dir=state_dir, job_id=job_id,
+        namespace=namespace, claim=claim, runtime_class=runtime_class,
+    )  # fmt: skip
+    if require_staged:
+        check_staged(r, state_dir)
+    applied = []
+    if apply:
+        applied = _apply(
+            r.manifests, namespace=namespace, context=context, kubeconfig=kubeconfig,
+            dry_run=dry_run,
+        )  # fmt: skip
+    return {
+        "submitted": bool(apply) and not dry_run,
+        "to": "kubernetes",
+        "dryRun": dry_run,
+        "jobId": r.plan.job_id,
+        "contractDigest": r.contract_digest,
+        "name": r.name,
+        "namespace": namespace,
+        "context": context,
+        "claim": claim,
+        "activeDeadlineSeconds": r.deadline,
+        "budgetFrom": "ledger" if r.state is not None and r.state.accepted else "contract",
+        "applied": applied,
+        "manifests": kube.as_list(r.manifests),
+        "notEnforced": list(kube.NOT_ENFORCED),
+        "recorded": "nothing: no ledger event and no envelope are written for a cluster's run",
+    }
+
+
+# --------------------------------------------------------------------------- the API
+
+
+def _client(context: str | None, kubeconfig: Path | None) -> ApiClient:
+    """A client for ``context`` of ``kubeconfig`` (default: $KUBECONFIG, else ~/.kube/config,
+    and its current context)."""
+    import yaml
+
+    try:
+        from kubernetes import config
+    except ImportError as exc:
+        raise HostConfigError(
+            "the Kubernetes client is not installed",
+            hint="pip install 'reproduction-runner[kubernetes]'",
+        ) from exc
+    chosen = str(kubeconfig) if kubeconfig is not None else os.environ.get("KUBECONFIG")
+    try:
+        # $KUBECONFIG read now (the client reads it once, when first imported); a list of
+        # files separated by ':' is merged by the client as kubectl merges it.
+        made: ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=chosen or None,
+            context=context,
+            persist_config=False,
+        )
+        return made
+    except (
+        config.ConfigException,
+        yaml.YAMLError,
+        OSError,
+        ValueError,
+        TypeError,
+        KeyError,
+    ) as exc:
+        where = (
+            f"kubeconfig {kubeconfig}"
+            if kubeconfig
+            else f"$KUBECONFIG ({chosen})"
+            if chosen
+            else "the default kubeconfig (~/.kube/config)"
+        )
+        what = f" (context {context!r})" if context else ""
+        raise HostConfigError(
+            f"{where}{what} cannot be used: {_said(exc)}",
+            hint="pass --kubeconfig FILE and --context NAME of a cluster this host may use",
+        ) from None
+
+
+def _said(exc: BaseException, limit: int = 300) -> str:
+    """An error's text in one short line (a server's message is hostile text)."""
+    text = " ".join(str(exc).split())[:limit]
+    # Printable ASCII as it is; anything else (a terminal's escapes included) escaped.
+    return "".join(c if c.isascii() and c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def _server_message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    try:
+        data = json.loads(body) if body else {}
+    except (TypeError, ValueError):
+        data = {}
+    message = data.get("message") if isinstance(data, dict) else None
+    reason = getattr(exc, "reason", None)
+    return _said(Exception(message or reason or exc))
+
+
+def _api(client: ApiClient, kind: str) -> Any:
+    from kubernetes import client as k8s
+
+    return k8s.BatchV1Api(client) if kind == "Job" else k8s.NetworkingV1Api(client)
+
+
+def _read(client: ApiClient, kind: str, name: str, namespace: str) -> Any:
+    """The object ``kind`` ``namespace/name`` as JSON, None when there is none."""
+    api = _api(client, kind)
+    read = api.read_namespaced_job if kind == "Job" else api.read_namespaced_network_policy
+    return _call(client, f"GET {kind} {namespace}/{name}", read, name, namespace)
+
+
+def _call(client: ApiClient, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """One request of the official client, its raw answer read as JSON: None for a 404 of a
+    read; any other failure an error naming ``what`` and the server's message."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    host = client.configuration.host
+    try:
+        answer = fn(*args, **kw, _preload_content=False, _request_timeout=30)
+    except HTTPError as exc:
+        raise InfrastructureError(
+            f"the Kubernetes API server at {host} did not answer ({what}): {_said(exc)}",
+            hint="check the kubeconfig's server and this host's network",
+        ) from None
+    except ApiException as exc:
+        if exc.status == 404 and what.startswith(("GET ", "DELETE ")):
+            return None
+        message = _server_message(exc)
+        if exc.status in (401, 403):
+            raise InfrastructureError(
+                f"the Kubernetes API server at {host} refused {what}: {exc.status} {message}",
+                hint="use credentials (--kubeconfig, --context) allowed to get and create jobs "
+                "and networkpolicies in the namespace",
+            ) from None
+        raise _Refused(exc.status or 0, host, what, message) from None
+    try:
+        data = json.loads(answer.data)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise InfrastructureError(
+            f"the Kubernetes API server at {host} answered {what} with no JSON object"
+        )
+    return data
+
+
+class _Refused(InfrastructureError):
+    """The API server answered a request with an error status (other than 401, 403)."""
+
+    def __init__(self, status: int, host: str, what: str, message: str) -> None:
+        super().__init__(
+            f"the Kubernetes API server at {host} answered {what} with {status}: {message}",
+            hint="the message is the server's; `kubectl get events -n NAMESPACE` may say more",
+        )
+        self.status = status
+
+
+def _at(obj: Any, *keys: str) -> Any:
+    """``obj[k1][k2]...`` of an API server's answer (hostile shapes: None where none)."""
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _meta(obj: Any, *keys: str) -> Any:
+    return _at(obj, "metadata", *keys)
+
+
+def _digest_of(obj: Any) -> Any:
+    """The full contract digest an object's annotation names (None without one)."""
+    return _obj(_meta(obj, "annotations")).get(f"{kube.PREFIX}/contract-digest")
+
+
+def _same_job(found: Any, want: Manifest) -> bool:
+    """The object found has this job's labels and contract digest (the runner made it)."""
+    mine, theirs = _obj(_meta(want, "labels")), _obj(_meta(found, "labels"))
+    keys = [*kube.MANAGED_BY, kube.JOB_LABEL, kube.CONTRACT_LABEL]
+    same = all(theirs.get(k) == mine.get(k) for k in keys)
+    return same and _digest_of(found) == _digest_of(want)
+
+
+def apply(
+    manifests: list[Manifest],
+    *,
+    namespace: str,
+    context: str | None = None,
+    kubeconfig: Path | None = None,
+    dry_run: bool = False,
+) -> list[dict[str, Any]]:
+    """Create the NetworkPolicy, then the Job, in ``namespace``; an object already there for
+    the same job and contract is reported, one of another contract (or not the runner's)
+    refuses the whole apply before anything is created. One entry per object: kind, name,
+    namespace, action (``created``, ``exists``, ``dry-run``), uid."""
+    kube.check_name("--namespace", namespace)
+    broken = kube.check_rules(manifests)
+    if broken:
+        raise PolicyViolation(
+            "the manifests break the runner's rules: " + "; ".join(broken[:5]),
+            hint="apply only what `runner render --to kubernetes` wrote, unchanged",
+        )
+    objects = sorted(manifests, key=lambda m: ORDER.index(m["kind"]))
+    for m in objects:
+        there = _meta(m, "namespace")
+        if there is not None and there != namespace:
+            raise PolicyViolation(
+                f"{m['kind']} {_meta(m, 'name')} was rendered for namespace {there!r}, not "
+                f"{namespace!r}",
+                hint=f"render it with --namespace {namespace}",
+            )
+    client = _client(context, kubeconfig)
+    try:
+        bodies = [_body(client, m, namespace) for m in objects]
+        found = []
+        for m in objects:
+            name = str(_meta(m, "name"))
+            existing = _read(client, m["kind"], name, namespace)
+            if existing is not None and not _same_job(existing, m):
+                theirs = _digest_of(existing)
+                raise PolicyViolation(
+                    f"{m['kind']} {namespace}/{name} exists and is not this job's: it was made "
+                    f"for contract {theirs!r}"
+                    + ("" if theirs else " (or not by the runner)")
+                    + "; nothing was applied",
+                    hint=f"delete it (kubectl delete {m['kind'].lower()} {name} -n "
+                    f"{namespace}) if it is done with, or submit under another --job-id",
+                )
+            found.append(existing)
+        out = []
+        for m, body, existing in zip(objects, bodies, found, strict=True):
+            out.append(_create(client, m, body, existing, namespace, dry_run))
+        return out
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+
+
+_apply = apply  # submit's parameter ``apply`` hides the function's name there
+
+
+def _body(client: ApiClient, m: Manifest, namespace: str) -> dict[str, Any]:
+    """The object as the client sends it, checked to be the manifest (plus its namespace)."""
+    from kubernetes import client as k8s
+
+    want = {**m, "metadata": {**m["metadata"], "namespace": namespace}}
+    model = (k8s.V1Job if m["kind"] == "Job" else k8s.V1NetworkPolicy).from_dict(want)
+    body = client.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
+    if body != want:
+        raise InfrastructureError(
+            f"the Kubernetes client would not send the {m['kind']} as rendered (its models "
+            "drop or change a field)",
+            hint="use the kubernetes client version the [kubernetes] extra names",
+        )
+    return dict(body)
+
+
+def _create(
+    client: ApiClient,
+    m: Manifest,
+    body: dict[str, Any],
+    existing: Any,
+    namespace: str,
+    dry_run: bool,
+) -> dict[str, Any]:
+    name = str(_meta(m, "name"))
+    entry: dict[str, Any] = {"kind": m["kind"], "name": name, "namespace": namespace}
+    if existing is not None:
+        return {**entry, "action": "exists", "uid": _meta(existing, "uid")}
+    api = _api(client, m["kind"])
+    create = (
+        api.create_namespaced_job if m["kind"] == "Job" else api.create_namespaced_network_policy
+    )
+    extra = {"dry_run": "All"} if dry_run else {}
+    try:
+        made = _call(
+            client, f"POST {m['kind']} {namespace}/{name}", create, namespace, body, **extra
+        )
+    except _Refused as exc:
+        if exc.status != 409:
+            raise
+        # Made meanwhile (another submit of the same job): the same job's is fine.
+        made = _read(client, m["kind"], name, namespace)
+        if made is None or not _same_job(made, m):
+            raise PolicyViolation(
+                f"{m['kind']} {namespace}/{name} was made meanwhile by another contract",
+                hint="submit under another --job-id",
+            ) from None
+        return {**entry, "action": "exists", "uid": _meta(made, "uid")}
+    return {**entry, "action": "dry-run" if dry_run else "created", "uid": _meta(made, "uid")}
+
+
+def _conditions(job: Any) -> list[dict[str, Any]]:
+    found = _at(job, "status", "conditions")
+    return [
+        {k: c.get(k) for k in ("type", "status", "reason", "message", "lastTransitionTime")}
+        for c in (found if isinstance(found, list) else [])
+        if isinstance(c, dict)
+    ]
+
+
+def state_of(job: Any) -> tuple[str, str | None, str | None]:
+    """(state, reason, message) of a Job object: ``complete``, ``deadline_exceeded``,
+    ``failed``, ``running`` (a pod active) or ``pending``."""
+    for c in _conditions(job):
+        if c["status"] != "True":
+            continue
+        if c["type"] == "Complete":
+            return "complete", c["reason"], c["message"]
+        if c["type"] == "Failed":
+            ended = "deadline_exceeded" if c["reason"] == "DeadlineExceeded" else "failed"
+            return ended, c["reason"], c["message"]
+    active = _at(job, "status", "active")
+    return ("running" if isinstance(active, int) and active > 0 else "pending"), None, None
+
+
+ENDED = frozenset({"complete", "failed", "deadline_exceeded"})
+
+
+def status(
+    job_id: str,
+    *,
+    namespace: str,
+    context: str | None = None,
+    kubeconfig: Path | None = None,
+) -> dict[str, Any]:
+    """The Job of ``job_id`` as the API server reports it; refuses a Job of that name that
+    the runner did not make for this job id."""
+    kube.check_name("--namespace", namespace)
+    name = kube.object_name(job_id)
+    client = _client(context, kubeconfig)
+    try:
+        job = _read(client, "Job", name, namespace)
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+    if job is None:
+        raise JobNotFound(
+            f"no Job {namespace}/{name} (job {job_id}) on the cluster",
+            hint="check --namespace and --context, or submit it",
+        )
+    labels = _obj(_meta(job, "labels"))
+    if labels.get(kube.JOB_LABEL) != kube.job_label(job_id) or any(
+        labels.get(k) != v for k, v in kube.MANAGED_BY.items()
+    ):
+        raise PolicyViolation(
+            f"Job {namespace}/{name} is not the runner's Job of job {job_id}",
+            hint="check --namespace and --context",
+        )
+    state, reason, message = state_of(job)
+    st = _obj(job.get("status"))
+    return {
+        "jobId": job_id,
+        "name": name,
+        "namespace": namespace,
+        "uid": _meta(job, "uid"),
+        "contractDigest": _digest_of(job),
+        "state": state,
+        "ended": state in ENDED,
+        "reason": reason,
+        "message": message,
+        "startTime": st.get("startTime"),
+        "completionTime": st.get("completionTime"),
+        "active": st.get("active", 0),
+        "succeeded": st.get("succeeded", 0),
+        "failed": st.get("failed", 0),
+        "conditions": _conditions(job),
+        "source": "the API server's Job status; not written to the ledger or an envelope",
+    }
+
+
+def delete(
+    job_id: str,
+    *,
+    namespace: str,
+    context: str | None = None,
+    kubeconfig: Path | None = None,
+    gone_within: float = 120.0,
+) -> dict[str, Any]:
+    """Delete the runner's Job of ``job_id`` (refused, as by :func:`status`, for a Job the
+    runner did not make for this job id; only that Job, by its uid), its pods with it
+    (``propagationPolicy: Foreground``: the Job stays until its pods are gone), then, once the
+    Job is gone, its NetworkPolicy when it carries this job's label: a pod stopping within its
+    grace period is still under it. A Job not gone within ``gone_within`` seconds keeps its
+    NetworkPolicy (``networkPolicy: kept``). The Job's status before, with what was done."""
+    from kubernetes import client as k8s
+
+    before = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig)
+    name, client = before["name"], _client(context, kubeconfig)
+    done = "kept: the Job was not gone in time"
+    try:
+        body = k8s.V1DeleteOptions(
+            propagation_policy="Foreground", preconditions=k8s.V1Preconditions(uid=before["uid"])
+        )
+        jobs = _api(client, "Job")
+        _call(client, f"DELETE Job {namespace}/{name}", jobs.delete_namespaced_job, name,
+              namespace, body=body)  # fmt: skip
+        deadline = time.monotonic() + gone_within
+        while _read(client, "Job", name, namespace) is not None:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        else:
+            policy = _read(client, "NetworkPolicy", name, namespace)
+            labels = _obj(_meta(policy, "labels")) if policy is not None else {}
+            if policy is None:
+                done = "absent"
+            elif labels.get(kube.JOB_LABEL) != kube.job_label(job_id):
+                done = "kept: not this job's"
+            else:
+                policies = _api(client, "NetworkPolicy")
+                _call(client, f"DELETE NetworkPolicy {namespace}/{name}",
+                      policies.delete_namespaced_network_policy, name, namespace)  # fmt: skip
+                done = "deleted"
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+    return {**before, "deleted": True, "networkPolicy": done}
+
+
+def wait(
+    job_id: str,
+    *,
+    namespace: str,
+    context: str | None = None,
+    kubeconfig: Path | None = None,
+    timeout: float | None = None,
+    poll_seconds: float = 2.0,
+    on_status: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Poll :func:`status` until the Job has ended (or ``timeout`` seconds pass: then the last
+    status, with ``ended`` false); ``on_status`` sees each one whose state changed."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    while True:
+        now = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig)
+        if on_status is not None and now["state"] != last:
+            on_status(now)
+        last = now["state"]
+        if now["ended"] or (deadline is not None and time.monotonic() >= deadline):
+            return now
+        pause = poll_seconds if deadline is None else min(poll_seconds, deadline - time.monotonic())
+        time.sleep(max(pause, 0.0))

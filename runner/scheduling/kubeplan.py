@@ -1,0 +1,134 @@
+"""A contract's Kubernetes manifests, checked as `runner run` checks the contract: what
+`runner render --to kubernetes` prints and what :func:`runner.scheduling.kubeapply.submit` applies.
+
+Reads the contract and the job's ledger (for the budget left); renders with the pure
+:mod:`runner.scheduling.kube`; contacts no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from runner.contract import Trust, load_contract
+from runner.core.errors import PolicyViolation
+from runner.planning import plan, policy
+from runner.planning.plan import ExecutionPlan
+from runner.planning.policy import LoadedPolicy
+from runner.scheduling import kube
+from runner.scheduling.kube import Manifest
+from runner.staging.jobdir import StateDir
+from runner.state.ledger import LedgerState, read_state
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A contract's manifests for one job, and what they were rendered from."""
+
+    plan: ExecutionPlan
+    contract_digest: str
+    manifests: list[Manifest]
+    deadline: int
+    state: LedgerState | None
+    namespace: str | None
+    claim: str
+    runtime_class: str
+
+    @property
+    def name(self) -> str:
+        return str(self.manifests[0]["metadata"]["name"])
+
+
+def rendered(
+    contract_path: Path,
+    loaded: LoadedPolicy,
+    trust: Trust,
+    *,
+    state_dir: Path,
+    job_id: str | None = None,
+    namespace: str | None = None,
+    claim: str = kube.DEFAULT_CLAIM,
+    runtime_class: str = kube.DEFAULT_RUNTIME_CLASS,
+) -> Rendered:
+    """Check the contract and the policy as `runner run` does, plan the job as `runner run`
+    as root plans it (user 10001), and render its manifests with the budget its ledger under
+    ``state_dir`` leaves (else the contract's whole budget)."""
+    if namespace is not None:
+        kube.check_name("--namespace", namespace)
+    kube.check_name("--claim", claim, subdomain=True)
+    kube.check_name("--runtime-class", runtime_class, subdomain=True)
+    contract = load_contract(contract_path, trust)
+    rules = loaded.policy
+    jid = plan.job_id_for(contract, job_id, allow_override=rules.allowJobIdOverride)
+    ledger_path = StateDir(state_dir).job(jid).ledger
+    state = read_state(ledger_path) if ledger_path.is_file() else None
+    accepted = state.accepted if state is not None else None
+    resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
+    plan.check_mode(contract, rules)
+    policy.check(contract, rules, datetime.now(UTC), check_times=not resuming)
+    p = plan.build(contract, rules, job_id=jid, host_uid=0, host_gid=0)
+    kube.refuse_unsupported(contract, p)
+    deadline = kube.deadline_seconds(p, state)
+    manifests = kube.render(
+        p,
+        deadline=deadline,
+        namespace=namespace,
+        claim=claim,
+        runtime_class=runtime_class,
+        attempt=len(state.attempts) + 1 if state is not None else 1,
+    )
+    return Rendered(p, contract.digest, manifests, deadline, state, namespace, claim, runtime_class)
+
+
+def check_staged(r: Rendered, state_dir: Path) -> None:
+    """Refuse a job whose folder under ``state_dir`` was not laid out for this contract (by
+    `runner stage`, or `runner run`): the pod would find no inputs, or another's."""
+    job = StateDir(state_dir).job(r.plan.job_id)
+    hint = f"run `runner stage CONTRACT --state-dir {state_dir}` on a host that mounts the claim"
+    accepted = r.state.accepted if r.state is not None else None
+    if accepted is None or not (job.execution / "input-manifest.json").is_file():
+        raise PolicyViolation(
+            f"job {r.plan.job_id} is not staged under {state_dir}: the pod would start "
+            "without its inputs",
+            hint=hint,
+        )
+    if accepted.get("contractDigest") != r.contract_digest:  # deadline_seconds refuses it too
+        raise PolicyViolation(f"job {r.plan.job_id} is staged for another contract", hint=hint)
+
+
+def record_dir(state_dir: Path, job_id: str) -> Path:
+    """``<state>/kubernetes/<job id>``: where `runner submit --to kubernetes` records it."""
+    return state_dir / "kubernetes" / job_id
+
+
+def record_submission(state_dir: Path, submitted: dict[str, Any]) -> dict[str, Any]:
+    """Append what `runner wait` and `runner cancel` need to find the Job again (the
+    namespace, the context and kubeconfig, the names) to ``submissions.jsonl``."""
+    entry = {
+        "to": "kubernetes",
+        "submittedAt": datetime.now(UTC).isoformat(timespec="seconds"),
+        **{k: submitted[k] for k in ("jobId", "contractDigest", "name", "namespace", "context")},
+        "kubeconfig": submitted.get("kubeconfig"),
+        "objects": [(a.get("kind"), a.get("action")) for a in submitted.get("applied", [])],
+    }
+    folder = record_dir(state_dir, str(submitted["jobId"]))
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "submissions.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+    return entry
+
+
+def last_submission(state_dir: Path, job_id: str) -> dict[str, Any] | None:
+    """The job's latest Kubernetes submission from ``state_dir``, or None."""
+    if "/" in job_id or job_id in {"", ".", ".."}:
+        return None
+    path = record_dir(state_dir, job_id) / "submissions.jsonl"
+    try:
+        lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+        data = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("to") == "kubernetes" else None

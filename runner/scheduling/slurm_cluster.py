@@ -1,0 +1,255 @@
+"""The Slurm commands a submitter needs (the CLI, not slurmrestd: every cluster has the CLI,
+while the REST daemon needs JWT authentication set up), each with a timeout, and a job's state
+read back from ``scontrol`` while slurmctld remembers the job (``MinJobAge``), else ``sacct``
+where accounting runs, else the jobcomp file (``JobCompType=jobcomp/filetxt``)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.core.errors import InfrastructureError, PolicyViolation
+from runner.scheduling.slurm import last_submission, offered_gpu_types, record_dir, submission_of
+
+COMMAND_TIMEOUT_SECONDS = 60
+ACTIVE_STATES = frozenset(
+    {
+        "PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "REQUEUED",
+        "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "SPECIAL_EXIT",
+        "RESV_DEL_HOLD", "STOPPED",
+    }
+)  # fmt: skip
+"""Slurm job states in which the job has not ended (it may still run, or run again)."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A Slurm job as ``scontrol``, ``sacct`` or the jobcomp file tells it."""
+
+    state: str
+    fields: dict[str, str]
+    source: str
+
+    @property
+    def ended(self) -> bool:
+        # Preempted or its node failed, with --requeue: Slurm queues it again (it will run).
+        if self.state in {"PREEMPTED", "NODE_FAIL"} and self.fields.get("Requeue") == "1":
+            return False
+        return self.state not in ACTIVE_STATES
+
+
+def parse_fields(text: str) -> dict[str, str]:
+    """``Key=Value`` pairs of a one-line ``scontrol -o`` or jobcomp record."""
+    return dict(re.findall(r"(\w+)=(\S*)", text))
+
+
+class Cluster:
+    """The Slurm commands, each with a timeout; a failure is an infrastructure error that
+    names the command and what it said."""
+
+    def __init__(self, timeout: float = COMMAND_TIMEOUT_SECONDS) -> None:
+        self.timeout = timeout
+        self._config: dict[str, str] | None = None
+
+    def run(self, *argv: str, check: bool = True) -> str:
+        """The command's stdout; with ``check``, a failure if it exits non-zero."""
+        done = self._exec(list(argv))
+        if check and done.returncode != 0:
+            said = (done.stderr or done.stdout).strip()[-400:]
+            raise InfrastructureError(f"{' '.join(argv[:2])} failed: {said}")
+        return done.stdout
+
+    def _exec(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                argv, capture_output=True, text=True, timeout=self.timeout, check=False
+            )
+        except FileNotFoundError:
+            raise InfrastructureError(
+                f"{argv[0]} is not installed on this host",
+                hint="submit from a Slurm login node (slurm-client installed)",
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise InfrastructureError(
+                f"{' '.join(argv[:2])} did not answer within {self.timeout:g} s",
+                hint="is slurmctld running? (`scontrol ping`)",
+            ) from None
+
+    def config(self) -> dict[str, str]:
+        if self._config is None:
+            out = self.run("scontrol", "show", "config")
+            self._config = {
+                k.strip(): v.strip()
+                for k, sep, v in (line.partition("=") for line in out.splitlines())
+                if sep
+            }
+        return self._config
+
+    def kill_wait(self) -> int:
+        value = self.config().get("KillWait", "30 sec").split()[0]
+        return int(value) if value.isdigit() else 30
+
+    def partition_nodes(self, partition: str | None) -> int:
+        where = [f"--partition={partition}"] if partition else []
+        args = ["sinfo", "-h", "-N", "-o", "%N", *where]
+        return len(set(self.run(*args).split()))
+
+    def gpu_types(self, partition: str | None) -> list[str]:
+        args = ["sinfo", "-h", "-o", "%G"] + ([f"--partition={partition}"] if partition else [])
+        return offered_gpu_types(self.run(*args))
+
+    def sbatch(self, args: list[str], script: Path, *, test_only: bool = False) -> str:
+        """Submit (or with ``test_only``, ask whether Slurm would accept) one job; its id."""
+        argv = ["sbatch", *(["--test-only"] if test_only else []), *args, str(script)]
+        done = self._exec(argv)
+        said = (done.stderr or done.stdout).strip()[-400:]
+        if done.returncode != 0:
+            raise PolicyViolation(
+                f"Slurm refuses the job: {said}",
+                hint="check --partition, --account and --time against `sinfo`, and the "
+                "contract's caps against the partition's nodes",
+            )
+        if test_only:
+            return ""
+        job = done.stdout.strip().split(";")[0]
+        if not job.isdigit():
+            raise InfrastructureError(f"sbatch answered no job id: {said}")
+        return job
+
+    def cancel(self, slurm_job: str) -> None:
+        self.run("scancel", slurm_job)
+
+    def active(self, slurm_jobs: list[str]) -> dict[str, str] | None:
+        """Those of ``slurm_jobs`` Slurm still queues or runs, with their states, from one
+        ``squeue`` for all (a waiter polling each job's ``scontrol`` would load slurmctld and
+        the CPUs the jobs run on); None when squeue fails (it does when the only job asked
+        for is unknown): then ask :meth:`job` for each."""
+        if not slurm_jobs:
+            return {}
+        done = self._exec(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(slurm_jobs)])
+        if done.returncode != 0:
+            return None
+        found = {}
+        for line in done.stdout.splitlines():
+            job, _, state = line.strip().partition("|")
+            if state in ACTIVE_STATES:
+                found[job] = state
+        return found
+
+    def job(self, slurm_job: str) -> JobInfo | None:
+        """The job's state: ``scontrol`` while slurmctld remembers it (MinJobAge), else
+        ``sacct`` where accounting runs, else the jobcomp file; None when none knows it."""
+        out = self.run("scontrol", "-o", "show", "job", slurm_job, check=False)
+        fields = parse_fields(out)
+        if fields.get("JobId") == slurm_job and "JobState" in fields:
+            return JobInfo(fields["JobState"], fields, "scontrol")
+        acct = self.run(
+            "sacct", "-n", "-X", "-P", "-o", "JobID,State,ExitCode", "-j", slurm_job, check=False
+        )
+        for line in acct.splitlines():
+            parts = line.split("|")
+            if len(parts) == 3 and parts[0] == slurm_job:
+                state = parts[1].split()[0] if parts[1] else "UNKNOWN"
+                return JobInfo(state, {"ExitCode": parts[2]}, "sacct")
+        return self._jobcomp(slurm_job)
+
+    def _jobcomp(self, slurm_job: str) -> JobInfo | None:
+        config = self.config()
+        if config.get("JobCompType") != "jobcomp/filetxt":
+            return None
+        path = Path(config.get("JobCompLoc", ""))
+        if not path.is_file():
+            return None
+        found = None
+        with path.open(errors="replace") as f:
+            for line in f:
+                if line.startswith(f"JobId={slurm_job} "):
+                    found = line
+        if found is None:
+            return None
+        fields = parse_fields(found)
+        return JobInfo(fields.get("JobState", "UNKNOWN"), fields, "jobcomp")
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A submitted job that has its end: its envelope (as JSON data) when `runner run` wrote
+    one, and the Slurm job's state and log file either way."""
+
+    job_id: str
+    slurm_job: str
+    slurm_state: str
+    envelope: dict[str, Any] | None
+    log: Path
+    slurm_active: bool = False
+    """The ledger says finished while the Slurm job has not ended yet (its runner exiting)."""
+
+
+def check_end(
+    state: Path, job_id: str, cluster: Cluster, queued: dict[str, str] | None = None
+) -> Ended | None:
+    """The job's end, or None while it may still run: the ledger's ``job.finished`` (with the
+    job's result.json), else the Slurm job's end with the envelope its batch wrote (None when
+    the runner wrote none). ``queued`` (:meth:`Cluster.active`, asked once for many jobs)
+    spares the questions to Slurm about a job that still runs and has no result yet."""
+    from runner.staging.jobdir import StateDir
+    from runner.state.ledger import read_state
+
+    sub = submission_of(state, job_id)
+    slurm_job = str(sub["slurmJobId"])
+    folder = record_dir(state, job_id)
+    log = folder / f"slurm-{slurm_job}.out"
+    job = StateDir(state).job(job_id)
+    if queued is not None and slurm_job in queued and not job.envelope.is_file():
+        return None  # queued or running, and no result yet: nothing to ask Slurm
+    finished = job.ledger.is_file() and read_state(job.ledger).finished is not None
+    info = cluster.job(slurm_job)
+    if finished and job.envelope.is_file():
+        data = _json(job.envelope)
+        if data is not None:
+            state_now, active = (info.state, not info.ended) if info else ("UNKNOWN", False)
+            return Ended(job_id, slurm_job, state_now, data, log, active)
+    if info is None:
+        raise InfrastructureError(
+            f"job {job_id}: Slurm knows no job {slurm_job} (not scontrol, sacct nor the jobcomp "
+            "file)",
+            hint=f"its log is {log}",
+        )
+    if not info.ended:
+        return None
+    return Ended(job_id, slurm_job, info.state, _json(folder / f"envelope-{slurm_job}.json"), log)
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    """A file's JSON object, or None when it is missing, empty or not one."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and "status" in data else None
+
+
+def describe(state: Path, job_id: str, cluster: Cluster | None = None) -> dict[str, Any] | None:
+    """The Slurm side of a job for `runner status`: its latest submission and the Slurm
+    job's state now; None when the job was never submitted."""
+    sub = last_submission(state, job_id)
+    if sub is None:
+        return None
+    slurm_job = str(sub["slurmJobId"])
+    try:
+        info = (cluster or Cluster()).job(slurm_job)
+        now = info.state if info else "UNKNOWN (Slurm no longer knows it)"
+    except InfrastructureError as exc:
+        now = f"unknown ({exc.message})"
+    return {
+        "slurmJobId": slurm_job,
+        "state": now,
+        "partition": sub.get("partition"),
+        "timeMinutes": sub.get("timeMinutes"),
+        "submittedAt": sub.get("submittedAt"),
+        "log": str(record_dir(state, job_id) / f"slurm-{slurm_job}.out"),
+    }

@@ -1,0 +1,3 @@
+"""The job folder (JobDir, StateDir, atomic writes) and staging the contract's inputs into it,
+bound to their digests.
+"""

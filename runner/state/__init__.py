@@ -1,0 +1,1 @@
+"""What survives a restart: the cumulative, hash-chained runtime-budget ledger."""

@@ -1,0 +1,1 @@
+"""Signing and verifying: DSSE envelopes, Ed25519 keys, trusted key sets."""
