@@ -449,6 +449,7 @@ class ProxyCount:
     def __init__(self, lease: str, hosts: set[str], proxy: str, since: float) -> None:
         self.lease, self.hosts, self.proxy, self.since = lease, hosts, proxy, since
         self._count = 0
+        self._capped = False
         self._partial = b""
         self._lock = threading.Lock()
         self._follower: _Follower | None = None
@@ -457,6 +458,19 @@ class ProxyCount:
     def count(self) -> int:
         with self._lock:
             return self._count
+
+    def lost(self) -> str | None:
+        """Why the proxy's count can no longer be read, or None: past its cap on a lease's
+        log (``log-capped``) the proxy logs nothing more of it, so the requests that follow
+        would go uncounted (a job can flood the log with refused requests to get there)."""
+        with self._lock:
+            capped = self._capped
+        if not capped:
+            return None
+        return (
+            "the egress proxy stopped logging this attempt's requests (its log of the lease "
+            "reached its cap), so the model requests that follow cannot be counted"
+        )
 
     def attach(self, backend: Backend) -> None:
         if self._follower is None:
@@ -472,12 +486,19 @@ class ProxyCount:
 
     def _line(self, raw: bytes) -> None:
         needle = json.dumps(self.lease).encode()
-        if needle not in raw or b'"host"' not in raw:
+        if needle not in raw or (b'"host"' not in raw and b'"log-capped"' not in raw):
             return
         start = raw.find(b"{")
         try:
             data = json.loads(raw[start:]) if start >= 0 else None
         except ValueError:
+            return
+        if (
+            isinstance(data, dict)
+            and data.get("lease") == self.lease
+            and data.get("event") == "log-capped"
+        ):
+            self._capped = True
             return
         if (
             not isinstance(data, dict)
@@ -496,12 +517,14 @@ class ProxyCount:
         self._follower = None
         live = self.count
         with self._lock:
-            self._count, self._partial = 0, b""
+            capped, self._count, self._partial = self._capped, 0, b""
         try:  # counted again from the start of the lease, to its end
             backend.follow_logs(self.proxy, self._sink, since=self.since, follow=False)
         except Exception:  # noqa: BLE001 - the proxy's log is gone: what was counted live
             with self._lock:
                 self._count = live
+        with self._lock:
+            self._capped |= capped
         with self._lock:
             self._count = max(self._count, live)
             return self._count
@@ -531,9 +554,13 @@ class AgentGuard:
         if self.proxy is not None:
             self.proxy.attach(backend)
 
+    def _lost(self) -> str | None:
+        """Why the usage can no longer be read: the capture's stream, or the proxy's count."""
+        return self.capture.lost() or (self.proxy.lost() if self.proxy is not None else None)
+
     def usage(self) -> Usage:
         requests = self.proxy.count if self.proxy is not None else None
-        return self.capture.usage(requests, self.capture.lost())
+        return self.capture.usage(requests, self._lost())
 
     why: str | None = None
     """Why the guard failed closed (``agent.transcript``), once it has."""
@@ -559,5 +586,6 @@ class AgentGuard:
             requests = None  # never attached (it vanished): the proxy's kept log counts
             if self.proxy is not None and self._backend is not None:
                 requests = self.proxy.final(self._backend)
-            self._final = self.capture.usage(requests)
+            lost = self.proxy.lost() if self.proxy is not None else None
+            self._final = self.capture.usage(requests, lost)
         return self._final

@@ -5,10 +5,17 @@ as a hostile job, agent prompt, contract author and local user would."""
 from __future__ import annotations
 
 import base64
+import tempfile
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from runner.redaction import REDACTED, Redactor
+from tests.support import docker, run_job, session_containers
+from tests.support.agents import agent_contract, model_server
+from tests.support.hostile import record
+from tests.test_hostile_agent_guard import _answers, _policy, _short
 from tests.test_hostile_secrets import KEY, holding
 
 MARK = REDACTED.format(name="API_KEY")
@@ -59,3 +66,75 @@ def test_hex_wrapped_as_xxd_prints_it_is_found() -> None:
         out = redactor.bytes(text)
         assert MARK.encode() in out, width
         assert KEY.encode().hex().encode() not in out.replace(b"\n", b""), width
+
+
+# --- the guard: the proxy's count past the cap on its lease's log --------------------------
+
+_FLOOD = r"""
+import os, socket, sys
+host, port = os.environ["HTTP_PROXY"].removeprefix("http://").rstrip("/").split(":")
+
+def ask(target):
+    s = socket.create_connection((host, int(port)), timeout=20)
+    s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    while s.recv(65536):
+        pass
+    s.close()
+
+for i in range(12):  # refused: each is two lines of the proxy's log, past its cap
+    ask(f"http://refused-{i}.test/" + "p" * 100)
+for i in range(8):  # the model's host: each at least one turn
+    ask(f"http://{sys.argv[1]}/v1/ping")
+"""
+
+
+def _small_log_proxy_image() -> str:
+    """The checkout's proxy with a 2 KiB cap on each lease's log (built once, offline)."""
+    from tests.test_hostile_secrets import _checkout_proxy_image
+
+    base = _checkout_proxy_image()
+    tag = base + "-log2k"
+    if docker("image", "inspect", tag).returncode != 0:
+        with tempfile.TemporaryDirectory() as folder:
+            (Path(folder) / "Dockerfile").write_text(
+                f"FROM {base}\nENV EGRESS_LEASE_LOG_BYTES=2048\n"
+            )
+            built = docker("build", "--network", "none", "-q", "-t", tag, folder)
+            assert built.returncode == 0, built.stderr
+    return tag
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_a_job_that_floods_the_proxys_log_past_its_cap_is_stopped(
+    tmp_path: Path, scripted_agent_image: str
+) -> None:
+    """Before: past the cap on its lease's log the proxy logs nothing more of the lease, and
+    the runner's live count of model requests stopped there: a job that first filled the log
+    with refused requests made its model requests uncounted (each turn here makes eight, and
+    it ran until its answers alone passed maxTurns). Now a capped lease's log fails the guard
+    closed (agent.transcript), naming why."""
+    (tmp_path / "repository").mkdir()
+    (tmp_path / "repository" / "flood.py").write_text(_FLOOD)
+    with model_server(tmp_path, "evaluate") as server:
+        allowed = f"{server.host}:{server.port}"
+        prompt = f"repeat: python3 repository/flood.py {allowed}\npause: 0.5\nignore-limits: yes\n"
+        contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 20}, change=_short)
+        policy = _policy(
+            tmp_path,
+            scripted_agent_image,
+            allow=[allowed],
+            egress={"upstreamNetwork": server.network, "proxyImage": _small_log_proxy_image()},
+        )
+        code, env, err = run_job(contract, tmp_path / "state", *policy)
+        served = len(server.requests())
+    record("proxy-log-flooded-past-its-cap", "runc", env, served=served)
+    job = Path(env["jobDir"])
+    answers = _answers(job / "record" / "attempts" / "1" / "transcript.jsonl")
+    usage: dict[str, Any] = env["agentUsage"]
+    assert code == 1, (env.get("failure"), err)
+    assert env["failure"]["category"] == "resource_exhausted", env["failure"]
+    assert usage["attempts"][0]["stoppedFor"] == "agent.transcript", (usage, answers, served)
+    assert "proxy" in env["failure"]["reason"] and "cap" in env["failure"]["reason"], env
+    assert answers <= 12, (answers, served)  # before: until its answers passed 20
+    assert not session_containers()
