@@ -25,8 +25,9 @@ in ``/job/output`` is never read for a budget decision.
 Turns are the model answers seen, floored by the model requests the egress proxy counted
 (:class:`ProxyCount`: each request the proxy let through to the model's host is at least one
 turn); cost is the higher of the estimate and the reported cost: usage may be over-counted,
-never under-counted. Reads are bounded: a line is at most 1 MiB (a longer one is skipped),
-each poll reads at most :data:`POLL_BYTES`, no link is followed, and what is remembered of
+never under-counted. A line that is no JSON object (something wrote into the runtime's
+stream) fails the guard closed. Reads are bounded: a line is at most 1 MiB (a longer one is
+skipped), each poll reads at most :data:`POLL_BYTES`, no link is followed, and what is remembered of
 message ids is a 16-byte digest each, at most :data:`MAX_IDS` of them, so the reader's memory
 is bounded whatever the transcript holds. A transcript file the meter has read that vanishes,
 shrinks, becomes a link or another file stops the agent (``agent.transcript``): the runner
@@ -150,11 +151,18 @@ class Reader:
         self._stopped: str | None = None
         self._partial = b""
         self._skipping = False
+        self._lenient = False
+        self.broken: str | None = None
+        """Why the stream can no longer be believed: a line that is no JSON object (the
+        runtime prints only those; the job can write into its stdout, through
+        ``/proc/<pid>/fd/1``, and junk before a line hides that line's answer)."""
 
     def restart(self) -> None:
-        """The next bytes start a new stream (another source of the same transcript)."""
+        """The next bytes start a new stream (another source of the same transcript), which
+        may begin inside a line (the engine's log rotated): its first line is not judged."""
         self._partial = b""
         self._skipping = False
+        self._lenient = True
 
     def feed(self, data: bytes) -> None:
         """Bytes of the transcript, in order; complete lines are read at once."""
@@ -177,11 +185,19 @@ class Reader:
             self._partial = last
 
     def line(self, raw: bytes) -> None:
+        lenient, self._lenient = self._lenient, False
         try:
             event = json.loads(raw)
         except (ValueError, RecursionError):
-            return
+            event = None
         if not isinstance(event, dict):
+            if not lenient and self.broken is None:
+                # what the line holds is not quoted: it may be a secret, and this goes to
+                # the ledger and the envelope
+                self.broken = (
+                    "a line of the agent's stdout is no JSON object: something wrote into the "
+                    "runtime's stream, hiding what it printed"
+                )
             return
         kind = event.get("type")
         if kind == "assistant":
@@ -254,7 +270,7 @@ class Reader:
             tokens=dict(zip(("input", "output", "cacheRead", "cacheWrite"), totals, strict=True)),
             answers=answers,
             requests=requests,
-            tampered=tampered,
+            tampered=tampered or self.broken,
         )
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import base64
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from runner import transcript
 from runner.redaction import REDACTED, Redactor
 from tests.support import docker, run_job, session_containers
 from tests.support.agents import agent_contract, model_server
@@ -137,4 +139,66 @@ def test_a_job_that_floods_the_proxys_log_past_its_cap_is_stopped(
     assert usage["attempts"][0]["stoppedFor"] == "agent.transcript", (usage, answers, served)
     assert "proxy" in env["failure"]["reason"] and "cap" in env["failure"]["reason"], env
     assert answers <= 12, (answers, served)  # before: until its answers passed 20
+    assert not session_containers()
+
+
+# --- the guard: bytes written into the runtime's own stdout ---------------------------------
+
+
+def test_junk_before_each_answer_fails_the_reader_closed() -> None:
+    """Before: a line that did not parse was skipped, so bytes without a line break written
+    into the runtime's stdout just before each of its lines hid every answer (no turn, no
+    token counted, nothing said). Now a line that is no JSON object fails the guard closed;
+    only the first line after a restart (a stream that may begin inside a line) is not
+    judged, and an over-long line is still skipped."""
+    answer = b'{"type": "assistant", "message": {"id": "m%d", "usage": {"output_tokens": 9}}}\n'
+    reader = transcript.Reader(transcript.Prices(output=1.0))
+    for i in range(5):
+        reader.feed(b"xxxx" + answer % i)
+    usage = reader.usage()
+    assert usage.turns == 0  # the answers are hidden ...
+    assert usage.tampered and "no JSON object" in usage.tampered  # ... and that is said
+    assert usage.over(3, None) == transcript.TAMPERED
+    clean = transcript.Reader()
+    clean.feed(b"x" * (transcript.LINE_MAX + 1) + b"\n" + answer % 1)
+    clean.restart()
+    clean.feed(b'ssage": {"id": "m1"}}\n' + answer % 2)
+    assert clean.usage().tampered is None and clean.usage().turns == 2
+
+
+# A background process of the job writes into the agent runtime's stdout (the container's,
+# through /proc/1/fd/1: the same pipe the engine reads), a byte at a time and no line break,
+# so that each line the runtime prints starts with junk and no longer parses.
+_INJECT = (
+    'preflight runtime: python3 -c "import json"\n'
+    "preflight checkpoint: true\n"
+    "run: sh -c 'while :; do printf x; sleep 0.002; done' "
+    "</dev/null >/proc/1/fd/1 2>/dev/null &\n"
+)
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_junk_written_into_the_runtimes_stdout_does_not_lift_max_turns(
+    tmp_path: Path, scripted_agent_image: str
+) -> None:
+    """The job writes into its agent runtime's stdout (/proc/1/fd/1, the pipe the engine
+    reads): a runtime whose model waits between its tool result and its next answer (Claude
+    Code) has each answer hidden behind the junk. Before: nothing noticed (here the scripted
+    runtime, with no such wait, was stopped at maxTurns by the answers the junk missed). Now
+    the first line that is no JSON object stops the agent, agent.transcript, naming why."""
+    prompt = _INJECT + "repeat: true\npause: 0.05\nignore-limits: yes\n"
+    contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 20}, change=_short)
+    started = time.monotonic()
+    code, env, err = run_job(contract, tmp_path / "state", *_policy(tmp_path, scripted_agent_image))
+    took = time.monotonic() - started
+    record("junk-in-the-runtimes-stdout", "runc", env, seconds=round(took, 1))
+    usage: dict[str, Any] = env["agentUsage"]
+    job = Path(env["jobDir"])
+    answers = _answers(job / "record" / "attempts" / "1" / "transcript.jsonl")
+    assert code == 1, (env.get("failure"), err, usage, answers)
+    assert env["failure"]["category"] == "resource_exhausted", (env["failure"], usage, took)
+    assert usage["attempts"][0]["stoppedFor"] == "agent.transcript", (usage, answers)
+    assert "no JSON object" in env["failure"]["reason"], env["failure"]
+    assert answers < 20 and took < 90, (answers, took)
     assert not session_containers()
