@@ -5,6 +5,7 @@ as a hostile job, agent prompt, contract author and local user would."""
 from __future__ import annotations
 
 import base64
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -201,4 +202,61 @@ def test_junk_written_into_the_runtimes_stdout_does_not_lift_max_turns(
     assert usage["attempts"][0]["stoppedFor"] == "agent.transcript", (usage, answers)
     assert "no JSON object" in env["failure"]["reason"], env["failure"]
     assert answers < 20 and took < 90, (answers, took)
+    assert not session_containers()
+
+
+# --- redaction through the engine: a stray "%\r" in the engine's log --------------------------
+
+_STRAY = r"""
+import os
+key = os.environ["API_KEY"].encode()
+with open("/proc/1/fd/2", "wb") as err:  # the container's stderr: the engine's log of it
+    # a progress counter, each step ending in "\r": what follows is printed over it
+    err.write(b"".join(b"%d%%\r" % i for i in range(101)))
+    err.write(b"key=" + "".join(f"%{b:02x}" for b in key).encode() + b"\n")
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_a_stray_percent_cr_in_the_engine_log_does_not_carry_the_key_out(
+    tmp_path: Path, scripted_agent_image: str
+) -> None:
+    """The agent writes a progress counter ("1%\\r2%\\r..."), then its key percent-encoded, into
+    its container's stderr (the engine's log, kept as record/attempts/1/engine.log and
+    exported). Before: the redaction prefilter's decoder dropped the rest of a line after
+    "%\\r", so the key went into the record and the bundle in clear (engine.log, both).
+    Now neither holds it in any form."""
+    from tests.support import run_cli
+    from tests.support.agents import SCRIPTED_ARGV, agent_policy
+    from tests.support.jobs import SESSION_ID, SESSION_LABEL
+    from tests.test_hostile_secrets import _files, _members
+
+    (tmp_path / "repository").mkdir()
+    (tmp_path / "repository" / "stray.py").write_text(_STRAY)
+    prompt = (
+        "preflight runtime: true\npreflight checkpoint: true\nrun: python3 repository/stray.py\n"
+    )
+    contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 20}, change=_short)
+    policy = agent_policy(
+        tmp_path, "scripted", scripted_agent_image, argv=SCRIPTED_ARGV, usage="claude-code",
+        secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}],
+    )  # fmt: skip
+    state = tmp_path / "state"
+    proc = run_cli(
+        "run", str(contract), "--state-dir", str(state), "--json", "--allow-unsigned",
+        "--label", f"{SESSION_LABEL}={SESSION_ID}", "--policy", str(policy),
+        env={"AGENT_TEST_KEY": KEY},
+    )  # fmt: skip
+    env: dict[str, Any] = json.loads(proc.stdout)
+    job = Path(env["jobDir"])
+    engine_log = (job / "record" / "attempts" / "1" / "engine.log").read_bytes()
+    assert b"99%\r100%\r" in engine_log, engine_log[-400:]  # the job's bytes got there
+    archive = tmp_path / "run.tar"
+    exported = run_cli("export", str(job), "-o", str(archive))
+    assert exported.returncode == 0, exported.stderr
+    leaks = {f"state/{n}": f for n, d in _files(state).items() if (f := holding(d))}
+    leaks |= {f"bundle/{n}": f for n, d in _members(archive).items() if (f := holding(d))}
+    assert leaks == {}
+    assert MARK.encode() in engine_log
     assert not session_containers()
