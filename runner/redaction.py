@@ -8,7 +8,8 @@ of them as it is, and in its usual encodings:
 
 * percent-encoding (URL-encoding): each byte as itself or as ``%hh`` (either case), a space
   also as ``+``; so the plain value too (and each character of the forms below, likewise);
-* hexadecimal, in either case;
+* hexadecimal, in either case, with line breaks anywhere among its digits (``xxd -p``
+  wraps at 60);
 * base64 (standard and URL-safe alphabets) at each of the three alignments a value can have
   inside a longer encoded string: the characters that depend on the value alone, with line
   breaks anywhere among them (wrapped output). At most one character at each end, which mixes
@@ -120,12 +121,12 @@ class Redactor:
             alts = [_units(value)]
             hexed = value.hex().encode()
             for form in encoded_forms(value):
-                if form == hexed:
-                    alts.append(_units(form, fold=True))
+                if form == hexed:  # wrapped at any width too (xxd -p's 60)
+                    alts.append(_units(form, fold=True, join=_WRAP))
                 else:  # base64, wrapped at any width (the base64 tool's 76, PEM's 64)
                     alts.append(_units(form, join=_WRAP))
-            # a base64 character as %hh with a line break after it: 5 bytes of 3/4 of one
-            longest = max(longest, 7 * len(value) + 8)
+            # a hex digit as %hh with a line break after it: 5 bytes, two digits a byte
+            longest = max(longest, 10 * len(value) + 8)
             groups.append(b"(?P<s%d>" % i + b"|".join(alts) + b")")
             self._marks[f"s{i}"] = self._marks_by_name[name] = REDACTED.format(name=name).encode()
             literal = [value, hexed, hexed.upper(), *encoded_forms(value)]
@@ -145,10 +146,14 @@ class Redactor:
         ``=``, a space or a line break, or a tiny one, always goes to the expression."""
         if self._always:
             return True
-        # Percent-decoded in C: quoted-printable's decoder with "%" and "=" swapped.
-        decoded = binascii.a2b_qp(data.translate(_SWAP)) if b"%" in data else data
+        # Percent-decoded in C: quoted-printable's decoder with "%" and "=" swapped, on the
+        # bytes without their line breaks (a decoder reads "=" then CR as a soft line break,
+        # and drops everything after a lone one: a stray "%\r" would hide what follows).
+        unwrapped = data.replace(b"\r", b"").replace(b"\n", b"")
+        if b"%" in unwrapped:
+            unwrapped = binascii.a2b_qp(unwrapped.translate(_SWAP))
+        decoded = unwrapped
         lowered = decoded.lower()
-        unwrapped = decoded.replace(b"\r", b"").replace(b"\n", b"")
         for value, hexed, cores in self._checks:
             if value[2:] in decoded or hexed[2:] in lowered:
                 return True

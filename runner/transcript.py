@@ -25,8 +25,9 @@ in ``/job/output`` is never read for a budget decision.
 Turns are the model answers seen, floored by the model requests the egress proxy counted
 (:class:`ProxyCount`: each request the proxy let through to the model's host is at least one
 turn); cost is the higher of the estimate and the reported cost: usage may be over-counted,
-never under-counted. Reads are bounded: a line is at most 1 MiB (a longer one is skipped),
-each poll reads at most :data:`POLL_BYTES`, no link is followed, and what is remembered of
+never under-counted. A line that is no JSON object (something wrote into the runtime's
+stream) fails the guard closed. Reads are bounded: a line is at most 1 MiB (a longer one is
+skipped), each poll reads at most :data:`POLL_BYTES`, no link is followed, and what is remembered of
 message ids is a 16-byte digest each, at most :data:`MAX_IDS` of them, so the reader's memory
 is bounded whatever the transcript holds. A transcript file the meter has read that vanishes,
 shrinks, becomes a link or another file stops the agent (``agent.transcript``): the runner
@@ -150,11 +151,18 @@ class Reader:
         self._stopped: str | None = None
         self._partial = b""
         self._skipping = False
+        self._lenient = False
+        self.broken: str | None = None
+        """Why the stream can no longer be believed: a line that is no JSON object (the
+        runtime prints only those; the job can write into its stdout, through
+        ``/proc/<pid>/fd/1``, and junk before a line hides that line's answer)."""
 
     def restart(self) -> None:
-        """The next bytes start a new stream (another source of the same transcript)."""
+        """The next bytes start a new stream (another source of the same transcript), which
+        may begin inside a line (the engine's log rotated): its first line is not judged."""
         self._partial = b""
         self._skipping = False
+        self._lenient = True
 
     def feed(self, data: bytes) -> None:
         """Bytes of the transcript, in order; complete lines are read at once."""
@@ -177,11 +185,19 @@ class Reader:
             self._partial = last
 
     def line(self, raw: bytes) -> None:
+        lenient, self._lenient = self._lenient, False
         try:
             event = json.loads(raw)
         except (ValueError, RecursionError):
-            return
+            event = None
         if not isinstance(event, dict):
+            if not lenient and self.broken is None:
+                # what the line holds is not quoted: it may be a secret, and this goes to
+                # the ledger and the envelope
+                self.broken = (
+                    "a line of the agent's stdout is no JSON object: something wrote into the "
+                    "runtime's stream, hiding what it printed"
+                )
             return
         kind = event.get("type")
         if kind == "assistant":
@@ -254,7 +270,7 @@ class Reader:
             tokens=dict(zip(("input", "output", "cacheRead", "cacheWrite"), totals, strict=True)),
             answers=answers,
             requests=requests,
-            tampered=tampered,
+            tampered=tampered or self.broken,
         )
 
 
@@ -449,6 +465,7 @@ class ProxyCount:
     def __init__(self, lease: str, hosts: set[str], proxy: str, since: float) -> None:
         self.lease, self.hosts, self.proxy, self.since = lease, hosts, proxy, since
         self._count = 0
+        self._capped = False
         self._partial = b""
         self._lock = threading.Lock()
         self._follower: _Follower | None = None
@@ -457,6 +474,19 @@ class ProxyCount:
     def count(self) -> int:
         with self._lock:
             return self._count
+
+    def lost(self) -> str | None:
+        """Why the proxy's count can no longer be read, or None: past its cap on a lease's
+        log (``log-capped``) the proxy logs nothing more of it, so the requests that follow
+        would go uncounted (a job can flood the log with refused requests to get there)."""
+        with self._lock:
+            capped = self._capped
+        if not capped:
+            return None
+        return (
+            "the egress proxy stopped logging this attempt's requests (its log of the lease "
+            "reached its cap), so the model requests that follow cannot be counted"
+        )
 
     def attach(self, backend: Backend) -> None:
         if self._follower is None:
@@ -472,12 +502,19 @@ class ProxyCount:
 
     def _line(self, raw: bytes) -> None:
         needle = json.dumps(self.lease).encode()
-        if needle not in raw or b'"host"' not in raw:
+        if needle not in raw or (b'"host"' not in raw and b'"log-capped"' not in raw):
             return
         start = raw.find(b"{")
         try:
             data = json.loads(raw[start:]) if start >= 0 else None
         except ValueError:
+            return
+        if (
+            isinstance(data, dict)
+            and data.get("lease") == self.lease
+            and data.get("event") == "log-capped"
+        ):
+            self._capped = True
             return
         if (
             not isinstance(data, dict)
@@ -496,12 +533,14 @@ class ProxyCount:
         self._follower = None
         live = self.count
         with self._lock:
-            self._count, self._partial = 0, b""
+            capped, self._count, self._partial = self._capped, 0, b""
         try:  # counted again from the start of the lease, to its end
             backend.follow_logs(self.proxy, self._sink, since=self.since, follow=False)
         except Exception:  # noqa: BLE001 - the proxy's log is gone: what was counted live
             with self._lock:
                 self._count = live
+        with self._lock:
+            self._capped |= capped
         with self._lock:
             self._count = max(self._count, live)
             return self._count
@@ -531,9 +570,13 @@ class AgentGuard:
         if self.proxy is not None:
             self.proxy.attach(backend)
 
+    def _lost(self) -> str | None:
+        """Why the usage can no longer be read: the capture's stream, or the proxy's count."""
+        return self.capture.lost() or (self.proxy.lost() if self.proxy is not None else None)
+
     def usage(self) -> Usage:
         requests = self.proxy.count if self.proxy is not None else None
-        return self.capture.usage(requests, self.capture.lost())
+        return self.capture.usage(requests, self._lost())
 
     why: str | None = None
     """Why the guard failed closed (``agent.transcript``), once it has."""
@@ -559,5 +602,6 @@ class AgentGuard:
             requests = None  # never attached (it vanished): the proxy's kept log counts
             if self.proxy is not None and self._backend is not None:
                 requests = self.proxy.final(self._backend)
-            self._final = self.capture.usage(requests)
+            lost = self.proxy.lost() if self.proxy is not None else None
+            self._final = self.capture.usage(requests, lost)
         return self._final

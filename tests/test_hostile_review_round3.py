@@ -1,0 +1,262 @@
+"""The hostile review of issue 25's fixes (third round): each hole found, as a regression
+test. The agent guard, the redaction step, the input cache and the tools they touch, attacked
+as a hostile job, agent prompt, contract author and local user would."""
+
+from __future__ import annotations
+
+import base64
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import transcript
+from runner.redaction import REDACTED, Redactor
+from tests.support import docker, run_job, session_containers
+from tests.support.agents import agent_contract, model_server
+from tests.support.hostile import record
+from tests.test_hostile_agent_guard import _answers, _policy, _short
+from tests.test_hostile_secrets import KEY, holding
+
+MARK = REDACTED.format(name="API_KEY")
+
+# --- redaction: what the prefilter must not hide, and hex as xxd prints it -----------------
+
+
+def _encoded(before: bytes) -> dict[str, bytes]:
+    raw = before + KEY.encode()
+    hexed = raw.hex()
+    return {
+        "url": "".join(f"%{b:02x}" for b in raw).encode(),
+        "url-mixed": b"".join(
+            f"%{b:02X}".encode() if i % 2 else bytes([b]) for i, b in enumerate(raw)
+        ),
+        "hex-mixed-case": "".join(c.upper() if i % 3 else c for i, c in enumerate(hexed)).encode(),
+        "base64-wrapped": base64.encodebytes(raw * 3),
+        "xxd -p": "\n".join(hexed[i : i + 60] for i in range(0, len(hexed), 60)).encode(),
+        "xxd -p, CRLF": "\r\n".join(hexed[i : i + 60] for i in range(0, len(hexed), 60)).encode(),
+    }
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("stray", [b"%\r", b"x%\r\r", b"%\r \t"], ids=["pct-cr", "cr-cr", "cr-ws"])
+def test_a_stray_percent_and_carriage_return_does_not_hide_the_value(stray: bytes) -> None:
+    """Before: the prefilter percent-decoded with quoted-printable's decoder, which drops
+    everything after "=" and a lone CR; a "%\\r" anywhere before the value (one in a whole
+    1 MiB read) hid every percent-encoded, mixed-case hex or wrapped base64 form of it that
+    followed, and the value went into the file (a transcript, the bundle) in clear."""
+    redactor = Redactor({"API_KEY": KEY})
+    for before in (b"", b"a", b"ab"):
+        for name, form in _encoded(before).items():
+            data = stray + b" some log text " + form + b" done\n"
+            assert redactor.found(data) == ["API_KEY"], (name, data)
+            out = redactor.bytes(data)
+            assert holding(out) == [] and MARK.encode() in out, (name, out)
+
+
+@pytest.mark.hostile
+def test_hex_wrapped_as_xxd_prints_it_is_found() -> None:
+    """Before: hex was found only on one line; ``xxd -p`` (60 digits a line) of the key, as an
+    agent's tool prints it into its transcript, was kept whole."""
+    redactor = Redactor({"API_KEY": KEY})
+    hexed = ("== " + KEY + " ==").encode().hex()
+    for width in (60, 32, 7):
+        text = "\n".join(hexed[i : i + width] for i in range(0, len(hexed), width)).encode()
+        assert redactor.found(text) == ["API_KEY"], width
+        out = redactor.bytes(text)
+        assert MARK.encode() in out, width
+        assert KEY.encode().hex().encode() not in out.replace(b"\n", b""), width
+
+
+# --- the guard: the proxy's count past the cap on its lease's log --------------------------
+
+_FLOOD = r"""
+import os, socket, sys
+host, port = os.environ["HTTP_PROXY"].removeprefix("http://").rstrip("/").split(":")
+
+def ask(target):
+    s = socket.create_connection((host, int(port)), timeout=20)
+    s.sendall(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    while s.recv(65536):
+        pass
+    s.close()
+
+for i in range(12):  # refused: each is two lines of the proxy's log, past its cap
+    ask(f"http://refused-{i}.test/" + "p" * 100)
+for i in range(8):  # the model's host: each at least one turn
+    ask(f"http://{sys.argv[1]}/v1/ping")
+"""
+
+
+def _small_log_proxy_image() -> str:
+    """The checkout's proxy with a 2 KiB cap on each lease's log (built once, offline)."""
+    from tests.test_hostile_secrets import _checkout_proxy_image
+
+    base = _checkout_proxy_image()
+    tag = base + "-log2k"
+    if docker("image", "inspect", tag).returncode != 0:
+        with tempfile.TemporaryDirectory() as folder:
+            (Path(folder) / "Dockerfile").write_text(
+                f"FROM {base}\nENV EGRESS_LEASE_LOG_BYTES=2048\n"
+            )
+            built = docker("build", "--network", "none", "-q", "-t", tag, folder)
+            assert built.returncode == 0, built.stderr
+    return tag
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_a_job_that_floods_the_proxys_log_past_its_cap_is_stopped(
+    tmp_path: Path, scripted_agent_image: str
+) -> None:
+    """Before: past the cap on its lease's log the proxy logs nothing more of the lease, and
+    the runner's live count of model requests stopped there: a job that first filled the log
+    with refused requests made its model requests uncounted (each turn here makes eight, and
+    it ran until its answers alone passed maxTurns). Now a capped lease's log fails the guard
+    closed (agent.transcript), naming why."""
+    (tmp_path / "repository").mkdir()
+    (tmp_path / "repository" / "flood.py").write_text(_FLOOD)
+    with model_server(tmp_path, "evaluate") as server:
+        allowed = f"{server.host}:{server.port}"
+        prompt = f"repeat: python3 repository/flood.py {allowed}\npause: 0.5\nignore-limits: yes\n"
+        contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 20}, change=_short)
+        policy = _policy(
+            tmp_path,
+            scripted_agent_image,
+            allow=[allowed],
+            egress={"upstreamNetwork": server.network, "proxyImage": _small_log_proxy_image()},
+        )
+        code, env, err = run_job(contract, tmp_path / "state", *policy)
+        served = len(server.requests())
+    record("proxy-log-flooded-past-its-cap", "runc", env, served=served)
+    job = Path(env["jobDir"])
+    answers = _answers(job / "record" / "attempts" / "1" / "transcript.jsonl")
+    usage: dict[str, Any] = env["agentUsage"]
+    assert code == 1, (env.get("failure"), err)
+    assert env["failure"]["category"] == "resource_exhausted", env["failure"]
+    assert usage["attempts"][0]["stoppedFor"] == "agent.transcript", (usage, answers, served)
+    assert "proxy" in env["failure"]["reason"] and "cap" in env["failure"]["reason"], env
+    assert answers <= 12, (answers, served)  # before: until its answers passed 20
+    assert not session_containers()
+
+
+# --- the guard: bytes written into the runtime's own stdout ---------------------------------
+
+
+def test_junk_before_each_answer_fails_the_reader_closed() -> None:
+    """Before: a line that did not parse was skipped, so bytes without a line break written
+    into the runtime's stdout just before each of its lines hid every answer (no turn, no
+    token counted, nothing said). Now a line that is no JSON object fails the guard closed;
+    only the first line after a restart (a stream that may begin inside a line) is not
+    judged, and an over-long line is still skipped."""
+    answer = b'{"type": "assistant", "message": {"id": "m%d", "usage": {"output_tokens": 9}}}\n'
+    reader = transcript.Reader(transcript.Prices(output=1.0))
+    for i in range(5):
+        reader.feed(b"xxxx" + answer % i)
+    usage = reader.usage()
+    assert usage.turns == 0  # the answers are hidden ...
+    assert usage.tampered and "no JSON object" in usage.tampered  # ... and that is said
+    assert usage.over(3, None) == transcript.TAMPERED
+    clean = transcript.Reader()
+    clean.feed(b"x" * (transcript.LINE_MAX + 1) + b"\n" + answer % 1)
+    clean.restart()
+    clean.feed(b'ssage": {"id": "m1"}}\n' + answer % 2)
+    assert clean.usage().tampered is None and clean.usage().turns == 2
+
+
+# A background process of the job writes into the agent runtime's stdout (the container's,
+# through /proc/1/fd/1: the same pipe the engine reads), a byte at a time and no line break,
+# so that each line the runtime prints starts with junk and no longer parses.
+_INJECT = (
+    'preflight runtime: python3 -c "import json"\n'
+    "preflight checkpoint: true\n"
+    "run: sh -c 'while :; do printf x; sleep 0.002; done' "
+    "</dev/null >/proc/1/fd/1 2>/dev/null &\n"
+)
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_junk_written_into_the_runtimes_stdout_does_not_lift_max_turns(
+    tmp_path: Path, scripted_agent_image: str
+) -> None:
+    """The job writes into its agent runtime's stdout (/proc/1/fd/1, the pipe the engine
+    reads): a runtime whose model waits between its tool result and its next answer (Claude
+    Code) has each answer hidden behind the junk. Before: nothing noticed (here the scripted
+    runtime, with no such wait, was stopped at maxTurns by the answers the junk missed). Now
+    the first line that is no JSON object stops the agent, agent.transcript, naming why."""
+    prompt = _INJECT + "repeat: true\npause: 0.05\nignore-limits: yes\n"
+    contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 20}, change=_short)
+    started = time.monotonic()
+    code, env, err = run_job(contract, tmp_path / "state", *_policy(tmp_path, scripted_agent_image))
+    took = time.monotonic() - started
+    record("junk-in-the-runtimes-stdout", "runc", env, seconds=round(took, 1))
+    usage: dict[str, Any] = env["agentUsage"]
+    job = Path(env["jobDir"])
+    answers = _answers(job / "record" / "attempts" / "1" / "transcript.jsonl")
+    assert code == 1, (env.get("failure"), err, usage, answers)
+    assert env["failure"]["category"] == "resource_exhausted", (env["failure"], usage, took)
+    assert usage["attempts"][0]["stoppedFor"] == "agent.transcript", (usage, answers)
+    assert "no JSON object" in env["failure"]["reason"], env["failure"]
+    assert answers < 20 and took < 90, (answers, took)
+    assert not session_containers()
+
+
+# --- redaction through the engine: a stray "%\r" in the engine's log --------------------------
+
+_STRAY = r"""
+import os
+key = os.environ["API_KEY"].encode()
+with open("/proc/1/fd/2", "wb") as err:  # the container's stderr: the engine's log of it
+    # a progress counter, each step ending in "\r": what follows is printed over it
+    err.write(b"".join(b"%d%%\r" % i for i in range(101)))
+    err.write(b"key=" + "".join(f"%{b:02x}" for b in key).encode() + b"\n")
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_a_stray_percent_cr_in_the_engine_log_does_not_carry_the_key_out(
+    tmp_path: Path, scripted_agent_image: str
+) -> None:
+    """The agent writes a progress counter ("1%\\r2%\\r..."), then its key percent-encoded, into
+    its container's stderr (the engine's log, kept as record/attempts/1/engine.log and
+    exported). Before: the redaction prefilter's decoder dropped the rest of a line after
+    "%\\r", so the key went into the record and the bundle in clear (engine.log, both).
+    Now neither holds it in any form."""
+    from tests.support import run_cli
+    from tests.support.agents import SCRIPTED_ARGV, agent_policy
+    from tests.support.jobs import SESSION_ID, SESSION_LABEL
+    from tests.test_hostile_secrets import _files, _members
+
+    (tmp_path / "repository").mkdir()
+    (tmp_path / "repository" / "stray.py").write_text(_STRAY)
+    prompt = (
+        "preflight runtime: true\npreflight checkpoint: true\nrun: python3 repository/stray.py\n"
+    )
+    contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 20}, change=_short)
+    policy = agent_policy(
+        tmp_path, "scripted", scripted_agent_image, argv=SCRIPTED_ARGV, usage="claude-code",
+        secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}],
+    )  # fmt: skip
+    state = tmp_path / "state"
+    proc = run_cli(
+        "run", str(contract), "--state-dir", str(state), "--json", "--allow-unsigned",
+        "--label", f"{SESSION_LABEL}={SESSION_ID}", "--policy", str(policy),
+        env={"AGENT_TEST_KEY": KEY},
+    )  # fmt: skip
+    env: dict[str, Any] = json.loads(proc.stdout)
+    job = Path(env["jobDir"])
+    engine_log = (job / "record" / "attempts" / "1" / "engine.log").read_bytes()
+    assert b"99%\r100%\r" in engine_log, engine_log[-400:]  # the job's bytes got there
+    archive = tmp_path / "run.tar"
+    exported = run_cli("export", str(job), "-o", str(archive))
+    assert exported.returncode == 0, exported.stderr
+    leaks = {f"state/{n}": f for n, d in _files(state).items() if (f := holding(d))}
+    leaks |= {f"bundle/{n}": f for n, d in _members(archive).items() if (f := holding(d))}
+    assert leaks == {}
+    assert MARK.encode() in engine_log
+    assert not session_containers()
