@@ -228,7 +228,7 @@ def test_a_stray_percent_cr_in_the_engine_log_does_not_carry_the_key_out(
     "%\\r", so the key went into the record and the bundle in clear (engine.log, both).
     Now neither holds it in any form."""
     from tests.support import run_cli
-    from tests.support.agents import SCRIPTED_ARGV, agent_policy
+    from tests.support.agents import SCRIPTED_ARGV, SCRIPTED_RUNTIME, agent_policy
     from tests.support.jobs import SESSION_ID, SESSION_LABEL
     from tests.test_hostile_secrets import _files, _members
 
@@ -240,7 +240,7 @@ def test_a_stray_percent_cr_in_the_engine_log_does_not_carry_the_key_out(
     contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 20}, change=_short)
     policy = agent_policy(
         tmp_path, "scripted", scripted_agent_image, argv=SCRIPTED_ARGV, usage="claude-code",
-        secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}],
+        secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}], **SCRIPTED_RUNTIME,
     )  # fmt: skip
     state = tmp_path / "state"
     proc = run_cli(

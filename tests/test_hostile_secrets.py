@@ -27,7 +27,13 @@ import pytest
 
 from runner.redaction import REDACTED, Redactor, base64_cores
 from tests.support import ROOT, docker, run_cli
-from tests.support.agents import SCRIPTED_ARGV, agent_contract, agent_policy, model_server
+from tests.support.agents import (
+    SCRIPTED_ARGV,
+    SCRIPTED_RUNTIME,
+    agent_contract,
+    agent_policy,
+    model_server,
+)
 from tests.support.hostile import record
 from tests.support.jobs import SESSION_ID, SESSION_LABEL
 
@@ -289,6 +295,7 @@ def test_the_agents_key_is_nowhere_the_run_and_its_export_write(
             tmp_path, "scripted", scripted_agent_image, argv=SCRIPTED_ARGV, usage="claude-code",
             secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}], allow=[allowed],
             egress={"upstreamNetwork": server.network, "proxyImage": _checkout_proxy_image()},
+            **SCRIPTED_RUNTIME,
         )  # fmt: skip
         state = tmp_path / "state"
         proc = run_cli(
