@@ -441,7 +441,10 @@ def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
     info = fake.add_image()
     fake.jobs = lambda spec: FakeJob(work=_leaking_job)
     pol = HostPolicy.model_validate(
-        {"acceptUnsigned": True, "agents": {"scripted": {**SCRIPTED, "image": info.id}}}
+        {
+            "acceptUnsigned": True,
+            "agents": {"scripted": {**SCRIPTED, "image": info.id, "runIn": "adapter-image"}},
+        }
     )
     options = orchestrator.RunOptions(
         state_dir=tmp_path / "state",
