@@ -197,7 +197,8 @@ def _locked(
     known = replace(got.known, outcome=got.outcome)
     if known.gpu_fallback:
         known = replace(known, warnings=(*known.warnings, f"ran on CPU only: {known.gpu_fallback}"))
-    redact = got.redactor or agent_run.redactor(p)  # one step for all it writes and signs
+    # one step for all it writes and signs; blind when any attempt's secrets are not known
+    redact = agent_run.checked(got.redactor, p, ledger.state)
     with stage("container", known):
         failure, budget = _record_end(got, ledger, p, job, backend, limit)
         # The attempt's egress allowlist goes once its container has: the proxy's log is kept.

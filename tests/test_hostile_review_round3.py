@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -260,3 +261,61 @@ def test_a_stray_percent_cr_in_the_engine_log_does_not_carry_the_key_out(
     assert leaks == {}
     assert MARK.encode() in engine_log
     assert not session_containers()
+
+
+# --- redaction after a reattach: secrets unset or rotated meanwhile --------------------------
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+@pytest.mark.parametrize("then", ["unset", "rotated"])
+def test_a_reattach_that_cannot_know_the_secret_keeps_and_exports_none_of_it(
+    tmp_path: Path, scripted_agent_image: str, then: str
+) -> None:
+    """The agent prints its key each turn; the runner is killed (SIGKILL) mid-job, then the
+    variable the secret comes from is unset, or holds a new key, when `runner run` picks the
+    attempt up again. Before: the reattach read the secret again and redacted nothing (unset)
+    or the new key (rotated), so the transcript, stdout.log and the engine's log in the job
+    folder, and the bundle, held the key the container had. Now the attempt's start records
+    a salted digest of each secret; a reattach that cannot show it holds the same values
+    replaces the attempt's streams and logs by a note, warns in the envelope, and the run
+    cannot be exported."""
+    from runner.contract import Trust, load_contract
+    from runner.plan import default_job_id
+    from tests.support import run_cli, start_job
+    from tests.support.agents import SCRIPTED_ARGV, SCRIPTED_RUNTIME, agent_policy
+    from tests.test_hostile_secrets import _files
+
+    prompt = "repeat: echo key=$API_KEY\npause: 0.3\n"
+    contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 12}, change=_short)
+    policy = agent_policy(
+        tmp_path, "scripted", scripted_agent_image, argv=SCRIPTED_ARGV, usage="claude-code",
+        secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}], **SCRIPTED_RUNTIME,
+    )  # fmt: skip
+    state = tmp_path / "state"
+    job = state / "jobs" / default_job_id(load_contract(contract, Trust()))
+    live = job / "record" / "attempts" / "1" / "transcript.jsonl"
+    proc = start_job(contract, state, "--policy", str(policy), env={"AGENT_TEST_KEY": KEY})
+    try:
+        deadline = time.monotonic() + 120
+        while not (live.exists() and _answers(live) >= 3):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the agent took no turns"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    env = {"AGENT_TEST_KEY": "sk-rotated-" + "r" * 32} if then == "rotated" else {}
+    _code, envelope, err = run_job(contract, state, "--policy", str(policy), env=env)
+    record(f"reattach-secret-{then}", "runc", envelope)
+    usage = envelope["agentUsage"]
+    assert [a["attempt"] for a in usage["attempts"]] == [1], (usage, err)  # reattached
+    leaks = {n: f for n, d in _files(state).items() if (f := holding(d))}
+    assert leaks == {}, leaks  # before: the transcript, stdout.log, engine.log
+    assert any("cannot be exported" in w for w in envelope["warnings"]), envelope["warnings"]
+    assert b"withheld by the runner" in (job / "output" / "logs" / "stdout.log").read_bytes()
+    exported = run_cli("export", str(job), "-o", str(tmp_path / "run.tar"))
+    assert exported.returncode != 0 and "cannot be exported" in exported.stderr, exported
+    assert not (tmp_path / "run.tar").exists()
+    assert not session_containers()
+
