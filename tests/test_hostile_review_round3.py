@@ -152,7 +152,7 @@ def test_junk_before_each_answer_fails_the_reader_closed() -> None:
     into the runtime's stdout just before each of its lines hid every answer (no turn, no
     token counted, nothing said). Now a line that is no JSON object fails the guard closed;
     only the first line after a restart (a stream that may begin inside a line) is not
-    judged, and an over-long line is still skipped."""
+    judged."""
     answer = b'{"type": "assistant", "message": {"id": "m%d", "usage": {"output_tokens": 9}}}\n'
     reader = transcript.Reader(transcript.Prices(output=1.0))
     for i in range(5):
@@ -162,7 +162,7 @@ def test_junk_before_each_answer_fails_the_reader_closed() -> None:
     assert usage.tampered and "no JSON object" in usage.tampered  # ... and that is said
     assert usage.over(3, None) == transcript.TAMPERED
     clean = transcript.Reader()
-    clean.feed(b"x" * (transcript.LINE_MAX + 1) + b"\n" + answer % 1)
+    clean.feed(answer % 1)
     clean.restart()
     clean.feed(b'ssage": {"id": "m1"}}\n' + answer % 2)
     assert clean.usage().tampered is None and clean.usage().turns == 2
@@ -319,3 +319,133 @@ def test_a_reattach_that_cannot_know_the_secret_keeps_and_exports_none_of_it(
     assert not (tmp_path / "run.tar").exists()
     assert not session_containers()
 
+
+# --- the guard: an over-long line in the runtime's stdout -------------------------------------
+
+
+def test_an_answer_merged_into_a_line_over_a_mib_is_counted_or_fails_closed() -> None:
+    """Before: a line over 1 MiB was skipped without a word, so a job writing 1 MiB + 1
+    bytes (no line break) into the runtime's stdout before each answer hid every answer.
+    Now lines up to 16 MiB are read (junk before an answer: no JSON object, fail closed), a
+    longer one fails the guard closed, naming why without quoting it; only a restarted
+    stream's first line is not judged."""
+    answer = b'{"type": "assistant", "message": {"id": "m%d", "usage": {"output_tokens": 9}}}\n'
+    old_cap = 1024 * 1024
+    merged = transcript.Reader()
+    for i in range(3):
+        merged.feed(b"x" * (old_cap + 1) + answer % i)
+    usage = merged.usage()
+    assert usage.tampered and "no JSON object" in usage.tampered, usage
+    assert usage.over(10, None) == transcript.TAMPERED
+    big = transcript.Reader()  # a long line a runtime could print: read, counted
+    pad = b"p" * (4 * old_cap)
+    big.feed(b'{"type": "assistant", "message": {"id": "m1", "pad": "' + pad + b'"}}\n')
+    assert big.usage().turns == 1 and big.usage().tampered is None
+    over = transcript.Reader()
+    for _ in range(transcript.LINE_MAX // old_cap + 1):
+        over.feed(b"x" * old_cap)  # in pieces, as a stream comes
+    over.feed(b"\n" + answer % 9)
+    usage = over.usage()
+    assert usage.tampered and "over 16 MiB" in usage.tampered and "xxx" not in usage.tampered
+    assert usage.turns == 1 and usage.over(10, None) == transcript.TAMPERED
+    restarted = transcript.Reader()
+    restarted.restart()  # may begin inside a line: its first is not judged
+    restarted.feed(b"x" * (transcript.LINE_MAX + 1) + b"\n" + answer % 1)
+    assert restarted.usage().tampered is None and restarted.usage().turns == 1
+
+
+_LONG_LINES = r"""
+import json, resource, sys
+from runner import transcript
+
+def rss():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+unit = {"text": b"i", "lists": b"[],", "strings": b'"ab",'}[sys.argv[1]]
+step = 1024 * 1024
+body = unit * (step // len(unit))
+reader = transcript.Reader()
+reader.feed(b'{"type": "assistant", "message": {"id": "warm"}}\n')
+base = rss()
+for i in range(6):  # lines just under the cap, fed as a stream comes, a MiB a time
+    if unit == b"i":  # a distinct id of almost 16 MiB
+        reader.feed(b'{"type": "assistant", "message": {"id": "%d' % i)
+    else:  # an answer with a value of 16 MiB of tiny JSON values
+        reader.feed(b'{"type": "assistant", "message": {"id": "%d"}, "x": [' % i)
+    for _ in range(transcript.LINE_MAX // step - 1):
+        reader.feed(body)
+    reader.feed(b'"}}\n' if unit == b"i" else b"0]}\n")
+for _ in range(2):  # and lines past the cap
+    for _ in range(transcript.LINE_MAX // step + 2):
+        reader.feed(body)
+    reader.feed(b"\n")
+usage = reader.usage()
+print(json.dumps({"turns": usage.turns, "grew": rss() - base, "tampered": usage.tampered}))
+"""
+
+
+@pytest.mark.parametrize("lines", ["text", "lists", "strings"])
+def test_the_readers_memory_stays_bounded_with_lines_up_to_its_cap(lines: str) -> None:
+    """Lines up to the 16 MiB cap are kept whole to be read: a fresh process feeding distinct
+    ids just under the cap, or lines of as many tiny JSON values (parsed, each would be a
+    Python object: hundreds of MB; a line over 1 MiB with more than 100,000 values fails
+    closed), then lines past the cap, grows its peak RSS by under 100 MB (issue 25, item
+    3's bound)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _LONG_LINES, lines], capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    record(f"transcript-reader-long-lines-{lines}", "none", {}, **got)
+    assert got["turns"] == (7 if lines == "text" else 1) and got["tampered"], got
+    if lines != "text":
+        assert "100,000 JSON values" in got["tampered"], got
+    assert got["grew"] < 100 * 1024 * 1024, got
+
+
+_LONG_JUNK = """
+import os
+fd = os.open("/proc/1/fd/1", os.O_WRONLY)  # the container's stdout: the runtime's stream
+junk = memoryview(b"x" * (1024 * 1024 + 1))  # no line break: the runtime's next line joins it
+while junk:
+    junk = junk[os.write(fd, junk) :]
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_junk_over_a_mib_before_the_runtimes_lines_is_not_skipped(
+    tmp_path: Path, scripted_agent_image: str
+) -> None:
+    """Each turn's command writes 1 MiB + 1 bytes without a line break into the runtime's
+    stdout, so the next line it prints (here the tool's result; with Claude Code, whose
+    model answers after a wait, the answer) joins a line over 1 MiB. Before: such a line was
+    skipped without a word (here the agent ran on to maxTurns, agent.maxTurns, every result
+    line hidden; an answer in it would not have been counted). Now the line is read (up to
+    16 MiB), is no JSON object, and the agent is stopped, agent.transcript, naming why.
+    (Through Docker the hole was also closed by chance: the engine's 1 MiB log file rotates
+    inside such a line and the runner's stream of it lost a part, so a shorter piece was
+    judged; the reader's own test above fails before the fix whatever the engine does.)"""
+    (tmp_path / "repository").mkdir()
+    (tmp_path / "repository" / "junk.py").write_text(_LONG_JUNK)
+    prompt = (
+        'preflight runtime: python3 -c "import json"\npreflight checkpoint: true\n'
+        "repeat: python3 repository/junk.py\npause: 0.2\nignore-limits: yes\n"
+    )
+    contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 8}, change=_short)
+    started = time.monotonic()
+    code, env, err = run_job(contract, tmp_path / "state", *_policy(tmp_path, scripted_agent_image))
+    took = time.monotonic() - started
+    record("long-junk-in-the-runtimes-stdout", "runc", env, seconds=round(took, 1))
+    usage: dict[str, Any] = env["agentUsage"]
+    assert code == 1, (env.get("failure"), err, usage)
+    assert env["failure"]["category"] == "resource_exhausted", (env["failure"], usage, took)
+    assert usage["attempts"][0]["stoppedFor"] == "agent.transcript", usage
+    reason = env["failure"]["reason"]
+    assert "no JSON object" in reason, reason
+    assert "xxxx" not in reason and took < 90, (reason, took)
+    assert not session_containers()
