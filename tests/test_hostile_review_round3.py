@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import signal
 import tempfile
 import time
@@ -448,4 +449,104 @@ def test_junk_over_a_mib_before_the_runtimes_lines_is_not_skipped(
     reason = env["failure"]["reason"]
     assert "no JSON object" in reason, reason
     assert "xxxx" not in reason and took < 90, (reason, took)
+    assert not session_containers()
+
+
+# --- the working copy: a cached file changed after the stamp check --------------------------
+
+
+def test_a_cached_file_changed_before_the_working_copy_is_refused(tmp_path: Path) -> None:
+    """The input cache's files are linked into input/ after their stamps are checked; a local
+    user edits one then (same size, mtime put back), so the job's working copy
+    (workspace/repository) gets the edited code, and restores it before the run ends, so the
+    re-hash of input/ after the job passes. Before: the copy was made unchecked and the run
+    `succeeded` on the edited code. Now the copy hashes what it copies against the listing
+    of input/ as staged: input_digest_mismatch, naming the file, nothing left in workspace/."""
+    from runner import inputcache, layout, staging
+    from runner.contract import load_contract
+    from runner.errors import InputDigestMismatch
+    from runner.inputcache import InputCache
+    from runner.staging import StateDir
+    from tests.test_hostile_inputs_round3 import _swap, _value_contract
+
+    contract = load_contract(_value_contract(tmp_path / "c", "sha256:" + "ab" * 32))
+    state = StateDir(tmp_path / "state")
+    cache = InputCache.of_state(state.root)
+    for name, tamper in (("edited", "change"), ("added", "add"), ("clean", None)):
+        job = staging.prepare(state.job(name).root)
+        staging.stage_inputs(job, contract, via=inputcache.stager(cache, job))
+        value = job.input / "repository" / "value.txt"
+        if tamper == "change":
+            _swap(value, b"0.9\n")  # the cached inode: in every job that links it
+        elif tamper == "add":
+            os.chmod(value.parent, 0o700)
+            (value.parent / "extra.py").write_text("print('not staged')\n")
+        if tamper is None:
+            assert layout.working_copy(job, contract, 1 << 40)
+            assert (job.workspace / "repository" / "value.txt").read_text() == "0.1\n"
+            continue
+        with pytest.raises(InputDigestMismatch, match=r"repository\.path.*input/repository/"):
+            layout.working_copy(job, contract, 1 << 40)
+        assert list(job.workspace.iterdir()) == [], name
+        if tamper == "change":
+            _swap(value, b"0.1\n")  # put back: as a user covering the change would
+        else:
+            (value.parent / "extra.py").unlink()
+
+
+# --- the re-hash of input/ after the job: its listing unreadable ------------------------------
+
+
+def test_an_unreadable_listing_of_the_staged_inputs_fails_the_check_closed(
+    tmp_path: Path,
+) -> None:
+    """Before: record/input-tree.json missing or not the runner's listing made the re-hash
+    of input/ after the job return unchanged=None, and the run went on (succeeded). Now it
+    is unchanged=False, naming the file: the run is input_digest_mismatch (its inputs cannot
+    be shown to be what the contract binds, so no value is a result)."""
+    from runner import staging
+    from runner.contract import load_contract
+    from tests.test_hostile_inputs_round3 import _value_contract
+
+    contract = load_contract(_value_contract(tmp_path / "c", "sha256:" + "ab" * 32))
+    job = staging.prepare(tmp_path / "job")
+    staging.stage_inputs(job, contract)
+    assert staging.recheck_inputs(job).unchanged is True
+    tree = job.record / "input-tree.json"
+    good = tree.read_bytes()
+    for broken in (b"", b"{}", b'{"listing": 7, "inputs": []}', None):
+        if broken is None:
+            tree.unlink()
+        else:
+            tree.write_bytes(broken)
+        checked = staging.recheck_inputs(job)
+        assert checked.unchanged is False, broken
+        assert "record/input-tree.json" in str(checked.problem), checked
+    tree.write_bytes(good)
+    assert staging.recheck_inputs(job).unchanged is True
+
+
+@pytest.mark.docker
+@pytest.mark.hostile
+def test_a_listing_removed_while_the_job_runs_ends_it_input_digest_mismatch(
+    tmp_path: Path, image_id: str
+) -> None:
+    """A local user removes record/input-tree.json while the job runs. Before: the check of
+    input/ after the job was skipped (inputsUnchanged null) and the run succeeded. Now it is
+    input_digest_mismatch, exit 3, the reason naming the file."""
+    from tests.support import start_job, wait_running
+    from tests.test_hostile_inputs_round3 import _value_contract
+
+    contract = _value_contract(tmp_path / "c", image_id, pause="6")
+    state = tmp_path / "state"
+    proc = start_job(contract, state, "--job-id", "unlisted")
+    wait_running(proc)
+    (state / "jobs" / "unlisted" / "record" / "input-tree.json").unlink()
+    out, err = proc.communicate(timeout=300)
+    env: dict[str, Any] = json.loads(out)
+    record("input listing removed during the job", "runc", env)
+    assert proc.returncode == 3, (env.get("failure"), err)
+    assert env["failure"]["category"] == "input_digest_mismatch", env["failure"]
+    assert "record/input-tree.json" in env["failure"]["reason"], env["failure"]
+    assert env["inputsUnchanged"] is False
     assert not session_containers()
