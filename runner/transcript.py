@@ -24,15 +24,17 @@ in ``/job/output`` is never read for a budget decision.
 
 Turns are the model answers seen, floored by the model requests the egress proxy counted
 (:class:`ProxyCount`: each request the proxy let through to the model's host is at least one
-turn); cost is the higher of the estimate and the reported cost: usage may be over-counted,
-never under-counted. A line that is no JSON object (something wrote into the runtime's
-stream) fails the guard closed. Reads are bounded: a line is at most :data:`LINE_MAX`, and one
-over 1 MiB at most :data:`MAX_VALUES` JSON values (a line past either fails the guard closed
-too), each poll reads at most :data:`POLL_BYTES`, no link is followed, and what is remembered of
-message ids is a 16-byte digest each, at most :data:`MAX_IDS` of them, so the reader's memory
-is bounded whatever the transcript holds. A transcript file the meter has read that vanishes,
-shrinks, becomes a link or another file stops the agent (``agent.transcript``): the runner
-never guesses at usage it can no longer read.
+turn; over an HTTPS tunnel the proxy sees one request for the whole tunnel, so there it is a
+floor of tunnels, not of requests); cost is the higher of the estimate and the reported cost:
+usage may be over-counted, and what the runtime prints is never under-counted. A line that is
+no JSON object (something wrote into the runtime's stream) fails the guard closed. Reads are
+bounded: a line is at most :data:`LINE_MAX`, and one over 1 MiB at most :data:`MAX_VALUES` JSON
+values (a line past either fails the guard closed too), each poll reads at most
+:data:`POLL_BYTES`, no link is followed, and what is remembered of message ids is a 16-byte
+digest each, at most :data:`MAX_IDS` of them, so the reader's memory is bounded whatever the
+transcript holds. A transcript file the meter has read that vanishes, shrinks, becomes a link
+or another file stops the agent (``agent.transcript``): the runner never guesses at usage it
+can no longer read.
 """
 
 from __future__ import annotations
