@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ from runner.envelope import (
     ResultEnvelope,
 )
 from runner.errors import Category, HostConfigError, ResourceExhausted
-from runner.ledger import Ledger, LedgerState
+from runner.ledger import Ledger, LedgerState, read_state
 from runner.plan import ExecutionPlan
 from runner.redaction import NONE, Redactor
 from runner.staging import JobDir, write_json
@@ -274,6 +275,8 @@ def withhold(redact: Redactor, job: JobDir, envelope: ResultEnvelope) -> ResultE
     the job's result.json and the files it lists) that holds a secret stays as the job wrote
     it, hashed as it is (redacting it would change the evidence), and is withheld from every
     export: listed with why in ``record/withheld.json`` and named in the envelope's warnings."""
+    if redact and redact.blind is None and (before := _unredactable(job)) is not None:
+        redact = redact.blinded(before)  # a run that could not redact stays so (a re-grade)
     if not redact:
         return envelope
     held: list[dict[str, Any]] = []
@@ -321,6 +324,30 @@ def withhold(redact: Redactor, job: JobDir, envelope: ResultEnvelope) -> ResultE
         warnings.insert(0, f"this run cannot be exported: {redact.blind}")
     envelope = envelope.model_copy(update={"warnings": [*envelope.warnings, *warnings]})
     return redacted(redact, envelope)
+
+
+def _unredactable(job: JobDir) -> str | None:
+    """Why an earlier end of this run could not redact it (``record/withheld.json``'s
+    ``unredactable``), or None; a list that cannot be read counts as such an end."""
+    try:
+        with safefs.open_under(job.record, WITHHELD) as f:
+            listed = json.loads(f.read(16 * 1024 * 1024))
+    except safefs.UnsafePath as exc:
+        return None if exc.missing else f"record/{WITHHELD}: {exc.problem}"
+    except (OSError, ValueError) as exc:
+        return f"record/{WITHHELD} cannot be read ({exc})"
+    why = listed.get("unredactable") if isinstance(listed, dict) else "not the list the run wrote"
+    return None if why is None else str(why)
+
+
+def ledger_state(job: JobDir | None) -> LedgerState | None:
+    """The job's ledger as it stands (read only), or None where there is none to read."""
+    if job is None:
+        return None
+    try:
+        return read_state(job.ledger)
+    except (OSError, ValueError):
+        return None
 
 
 def redacted(redact: Redactor, envelope: ResultEnvelope) -> ResultEnvelope:

@@ -99,6 +99,13 @@ class _Room:
                     raise self._mismatch(path, "(a link) was retargeted")
             elif path not in self.copied:
                 raise self._mismatch(path, "was gone")
+        for dirpath, dirnames, filenames in os.walk(self.tmp):  # a link added: not staged
+            for name in [*dirnames, *filenames]:
+                rel = f"{repo}/{os.path.relpath(os.path.join(dirpath, name), self.tmp)}"
+                staged = self.staged.get(rel.replace(os.sep, "/"))
+                linked = os.path.islink(os.path.join(dirpath, name))
+                if linked and (staged is None or staged.kind != "L"):
+                    raise self._mismatch(rel, "(a link) was not staged (added)")
 
     def _take(self, n: int) -> None:
         self.file += n

@@ -90,10 +90,11 @@ def run(
         return envelope
     except Stopped as stopped:
         envelope = _envelope(stopped.known, options, clock, _failure(stopped.stage, stopped.cause))
-        plan = stopped.known.plan
-        redact = agent_run.redactor(plan) if plan is not None else redaction.NONE
+        plan, job, cause = stopped.known.plan, stopped.known.job, stopped.cause
+        redact = redaction.NONE
+        if plan is not None:  # checked against what each attempt was given, as at an end
+            redact = agent_run.redactor(plan, None, agent_run.ledger_state(job))
         envelope = agent_run.redacted(redact, envelope)  # an agent's secrets: out of it too
-        job, cause = stopped.known.job, stopped.cause
         # A busy or finished job's envelope, or a ledger we may not touch, is not ours.
         if (
             job is not None

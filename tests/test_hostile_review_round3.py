@@ -318,6 +318,12 @@ def test_a_reattach_that_cannot_know_the_secret_keeps_and_exports_none_of_it(
     exported = run_cli("export", str(job), "-o", str(tmp_path / "run.tar"))
     assert exported.returncode != 0 and "cannot be exported" in exported.stderr, exported
     assert not (tmp_path / "run.tar").exists()
+    # a re-grade, under the secret as it is now, does not make the run exportable again
+    regraded = run_cli("parse", str(job), "--policy", str(policy), "--json",
+                       env={"AGENT_TEST_KEY": "sk-now-" + "n" * 32})  # fmt: skip
+    assert json.loads(regraded.stdout)["revision"] == 2, regraded.stderr  # exit 1: maxTurns
+    again = run_cli("export", str(job), "-o", str(tmp_path / "run.tar"))
+    assert again.returncode != 0 and "cannot be exported" in again.stderr, again
     assert not session_containers()
 
 
@@ -472,7 +478,8 @@ def test_a_cached_file_changed_before_the_working_copy_is_refused(tmp_path: Path
     contract = load_contract(_value_contract(tmp_path / "c", "sha256:" + "ab" * 32))
     state = StateDir(tmp_path / "state")
     cache = InputCache.of_state(state.root)
-    for name, tamper in (("edited", "change"), ("added", "add"), ("clean", None)):
+    cases = (("edited", "change"), ("added", "add"), ("linked", "link"), ("clean", None))
+    for name, tamper in cases:
         job = staging.prepare(state.job(name).root)
         staging.stage_inputs(job, contract, via=inputcache.stager(cache, job))
         value = job.input / "repository" / "value.txt"
@@ -481,6 +488,9 @@ def test_a_cached_file_changed_before_the_working_copy_is_refused(tmp_path: Path
         elif tamper == "add":
             os.chmod(value.parent, 0o700)
             (value.parent / "extra.py").write_text("print('not staged')\n")
+        elif tamper == "link":
+            os.chmod(value.parent, 0o700)
+            (value.parent / "extra.py").symlink_to("value.txt")
         if tamper is None:
             assert layout.working_copy(job, contract, 1 << 40)
             assert (job.workspace / "repository" / "value.txt").read_text() == "0.1\n"
