@@ -7,6 +7,11 @@ attempt, passed to each attempt's runtime as what is left (its argv's ``{maxTurn
 (:class:`~runner.transcript.AgentGuard` in the watch loop: the runner's own capture of the
 agent's stdout, ``record/attempts/<n>/transcript.jsonl``, floored by the egress proxy's count
 of model requests), and refused before an attempt starts once spent.
+
+Long on purpose: an attempt's agent from its start to what the runner signs of it, the one
+redaction step of its secrets included (read, checked against the digests each attempt
+recorded, applied to its streams, records and envelope, and failing closed where it cannot
+be), kept together so no path of an attempt's end skips a part of it.
 """
 
 from __future__ import annotations
