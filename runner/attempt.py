@@ -206,7 +206,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
                 job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
                 how="recovered",
             )  # fmt: skip
-            agent_run.settle(job.plan, job.dir, n)
+            agent_run.settle(job.plan, job.dir, n, state=job.ledger.state)
             return AttemptResult(outcome, known, guards, n)
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
         w = _watch(job, n, before, found.seconds, guards, as_of=found.at)
@@ -216,7 +216,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             how="reattached",
         )  # fmt: skip
         outcome = agent_run.ended(_disk_at_end(outcome, guards), guards.agent)
-        agent_run.settle(job.plan, job.dir, n)
+        agent_run.settle(job.plan, job.dir, n, state=job.ledger.state)
         return AttemptResult(outcome, known, guards, n)
 
 
@@ -337,6 +337,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 "gpus": [g.model_dump(mode="json") for g in given],
                 **({"egress": eg.as_json()} if eg else {}),
                 **({"agentArgv": list(argv)} if p.agent is not None else {}),
+                # salted digests, never a value: a reattach knows whether it can still redact
+                **({"secretDigests": redactor.digests()} if secrets else {}),
                 **({"agentRuntime": brought.record()} if brought is not None else {}),
                 **(
                     {"agentPrompt": agents.prompt_record(p.agent, prompt)}

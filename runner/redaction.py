@@ -104,8 +104,11 @@ class Redactor:
     """An attempt's secrets (``{NAME: value}``), found and replaced in bytes, text, JSON
     values and files."""
 
-    def __init__(self, secrets: Mapping[str, str]) -> None:
+    def __init__(self, secrets: Mapping[str, str], blind: str | None = None) -> None:
         self.names = sorted(k for k, v in secrets.items() if v)
+        self.blind = blind
+        """Why this step cannot redact what an attempt wrote (its secrets are no longer the
+        ones it was given: unreadable now, or rotated); None when it can."""
         self._values = {k: secrets[k].encode() for k in self.names}
         groups: list[bytes] = []
         self._marks: dict[str, bytes] = {}
@@ -136,7 +139,33 @@ class Redactor:
         """The longest a match can be (bytes): what a stream keeps back between chunks."""
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return self._pattern is not None or self.blind is not None
+
+    def values(self) -> dict[str, bytes]:
+        """The secrets this step redacts (``{NAME: value}``)."""
+        return dict(self._values)
+
+    def blinded(self, why: str) -> Redactor:
+        """This step, marked unable to redact what an attempt wrote (``why``)."""
+        return Redactor({k: v.decode() for k, v in self._values.items()}, blind=why)
+
+    def digests(self) -> dict[str, Any]:
+        """What the runner records at an attempt's start to know its secrets again later: a
+        random salt and each value's salted SHA-256 (never a value)."""
+        salt = _random.token_hex(16)
+        return {"salt": salt, "sha256": {n: _salted(salt, v) for n, v in self._values.items()}}
+
+    def differs(self, recorded: Mapping[str, Any]) -> list[str]:
+        """The names in ``recorded`` (:meth:`digests` of an attempt's secrets) whose value
+        this step does not hold; every name when ``recorded`` is not such a record."""
+        salt, sums = recorded.get("salt"), recorded.get("sha256")
+        if not isinstance(salt, str) or not isinstance(sums, dict):
+            return ["(unreadable record)"]
+        return sorted(
+            str(n)
+            for n, digest in sums.items()
+            if n not in self._values or _salted(salt, self._values[n]) != digest
+        )
 
     def _maybe(self, data: bytes) -> bool:
         """Whether ``data`` may hold a match: a necessary condition, checked with the
@@ -337,6 +366,10 @@ class Redactor:
                 }
             )
         return {"salt": salt, "secrets": entries}
+
+
+def _salted(salt: str, value: bytes) -> str:
+    return hashlib.sha256(salt.encode() + value).hexdigest()
 
 
 NONE = Redactor({})
