@@ -539,10 +539,11 @@ def test_a_contract_image_without_bin_sh_is_refused_for_the_scripted_runtime(
 
 
 @pytest.mark.docker
-def test_a_missing_contract_image_is_refused_before_any_container(
+def test_a_missing_contract_image_is_refused_before_staging(
     tmp_path: Path, scripted_agent_image: str
 ) -> None:
-    """The contract's image is resolved like any job's: absent, the run is refused."""
+    """The contract's image is resolved like any job's, before the inputs are staged:
+    absent, the run is refused with nothing staged and no container."""
     missing = "sha256:" + "0" * 64
     contract = agent_contract(tmp_path, image=missing)
     code, env, err = run_job(
@@ -550,7 +551,11 @@ def test_a_missing_contract_image_is_refused_before_any_container(
     )
     assert code == 4, err  # as a fixed entrypoint's missing image
     assert env["failure"]["category"] == "image_unavailable"
+    assert env["failure"]["stage"] == "image"
     assert missing in env["failure"]["reason"]
+    staged = Path(env["jobDir"]) / "input"
+    assert not (staged / "repository").exists() and not (staged / "task.json").exists()
+    assert env["timings"]["stageSeconds"] is None, env["timings"]
     assert not session_containers()
 
 

@@ -285,7 +285,8 @@ def test_junk_long_lines_and_a_replaced_file_do_not_derail_the_meter(tmp_path: P
     out.mkdir()
     log = out / "stdout.log"
     turn = json.dumps({"type": "assistant", "message": {"id": "a"}}) + "\n"
-    log.write_text("not json\n[1]\n" + "x" * (transcript.LINE_MAX + 10) + "\n" + turn)
+    long = json.dumps({"type": "user", "pad": "x" * (transcript.LONG_LINE + 10)})
+    log.write_text(long + "\n" + turn)  # a long line (a big tool result): read
     meter = transcript.Meter(out, "stdout.log")
     assert meter.poll().turns == 1
     with log.open("a") as f:

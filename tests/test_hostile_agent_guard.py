@@ -30,6 +30,7 @@ from runner.planning.plan import default_job_id
 from tests.support import run_job, session_containers, start_job
 from tests.support.agents import (
     SCRIPTED_ARGV,
+    SCRIPTED_RUNTIME,
     agent_contract,
     agent_policy,
     model_server,
@@ -48,8 +49,9 @@ def _answers(path: Path) -> int:
 
 def _policy(folder: Path, image: str, **adapter: Any) -> list[str]:
     path = agent_policy(
-        folder, "scripted", image, argv=SCRIPTED_ARGV, usage="claude-code", **adapter
-    )
+        folder, "scripted", image, argv=SCRIPTED_ARGV, usage="claude-code",
+        **{**SCRIPTED_RUNTIME, **adapter},
+    )  # fmt: skip
     return ["--policy", str(path)]
 
 

@@ -27,7 +27,13 @@ import pytest
 
 from runner.core.redaction import REDACTED, Redactor, base64_cores
 from tests.support import ROOT, docker, run_cli
-from tests.support.agents import SCRIPTED_ARGV, agent_contract, agent_policy, model_server
+from tests.support.agents import (
+    SCRIPTED_ARGV,
+    SCRIPTED_RUNTIME,
+    agent_contract,
+    agent_policy,
+    model_server,
+)
 from tests.support.hostile import record
 from tests.support.jobs import SESSION_ID, SESSION_LABEL
 
@@ -289,6 +295,7 @@ def test_the_agents_key_is_nowhere_the_run_and_its_export_write(
             tmp_path, "scripted", scripted_agent_image, argv=SCRIPTED_ARGV, usage="claude-code",
             secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}], allow=[allowed],
             egress={"upstreamNetwork": server.network, "proxyImage": _checkout_proxy_image()},
+            **SCRIPTED_RUNTIME,
         )  # fmt: skip
         state = tmp_path / "state"
         proc = run_cli(
@@ -435,7 +442,10 @@ def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
     info = fake.add_image()
     fake.jobs = lambda spec: FakeJob(work=_leaking_job)
     pol = HostPolicy.model_validate(
-        {"acceptUnsigned": True, "agents": {"scripted": {**SCRIPTED, "image": info.id}}}
+        {
+            "acceptUnsigned": True,
+            "agents": {"scripted": {**SCRIPTED, "image": info.id, "runIn": "adapter-image"}},
+        }
     )
     options = orchestrator.RunOptions(
         state_dir=tmp_path / "state",

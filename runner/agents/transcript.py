@@ -24,13 +24,17 @@ in ``/job/output`` is never read for a budget decision.
 
 Turns are the model answers seen, floored by the model requests the egress proxy counted
 (:class:`ProxyCount`: each request the proxy let through to the model's host is at least one
-turn); cost is the higher of the estimate and the reported cost: usage may be over-counted,
-never under-counted. Reads are bounded: a line is at most 1 MiB (a longer one is skipped),
-each poll reads at most :data:`POLL_BYTES`, no link is followed, and what is remembered of
-message ids is a 16-byte digest each, at most :data:`MAX_IDS` of them, so the reader's memory
-is bounded whatever the transcript holds. A transcript file the meter has read that vanishes,
-shrinks, becomes a link or another file stops the agent (``agent.transcript``): the runner
-never guesses at usage it can no longer read.
+turn; over an HTTPS tunnel the proxy sees one request for the whole tunnel, so there it is a
+floor of tunnels, not of requests); cost is the higher of the estimate and the reported cost:
+usage may be over-counted, and what the runtime prints is never under-counted. A line that is
+no JSON object (something wrote into the runtime's stream) fails the guard closed. Reads are
+bounded: a line is at most :data:`LINE_MAX`, and one over 1 MiB at most :data:`MAX_VALUES` JSON
+values (a line past either fails the guard closed too), each poll reads at most
+:data:`POLL_BYTES`, no link is followed, and what is remembered of message ids is a 16-byte
+digest each, at most :data:`MAX_IDS` of them, so the reader's memory is bounded whatever the
+transcript holds. A transcript file the meter has read that vanishes, shrinks, becomes a link
+or another file stops the agent (``agent.transcript``): the runner never guesses at usage it
+can no longer read.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -50,7 +55,16 @@ from typing import Any, TypeGuard
 from runner.backends.base import Backend, LogFollow
 from runner.core import safefs
 
-LINE_MAX = 1024 * 1024
+LINE_MAX = 16 * 1024 * 1024
+"""The longest line of an agent's stdout read; a longer one fails the guard closed."""
+MAX_VALUES = 100_000
+"""The most JSON values a line over :data:`LONG_LINE` may hold (each is a Python object when
+parsed: 16 MiB of ``[],`` would be hundreds of MB); counted at C speed, strings blanked."""
+LONG_LINE = 1024 * 1024
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_STRUCTURE = (b",", b":", b"[", b"{")
+PROXY_LINE_MAX = 1024 * 1024
+"""The longest line of the proxy's log read (the proxy writes short ones)."""
 POLL_BYTES = 8 * 1024 * 1024
 """At most this much of the transcript is read per poll (the rest at the next)."""
 MAX_TOKENS = 10**15
@@ -135,6 +149,20 @@ def _count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS
 
 
+def _values(raw: bytes) -> int:
+    """At least the JSON values ``raw`` parses to, or a number past :data:`MAX_VALUES`: its
+    strings, and the values that follow a ``,``, ``:`` or an opening bracket outside them;
+    counted at C speed, in constant memory (at most :data:`MAX_VALUES` strings looked at)."""
+    strings = inside = 0
+    for m in _STRING.finditer(raw):
+        strings += 1
+        if strings > MAX_VALUES:
+            return strings
+        start, end = m.span()
+        inside += sum(raw.count(c, start, end) for c in _STRUCTURE)
+    return max(strings, sum(raw.count(c) for c in _STRUCTURE) - inside + 1)
+
+
 class Reader:
     """Folds transcript lines into a :class:`Usage`."""
 
@@ -148,40 +176,80 @@ class Reader:
         self._reported_turns: int | None = None
         self._reported_cost: float | None = None
         self._stopped: str | None = None
-        self._partial = b""
+        self._pieces: list[bytes] = []
+        self._size = 0
         self._skipping = False
+        self._lenient = False
+        self.broken: str | None = None
+        """Why the stream can no longer be believed: a line that is no JSON object (the
+        runtime prints only those; the job can write into its stdout, through
+        ``/proc/<pid>/fd/1``, and junk before a line hides that line's answer)."""
 
     def restart(self) -> None:
-        """The next bytes start a new stream (another source of the same transcript)."""
-        self._partial = b""
+        """The next bytes start a new stream (another source of the same transcript), which
+        may begin inside a line (the engine's log rotated): its first line is not judged."""
+        self._pieces, self._size = [], 0
         self._skipping = False
+        self._lenient = True
 
     def feed(self, data: bytes) -> None:
-        """Bytes of the transcript, in order; complete lines are read at once."""
-        lines = data.split(b"\n")
-        head = lines[0]
+        """Bytes of the transcript, in order; complete lines are read at once. A line is
+        kept in pieces (never copied while it grows) up to :data:`LINE_MAX`; past that it
+        fails the stream closed (:attr:`broken`) and is skipped to its end."""
+        *complete, last = data.split(b"\n")
+        for piece in complete:
+            self._hold(piece)
+            self._end()
+        self._hold(last)
+
+    def _hold(self, piece: bytes) -> None:
+        if self._skipping or not piece:
+            return
+        self._size += len(piece)
+        if self._size <= LINE_MAX:
+            self._pieces.append(piece)
+            return
+        self._pieces, self._skipping = [], True  # past the cap: skipped up to its end
+        lenient, self._lenient = self._lenient, False
+        if not lenient and self.broken is None:  # never quoted (it may hold a secret)
+            self.broken = (
+                f"a line of the agent's stdout is over {LINE_MAX // (1024 * 1024)} MiB: the "
+                "runtime prints no such line, so something wrote into its stream, hiding "
+                "what it printed"
+            )
+
+    def _end(self) -> None:
+        pieces, self._pieces, self._size = self._pieces, [], 0
         if self._skipping:
-            if len(lines) > 1:
-                self._skipping = False
-            lines[0] = b""
-        else:
-            lines[0] = self._partial + head
-        self._partial = b""
-        *complete, last = lines
-        for raw in complete:
-            if raw.strip() and len(raw) <= LINE_MAX:
-                self.line(raw)
-        if len(last) > LINE_MAX:
-            self._skipping = True  # a line past the cap: skipped up to its end
-        else:
-            self._partial = last
+            self._skipping = False
+            return
+        raw = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        del pieces
+        if len(raw) > LONG_LINE and _values(raw) > MAX_VALUES:
+            self._lenient = False
+            if self.broken is None:
+                self.broken = (
+                    f"a line of the agent's stdout holds over {MAX_VALUES:,} JSON values: the "
+                    "runtime prints no such line, so something wrote into its stream"
+                )
+            return
+        if raw.strip():
+            self.line(raw)
 
     def line(self, raw: bytes) -> None:
+        lenient, self._lenient = self._lenient, False
         try:
             event = json.loads(raw)
         except (ValueError, RecursionError):
-            return
+            event = None
         if not isinstance(event, dict):
+            if not lenient and self.broken is None:
+                # what the line holds is not quoted: it may be a secret, and this goes to
+                # the ledger and the envelope
+                self.broken = (
+                    "a line of the agent's stdout is no JSON object: something wrote into the "
+                    "runtime's stream, hiding what it printed"
+                )
             return
         kind = event.get("type")
         if kind == "assistant":
@@ -254,7 +322,7 @@ class Reader:
             tokens=dict(zip(("input", "output", "cacheRead", "cacheWrite"), totals, strict=True)),
             answers=answers,
             requests=requests,
-            tampered=tampered,
+            tampered=tampered or self.broken,
         )
 
 
@@ -449,6 +517,7 @@ class ProxyCount:
     def __init__(self, lease: str, hosts: set[str], proxy: str, since: float) -> None:
         self.lease, self.hosts, self.proxy, self.since = lease, hosts, proxy, since
         self._count = 0
+        self._capped = False
         self._partial = b""
         self._lock = threading.Lock()
         self._follower: _Follower | None = None
@@ -458,6 +527,19 @@ class ProxyCount:
         with self._lock:
             return self._count
 
+    def lost(self) -> str | None:
+        """Why the proxy's count can no longer be read, or None: past its cap on a lease's
+        log (``log-capped``) the proxy logs nothing more of it, so the requests that follow
+        would go uncounted (a job can flood the log with refused requests to get there)."""
+        with self._lock:
+            capped = self._capped
+        if not capped:
+            return None
+        return (
+            "the egress proxy stopped logging this attempt's requests (its log of the lease "
+            "reached its cap), so the model requests that follow cannot be counted"
+        )
+
     def attach(self, backend: Backend) -> None:
         if self._follower is None:
             self._follower = _Follower(backend, self.proxy, self._sink, since=self.since)
@@ -465,19 +547,26 @@ class ProxyCount:
     def _sink(self, data: bytes) -> None:
         with self._lock:
             *lines, self._partial = (self._partial + data).split(b"\n")
-            if len(self._partial) > LINE_MAX:
+            if len(self._partial) > PROXY_LINE_MAX:
                 self._partial = b""
             for raw in lines:
                 self._line(raw)
 
     def _line(self, raw: bytes) -> None:
         needle = json.dumps(self.lease).encode()
-        if needle not in raw or b'"host"' not in raw:
+        if needle not in raw or (b'"host"' not in raw and b'"log-capped"' not in raw):
             return
         start = raw.find(b"{")
         try:
             data = json.loads(raw[start:]) if start >= 0 else None
         except ValueError:
+            return
+        if (
+            isinstance(data, dict)
+            and data.get("lease") == self.lease
+            and data.get("event") == "log-capped"
+        ):
+            self._capped = True
             return
         if (
             not isinstance(data, dict)
@@ -496,12 +585,14 @@ class ProxyCount:
         self._follower = None
         live = self.count
         with self._lock:
-            self._count, self._partial = 0, b""
+            capped, self._count, self._partial = self._capped, 0, b""
         try:  # counted again from the start of the lease, to its end
             backend.follow_logs(self.proxy, self._sink, since=self.since, follow=False)
         except Exception:  # noqa: BLE001 - the proxy's log is gone: what was counted live
             with self._lock:
                 self._count = live
+        with self._lock:
+            self._capped |= capped
         with self._lock:
             self._count = max(self._count, live)
             return self._count
@@ -531,9 +622,13 @@ class AgentGuard:
         if self.proxy is not None:
             self.proxy.attach(backend)
 
+    def _lost(self) -> str | None:
+        """Why the usage can no longer be read: the capture's stream, or the proxy's count."""
+        return self.capture.lost() or (self.proxy.lost() if self.proxy is not None else None)
+
     def usage(self) -> Usage:
         requests = self.proxy.count if self.proxy is not None else None
-        return self.capture.usage(requests, self.capture.lost())
+        return self.capture.usage(requests, self._lost())
 
     why: str | None = None
     """Why the guard failed closed (``agent.transcript``), once it has."""
@@ -559,5 +654,6 @@ class AgentGuard:
             requests = None  # never attached (it vanished): the proxy's kept log counts
             if self.proxy is not None and self._backend is not None:
                 requests = self.proxy.final(self._backend)
-            self._final = self.capture.usage(requests)
+            lost = self.proxy.lost() if self.proxy is not None else None
+            self._final = self.capture.usage(requests, lost)
         return self._final

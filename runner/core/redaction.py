@@ -9,7 +9,8 @@ of them as it is, and in its usual encodings:
 
 * percent-encoding (URL-encoding): each byte as itself or as ``%hh`` (either case), a space
   also as ``+``; so the plain value too (and each character of the forms below, likewise);
-* hexadecimal, in either case;
+* hexadecimal, in either case, with line breaks anywhere among its digits (``xxd -p``
+  wraps at 60);
 * base64 (standard and URL-safe alphabets) at each of the three alignments a value can have
   inside a longer encoded string: the characters that depend on the value alone, with line
   breaks anywhere among them (wrapped output). At most one character at each end, which mixes
@@ -104,8 +105,11 @@ class Redactor:
     """An attempt's secrets (``{NAME: value}``), found and replaced in bytes, text, JSON
     values and files."""
 
-    def __init__(self, secrets: Mapping[str, str]) -> None:
+    def __init__(self, secrets: Mapping[str, str], blind: str | None = None) -> None:
         self.names = sorted(k for k, v in secrets.items() if v)
+        self.blind = blind
+        """Why this step cannot redact what an attempt wrote (its secrets are no longer the
+        ones it was given: unreadable now, or rotated); None when it can."""
         self._values = {k: secrets[k].encode() for k in self.names}
         groups: list[bytes] = []
         self._marks: dict[str, bytes] = {}
@@ -121,12 +125,12 @@ class Redactor:
             alts = [_units(value)]
             hexed = value.hex().encode()
             for form in encoded_forms(value):
-                if form == hexed:
-                    alts.append(_units(form, fold=True))
+                if form == hexed:  # wrapped at any width too (xxd -p's 60)
+                    alts.append(_units(form, fold=True, join=_WRAP))
                 else:  # base64, wrapped at any width (the base64 tool's 76, PEM's 64)
                     alts.append(_units(form, join=_WRAP))
-            # a base64 character as %hh with a line break after it: 5 bytes of 3/4 of one
-            longest = max(longest, 7 * len(value) + 8)
+            # a hex digit as %hh with a line break after it: 5 bytes, two digits a byte
+            longest = max(longest, 10 * len(value) + 8)
             groups.append(b"(?P<s%d>" % i + b"|".join(alts) + b")")
             self._marks[f"s{i}"] = self._marks_by_name[name] = REDACTED.format(name=name).encode()
             literal = [value, hexed, hexed.upper(), *encoded_forms(value)]
@@ -136,7 +140,33 @@ class Redactor:
         """The longest a match can be (bytes): what a stream keeps back between chunks."""
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return self._pattern is not None or self.blind is not None
+
+    def values(self) -> dict[str, bytes]:
+        """The secrets this step redacts (``{NAME: value}``)."""
+        return dict(self._values)
+
+    def blinded(self, why: str) -> Redactor:
+        """This step, marked unable to redact what an attempt wrote (``why``)."""
+        return Redactor({k: v.decode() for k, v in self._values.items()}, blind=why)
+
+    def digests(self) -> dict[str, Any]:
+        """What the runner records at an attempt's start to know its secrets again later: a
+        random salt and each value's salted SHA-256 (never a value)."""
+        salt = _random.token_hex(16)
+        return {"salt": salt, "sha256": {n: _salted(salt, v) for n, v in self._values.items()}}
+
+    def differs(self, recorded: Mapping[str, Any]) -> list[str]:
+        """The names in ``recorded`` (:meth:`digests` of an attempt's secrets) whose value
+        this step does not hold; every name when ``recorded`` is not such a record."""
+        salt, sums = recorded.get("salt"), recorded.get("sha256")
+        if not isinstance(salt, str) or not isinstance(sums, dict):
+            return ["(unreadable record)"]
+        return sorted(
+            str(n)
+            for n, digest in sums.items()
+            if n not in self._values or _salted(salt, self._values[n]) != digest
+        )
 
     def _maybe(self, data: bytes) -> bool:
         """Whether ``data`` may hold a match: a necessary condition, checked with the
@@ -146,10 +176,14 @@ class Redactor:
         ``=``, a space or a line break, or a tiny one, always goes to the expression."""
         if self._always:
             return True
-        # Percent-decoded in C: quoted-printable's decoder with "%" and "=" swapped.
-        decoded = binascii.a2b_qp(data.translate(_SWAP)) if b"%" in data else data
+        # Percent-decoded in C: quoted-printable's decoder with "%" and "=" swapped, on the
+        # bytes without their line breaks (a decoder reads "=" then CR as a soft line break,
+        # and drops everything after a lone one: a stray "%\r" would hide what follows).
+        unwrapped = data.replace(b"\r", b"").replace(b"\n", b"")
+        if b"%" in unwrapped:
+            unwrapped = binascii.a2b_qp(unwrapped.translate(_SWAP))
+        decoded = unwrapped
         lowered = decoded.lower()
-        unwrapped = decoded.replace(b"\r", b"").replace(b"\n", b"")
         for value, hexed, cores in self._checks:
             if value[2:] in decoded or hexed[2:] in lowered:
                 return True
@@ -333,6 +367,10 @@ class Redactor:
                 }
             )
         return {"salt": salt, "secrets": entries}
+
+
+def _salted(salt: str, value: bytes) -> str:
+    return hashlib.sha256(salt.encode() + value).hexdigest()
 
 
 NONE = Redactor({})

@@ -7,13 +7,20 @@ attempt, passed to each attempt's runtime as what is left (its argv's ``{maxTurn
 (:class:`~runner.agents.transcript.AgentGuard` in the watch loop: the runner's own capture of the
 agent's stdout, ``record/attempts/<n>/transcript.jsonl``, floored by the egress proxy's count
 of model requests), and refused before an attempt starts once spent.
+
+Long on purpose: an attempt's agent from its start to what the runner signs of it, the one
+redaction step of its secrets included (read, checked against the digests each attempt
+recorded, applied to its streams, records and envelope, and failing closed where it cannot
+be), kept together so no path of an attempt's end skips a part of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 from runner.agents import adapters as agents
@@ -39,7 +46,7 @@ from runner.models.envelope import (
 from runner.planning.plan import ExecutionPlan
 from runner.results.bundle import output_files
 from runner.staging.jobdir import JobDir, write_json
-from runner.state.ledger import Ledger, LedgerState
+from runner.state.ledger import Ledger, LedgerState, read_state
 
 LIMITS = {"agent.maxTurns": "turns", "agent.maxBudgetUsd": "USD"}
 STOPS = {*LIMITS, transcript.TAMPERED}
@@ -145,35 +152,111 @@ def ended(outcome: Outcome, agent_guard: transcript.AgentGuard | None) -> Outcom
     return outcome if over is None else dataclasses.replace(outcome, stopped_for=over)
 
 
-def redactor(p: ExecutionPlan, secrets: dict[str, str] | None = None) -> Redactor:
+def redactor(
+    p: ExecutionPlan,
+    secrets: dict[str, str] | None = None,
+    state: LedgerState | None = None,
+    attempt: int | None = None,
+) -> Redactor:
     """The one redaction step of an agent's attempts: its adapter's secrets (``secrets`` as
     the attempt was given them, else read again: an attempt picked up after a restart), in
-    every form :mod:`runner.core.redaction` finds. Nothing to redact without secrets, or when they
-    cannot be read now (then the proxy's own redaction of its log is all there is)."""
+    every form :mod:`runner.core.redaction` finds. Nothing to redact without secrets. With
+    ``state``, checked against the salted digests each attempt (``attempt``: that one only)
+    recorded at its start: secrets that cannot be read now, or are not the values an attempt
+    was given (rotated meanwhile), make the step *blind* (fail closed: :func:`scrub`,
+    :func:`withhold`)."""
     if p.agent is None or not p.agent.adapter.secrets:
         return NONE
+    started = [
+        (a.number, a.starting["secretDigests"])
+        for a in (state.attempts if state is not None else [])
+        if (attempt is None or a.number == attempt) and "secretDigests" in a.starting
+    ]
     if secrets is None:
         try:
             secrets = agents.secret_values(p.agent.adapter)
-        except HostConfigError:
-            return NONE
-    return Redactor(secrets)
+        except HostConfigError as exc:
+            if not started:
+                return NONE
+            n = started[0][0]
+            return NONE.blinded(
+                f"the agent's secrets could not be read again when the runner picked up "
+                f"attempt {n} ({exc.message}), so what it wrote cannot be redacted"
+            )
+    redact = Redactor(secrets)
+    for n, recorded in started:
+        changed = redact.differs(recorded if isinstance(recorded, dict) else {})
+        if changed:
+            return redact.blinded(
+                f"the agent secret {', '.join(changed)} is not the value attempt {n} was "
+                "given (changed or rotated since it started), so what it wrote cannot be "
+                "redacted"
+            )
+    return redact
 
 
-def scrub(p: ExecutionPlan, job: JobDir, n: int, secrets: dict[str, str] | None = None) -> None:
+def checked(given: Redactor, p: ExecutionPlan, state: LedgerState) -> Redactor:
+    """The step for everything a run writes and signs at its end: the last attempt's
+    (``given``, when it started in this process), else its secrets read again; either
+    checked against what every attempt was given (:func:`redactor`)."""
+    if not given:
+        return redactor(p, None, state)
+    return redactor(p, {n: v.decode() for n, v in given.values().items()}, state)
+
+
+UNREDACTED = "withheld by the runner: {why}. The container's stream this file held is not kept.\n"
+"""What replaces a stream or log of an attempt that a blind step cannot redact."""
+
+
+def scrub(
+    p: ExecutionPlan,
+    job: JobDir,
+    n: int,
+    secrets: dict[str, str] | None = None,
+    state: LedgerState | None = None,
+) -> None:
     """An agent's secrets out of what the runner keeps of attempt ``n`` as it ends, before
     anything hashes it: its transcript and stderr, and the engine's log (the agent could have
-    printed its own environment). ``secrets`` None: read them again."""
-    redact = redactor(p, secrets)
+    printed its own environment). ``secrets`` None: read them again, and checked against
+    what attempt ``n`` was given (``state``); where they cannot be, each of those files is
+    replaced by a note saying why (fail closed: what cannot be redacted is not kept)."""
+    redact = redactor(p, secrets, state, n)
+    if redact.blind is not None:
+        note = UNREDACTED.format(why=redact.blind).encode()
+        _replace(job.output, [p.stdout_path, p.stderr_path], note)
+        _replace(job.attempt_record(n), ["engine.log", transcript.CAPTURE], note)
+        return
     redact.files(job.output, [p.stdout_path, p.stderr_path])
     redact.files(job.attempt_record(n), ["engine.log", transcript.CAPTURE])
 
 
-def settle(p: ExecutionPlan, job: JobDir, n: int, secrets: dict[str, str] | None = None) -> None:
+def _replace(root: Path, rels: list[str], data: bytes) -> None:
+    """Each file ``root/rel`` that exists replaced by ``data`` (no link followed)."""
+    for rel in rels:
+        with (
+            contextlib.suppress(safefs.UnsafePath, OSError),
+            safefs.parent_fd(root, rel) as (fd, name),
+        ):
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(name, flags, 0o644, dir_fd=fd), "wb") as out:
+                out.write(data)
+
+
+def settle(
+    p: ExecutionPlan,
+    job: JobDir,
+    n: int,
+    secrets: dict[str, str] | None = None,
+    state: LedgerState | None = None,
+) -> None:
     """Attempt ``n``'s container has ended: its captured stdout copied to output/
     (:func:`keep_transcript`), then the agent's secrets out of what is kept (:func:`scrub`)."""
     keep_transcript(p, job, n)
-    scrub(p, job, n, secrets)
+    scrub(p, job, n, secrets, state)
 
 
 WITHHELD = "withheld.json"
@@ -201,6 +284,8 @@ def withhold(redact: Redactor, job: JobDir, envelope: ResultEnvelope) -> ResultE
     the job's result.json and the files it lists) that holds a secret stays as the job wrote
     it, hashed as it is (redacting it would change the evidence), and is withheld from every
     export: listed with why in ``record/withheld.json`` and named in the envelope's warnings."""
+    if redact and redact.blind is None and (before := _unredactable(job)) is not None:
+        redact = redact.blinded(before)  # a run that could not redact stays so (a re-grade)
     if not redact:
         return envelope
     held: list[dict[str, Any]] = []
@@ -210,6 +295,14 @@ def withhold(redact: Redactor, job: JobDir, envelope: ResultEnvelope) -> ResultE
             continue
         seen.add(path)
         why = None
+        if redact.blind is not None:  # nothing can be checked: nothing leaves
+            try:
+                rel = "/".join(safefs.parts(path))
+            except safefs.UnsafePath:
+                rel = path
+            why = f"it cannot be checked for the agent's secrets: {redact.blind}"
+            held.append({"path": redact.text(f"output/{rel}"), "secrets": [], "why": why})
+            continue
         try:
             rel = "/".join(safefs.parts(path))
             named = redact.found(rel.encode())
@@ -230,13 +323,40 @@ def withhold(redact: Redactor, job: JobDir, envelope: ResultEnvelope) -> ResultE
         if why is not None:
             held.append({"path": redact.text(f"output/{rel}"), "secrets": names, "why": why})
     target = job.record / WITHHELD
-    if held:
-        write_json(target, {"schemaVersion": "1.0", "files": held})
+    blind = {"unredactable": redact.blind} if redact.blind is not None else {}
+    if held or blind:
+        write_json(target, {"schemaVersion": "1.0", "files": held, **blind})
     else:
         target.unlink(missing_ok=True)
     warnings = [f"{h['path']} is withheld from export: {h['why']}" for h in held]
+    if redact.blind is not None:
+        warnings.insert(0, f"this run cannot be exported: {redact.blind}")
     envelope = envelope.model_copy(update={"warnings": [*envelope.warnings, *warnings]})
     return redacted(redact, envelope)
+
+
+def _unredactable(job: JobDir) -> str | None:
+    """Why an earlier end of this run could not redact it (``record/withheld.json``'s
+    ``unredactable``), or None; a list that cannot be read counts as such an end."""
+    try:
+        with safefs.open_under(job.record, WITHHELD) as f:
+            listed = json.loads(f.read(16 * 1024 * 1024))
+    except safefs.UnsafePath as exc:
+        return None if exc.missing else f"record/{WITHHELD}: {exc.problem}"
+    except (OSError, ValueError) as exc:
+        return f"record/{WITHHELD} cannot be read ({exc})"
+    why = listed.get("unredactable") if isinstance(listed, dict) else "not the list the run wrote"
+    return None if why is None else str(why)
+
+
+def ledger_state(job: JobDir | None) -> LedgerState | None:
+    """The job's ledger as it stands (read only), or None where there is none to read."""
+    if job is None:
+        return None
+    try:
+        return read_state(job.ledger)
+    except (OSError, ValueError):
+        return None
 
 
 def redacted(redact: Redactor, envelope: ResultEnvelope) -> ResultEnvelope:
@@ -257,7 +377,7 @@ def lost(
     usage is what its transcript shows, recorded before a new attempt counts what is left."""
     if p.agent is not None:
         record(ledger, n, usage_of(p, job, n, agent_guard))
-        settle(p, job, n)
+        settle(p, job, n, state=ledger.state)
 
 
 def usage_of(

@@ -194,7 +194,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
                 job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
                 how="recovered",
             )  # fmt: skip
-            agent_run.settle(job.plan, job.dir, n)
+            agent_run.settle(job.plan, job.dir, n, state=job.ledger.state)
             return AttemptResult(outcome, known, guards, n)
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
         w = _watch(job, n, before, found.seconds, guards, as_of=found.at)
@@ -204,7 +204,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             how="reattached",
         )  # fmt: skip
         outcome = agent_run.ended(_disk_at_end(outcome, guards), guards.agent)
-        agent_run.settle(job.plan, job.dir, n)
+        agent_run.settle(job.plan, job.dir, n, state=job.ledger.state)
         return AttemptResult(outcome, known, guards, n)
 
 
@@ -218,7 +218,8 @@ def _decided(job: staging.JobDir, n: int) -> Allocation | None:
 
 
 def _new(job: Job, known: Known) -> AttemptResult:
-    """Stage, acquire the image, hand out GPUs, then create, start and watch a container."""
+    """Check the budget, acquire the image (and an agent's runtime), stage, hand out GPUs,
+    then create, start and watch a container."""
     p, ledger, progress, opts = job.plan, job.ledger, job.progress, job.options
     st = ledger.state
     consumed = st.consumed
@@ -243,6 +244,27 @@ def _new(job: Job, known: Known) -> AttemptResult:
         agent_run.refuse_spent(p, st)
         if p.agent is not None:  # read now, handed to the engine only
             secrets = agents.secret_values(p.agent.adapter)
+    # The image before the inputs: a pin this host cannot resolve (an agent's runtime image
+    # too) is refused before anything is staged.
+    since_image = time.monotonic()
+    with stage("image", known):
+        got = _acquire(job)
+    known = replace(known, image=got[1]).timed("image", since_image)
+    info = got[0].info
+    names = ", ".join(info.repo_tags) or "untagged"
+    progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")
+    with stage("image", known):  # an agent's runtime, brought into the contract's image
+        brought = agentimage.bring(
+            job.backend, p, info, lambda pin: _acquire(job, pin), opts.state.root, opts.labels
+        )
+    if brought is not None:
+        progress.stage("agent", f"commands run in {info.id[:19]}… (the contract's image); "
+                       + agentimage.describe(brought))  # fmt: skip
+    elif p.agent is not None:
+        progress.stage("agent", f"commands run in {info.id[:19]}… (the {p.agent.runtime} "
+                       "adapter's image, runIn adapter-image)")  # fmt: skip
+    since = time.monotonic()
+    with stage("stage", known):
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
         files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via)
         files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
@@ -261,23 +283,6 @@ def _new(job: Job, known: Known) -> AttemptResult:
     known = known.timed("stage", since)
     size = sum(f.size for f in files)
     progress.stage("stage", f"{len(files)} input files ({size:,} bytes) in {job.dir.root}")
-    since = time.monotonic()
-    with stage("image", known):
-        got = _acquire(job)
-    known = replace(known, image=got[1]).timed("image", since)
-    info = got[0].info
-    names = ", ".join(info.repo_tags) or "untagged"
-    progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")
-    with stage("image", known):  # an agent's runtime, brought into the contract's image
-        brought = agentimage.bring(
-            job.backend, p, info, lambda pin: _acquire(job, pin), opts.state.root, opts.labels
-        )
-    if brought is not None:
-        progress.stage("agent", f"commands run in {info.id[:19]}… (the contract's image); "
-                       + agentimage.describe(brought))  # fmt: skip
-    elif p.agent is not None:
-        progress.stage("agent", f"commands run in {info.id[:19]}… (the {p.agent.runtime} "
-                       "adapter's image, runIn adapter-image)")  # fmt: skip
     name = container.container_name(job.dir.root, p.job_id, n)
     with stage("image", known):
         _check_runtime(job)
@@ -320,6 +325,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 "gpus": [g.model_dump(mode="json") for g in given],
                 **({"egress": eg.as_json()} if eg else {}),
                 **({"agentArgv": list(argv)} if p.agent is not None else {}),
+                # salted digests, never a value: a reattach knows whether it can still redact
+                **({"secretDigests": redactor.digests()} if secrets else {}),
                 **({"agentRuntime": brought.record()} if brought is not None else {}),
                 **(
                     {"agentPrompt": agents.prompt_record(p.agent, prompt)}

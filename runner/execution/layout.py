@@ -13,8 +13,10 @@ from pathlib import Path
 
 from runner.contract import VerifiedContract
 from runner.core import safefs
-from runner.core.errors import PolicyViolation
+from runner.core.errors import InputDigestMismatch, PolicyViolation
 from runner.execution import quotas
+from runner.staging import inputs
+from runner.staging import jobdir as staging
 from runner.staging.jobdir import JobDir, StagedFile, atomic_write, record_added_input, write_json
 
 
@@ -33,11 +35,20 @@ def working_copy(job: JobDir, contract: VerifiedContract, disk_quota: int) -> bo
     source = job.input / os.path.normpath(repo)
     if not source.is_dir() or source.is_symlink():
         return False
+    try:
+        staged, _named = staging.staged_tree(job)
+    except ValueError as exc:
+        raise InputDigestMismatch(
+            f"$.repository.path: the working copy cannot be checked against what was staged: {exc}",
+            hint="stage the job again (`runner run --rerun`, or a new job folder)",
+        ) from None
     tmp = job.workspace / ".repository.staging"
     _remove(tmp)  # left by a runner that died while copying
     room = _Room(disk_quota - quotas.allocated_bytes(list(job.writable)), disk_quota)
+    room.expect(job.input, tmp, staged)
     try:
         shutil.copytree(source, tmp, symlinks=True, copy_function=room.copy)
+        room.check(os.path.normpath(repo))
     except BaseException:
         _remove(tmp)
         raise
@@ -58,6 +69,46 @@ class _Room:
 
     def __init__(self, left: int, quota: int) -> None:
         self.left, self.quota, self.file = left, quota, 0
+        self.staged: dict[str, inputs.Entry] = {}
+        self.copied: set[str] = set()
+        self.input, self.tmp = Path(), Path()
+
+    def expect(self, input_dir: Path, tmp: Path, staged: dict[str, inputs.Entry]) -> None:
+        """Each file copied from ``input_dir`` (to below ``tmp``) must hash to its entry in
+        ``staged`` (``record/input-tree.json``): the input cache's files are linked into
+        ``input/`` and could be changed after the stamp check, before the copy."""
+        self.input, self.tmp, self.staged = input_dir, tmp, staged
+
+    def _mismatch(self, rel: str, what: str) -> InputDigestMismatch:
+        return InputDigestMismatch(
+            f"$.repository.path: input/{rel} {what} while the job's working copy was made: "
+            "the job would run other code than the contract binds, so nothing ran",
+            hint="an input (or the input cache entry it came from) was changed on this host; "
+            "find who writes there, then run again (a changed cache entry is re-hashed)",
+        )
+
+    def check(self, repo: str) -> None:
+        """Every file and link staged below ``input/<repo>`` is in the copy, as staged."""
+        for path, entry in self.staged.items():
+            if not path.startswith(repo + "/") or entry.kind == "D":
+                continue
+            rel = path[len(repo) + 1 :]
+            if entry.kind == "L":
+                try:
+                    target = os.readlink(self.tmp / rel)
+                except OSError:
+                    raise self._mismatch(path, "(a link) was gone") from None
+                if hashlib.sha256(os.fsencode(target)).hexdigest() != entry.sha256:
+                    raise self._mismatch(path, "(a link) was retargeted")
+            elif path not in self.copied:
+                raise self._mismatch(path, "was gone")
+        for dirpath, dirnames, filenames in os.walk(self.tmp):  # a link added: not staged
+            for name in [*dirnames, *filenames]:
+                rel = f"{repo}/{os.path.relpath(os.path.join(dirpath, name), self.tmp)}"
+                staged = self.staged.get(rel.replace(os.sep, "/"))
+                linked = os.path.islink(os.path.join(dirpath, name))
+                if linked and (staged is None or staged.kind != "L"):
+                    raise self._mismatch(rel, "(a link) was not staged (added)")
 
     def _take(self, n: int) -> None:
         self.file += n
@@ -82,8 +133,16 @@ class _Room:
             flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             out = os.open(dst, flags, 0o755 if executable else 0o644)
             try:
+                rel = os.path.relpath(src, self.input).replace(os.sep, "/")
+                entry = self.staged.get(rel)
+                if entry is None or entry.kind not in ("F", "X"):
+                    raise self._mismatch(rel, "was not staged (added)")
                 self.file = 0
-                safefs.copy_sparse(fd, out, st.st_size, on_write=self._take)
+                digest = hashlib.sha256()
+                copied = safefs.copy_sparse(fd, out, st.st_size, digest, on_write=self._take)
+                if copied != st.st_size or digest.hexdigest() != entry.sha256:
+                    raise self._mismatch(rel, "differed from what was staged (changed)")
+                self.copied.add(rel)
                 os.fchmod(out, 0o755 if executable else 0o644)
                 self.file = 0
                 self._take(os.fstat(out).st_blocks * 512)  # what it really takes

@@ -84,10 +84,11 @@ def run(
         return envelope
     except Stopped as stopped:
         envelope = _envelope(stopped.known, options, clock, _failure(stopped.stage, stopped.cause))
-        plan = stopped.known.plan
-        redact = agent_run.redactor(plan) if plan is not None else redaction.NONE
+        plan, job, cause = stopped.known.plan, stopped.known.job, stopped.cause
+        redact = redaction.NONE
+        if plan is not None:  # checked against what each attempt was given, as at an end
+            redact = agent_run.redactor(plan, None, agent_run.ledger_state(job))
         envelope = agent_run.redacted(redact, envelope)  # an agent's secrets: out of it too
-        job, cause = stopped.known.job, stopped.cause
         # A busy or finished job's envelope, or a ledger we may not touch, is not ours.
         if (
             job is not None
@@ -191,7 +192,8 @@ def _locked(
     known = replace(got.known, outcome=got.outcome)
     if known.gpu_fallback:
         known = replace(known, warnings=(*known.warnings, f"ran on CPU only: {known.gpu_fallback}"))
-    redact = got.redactor or agent_run.redactor(p)  # one step for all it writes and signs
+    # one step for all it writes and signs; blind when any attempt's secrets are not known
+    redact = agent_run.checked(got.redactor, p, ledger.state)
     with stage("container", known):
         failure, budget = _record_end(got, ledger, p, job, backend, limit)
         # The attempt's egress allowlist goes once its container has: the proxy's log is kept.

@@ -596,7 +596,7 @@ def _record_tree(job: JobDir, staged: list[StagedInput], own: list[tuple[str, by
     for name, data in own:
         whole[name] = inputs.Entry("F", name, hashlib.sha256(data).hexdigest())
     write_json(
-        job.record / "input-tree.json",
+        job.record / INPUT_TREE,
         {
             "schemaVersion": "1.0",
             "format": inputs.FORMAT,
@@ -629,21 +629,42 @@ class InputsCheck:
     inputs: list[dict[str, str]]
     """``{field, path, digest}`` of each input the contract names, as staged."""
     unchanged: bool | None
-    """None: nothing was recorded to compare with (staged by an older runner)."""
+    """None: not checked."""
     problem: str | None = None
     """What changed, the first differing path first."""
 
 
+INPUT_TREE = "input-tree.json"
+"""``record/input-tree.json``: the listing of ``input/`` as staged (:func:`_record_tree`)."""
+
+
+def staged_tree(job: JobDir) -> tuple[dict[str, inputs.Entry], list[dict[str, str]]]:
+    """The listing of ``input/`` as staged, and the inputs the contract names, from
+    ``record/input-tree.json`` (runner-written, never mounted). ValueError saying why it
+    cannot be read."""
+    try:
+        with safefs.open_under(job.record, INPUT_TREE) as f:
+            recorded = json.loads(f.read(inputs.MAX_LISTINGS_BYTES))
+        return inputs.parse_listing(recorded["listing"]), [dict(i) for i in recorded["inputs"]]
+    except safefs.UnsafePath as exc:
+        raise ValueError(f"record/{INPUT_TREE}: {exc.problem}") from None
+    except OSError as exc:
+        raise ValueError(f"record/{INPUT_TREE}: {exc.strerror or exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            f"record/{INPUT_TREE} is not the listing the runner wrote ({exc})"
+        ) from None
+
+
 def recheck_inputs(job: JobDir) -> InputsCheck:
     """Walk ``input/`` again (no link followed, every file hashed) and compare it with the
-    listing recorded when it was staged."""
+    listing recorded when it was staged. A listing that cannot be read fails closed
+    (``unchanged`` False): the job's inputs cannot be shown to be the ones staged."""
     try:
-        with safefs.open_under(job.record, "input-tree.json") as f:
-            recorded = json.loads(f.read(inputs.MAX_LISTINGS_BYTES))
-        expected = inputs.parse_listing(recorded["listing"])
-        named = [dict(i) for i in recorded["inputs"]]
-    except (safefs.UnsafePath, OSError, ValueError, KeyError, TypeError):
-        return InputsCheck([], None)
+        expected, named = staged_tree(job)
+    except ValueError as exc:
+        why = f"they cannot be shown unchanged: {exc}, the listing of input/ as staged"
+        return InputsCheck([], False, why)
     # Bounded: a walk that meets many more entries than were staged stops, and says so.
     tally = _Tally(InputRules(max_files=2 * len(expected) + 1000), "input/")
     try:

@@ -252,14 +252,22 @@ def _withheld(job: staging.JobDir) -> dict[str, str]:
             return {}
         raise BundleInvalid(f"{WITHHELD}: {exc.problem}") from None
     try:
-        files = json.loads(raw)["files"]
-        return {str(f["path"]): f"is withheld: {f['why']}" for f in files}
-    except (ValueError, KeyError, TypeError):
+        listed = json.loads(raw)
+        files, blind = listed["files"], listed.get("unredactable")
+        held = {str(f["path"]): f"is withheld: {f['why']}" for f in files}
+    except (ValueError, KeyError, TypeError, AttributeError):
         raise BundleInvalid(
             f"{job.root / WITHHELD} is not the list the run wrote",
             hint="it names output files that hold an agent's secret; restore it, or run the "
             "job again",
         ) from None
+    if blind is not None:  # what the run could not redact: none of it may leave
+        raise BundleInvalid(
+            f"{job.root} cannot be exported: {blind}",
+            hint="its streams were not kept, and no file of its output could be checked for "
+            "the agent's secrets; run the job again with its secrets readable and unchanged",
+        )
+    return held
 
 
 def _walk(root: Path, rel: str) -> tuple[list[str], list[Skipped]]:
