@@ -294,7 +294,8 @@ def test_recheck_finds_input_unchanged_then_names_the_first_change(tmp_path: Pat
     fifo = staging.recheck_inputs(job)
     assert fifo.unchanged is False and "FIFO" in str(fifo.problem)
     (job.record / "input-tree.json").unlink()
-    assert staging.recheck_inputs(job).unchanged is None
+    gone = staging.recheck_inputs(job)  # fail closed: what cannot be shown unchanged is not
+    assert gone.unchanged is False and "input-tree.json" in str(gone.problem)
 
 
 # ------------------------------------------------------------------ git
