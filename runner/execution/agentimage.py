@@ -60,7 +60,7 @@ MOUNT = "/opt/runner-agent"
 MAX_BYTES = 4 * 1024**3
 """The most bytes a runtime's files may hold (Claude Code's binary is about 400 MB)."""
 MAX_FILES = 20_000
-FIT_CHECK = 1
+FIT_CHECK = 2
 """The version of :func:`check_fits`' rules (a cached fit of older rules is not reused)."""
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """The engine's PATH for an image whose configuration names none."""
