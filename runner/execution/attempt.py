@@ -254,8 +254,11 @@ def _new(job: Job, known: Known) -> AttemptResult:
     names = ", ".join(info.repo_tags) or "untagged"
     progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")
     with stage("image", known):  # an agent's runtime, brought into the contract's image
+        # Labelled with the job's folder, so `runner cleanup` finds a copying container a
+        # killed runner left (it is never started; removed once no runner watches the job).
+        own = {**opts.labels, "org.runner.job-dir": str(job.dir.root.resolve())}
         brought = agentimage.bring(
-            job.backend, p, info, lambda pin: _acquire(job, pin), opts.state.root, opts.labels
+            job.backend, p, info, lambda pin: _acquire(job, pin), opts.state.root, own
         )
     if brought is not None:
         progress.stage("agent", f"commands run in {info.id[:19]}… (the contract's image); "

@@ -291,6 +291,8 @@ def _record_end(
     st = ledger.state
     n = len(st.attempts)
     failure = classify(outcome, limit)
+    if p.agent is not None:  # decided before the ledger says how the attempt ended
+        failure = agent_run.no_model_use(p, job, n, got.guards.agent, failure)
     if failure is not None and failure.category in {Category.NONZERO_EXIT, Category.OOM}:
         tail = _tail(job.output, p.stderr_path)
         where = f"{job.output / p.stderr_path}"

@@ -426,7 +426,10 @@ class AgentRecord(_Model):
         description="The agent's stream (its stdout), relative to the output folder; hashed "
         "in logs, each earlier attempt's kept under record/attempts/<n>/streams/."
     )
-    allow: list[str] = Field(description="host:port pairs the adapter lets it reach.")
+    allow: list[str] = Field(
+        description="host:port pairs the agent could reach through the allowlist proxy: its "
+        "adapter's, and what the contract's egress or networkAccess was granted."
+    )
     network: str = Field(description="The network its container had.")
 
 

@@ -292,6 +292,14 @@ def build(
                 hint='give the policy "egress": {"upstreamNetwork": ...} (see README, Egress '
                 "allowlist), or remove allow from the adapter",
             )
+    if agent is not None and agent.adapter.network and not agent.adapter.allow and allow:
+        raise PolicyViolation(
+            f"$.environment.egress: the {agent.runtime} adapter reaches its model through the "
+            f"network {agent.adapter.network}, and a container is on one network: the "
+            "allowlist proxy's pairs the contract asks for could not be reached from it",
+            hint="issue the contract without egress, or give the host policy's adapter allow "
+            "(its model's API through the proxy) instead of network",
+        )
     egress = (
         EgressPlan(allow, policy.egress.upstreamNetwork, policy.egress.proxyImage)
         if allow and policy.egress
@@ -376,6 +384,10 @@ def _agent_network_access(agent: agents.AgentPlan, policy: HostPolicy) -> tuple[
     never the open network: its adapter's allow (added by the caller) and every pair the
     policy's egress grants (package indexes, say), through the allowlist proxy; or the
     network its adapter names. Refused when the host grants agents nothing."""
+    if agent.adapter.network and not agent.adapter.allow:
+        # The agent reaches its model through the operator's own network; a container is on
+        # one network, so the allowlist proxy's pairs could not be reached from it.
+        return ()
     granted = tuple(HostPort.parse(x) for x in policy.egress.allow) if policy.egress else ()
     if not (granted or agent.adapter.allow or agent.adapter.network):
         raise PolicyViolation(
