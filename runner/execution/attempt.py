@@ -30,7 +30,7 @@ from runner.contract import VerifiedContract
 from runner.core import errors, hostid, log, redaction
 from runner.core.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
 from runner.egress import slots as egress
-from runner.evidence import agent_result
+from runner.evidence import selfreport
 from runner.execution import agent_run, agentimage, container, layout, quotas, records, takeover
 from runner.execution.container import Outcome, Progress, Watch
 from runner.execution.options import RunOptions
@@ -267,7 +267,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
     with stage("stage", known):
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
         files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via)
-        files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
+        files.append(layout.add_input(job.dir, "result.schema.json", selfreport.schema_bytes()))
         prompt = agents.prompt_bytes(p.agent) if p.agent is not None else None
         if prompt is not None:  # the host's prompt (the contract names none): an input too
             files.append(layout.add_input(job.dir, agents.HOST_PROMPT_NAME, prompt))

@@ -36,8 +36,8 @@ from runner.caches import assets, inputcache
 from runner.contract import VerifiedContract, load_contract
 from runner.core import errors, log, redaction, safefs
 from runner.core.errors import Category, JobAlreadyFinished, JobBusy, PolicyViolation, RunnerError
-from runner.evidence import agent_result
 from runner.evidence import read as evidence
+from runner.evidence import selfreport
 from runner.execution import agent_run, attempt, records
 from runner.execution.container import Progress
 from runner.execution.options import RunOptions
@@ -389,14 +389,14 @@ def _read_evidence(
     if checked.unchanged is False:  # what ran is not what the contract binds: no result
         removed = inputcache.verify_used(inputcache.InputCache.of_state(opts.state.root), job)
         failure, status = inputs_changed(str(checked.problem), removed, failure), "failed"
-    claim = agent_result.read(
+    claim = selfreport.read(
         job.output,
         max_bytes,
         int(pol.maxResultKb * 1024),
         contract=contract.data,
         verdict=status,
     )
-    if claim is not None and (said := agent_result.warning(claim)):
+    if claim is not None and (said := selfreport.warning(claim)):
         warnings.append(said)
     return _envelope(
         replace(known, warnings=tuple(warnings)),
