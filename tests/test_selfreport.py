@@ -1,5 +1,5 @@
-"""The job's result.json, checked against the contract, its files and the runner's verdict:
-every inconsistency is a flag (pure: an output folder in tmp, no engine)."""
+"""The job's self-report (result.json), checked against the contract, its files and the
+runner's verdict: every inconsistency is a flag (pure: an output folder in tmp, no engine)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from runner.app.schemas import CONTRACTS
 from runner.evidence import selfreport
 from runner.models.envelope import AgentResultRecord
+from runner.models.selfreport import schema_bytes
 
 CONTRACT: dict[str, Any] = {
     "measurements": [
@@ -460,7 +461,7 @@ def test_unreadable_or_wrong_shape_is_a_problem_not_a_crash(
 def test_the_schema_staged_for_the_job_is_the_checked_in_one() -> None:
     """schema_bytes() is contracts/agent-result.schema.json; both seed shapes match exactly one
     of its branches, and a document that is neither matches none."""
-    data = selfreport.schema_bytes()
+    data = schema_bytes()
     assert data == (CONTRACTS / "agent-result.schema.json").read_bytes()
     schema = json.loads(data)
     assert "/job/input/result.schema.json" in schema["description"]

@@ -19,6 +19,7 @@ from typing import Any
 from runner.contract.models import ExecutionContract
 from runner.evidence import selfreport
 from runner.models.envelope import ResultEnvelope
+from runner.models.selfreport import json_schema as selfreport_schema
 from runner.planning.policy import HostPolicy
 from runner.state.ledger import LedgerEvent
 
@@ -170,7 +171,7 @@ def schemas() -> dict[str, dict[str, Any]]:
             **{k: v for k, v in schema.items() if k != "title"},
         }
         out[filename] = schema
-    out["agent-result.schema.json"] = selfreport.json_schema()
+    out["agent-result.schema.json"] = selfreport_schema()
     return out
 
 

@@ -30,14 +30,13 @@ from runner.contract import VerifiedContract
 from runner.core import errors, hostid, log, redaction
 from runner.core.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
 from runner.egress import slots as egress
-from runner.evidence import selfreport
 from runner.execution import agent_run, agentimage, container, layout, quotas, records, takeover
 from runner.execution.container import Outcome, Progress, Watch
 from runner.execution.options import RunOptions
 from runner.execution.stages import Known, Stopped, stage
 from runner.gpu import cdi, gpus
 from runner.images import pins as images
-from runner.models import envelope
+from runner.models import envelope, selfreport
 from runner.models.envelope import Allocation, GpuRecord, ImageRecord
 from runner.planning import policy
 from runner.planning.plan import ExecutionPlan

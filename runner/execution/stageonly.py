@@ -27,10 +27,9 @@ from pathlib import Path
 from runner.caches import inputcache
 from runner.contract import load_contract
 from runner.core.errors import JobAlreadyFinished, JobBusy, ResourceExhausted
-from runner.evidence import selfreport
 from runner.execution import agent_run, layout, records
 from runner.execution.options import RunOptions
-from runner.models import envelope
+from runner.models import envelope, selfreport
 from runner.planning import plan, policy
 from runner.staging import jobdir as staging
 from runner.state.ledger import Budget, Ledger, read_state
