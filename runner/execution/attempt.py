@@ -36,10 +36,11 @@ from runner.execution.options import RunOptions
 from runner.execution.stages import Known, Stopped, stage
 from runner.gpu import cdi, gpus
 from runner.images import pins as images
-from runner.models import envelope, selfreport
-from runner.models.envelope import Allocation, GpuRecord, ImageRecord
+from runner.models import selfreport
+from runner.models.envelope import Allocation, EgressRecord, GpuRecord, ImageRecord
 from runner.planning import policy
 from runner.planning.plan import ExecutionPlan
+from runner.results import envelope
 from runner.staging import jobdir as staging
 from runner.state.ledger import Budget, Ledger, LedgerState
 
@@ -420,7 +421,7 @@ def egress_down(
     job: staging.JobDir,
     n: int,
     redactor: redaction.Redactor = redaction.NONE,
-) -> envelope.EgressRecord | None:
+) -> EgressRecord | None:
     """End attempt ``n``'s egress lease, as its ``attempt.starting`` event recorded it,
     keeping its lines of the proxy's log, redacted, in its record; None when it had none.
     Safe to repeat."""

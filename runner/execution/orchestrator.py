@@ -13,7 +13,7 @@ Stages take values and return values: what the run knows so far is a frozen
 of
 the failed run is built. The attempt itself (resume or new) is :mod:`runner.execution.attempt`, the
 classification of its end :mod:`runner.execution.outcome`, the envelope
-:func:`runner.models.envelope.build`.
+:func:`runner.results.envelope.build`.
 
 Long on purpose: the whole sequence, with every way out of it ending in an envelope (the
 inputs re-hashed after the run, the agent's secrets redacted before anything is hashed),
@@ -53,11 +53,11 @@ from runner.models.envelope import (
     ResultEnvelope,
     Stage,
     Status,
-    build,
 )
 from runner.planning import plan, policy
 from runner.planning.plan import ExecutionPlan
 from runner.results import attest
+from runner.results.envelope import build
 from runner.scheduling import slurm
 from runner.staging import jobdir as staging
 from runner.state.ledger import Ledger, LedgerCorrupt, read_state

@@ -29,8 +29,9 @@ from runner.contract import load_contract
 from runner.core.errors import JobAlreadyFinished, JobBusy, ResourceExhausted
 from runner.execution import agent_run, layout, records
 from runner.execution.options import RunOptions
-from runner.models import envelope, selfreport
+from runner.models import selfreport
 from runner.planning import plan, policy
+from runner.results import envelope
 from runner.staging import jobdir as staging
 from runner.state.ledger import Budget, Ledger, read_state
 
