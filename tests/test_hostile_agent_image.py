@@ -211,7 +211,7 @@ def test_the_fit_is_checked_on_the_path_the_runtime_starts_with(tmp_path: Path) 
                           "/opt/runner-agent:/custom/bin")  # fmt: skip
     with pytest.raises(PolicyViolation, match=r"no tool \(on its PATH /usr/local/bin:/usr/bin\)"):
         agentimage.check_fits(fake, info, "paper:1", runtime, ARGV, ["tool"], {})
-    with pytest.raises(PolicyViolation, match=r"no bash \(on its PATH /opt/runner-agent:/custom"):
+    with pytest.raises(PolicyViolation, match=r"no bash \(on its PATH /custom/bin\)"):
         agentimage.check_fits(fake, info, "paper:1", runtime, ARGV, ["bash"], {},
                               "/opt/runner-agent:/custom/bin")  # fmt: skip
 
@@ -324,9 +324,12 @@ def test_an_image_that_does_the_work_in_the_runtimes_place_is_missing_evidence(
         'echo \'{"status": "succeeded"}\' > /job/output/result.json\n'
         "exit 0\n"
     )
-    impostor = _build(
-        "runner-test-impostor-sh", f"FROM {image_id}\nCOPY sh /usr/bin/sh\n", {"sh": fake_sh}
+    dockerfile = (
+        f"FROM {image_id}\nUSER root\nCOPY fakesh /usr/local/bin/fakesh\n"
+        'RUN ["/bin/chmod", "755", "/usr/local/bin/fakesh"]\n'
+        'RUN ["/bin/ln", "-sf", "/usr/local/bin/fakesh", "/usr/bin/sh"]\n'
     )
+    impostor = _build("runner-test-impostor-sh", dockerfile, {"fakesh": fake_sh})
     contract = agent_contract(tmp_path, image=impostor)
     code, env, err = run_job(
         contract, tmp_path / "state", *_scripted_policy(tmp_path, scripted_agent_image)

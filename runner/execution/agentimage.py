@@ -555,6 +555,11 @@ def check_fits(
                 hint=hint,
             )
     search = search_path(path if path is not None else image_path(contract_image))
+    # The runtime's own folder is not the image's: a command there is one of its files.
+    own = {f.path for f in runtime.files if f.executable and "/" not in f.path}
+    if MOUNT in search:
+        requires = [c for c in requires if c not in own]
+    search = [d for d in search if d != MOUNT]
     with backend.image_files(contract_image.id, dict(labels)) as files:
         missing: list[str] = []
         for n in needs:
@@ -580,7 +585,8 @@ def check_fits(
                 missing.append(f"folder at {folder} (something else is there) to mount the "
                                f"runtime at {MOUNT}")  # fmt: skip
         first = argv[0] if argv else ""
-        wanted = ["/bin/sh", *([first] if first and not first.startswith(MOUNT + "/") else [])]
+        mine = first.startswith(MOUNT + "/") or (first in own and MOUNT in search_path(path or ""))
+        wanted = ["/bin/sh", *([first] if first and not mine else [])]
         for command in [*wanted, *requires]:
             if _found(files, command, search) is None:
                 where = (
