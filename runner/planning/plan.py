@@ -250,20 +250,7 @@ def build(
     matched."""
     agent = check_mode(contract, policy)
     env = contract.model.environment
-    unpinned = policy.allowUnpinnedImages
-    agent_image = None
-    if agent is None:
-        argv = check_command(contract)
-        pin = parse_pin(env.image, env.imageId, allow_unpinned=unpinned)
-    else:
-        argv = agent.argv(agent.max_turns, agent.max_budget_usd)
-        adapter = agent.adapter
-        adapter_pin = parse_pin(adapter.image, adapter.imageId, allow_unpinned=unpinned)
-        if agent.in_contract_image:
-            pin = parse_pin(env.image, env.imageId, allow_unpinned=unpinned)
-            agent_image = adapter_pin
-        else:
-            pin = adapter_pin
+    argv, pin, agent_image = _images(contract, policy, agent)
     lim = tightened(contract, overrides or {})
     gpus: int | Literal["none", "all"] = env.gpu
     fallback = None
@@ -277,6 +264,77 @@ def build(
     engine_value("timeoutMinutes", lim["timeoutMinutes"], ov)  # at least a second
     memory = engine_value("memoryGb", lim["memoryGb"], ov)
     runtime = isolation(contract, policy)
+    egress = _egress(contract, policy, agent)
+    limits = Limits(
+        cpus=engine_value("cpus", lim["cpus"], ov) / 1e9,
+        memory_bytes=memory,
+        memory_swap_bytes=memory,
+        shm_bytes=engine_value("shmGb", lim["shmGb"], ov),
+        pids=None if runtime == "runsc" else engine_value("pidsLimit", lim["pidsLimit"], ov),
+        tmpfs_bytes=engine_value("tmpfsMb", lim["tmpfsMb"], ov),
+        gpus=gpus,
+        network=_network(env.networkAccess and agent is None, egress, agent),
+        timeout_seconds=lim["timeoutMinutes"] * 60,
+        runtime=runtime,
+        disk_quota_bytes=engine_value("diskGb", env.diskGb or policy.maxima.diskGb, ov),
+        log_limit_bytes=engine_value(
+            "logLimitMb", min(env.logLimitMb or policy.logLimitMb, policy.logLimitMb), ov
+        ),
+        stop_on_log_limit=policy.logLimitAction == "stop",
+    )
+    _check_isolated_network(contract, limits)
+    user = f"{JOB_UID}:{JOB_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"
+    protocol = contract.model.protocol
+    all_labels = {
+        "org.runner.managed": "true",
+        "org.runner.job-id": job_id,
+        "org.runner.contract-digest": contract.digest,
+        **(labels or {}),
+    }
+    return ExecutionPlan(
+        job_id=job_id,
+        contract_digest=contract.digest,
+        image=pin,
+        argv=argv,
+        working_dir=protocol.workingDirectory,
+        stdout_path=protocol.stdoutPath,
+        stderr_path=protocol.stderrPath,
+        user=user,
+        limits=limits,
+        gpu_fallback=fallback,
+        labels=all_labels,
+        environment=_environment(job_id, protocol.stdoutPath, protocol.stderrPath, egress, agent),
+        egress=egress,
+        agent=agent,
+        agent_image=agent_image,
+    )
+
+
+def _images(
+    contract: VerifiedContract, policy: HostPolicy, agent: agents.AgentPlan | None
+) -> tuple[tuple[str, ...], ImagePin, ImagePin | None]:
+    """(argv, the image the container runs, the agent runtime's image brought into it): the
+    contract's command and image; for an agent the adapter's argv, and the contract's image
+    with the runtime's from the adapter's (runIn contract-image) or the adapter's alone."""
+    env = contract.model.environment
+    unpinned = policy.allowUnpinnedImages
+    if agent is None:
+        argv = check_command(contract)
+        return argv, parse_pin(env.image, env.imageId, allow_unpinned=unpinned), None
+    argv = agent.argv(agent.max_turns, agent.max_budget_usd)
+    adapter = agent.adapter
+    adapter_pin = parse_pin(adapter.image, adapter.imageId, allow_unpinned=unpinned)
+    if agent.in_contract_image:
+        return argv, parse_pin(env.image, env.imageId, allow_unpinned=unpinned), adapter_pin
+    return argv, adapter_pin, None
+
+
+def _egress(
+    contract: VerifiedContract, policy: HostPolicy, agent: agents.AgentPlan | None
+) -> EgressPlan | None:
+    """The allowlist the job runs behind: the pairs the contract asked for and the policy
+    granted; for an agent, what its networkAccess was granted and its adapter's allow."""
+    env = contract.model.environment
     allow = egress_granted(contract, policy)
     if agent is not None and env.networkAccess:
         allow = _agent_network_access(agent, policy)
@@ -300,28 +358,13 @@ def build(
             hint="issue the contract without egress, or give the host policy's adapter allow "
             "(its model's API through the proxy) instead of network",
         )
-    egress = (
-        EgressPlan(allow, policy.egress.upstreamNetwork, policy.egress.proxyImage)
-        if allow and policy.egress
-        else None
-    )
-    limits = Limits(
-        cpus=engine_value("cpus", lim["cpus"], ov) / 1e9,
-        memory_bytes=memory,
-        memory_swap_bytes=memory,
-        shm_bytes=engine_value("shmGb", lim["shmGb"], ov),
-        pids=None if runtime == "runsc" else engine_value("pidsLimit", lim["pidsLimit"], ov),
-        tmpfs_bytes=engine_value("tmpfsMb", lim["tmpfsMb"], ov),
-        gpus=gpus,
-        network=_network(env.networkAccess and agent is None, egress, agent),
-        timeout_seconds=lim["timeoutMinutes"] * 60,
-        runtime=runtime,
-        disk_quota_bytes=engine_value("diskGb", env.diskGb or policy.maxima.diskGb, ov),
-        log_limit_bytes=engine_value(
-            "logLimitMb", min(env.logLimitMb or policy.logLimitMb, policy.logLimitMb), ov
-        ),
-        stop_on_log_limit=policy.logLimitAction == "stop",
-    )
+    if not allow or policy.egress is None:
+        return None
+    return EgressPlan(allow, policy.egress.upstreamNetwork, policy.egress.proxyImage)
+
+
+def _check_isolated_network(contract: VerifiedContract, limits: Limits) -> None:
+    env = contract.model.environment
     if limits.runtime == "runsc" and limits.network != "none":
         field = (
             "environment.networkAccess"
@@ -335,48 +378,31 @@ def build(
             f"network ({limits.network}) runs under runc",
             hint="ask for isolation runc, or drop the network",
         )
-    user = f"{JOB_UID}:{JOB_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"
-    protocol = contract.model.protocol
-    all_labels = {
-        "org.runner.managed": "true",
-        "org.runner.job-id": job_id,
-        "org.runner.contract-digest": contract.digest,
-        **(labels or {}),
+
+
+def _environment(
+    job_id: str,
+    stdout: str,
+    stderr: str,
+    egress: EgressPlan | None,
+    agent: agents.AgentPlan | None,
+) -> dict[str, str]:
+    """What the job is told: where its streams, budget and compute decision are, its caches,
+    the proxy, and an agent's adapter env and prompt."""
+    return {
+        "HOME": "/tmp",  # noqa: S108 - the job's own tmpfs
+        "RUNNER_JOB_ID": job_id,
+        "RUNNER_STDOUT": f"/job/output/{stdout}",
+        "RUNNER_STDERR": f"/job/output/{stderr}",
+        "RUNNER_BUDGET_FILE": "/job/execution/runtime-budget.json",
+        "RUNNER_COMPUTE_DECISION": "/job/input/compute-decision.json",
+        # Caches (pip, Hugging Face, torch hub ...) land in the job's own cache folder,
+        # kept across its attempts and counted in its disk quota.
+        "XDG_CACHE_HOME": "/job/runtime-cache",
+        "PIP_CACHE_DIR": "/job/runtime-cache/pip",
+        **(egress.environment() if egress else {}),
+        **({**agent.adapter.env, "RUNNER_AGENT_PROMPT": agent.prompt} if agent is not None else {}),
     }
-    return ExecutionPlan(
-        job_id=job_id,
-        contract_digest=contract.digest,
-        image=pin,
-        argv=argv,
-        working_dir=protocol.workingDirectory,
-        stdout_path=protocol.stdoutPath,
-        stderr_path=protocol.stderrPath,
-        user=user,
-        limits=limits,
-        gpu_fallback=fallback,
-        labels=all_labels,
-        environment={
-            "HOME": "/tmp",  # noqa: S108 - the job's own tmpfs
-            "RUNNER_JOB_ID": job_id,
-            "RUNNER_STDOUT": f"/job/output/{protocol.stdoutPath}",
-            "RUNNER_STDERR": f"/job/output/{protocol.stderrPath}",
-            "RUNNER_BUDGET_FILE": "/job/execution/runtime-budget.json",
-            "RUNNER_COMPUTE_DECISION": "/job/input/compute-decision.json",
-            # Caches (pip, Hugging Face, torch hub ...) land in the job's own cache folder,
-            # kept across its attempts and counted in its disk quota.
-            "XDG_CACHE_HOME": "/job/runtime-cache",
-            "PIP_CACHE_DIR": "/job/runtime-cache/pip",
-            **(egress.environment() if egress else {}),
-            **(
-                {**agent.adapter.env, "RUNNER_AGENT_PROMPT": agent.prompt}
-                if agent is not None
-                else {}
-            ),
-        },
-        egress=egress,
-        agent=agent,
-        agent_image=agent_image,
-    )
 
 
 def _agent_network_access(agent: agents.AgentPlan, policy: HostPolicy) -> tuple[HostPort, ...]:
