@@ -1,5 +1,5 @@
 """The egress allowlist's test topology, shared by its tests and the benchmark: an "outside"
-the test makes itself. An internal network (no way out) with HTTP test hosts on it, each a
+the caller makes itself. An internal network (no way out) with HTTP test hosts on it, each a
 container of the job image reached by a name under ``.egress.test``; the host policy names
 that network as the proxy's upstream. Every address a test talks to is one of these hosts
 (or the job's own proxy): nothing leaves the machine, and nothing reaches the host itself.
@@ -18,7 +18,8 @@ from typing import Any
 
 from runner import backends
 from runner.egress import slots as egress
-from tests.support.jobs import IMAGE, docker
+from runner.testing.contracts import IMAGE
+from runner.testing.engine import docker
 
 SERVER = r"""
 import http.server, sys
@@ -79,6 +80,12 @@ class Outside:
         return path
 
 
+def _check(ok: bool, why: str) -> None:
+    """What the tests asserted, kept under ``python -O`` too."""
+    if not ok:
+        raise RuntimeError(why)
+
+
 def _label_args(labels: dict[str, str]) -> list[str]:
     return [arg for k, v in labels.items() for arg in ("--label", f"{k}={v}")]
 
@@ -94,7 +101,7 @@ def outside(
     net = Outside(f"egress-test-outside-{tag}", labels)
     try:
         made = docker("network", "create", "--internal", *_label_args(labels), net.network)
-        assert made.returncode == 0, made.stderr
+        _check(made.returncode == 0, made.stderr)
         for name, role in roles.items():
             run = docker(
                 "run", "-d", "--name", f"egress-test-{tag}-{name.split('.')[0]}",
@@ -103,7 +110,7 @@ def outside(
                 "--memory", "512m", "--pids-limit", "64",
                 IMAGE, "python3", "-c", SERVER, role,
             )  # fmt: skip
-            assert run.returncode == 0, run.stderr
+            _check(run.returncode == 0, run.stderr)
             cid = run.stdout.strip()
             net.containers.append(cid)
             fmt = f'{{{{(index .NetworkSettings.Networks "{net.network}").IPAddress}}}}'
@@ -111,7 +118,7 @@ def outside(
         deadline = time.monotonic() + 60
         for cid in net.containers:
             while "ready" not in docker("logs", cid).stdout:
-                assert time.monotonic() < deadline, f"test host {cid[:12]} did not start"
+                _check(time.monotonic() < deadline, f"test host {cid[:12]} did not start")
                 time.sleep(0.05)
         yield net
     finally:
@@ -122,7 +129,7 @@ def outside(
             egress.reap(backends.default(), idle_seconds=0.0, labels=runs)
         for name in [*left["networks"], net.network]:
             gone = docker("network", "rm", name)
-            assert gone.returncode == 0, gone.stderr  # a slot still on it: never leave it
+            _check(gone.returncode == 0, gone.stderr)  # a slot still on it: never leave it
 
 
 def left_behind(labels: dict[str, str]) -> dict[str, list[str]]:
