@@ -12,7 +12,7 @@ pids, no network, read-only root, the inputs read-only), and polls ``squeue`` un
 gone. Throughput is jobs per second from the first submission to the last job's end. The sides
 run in ABBA order (N/2 jobs per round) in one run, so the ratio holds on a noisy machine.
 
-The report goes to ``benchmarks/slurm.md`` (``--out``). Every container started here carries
+The report goes to ``benchmarks/results/slurm.md`` (``--out``). Every container started here carries
 the label ``bench-slurm=<run id>`` and is removed at the end.
 """
 
@@ -29,15 +29,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from runner.testing import IMAGE, image_id_of, write_contract
 
-from tests.support import IMAGE, write_contract  # noqa: E402 - after the path is set
+ROOT = Path(__file__).resolve().parent.parent
 
 RUN_ID = uuid.uuid4().hex[:12]
 LABEL = f"bench-slurm={RUN_ID}"
@@ -48,19 +47,24 @@ def sh(*argv: str, env: dict[str, str] | None = None) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
 
 
-def image_id() -> str:
-    return sh("docker", "image", "inspect", "--format", "{{.Id}}", IMAGE).strip()
+def _with_job_id(job: str) -> Callable[[dict[str, Any]], None]:
+    """A contract change that sets its jobId to ``job``."""
+
+    def change(data: dict[str, Any]) -> None:
+        data["jobId"] = job
+
+    return change
 
 
 def runner_round(tmp: Path, n: int, tag: str, env: dict[str, str]) -> tuple[float, int]:
     """N toy contracts through `runner submit` + `runner wait`: (seconds, succeeded)."""
-    image = image_id()
+    image = image_id_of(IMAGE)
     contracts = []
     for i in range(n):
         folder = tmp / tag / f"c{i}"
         folder.mkdir(parents=True)
         job = f"bench-{RUN_ID}-{tag}-{i}"
-        contracts.append(write_contract(folder, image, change=lambda d, j=job: d.update(jobId=j)))
+        contracts.append(write_contract(folder, image, change=_with_job_id(job)))
     state = tmp / "state"
     start = time.monotonic()
     sub = subprocess.run(
@@ -143,7 +147,7 @@ def caps(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
     """The caps `runner run` applies to the toy job (one local run's envelope)."""
     folder = tmp / "caps"
     folder.mkdir()
-    contract = write_contract(folder, image_id())
+    contract = write_contract(folder, image_id_of(IMAGE))
     done = subprocess.run(
         [*RUNNER, "run", str(contract), "--state-dir", str(tmp / "caps-state"), "--json",
          "--allow-unsigned", "--label", LABEL],
@@ -159,7 +163,7 @@ def caps(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=100, help="jobs each way (default 100)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "slurm.md"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "slurm.md"))
     args = ap.parse_args()
     if args.jobs < 2:
         ap.error("--jobs wants at least 2")
