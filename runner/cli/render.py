@@ -1,4 +1,4 @@
-"""``runner render CONTRACT --to kubernetes``: the manifests for a cluster to run one job
+"""``runner cluster render CONTRACT --to kubernetes``: the manifests for a cluster to run one job
 (runner/scheduling/kube.py builds them), after the same checks as `runner run`."""
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ runtimeClassName for gVisor where the policy demands runsc; the job folder from 
 /job/input read-only; /tmp and /dev/shm as size-limited memory emptyDirs) and a NetworkPolicy
 that denies all ingress and egress. Output: JSON, which kubectl reads as it reads YAML.
 
-  runner render task.dsse.json --to kubernetes | kubectl apply -f -
-  runner render task.dsse.json --to kubernetes -o manifests/ && kubectl apply -f manifests/
+  runner cluster render task.dsse.json --to kubernetes | kubectl apply -f -
+  runner cluster render task.dsse.json --to kubernetes -o manifests/ && kubectl apply -f manifests/
 
 The job folder (<claim>/jobs/<job id>/input ... as `runner run` lays it out) must be on the
-claim before the Job starts: `runner stage CONTRACT --state-dir <claim as mounted here>` lays
-it out; see README, "Running on a cluster", for what Kubernetes does and
-does not enforce compared with `runner run`.
+claim before the Job starts: `runner cluster stage CONTRACT --state-dir <claim as mounted
+here>` lays it out; see README, "Running on a cluster", for what Kubernetes does and does not
+enforce compared with `runner run`.
 
 exit codes:
   0    rendered

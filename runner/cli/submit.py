@@ -1,4 +1,4 @@
-"""``runner submit CONTRACT… --to slurm|kubernetes``: verify every contract as `runner run`
+"""``runner cluster submit CONTRACT… --to slurm|kubernetes``: verify every contract as `runner run`
 does, then queue one Slurm job per contract whose batch script runs `runner run` on a node
 (runner/scheduling/slurm.py plans it, runner/scheduling/slurm_cluster.py talks to Slurm), or create
 each contract's
@@ -41,17 +41,18 @@ requirements: the state folder, the contract and its inputs on storage every nod
 the same paths (a local state folder is refused unless the partition has one node); Docker
 and this runner on the nodes; Slurm's KillWait longer than --stop-grace + 5 s.
 
-  runner submit task.dsse.json --to slurm --state-dir /shared/runner
-  runner wait <job id> --state-dir /shared/runner
+  runner cluster submit task.dsse.json --to slurm --state-dir /shared/runner
+  runner job wait <job id> --state-dir /shared/runner
 
-Kubernetes (--to kubernetes): each contract is rendered as `runner render --to kubernetes`
-renders it and created on the cluster of --kubeconfig/--context (the NetworkPolicy first).
-Its job folder must be on the claim, laid out by `runner stage` under --state-dir (a host
-that mounts the claim). `runner wait` and `runner cancel` then follow the Job; no ledger event
-and no envelope are written for a cluster's run.
+Kubernetes (--to kubernetes): each contract is rendered as `runner cluster render --to
+kubernetes` renders it and created on the cluster of --kubeconfig/--context (the
+NetworkPolicy first). Its job folder must be on the claim, laid out by `runner cluster stage`
+under --state-dir (a host that mounts the claim). `runner job wait` and `runner job cancel`
+then follow the Job; no ledger event and no envelope are written for a cluster's run.
 
-  runner stage task.dsse.json --state-dir /mnt/runner-jobs
-  runner submit task.dsse.json --to kubernetes --state-dir /mnt/runner-jobs --namespace repro
+  runner cluster stage task.dsse.json --state-dir /mnt/runner-jobs
+  runner cluster submit task.dsse.json --to kubernetes --state-dir /mnt/runner-jobs \\
+    --namespace repro
 
 exit codes:
   0    every job was queued
@@ -277,7 +278,7 @@ def _refuse_repeats(requests: list[Request], state: Path, cluster: Cluster) -> N
             raise JobBusy(
                 f"job {r.jobId} is already queued as Slurm job {earlier['slurmJobId']} "
                 f"({info.state})",
-                hint=f"`runner wait {r.jobId}` or `runner cancel {r.jobId}` first",
+                hint=f"`runner job wait {r.jobId}` or `runner job cancel {r.jobId}` first",
             )
 
 
