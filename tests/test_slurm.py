@@ -20,6 +20,7 @@ import pytest
 from runner.app import host
 from runner.backends.types import Limits
 from runner.core.errors import PolicyViolation
+from runner.planning.allocation import check_allocation
 from runner.scheduling import slurm
 from runner.scheduling.slurm_cluster import Cluster, parse_fields
 from runner.state.ledger import Ledger, read_state
@@ -422,8 +423,8 @@ def test_allocation_check() -> None:
                     pids=10, tmpfs_bytes=1, gpus=1, network="none", timeout_seconds=60)  # fmt: skip
     ok = {"SLURM_JOB_ID": "1", "SLURM_CPUS_ON_NODE": "2", "SLURM_MEM_PER_NODE": "1024",
           "SLURM_GPUS_ON_NODE": "1"}  # fmt: skip
-    slurm.check_allocation(limits, ok)
-    slurm.check_allocation(limits, {})
+    check_allocation(limits, ok)
+    check_allocation(limits, {})
     for change, word in (
         ({"SLURM_CPUS_ON_NODE": "1"}, "CPU cap"),
         ({"SLURM_MEM_PER_NODE": "1023"}, "memory cap"),
@@ -431,7 +432,7 @@ def test_allocation_check() -> None:
         ({"SLURM_GPUS_ON_NODE": "0"}, "GPU count"),
     ):
         with pytest.raises(PolicyViolation, match=word):
-            slurm.check_allocation(limits, {**ok, **change})
+            check_allocation(limits, {**ok, **change})
 
 
 def test_state_folder_type_and_sharing() -> None:

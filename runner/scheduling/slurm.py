@@ -11,8 +11,9 @@ node keeps every guarantee (ledger, caps, evidence). What this module adds:
   (a marker written at submit) and the contract bytes that were verified, then ``exec``s
   `runner run`, so that Slurm's SIGTERM (scancel, time limit) reaches the runner, which stops
   its container and records the attempt ``cancelled`` (the budget continues on requeue);
-- :func:`check_allocation` is called by the orchestrator under Slurm (``SLURM_JOB_ID`` set):
-  a plan whose caps exceed the job's allocation is refused;
+- under Slurm (``SLURM_JOB_ID`` set) the orchestrator refuses a plan whose caps exceed the
+  job's allocation (:func:`runner.planning.allocation.check_allocation`: execution does not
+  import scheduling);
 - :mod:`runner.scheduling.slurm_cluster` runs the Slurm commands and reads a job's state back.
 
 Submissions are recorded, append-only, in ``<state>/slurm/<job id>/submissions.jsonl``.
@@ -26,13 +27,11 @@ import os
 import re
 import secrets
 import shlex
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner.backends.types import Limits
 from runner.contract import Trust, VerifiedContract
 from runner.contract.models import JOB_ID_PATTERN
 from runner.core.errors import (
@@ -258,48 +257,6 @@ def check_state_dir(state: Path, nodes: int, kind: str) -> str | None:
         hint="pass a --state-dir on storage every node mounts (NFS, Lustre, GPFS, BeeGFS, "
         "CephFS ...)",
     )
-
-
-def check_allocation(limits: Limits, env: Mapping[str, str]) -> None:
-    """Under Slurm (``SLURM_JOB_ID`` set), refuse a plan whose CPU, memory or GPU cap exceeds
-    the job's allocation on this node. Memory is checked when Slurm says it
-    (``SLURM_MEM_PER_NODE``, else ``SLURM_MEM_PER_CPU`` times the CPUs)."""
-    if not env.get("SLURM_JOB_ID"):
-        return
-    hint = "submit with `runner submit --to slurm`, which asks Slurm for the plan's caps"
-    cpus = _int(env.get("SLURM_CPUS_ON_NODE"))
-    if cpus is not None and limits.cpus > cpus:
-        raise PolicyViolation(
-            f"the plan's CPU cap ({limits.cpus:g}) exceeds the Slurm job's allocation "
-            f"(SLURM_CPUS_ON_NODE={cpus})",
-            hint=hint,
-        )
-    mem = _int(env.get("SLURM_MEM_PER_NODE"))
-    per_cpu = _int(env.get("SLURM_MEM_PER_CPU"))
-    if mem is None and per_cpu is not None and cpus is not None:
-        mem = per_cpu * cpus
-    cap_mib = limits.memory_bytes / 2**20
-    if mem is not None and cap_mib > mem:
-        raise PolicyViolation(
-            f"the plan's memory cap ({cap_mib:g} MiB) exceeds the Slurm job's allocation "
-            f"({mem} MiB)",
-            hint=hint,
-        )
-    if isinstance(limits.gpus, int) and limits.gpus > 0:
-        have = _int(env.get("SLURM_GPUS_ON_NODE")) or 0
-        if limits.gpus > have:
-            raise PolicyViolation(
-                f"the plan's GPU count ({limits.gpus}) exceeds the Slurm job's allocation "
-                f"(SLURM_GPUS_ON_NODE={have})",
-                hint=hint,
-            )
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text else None
-    except ValueError:
-        return None
 
 
 # --------------------------------------------------------------------------- the batch job
