@@ -1,3 +1,5 @@
-"""Running jobs elsewhere: Slurm (batch scripts, allocations, the cluster) and Kubernetes (render,
-plan, apply).
+"""Running jobs elsewhere: a cluster decides where `runner run` runs, from above (scheduling
+imports nothing of execution). ``slurm/``: the batch job and the Slurm commands;
+``kubernetes/``: the manifests, their checked rendering and their apply; and what both share
+(the submission records of ``<state>/<cluster>/<job id>/``).
 """

@@ -1,8 +1,9 @@
 """A contract's Kubernetes manifests, checked as `runner run` checks the contract: what
-`runner render --to kubernetes` prints and what :func:`runner.scheduling.kubeapply.submit` applies.
+`runner render --to kubernetes` prints and what
+:func:`runner.scheduling.kubernetes.apply.submit` applies.
 
 Reads the contract and the job's ledger (for the budget left); renders with the pure
-:mod:`runner.scheduling.kube`; contacts no cluster.
+:mod:`runner.scheduling.kubernetes.render`; contacts no cluster.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from runner.core.errors import PolicyViolation
 from runner.planning import plan, policy
 from runner.planning.plan import ExecutionPlan
 from runner.planning.policy import LoadedPolicy
-from runner.scheduling import kube
-from runner.scheduling.kube import Manifest
+from runner.scheduling.kubernetes import render
+from runner.scheduling.kubernetes.render import Manifest
 from runner.staging.jobdir import StateDir
 from runner.state.ledger import LedgerState, read_state
 
@@ -50,16 +51,16 @@ def rendered(
     state_dir: Path,
     job_id: str | None = None,
     namespace: str | None = None,
-    claim: str = kube.DEFAULT_CLAIM,
-    runtime_class: str = kube.DEFAULT_RUNTIME_CLASS,
+    claim: str = render.DEFAULT_CLAIM,
+    runtime_class: str = render.DEFAULT_RUNTIME_CLASS,
 ) -> Rendered:
     """Check the contract and the policy as `runner run` does, plan the job as `runner run`
     as root plans it (user 10001), and render its manifests with the budget its ledger under
     ``state_dir`` leaves (else the contract's whole budget)."""
     if namespace is not None:
-        kube.check_name("--namespace", namespace)
-    kube.check_name("--claim", claim, subdomain=True)
-    kube.check_name("--runtime-class", runtime_class, subdomain=True)
+        render.check_name("--namespace", namespace)
+    render.check_name("--claim", claim, subdomain=True)
+    render.check_name("--runtime-class", runtime_class, subdomain=True)
     contract = load_contract(contract_path, trust)
     rules = loaded.policy
     jid = plan.job_id_for(contract, job_id, allow_override=rules.allowJobIdOverride)
@@ -70,9 +71,9 @@ def rendered(
     plan.check_mode(contract, rules)
     policy.check(contract, rules, datetime.now(UTC), check_times=not resuming)
     p = plan.build(contract, rules, job_id=jid, host_uid=0, host_gid=0)
-    kube.refuse_unsupported(contract, p)
-    deadline = kube.deadline_seconds(p, state)
-    manifests = kube.render(
+    render.refuse_unsupported(contract, p)
+    deadline = render.deadline_seconds(p, state)
+    manifests = render.render(
         p,
         deadline=deadline,
         namespace=namespace,

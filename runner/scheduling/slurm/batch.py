@@ -14,7 +14,7 @@ node keeps every guarantee (ledger, caps, evidence). What this module adds:
 - under Slurm (``SLURM_JOB_ID`` set) the orchestrator refuses a plan whose caps exceed the
   job's allocation (:func:`runner.planning.allocation.check_allocation`: execution does not
   import scheduling);
-- :mod:`runner.scheduling.slurm_cluster` runs the Slurm commands and reads a job's state back.
+- :mod:`runner.scheduling.slurm.cluster` runs the Slurm commands and reads a job's state back.
 
 Submissions are recorded, append-only, in ``<state>/slurm/<job id>/submissions.jsonl``.
 """
