@@ -8,17 +8,17 @@ Reads the contract and the job's ledger (for the budget left); renders with the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from runner.contract import Trust, load_contract
-from runner.core.errors import PolicyViolation
+from runner.core.errors import InfrastructureError, PolicyViolation
 from runner.planning import plan, policy
 from runner.planning.plan import ExecutionPlan
 from runner.planning.policy import LoadedPolicy
+from runner.scheduling import submissions
 from runner.scheduling.kubernetes import render
 from runner.scheduling.kubernetes.render import Manifest
 from runner.staging.jobdir import StateDir
@@ -102,7 +102,7 @@ def check_staged(r: Rendered, state_dir: Path) -> None:
 
 def record_dir(state_dir: Path, job_id: str) -> Path:
     """``<state>/kubernetes/<job id>``: where `runner submit --to kubernetes` records it."""
-    return state_dir / "kubernetes" / job_id
+    return submissions.folder(state_dir, "kubernetes", job_id)
 
 
 def record_submission(state_dir: Path, submitted: dict[str, Any]) -> dict[str, Any]:
@@ -115,21 +115,13 @@ def record_submission(state_dir: Path, submitted: dict[str, Any]) -> dict[str, A
         "kubeconfig": submitted.get("kubeconfig"),
         "objects": [(a.get("kind"), a.get("action")) for a in submitted.get("applied", [])],
     }
-    folder = record_dir(state_dir, str(submitted["jobId"]))
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / "submissions.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, separators=(",", ":")) + "\n")
-    return entry
+    return submissions.append(state_dir, "kubernetes", str(submitted["jobId"]), entry)
 
 
 def last_submission(state_dir: Path, job_id: str) -> dict[str, Any] | None:
     """The job's latest Kubernetes submission from ``state_dir``, or None."""
-    if "/" in job_id or job_id in {"", ".", ".."}:
-        return None
-    path = record_dir(state_dir, job_id) / "submissions.jsonl"
-    try:
-        lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-        data = json.loads(lines[-1]) if lines else None
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("to") == "kubernetes" else None
+    data = submissions.latest(state_dir, "kubernetes", job_id)
+    if data is not None and data.get("to") != "kubernetes":
+        path = record_dir(state_dir, job_id) / submissions.FILE
+        raise InfrastructureError(f"{path}: its last line is not a Kubernetes submission")
+    return data

@@ -16,12 +16,12 @@ node keeps every guarantee (ledger, caps, evidence). What this module adds:
   import scheduling);
 - :mod:`runner.scheduling.slurm.cluster` runs the Slurm commands and reads a job's state back.
 
-Submissions are recorded, append-only, in ``<state>/slurm/<job id>/submissions.jsonl``.
+Submissions are recorded, append-only, in ``<state>/slurm/<job id>/submissions.jsonl``
+(:mod:`runner.scheduling.submissions`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from runner.contract import Trust, VerifiedContract
-from runner.contract.models import JOB_ID_PATTERN
 from runner.core.errors import (
     InfrastructureError,
     JobNotFound,
@@ -42,6 +41,7 @@ from runner.core.errors import (
 from runner.planning import plan, policy
 from runner.planning.plan import ExecutionPlan
 from runner.planning.policy import HostPolicy
+from runner.scheduling import submissions
 from runner.state.ledger import LedgerState
 
 SETUP_ALLOWANCE_SECONDS = 60
@@ -264,7 +264,7 @@ def check_state_dir(state: Path, nodes: int, kind: str) -> str | None:
 
 def record_dir(state: Path, job_id: str) -> Path:
     """``<state>/slurm/<job id>``: the job's submissions, batch scripts, logs, envelopes."""
-    return state / "slurm" / job_id
+    return submissions.folder(state, "slurm", job_id)
 
 
 def batch_script(
@@ -347,31 +347,21 @@ def write_batch(request: Request, state: Path, python: str, run_args: list[str])
 
 
 def record(state: Path, request: Request, slurm_job: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """Append one submission to ``submissions.jsonl``; the line's data."""
+    """Append one submission to the job's ``submissions.jsonl``; the line's data."""
     entry = {
         "slurmJobId": slurm_job,
         **asdict(request),
         "submittedAt": datetime.now(UTC).isoformat(timespec="seconds"),
         **extra,
     }
-    with (record_dir(state, request.jobId) / "submissions.jsonl").open("a") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
-    return entry
+    return submissions.append(state, "slurm", request.jobId, entry)
 
 
 def last_submission(state: Path, job_id: str) -> dict[str, Any] | None:
     """The job's latest submission, or None when it was never submitted."""
-    if not re.fullmatch(JOB_ID_PATTERN, job_id):
-        return None
-    path = record_dir(state, job_id) / "submissions.jsonl"
-    if not path.is_file():
-        return None
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    try:
-        data = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError as exc:
-        raise InfrastructureError(f"{path}: its last line is not JSON ({exc})") from None
-    if not isinstance(data, dict) or not str(data.get("slurmJobId", "")).isdigit():
+    data = submissions.latest(state, "slurm", job_id)
+    if data is not None and not str(data.get("slurmJobId", "")).isdigit():
+        path = record_dir(state, job_id) / submissions.FILE
         raise InfrastructureError(f"{path}: its last line names no Slurm job id")
     return data
 
