@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.contract import Trust
+from runner.core import untrusted
 from runner.core.errors import HostConfigError, InfrastructureError, JobNotFound, PolicyViolation
 from runner.planning.policy import LoadedPolicy
 from runner.scheduling.kubernetes import render
@@ -239,29 +240,22 @@ class _Refused(InfrastructureError):
         self.status = status
 
 
-def _at(obj: Any, *keys: str) -> Any:
-    """``obj[k1][k2]...`` of an API server's answer (hostile shapes: None where none)."""
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
-
-
-def _obj(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _meta(obj: Any, *keys: str) -> Any:
-    return _at(obj, "metadata", *keys)
+    """``obj.metadata[k1]...`` of an API server's answer (hostile shapes: None where none)."""
+    return untrusted.at(obj, "metadata", *keys)
 
 
 def _digest_of(obj: Any) -> Any:
     """The full contract digest an object's annotation names (None without one)."""
-    return _obj(_meta(obj, "annotations")).get(f"{render.PREFIX}/contract-digest")
+    return untrusted.mapping(_meta(obj, "annotations")).get(f"{render.PREFIX}/contract-digest")
 
 
 def _same_job(found: Any, want: Manifest) -> bool:
     """The object found has this job's labels and contract digest (the runner made it)."""
-    mine, theirs = _obj(_meta(want, "labels")), _obj(_meta(found, "labels"))
+    mine, theirs = (
+        untrusted.mapping(_meta(want, "labels")),
+        untrusted.mapping(_meta(found, "labels")),
+    )
     keys = [*render.MANAGED_BY, render.JOB_LABEL, render.CONTRACT_LABEL]
     same = all(theirs.get(k) == mine.get(k) for k in keys)
     return same and _digest_of(found) == _digest_of(want)
@@ -376,10 +370,10 @@ def _create(
 
 
 def _conditions(job: Any) -> list[dict[str, Any]]:
-    found = _at(job, "status", "conditions")
+    found = untrusted.at(job, "status", "conditions")
     return [
         {k: c.get(k) for k in ("type", "status", "reason", "message", "lastTransitionTime")}
-        for c in (found if isinstance(found, list) else [])
+        for c in untrusted.array(found)
         if isinstance(c, dict)
     ]
 
@@ -395,7 +389,7 @@ def state_of(job: Any) -> tuple[str, str | None, str | None]:
         if c["type"] == "Failed":
             ended = "deadline_exceeded" if c["reason"] == "DeadlineExceeded" else "failed"
             return ended, c["reason"], c["message"]
-    active = _at(job, "status", "active")
+    active = untrusted.at(job, "status", "active")
     return ("running" if isinstance(active, int) and active > 0 else "pending"), None, None
 
 
@@ -423,7 +417,7 @@ def status(
             f"no Job {namespace}/{name} (job {job_id}) on the cluster",
             hint="check --namespace and --context, or submit it",
         )
-    labels = _obj(_meta(job, "labels"))
+    labels = untrusted.mapping(_meta(job, "labels"))
     if labels.get(render.JOB_LABEL) != render.job_label(job_id) or any(
         labels.get(k) != v for k, v in render.MANAGED_BY.items()
     ):
@@ -432,7 +426,7 @@ def status(
             hint="check --namespace and --context",
         )
     state, reason, message = state_of(job)
-    st = _obj(job.get("status"))
+    st = untrusted.mapping(job.get("status"))
     return {
         "jobId": job_id,
         "name": name,
@@ -486,7 +480,7 @@ def delete(
             time.sleep(0.5)
         else:
             policy = _read(client, "NetworkPolicy", name, namespace)
-            labels = _obj(_meta(policy, "labels")) if policy is not None else {}
+            labels = untrusted.mapping(_meta(policy, "labels")) if policy is not None else {}
             if policy is None:
                 done = "absent"
             elif labels.get(render.JOB_LABEL) != render.job_label(job_id):

@@ -32,6 +32,7 @@ import re
 from typing import Any
 
 from runner.contract import VerifiedContract
+from runner.core import untrusted
 from runner.core.errors import InfrastructureError, PolicyViolation
 from runner.planning.plan import ExecutionPlan
 from runner.state.ledger import LedgerState
@@ -303,35 +304,15 @@ def as_list(manifests: list[Manifest]) -> Manifest:
 # --------------------------------------------------------------------------- the rules
 
 
-def _get(data: Any, *keys: str | int) -> Any:
-    for key in keys:
-        if isinstance(key, int):
-            if not isinstance(data, list) or key >= len(data):
-                return None
-        elif not isinstance(data, dict):
-            return None
-        data = data[key] if isinstance(key, int) else data.get(key)
-    return data
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    """``value`` when it is a mapping, else an empty one (rules read hostile shapes too)."""
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
-    name = _get(c, "name")
+    name = untrusted.at(c, "name")
     at = f"container {name!r}"
     out: list[str] = []
-    image = _get(c, "image")
+    image = untrusted.at(c, "image")
     if not isinstance(image, str) or not _DIGEST_REF.fullmatch(image):
         out.append(f"{at}: image {image!r} is not pinned by digest (name@sha256:<64 hex>)")
-    sc = _dict(_get(c, "securityContext"))
-    psc = _dict(_get(pod, "securityContext"))
+    sc = untrusted.mapping(untrusted.at(c, "securityContext"))
+    psc = untrusted.mapping(untrusted.at(pod, "securityContext"))
     if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
         out.append(f"{at}: runAsNonRoot is not true")
     if sc.get("runAsUser", psc.get("runAsUser")) == 0:
@@ -342,14 +323,16 @@ def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
         out.append(f"{at}: allowPrivilegeEscalation is not false")
     if sc.get("privileged") is True:
         out.append(f"{at}: privileged")
-    caps = _dict(sc.get("capabilities"))
+    caps = untrusted.mapping(sc.get("capabilities"))
     if caps.get("drop") != ["ALL"] or caps.get("add"):
         out.append(f"{at}: capabilities are not drop [ALL] with none added")
-    seccomp = _get(sc, "seccompProfile", "type") or _get(psc, "seccompProfile", "type")
+    seccomp = untrusted.at(sc, "seccompProfile", "type") or untrusted.at(
+        psc, "seccompProfile", "type"
+    )
     if seccomp != "RuntimeDefault":
         out.append(f"{at}: seccompProfile is not RuntimeDefault")
-    requests = _dict(_get(c, "resources", "requests"))
-    limits = _dict(_get(c, "resources", "limits"))
+    requests = untrusted.mapping(untrusted.at(c, "resources", "requests"))
+    limits = untrusted.mapping(untrusted.at(c, "resources", "limits"))
     for key in ("cpu", "memory"):
         if key not in limits or requests.get(key) != limits.get(key):
             out.append(f"{at}: {key} requests {requests.get(key)!r} != limits {limits.get(key)!r}")
@@ -357,7 +340,7 @@ def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
         out.append(f"{at}: nvidia.com/gpu requests != limits")
     mounts = {
         m["mountPath"]: m
-        for m in _list(_get(c, "volumeMounts"))
+        for m in untrusted.array(untrusted.at(c, "volumeMounts"))
         if isinstance(m, dict) and isinstance(m.get("mountPath"), str)
     }
     for path in ("/job/input", "/job/execution", "/job/assets"):
@@ -366,9 +349,11 @@ def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
     if "/job/input" not in mounts:
         out.append(f"{at}: /job/input is not mounted")
     tmp = mounts.get("/tmp")  # noqa: S108 - a path in the pod
-    tmp_name = _get(tmp, "name")
+    tmp_name = untrusted.at(tmp, "name")
     size = (
-        _get(volumes.get(tmp_name), "emptyDir", "sizeLimit") if isinstance(tmp_name, str) else None
+        untrusted.at(volumes.get(tmp_name), "emptyDir", "sizeLimit")
+        if isinstance(tmp_name, str)
+        else None
     )
     if tmp is None or not size:
         out.append(f"{at}: /tmp is not a size-limited emptyDir")
@@ -377,13 +362,13 @@ def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
 
 def _job_rules(job: Manifest) -> list[str]:
     out: list[str] = []
-    spec = _dict(_get(job, "spec"))
+    spec = untrusted.mapping(untrusted.at(job, "spec"))
     if spec.get("backoffLimit") != 0:
         out.append(f"Job: backoffLimit is {spec.get('backoffLimit')!r}, not 0")
     deadline = spec.get("activeDeadlineSeconds")
     if not isinstance(deadline, int) or isinstance(deadline, bool) or deadline < 1:
         out.append(f"Job: activeDeadlineSeconds is {deadline!r}, not a positive integer")
-    pod = _dict(_get(spec, "template", "spec"))
+    pod = untrusted.mapping(untrusted.at(spec, "template", "spec"))
     if pod.get("restartPolicy") != "Never":
         out.append("Job: restartPolicy is not Never")
     if pod.get("automountServiceAccountToken") is not False:
@@ -393,19 +378,22 @@ def _job_rules(job: Manifest) -> list[str]:
             out.append(f"Job: {key} is set")
     volumes = {
         v["name"]: v
-        for v in _list(pod.get("volumes"))
+        for v in untrusted.array(pod.get("volumes"))
         if isinstance(v, dict) and isinstance(v.get("name"), str)
     }
     for v in volumes.values():
         if "hostPath" in v:
             out.append(f"Job: volume {v.get('name')!r} is a hostPath")
-    containers = [*_list(pod.get("initContainers")), *_list(pod.get("containers"))]
+    containers = [
+        *untrusted.array(pod.get("initContainers")),
+        *untrusted.array(pod.get("containers")),
+    ]
     if not containers:
         out.append("Job: no container")
     for c in containers:
         out.extend(_container_rules(c, pod, volumes))
-    labels = _dict(_get(job, "metadata", "labels"))
-    pod_labels = _dict(_get(spec, "template", "metadata", "labels"))
+    labels = untrusted.mapping(untrusted.at(job, "metadata", "labels"))
+    pod_labels = untrusted.mapping(untrusted.at(spec, "template", "metadata", "labels"))
     for key in (JOB_LABEL, CONTRACT_LABEL):
         if not labels.get(key) or pod_labels.get(key) != labels.get(key):
             out.append(f"Job: label {key} is missing on the Job or its pods")
@@ -414,16 +402,18 @@ def _job_rules(job: Manifest) -> list[str]:
 
 def _policy_rules(policy: Manifest, job: Manifest | None) -> list[str]:
     out: list[str] = []
-    spec = _dict(_get(policy, "spec"))
-    if "Egress" not in _list(spec.get("policyTypes")):
+    spec = untrusted.mapping(untrusted.at(policy, "spec"))
+    if "Egress" not in untrusted.array(spec.get("policyTypes")):
         out.append("NetworkPolicy: Egress is not among its policyTypes")
     if spec.get("egress"):
         out.append("NetworkPolicy: it allows some egress")
-    selector = _dict(_get(spec, "podSelector", "matchLabels"))
-    pod_labels = _dict(_get(job, "spec", "template", "metadata", "labels"))
+    selector = untrusted.mapping(untrusted.at(spec, "podSelector", "matchLabels"))
+    pod_labels = untrusted.mapping(untrusted.at(job, "spec", "template", "metadata", "labels"))
     if not selector or any(pod_labels.get(k) != v for k, v in selector.items()):
         out.append("NetworkPolicy: its podSelector does not select the Job's pods")
-    elif _get(policy, "metadata", "namespace") != _get(job, "metadata", "namespace"):
+    elif untrusted.at(policy, "metadata", "namespace") != untrusted.at(
+        job, "metadata", "namespace"
+    ):
         out.append("NetworkPolicy: not in the Job's namespace")
     return out
 
