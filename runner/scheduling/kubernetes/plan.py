@@ -13,16 +13,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner.contract import Trust, load_contract
+from runner.contract import Trust
 from runner.core.errors import InfrastructureError, PolicyViolation
-from runner.planning import plan, policy
 from runner.planning.plan import ExecutionPlan
 from runner.planning.policy import LoadedPolicy
 from runner.scheduling import submissions
 from runner.scheduling.kubernetes import render
 from runner.scheduling.kubernetes.render import Manifest
+from runner.scheduling.planned import planned
 from runner.staging.jobdir import StateDir
-from runner.state.ledger import LedgerState, read_state
+from runner.state.ledger import LedgerState
 
 
 @dataclass(frozen=True)
@@ -61,16 +61,10 @@ def rendered(
         render.check_name("--namespace", namespace)
     render.check_name("--claim", claim, subdomain=True)
     render.check_name("--runtime-class", runtime_class, subdomain=True)
-    contract = load_contract(contract_path, trust)
-    rules = loaded.policy
-    jid = plan.job_id_for(contract, job_id, allow_override=rules.allowJobIdOverride)
-    ledger_path = StateDir(state_dir).job(jid).ledger
-    state = read_state(ledger_path) if ledger_path.is_file() else None
-    accepted = state.accepted if state is not None else None
-    resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
-    plan.check_mode(contract, rules)
-    policy.check(contract, rules, datetime.now(UTC), check_times=not resuming)
-    p = plan.build(contract, rules, job_id=jid, host_uid=0, host_gid=0)
+    got = planned(
+        contract_path, loaded.policy, trust, state_dir, job_id=job_id, host_uid=0, host_gid=0
+    )
+    contract, p, state = got.contract, got.plan, got.state
     render.refuse_unsupported(contract, p)
     deadline = render.deadline_seconds(p, state)
     manifests = render.render(

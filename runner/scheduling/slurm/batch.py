@@ -38,10 +38,10 @@ from runner.core.errors import (
     JobNotFound,
     PolicyViolation,
 )
-from runner.planning import plan, policy
 from runner.planning.plan import ExecutionPlan
 from runner.planning.policy import HostPolicy
 from runner.scheduling import submissions
+from runner.scheduling.planned import planned
 from runner.state.ledger import LedgerState
 
 SETUP_ALLOWANCE_SECONDS = 60
@@ -181,25 +181,17 @@ def prepare(
     """Verify the contract at ``path`` and this host's policy exactly as `runner run` does
     (signature, digest, schema, mode, policy; validity times unless the job was accepted
     already), plan it, and read the budget left from its ledger: the job's :class:`Request`."""
-    from runner.contract import load_contract
     from runner.contract.load import MAX_CONTRACT_BYTES
     from runner.core.safefs import read_named
-    from runner.staging.jobdir import StateDir
-    from runner.state.ledger import read_state
 
-    contract = load_contract(path, trust)
-    raw = read_named(path, MAX_CONTRACT_BYTES)
-    chosen = plan.job_id_for(contract, job_id, allow_override=rules.allowJobIdOverride)
-    ledger_path = StateDir(state).job(chosen).ledger
-    ledger = read_state(ledger_path) if ledger_path.is_file() else None
-    accepted = ledger.accepted if ledger is not None else None
-    resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
-    plan.check_mode(contract, rules)
-    policy.check(contract, rules, datetime.now(UTC), check_times=not resuming)
-    built = plan.build(contract, rules, job_id=chosen, host_uid=os.getuid(), host_gid=os.getgid())
-    return request_for(
-        path, raw, contract, built, ledger, stop_grace=stop_grace, ceiling=ceiling, offered=offered
+    got = planned(
+        path, rules, trust, state, job_id=job_id, host_uid=os.getuid(), host_gid=os.getgid()
     )
+    raw = read_named(path, MAX_CONTRACT_BYTES)
+    return request_for(
+        path, raw, got.contract, got.plan, got.state,
+        stop_grace=stop_grace, ceiling=ceiling, offered=offered,
+    )  # fmt: skip
 
 
 def check_grace(stop_grace: float, kill_wait: int) -> None:
