@@ -166,17 +166,22 @@ def _resources(plan: ExecutionPlan) -> dict[str, str]:
     return out
 
 
-def render(
-    plan: ExecutionPlan,
-    *,
-    deadline: int,
-    namespace: str | None = None,
-    claim: str = DEFAULT_CLAIM,
-    runtime_class: str = DEFAULT_RUNTIME_CLASS,
-    attempt: int = 1,
-) -> list[Manifest]:
-    """The Job and its NetworkPolicy for ``plan``, checked with :func:`check_rules`."""
-    name = object_name(plan.job_id)
+MOUNTS = (
+    ("/job/input", "input", True),
+    ("/job/output", "output", False),
+    ("/job/workspace", "workspace", False),
+    ("/job/runtime-cache", "runtime-cache", False),
+    ("/job/runtime-venv", "runtime-venv", False),
+    ("/job/assets", "assets", True),
+    ("/job/execution", "execution", True),
+)
+"""Where the job folder's parts are mounted in the pod (path, folder under ``jobs/<id>/``,
+read-only), as `runner run` mounts them."""
+
+
+def _metadata(plan: ExecutionPlan, namespace: str | None) -> dict[str, Any]:
+    """The Job's (and NetworkPolicy's) name, the runner's labels and annotations, the
+    namespace when given."""
     labels = {
         **MANAGED_BY,
         JOB_LABEL: job_label(plan.job_id),
@@ -186,34 +191,39 @@ def render(
         f"{PREFIX}/job-id": plan.job_id,
         f"{PREFIX}/contract-digest": plan.contract_digest,
     }
-    meta: dict[str, Any] = {"name": name, "labels": labels, "annotations": annotations}
+    meta: dict[str, Any] = {
+        "name": object_name(plan.job_id),
+        "labels": labels,
+        "annotations": annotations,
+    }
     if namespace is not None:
         meta["namespace"] = namespace
-    uid, gid = _user(plan)
-    lim = plan.limits
+    return meta
+
+
+def _environment(plan: ExecutionPlan, attempt: int) -> list[dict[str, str]]:
+    """The plan's environment, the attempt's number, and no GPU for a job without one."""
     env = {**plan.environment, "RUNNER_ATTEMPT": str(attempt)}
-    if lim.gpus == "none":
+    if plan.limits.gpus == "none":
         # As `runner run`: a GPU-aware runtime exposes no device even if the image asks.
         env["NVIDIA_VISIBLE_DEVICES"] = "void"
-    base = f"jobs/{plan.job_id}"
-    mounts = [
-        ("/job/input", "input", True),
-        ("/job/output", "output", False),
-        ("/job/workspace", "workspace", False),
-        ("/job/runtime-cache", "runtime-cache", False),
-        ("/job/runtime-venv", "runtime-venv", False),
-        ("/job/assets", "assets", True),
-        ("/job/execution", "execution", True),
-    ]
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _container(plan: ExecutionPlan, attempt: int) -> dict[str, Any]:
+    """The pod's one container: the job's image, entrypoint, argv, environment and caps,
+    unprivileged, with the job folder's parts and the memory-backed /tmp and /dev/shm."""
+    uid, gid = _user(plan)
     resources = _resources(plan)
-    container: dict[str, Any] = {
+    base = f"jobs/{plan.job_id}"
+    return {
         "name": "job",
         "image": plan.image.reference,
         "imagePullPolicy": "IfNotPresent",
         "command": plan.entrypoint,
         "args": list(plan.argv),
         "workingDir": plan.working_dir,
-        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "env": _environment(plan, attempt),
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "securityContext": {
             "runAsNonRoot": True,
@@ -228,12 +238,21 @@ def render(
         "volumeMounts": [
             *(
                 {"name": "job-folder", "mountPath": at, "subPath": f"{base}/{sub}", "readOnly": ro}
-                for at, sub, ro in mounts
+                for at, sub, ro in MOUNTS
             ),
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the pod's own emptyDir
             {"name": "shm", "mountPath": "/dev/shm"},  # noqa: S108 - likewise
         ],
     }
+
+
+def _pod(
+    plan: ExecutionPlan, container: dict[str, Any], claim: str, runtime_class: str
+) -> dict[str, Any]:
+    """The pod spec: never restarted, no service-account token, no host namespaces, the job
+    folder from ``claim``, gVisor's RuntimeClass when the plan runs under runsc."""
+    uid, gid = _user(plan)
+    lim = plan.limits
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -260,7 +279,13 @@ def render(
     }
     if lim.runtime == "runsc":
         pod["runtimeClassName"] = runtime_class
-    job: Manifest = {
+    return pod
+
+
+def _job(meta: dict[str, Any], pod: dict[str, Any], deadline: int) -> Manifest:
+    """The Job: one pod, no retry, ``activeDeadlineSeconds`` the budget left; its pods carry
+    its labels and annotations."""
+    return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": meta,
@@ -270,15 +295,23 @@ def render(
             "parallelism": 1,
             "activeDeadlineSeconds": deadline,
             "template": {
-                "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
+                "metadata": {
+                    "labels": dict(meta["labels"]),
+                    "annotations": dict(meta["annotations"]),
+                },
                 "spec": pod,
             },
         },
     }
-    policy: Manifest = {
+
+
+def _network_policy(meta: dict[str, Any]) -> Manifest:
+    """The Job's pods' NetworkPolicy: nothing in, nothing out."""
+    labels = meta["labels"]
+    return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {**meta, "labels": dict(labels), "annotations": dict(annotations)},
+        "metadata": {**meta, "labels": dict(labels), "annotations": dict(meta["annotations"])},
         "spec": {
             # No rules under both types: nothing in, nothing out (DNS included).
             "podSelector": {"matchLabels": {JOB_LABEL: labels[JOB_LABEL]}},
@@ -287,7 +320,21 @@ def render(
             "egress": [],
         },
     }
-    manifests = [job, policy]
+
+
+def render(
+    plan: ExecutionPlan,
+    *,
+    deadline: int,
+    namespace: str | None = None,
+    claim: str = DEFAULT_CLAIM,
+    runtime_class: str = DEFAULT_RUNTIME_CLASS,
+    attempt: int = 1,
+) -> list[Manifest]:
+    """The Job and its NetworkPolicy for ``plan``, checked with :func:`check_rules`."""
+    meta = _metadata(plan, namespace)
+    pod = _pod(plan, _container(plan, attempt), claim, runtime_class)
+    manifests = [_job(meta, pod, deadline), _network_policy(meta)]
     broken = check_rules(manifests)
     if broken:  # the renderer's own bug; never hand such manifests out
         raise InfrastructureError(
