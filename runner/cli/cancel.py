@@ -48,8 +48,8 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from runner.cli.wait import kube_args, where
-    from runner.scheduling import kubeapply
-    from runner.scheduling.slurm_cluster import Cluster
+    from runner.scheduling.kubernetes import apply
+    from runner.scheduling.slurm.cluster import Cluster
 
     state = host.state_dir(args.state_dir).resolve()
     cluster = Cluster()
@@ -57,7 +57,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     done: list[dict[str, Any]] = []
     for job_id, sub in subs.items():
         if sub["to"] == "kubernetes":
-            gone = kubeapply.delete(job_id, **kube_args(sub))
+            gone = apply.delete(job_id, **kube_args(sub))
             name = f"{gone['namespace']}/{gone['name']}"
             done.append({"jobId": job_id, "kubernetesJob": name, "cancelled": not gone["ended"],
                          "deleted": True, "kubernetesState": gone["state"],

@@ -209,12 +209,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         else None,
         "envelope": str(JobDir(root).envelope) if JobDir(root).envelope.exists() else None,
     }
-    from runner.scheduling.slurm_cluster import (
+    from runner.scheduling.slurm.cluster import (
         describe,  # the Slurm side, if `runner cluster submit` queued it
     )
 
     info["slurm"] = describe(root.parent.parent, root.name)
-    from runner.scheduling.kubeplan import (
+    from runner.scheduling.kubernetes.plan import (
         last_submission,  # where `runner cluster submit` sent it (no cluster asked)
     )
 

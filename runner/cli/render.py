@@ -1,5 +1,5 @@
 """``runner cluster render CONTRACT --to kubernetes``: the manifests for a cluster to run one job
-(runner/scheduling/kube.py builds them), after the same checks as `runner run`."""
+(runner/scheduling/kubernetes/render.py builds them), after the same checks as `runner run`."""
 
 from __future__ import annotations
 
@@ -96,18 +96,18 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from runner.scheduling import kube, kubeplan
+    from runner.scheduling.kubernetes import plan, render
 
     loaded, trust = load_host(args)
-    r = kubeplan.rendered(
+    r = plan.rendered(
         Path(args.contract),
         loaded,
         trust,
         state_dir=host.state_dir(args.state_dir),
         job_id=args.job_id,
         namespace=args.namespace or None,
-        claim=args.claim or kube.DEFAULT_CLAIM,
-        runtime_class=args.runtime_class or kube.DEFAULT_RUNTIME_CLASS,
+        claim=args.claim or render.DEFAULT_CLAIM,
+        runtime_class=args.runtime_class or render.DEFAULT_RUNTIME_CLASS,
     )
     p, manifests, deadline, state = r.plan, r.manifests, r.deadline, r.state
     namespace, claim, runtime_class = r.namespace, r.claim, r.runtime_class
@@ -126,14 +126,14 @@ def cmd_render(args: argparse.Namespace) -> int:
         "gpus": p.limits.gpus if isinstance(p.limits.gpus, int) else 0,
         "gpuFallback": p.gpu_fallback,
         "files": [str(f) for f in files],
-        "notEnforced": list(kube.NOT_ENFORCED),
+        "notEnforced": list(render.NOT_ENFORCED),
     }
     if args.json:
         if not files:
-            info["manifests"] = kube.as_list(manifests)
+            info["manifests"] = render.as_list(manifests)
         print(json.dumps(info, indent=2))
     elif not files:
-        print(json.dumps(kube.as_list(manifests), indent=2))
+        print(json.dumps(render.as_list(manifests), indent=2))
     else:
         print(f"ok: Job and NetworkPolicy {info['name']} for job {p.job_id}")
         for f in files:

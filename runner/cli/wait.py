@@ -15,7 +15,7 @@ from runner.cli._common import EXIT_INFRASTRUCTURE, batch_exit, usage
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
-    from runner.scheduling.slurm_cluster import Cluster, Ended
+    from runner.scheduling.slurm.cluster import Cluster, Ended
 
 SLURM_END_GRACE_SECONDS = 30
 """How long `runner job wait` waits for a Slurm job to end once its ledger says finished."""
@@ -100,10 +100,10 @@ def outcome(end: Ended) -> dict[str, Any]:
 def where(state: Path, job_id: str) -> dict[str, Any]:
     """The job's latest submission from ``state``: Slurm's or Kubernetes' (the later one), or
     job_not_found."""
-    from runner.scheduling import kubeplan
-    from runner.scheduling.slurm import last_submission, submission_of
+    from runner.scheduling.kubernetes import plan
+    from runner.scheduling.slurm.batch import last_submission, submission_of
 
-    kube = kubeplan.last_submission(state, job_id)
+    kube = plan.last_submission(state, job_id)
     slurm = last_submission(state, job_id)
     if kube is not None and (slurm is None or kube["submittedAt"] >= slurm["submittedAt"]):
         return kube
@@ -141,7 +141,7 @@ def kube_outcome(st: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     from runner.core.errors import InfrastructureError
-    from runner.scheduling.slurm_cluster import Cluster
+    from runner.scheduling.slurm.cluster import Cluster
 
     if args.poll <= 0 or (args.timeout is not None and args.timeout < 0):
         usage("--poll wants seconds above 0, --timeout seconds of at least 0")
@@ -190,14 +190,14 @@ def _poll(
     finished_at: dict[str, float],
 ) -> None:
     """One look at every job still waited for; those that ended move from pending to ends."""
-    from runner.scheduling import kubeapply
-    from runner.scheduling.slurm_cluster import check_end
+    from runner.scheduling.kubernetes import apply
+    from runner.scheduling.slurm.cluster import check_end
 
     slurm_ids = [str(subs[j]["slurmJobId"]) for j in pending if subs[j]["to"] == "slurm"]
     active = cluster.active(slurm_ids) if slurm_ids else {}  # one squeue for all of them
     for job_id in list(pending):
         if subs[job_id]["to"] == "kubernetes":
-            st = kubeapply.status(job_id, **kube_args(subs[job_id]))
+            st = apply.status(job_id, **kube_args(subs[job_id]))
             if not st["ended"]:
                 continue
             pending.remove(job_id)
