@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from runner import cli, client
-from tests.support.jobs import ROOT, run_cli, write_contract
+from tests.support import ROOT, run_cli, write_contract
 
 FLAT: dict[str, dict[str, Any]] = json.loads(
     (ROOT / "tests" / "fixtures" / "cli-flat-spellings.json").read_text()
