@@ -200,8 +200,10 @@ def test_vanished_container_starts_attempt_two(tmp_path: Path, image_id: str) ->
 
 
 def test_two_runners_for_one_job(tmp_path: Path, image_id: str) -> None:
-    """While one runner runs a job, a second one for the same job refuses and starts nothing."""
-    contract = _contract(tmp_path, image_id, sleep=4)
+    """While one runner runs a job, a second one for the same job refuses and starts nothing.
+    The job runs long enough for a second runner to start on a loaded machine (at 4 s, one
+    that took longer found the job ended, and answered its envelope)."""
+    contract = _contract(tmp_path, image_id, sleep=20)
     state = tmp_path / "state"
     first = _start(contract, state)
     _wait_for(state, "attempt.started")
