@@ -22,7 +22,7 @@ only by this module, from scratch:
   plus room for headers, :func:`stream_cap`), and no single header may ask for more than
   ``MAX_HEADER`` bytes (a pax header that declares gigabytes would be read into memory).
 
-``runner verify-bundle`` (:mod:`runner.results.bundle.verify`) reads bundles through the same
+``runner verify-bundle`` (:mod:`runner.results.bundle.fixity`) reads bundles through the same
 :func:`open_tar`, :func:`member_parts` and :class:`Writer`.
 
 Files are created with ``O_EXCL | O_NOFOLLOW`` below folders this module made (each fsynced
