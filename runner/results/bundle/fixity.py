@@ -123,11 +123,11 @@ class _Scan:
             self.top = parts[0]
         if parts[0] != self.top or (len(parts) == 1 and not member.isdir()):
             raise stop(member.name, f"is outside the bag's one folder {self.top}/")
-        if not (member.isreg() or member.isdir()):
-            kind = "a link" if member.issym() or member.islnk() else "not a plain file"
-            raise stop(member.name, f"is {kind}; a bundle holds only files and folders")
         try:
-            archives.member_parts(member.name, strict=False)
+            archives.check_tar_member(member, strict=False)
+        except archives.RefusedKind as exc:
+            kind = "a link" if exc.link else "not a plain file"
+            raise stop(member.name, f"is {kind}; a bundle holds only files and folders") from None
         except archives.UnsafeArchive as exc:
             raise stop(member.name, str(exc)) from None
         key = "/".join(parts)
