@@ -30,17 +30,17 @@ from runner.contract import VerifiedContract
 from runner.core import errors, hostid, log, redaction
 from runner.core.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
 from runner.egress import slots as egress
-from runner.evidence import agent_result
 from runner.execution import agent_run, agentimage, container, layout, quotas, records, takeover
 from runner.execution.container import Outcome, Progress, Watch
 from runner.execution.options import RunOptions
 from runner.execution.stages import Known, Stopped, stage
 from runner.gpu import cdi, gpus
 from runner.images import pins as images
-from runner.models import envelope
-from runner.models.envelope import Allocation, GpuRecord, ImageRecord
+from runner.models import selfreport
+from runner.models.envelope import Allocation, EgressRecord, GpuRecord, ImageRecord
 from runner.planning import policy
 from runner.planning.plan import ExecutionPlan
+from runner.results import envelope
 from runner.staging import jobdir as staging
 from runner.state.ledger import Budget, Ledger, LedgerState
 
@@ -254,8 +254,11 @@ def _new(job: Job, known: Known) -> AttemptResult:
     names = ", ".join(info.repo_tags) or "untagged"
     progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")
     with stage("image", known):  # an agent's runtime, brought into the contract's image
+        # Labelled with the job's folder, so `runner cleanup` finds a copying container a
+        # killed runner left (it is never started; removed once no runner watches the job).
+        own = {**opts.labels, "org.runner.job-dir": str(job.dir.root.resolve())}
         brought = agentimage.bring(
-            job.backend, p, info, lambda pin: _acquire(job, pin), opts.state.root, opts.labels
+            job.backend, p, info, lambda pin: _acquire(job, pin), opts.state.root, own
         )
     if brought is not None:
         progress.stage("agent", f"commands run in {info.id[:19]}… (the contract's image); "
@@ -267,7 +270,7 @@ def _new(job: Job, known: Known) -> AttemptResult:
     with stage("stage", known):
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
         files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via)
-        files.append(layout.add_input(job.dir, "result.schema.json", agent_result.schema_bytes()))
+        files.append(layout.add_input(job.dir, "result.schema.json", selfreport.schema_bytes()))
         prompt = agents.prompt_bytes(p.agent) if p.agent is not None else None
         if prompt is not None:  # the host's prompt (the contract names none): an input too
             files.append(layout.add_input(job.dir, agents.HOST_PROMPT_NAME, prompt))
@@ -421,7 +424,7 @@ def egress_down(
     job: staging.JobDir,
     n: int,
     redactor: redaction.Redactor = redaction.NONE,
-) -> envelope.EgressRecord | None:
+) -> EgressRecord | None:
     """End attempt ``n``'s egress lease, as its ``attempt.starting`` event recorded it,
     keeping its lines of the proxy's log, redacted, in its record; None when it had none.
     Safe to repeat."""
