@@ -49,7 +49,7 @@ from typing import Any
 
 from runner.backends.base import Backend, ContainerSpec, ImageFiles, ImageInfo, Mount, PathStat
 from runner.core import archives, locks, safefs
-from runner.core.errors import PolicyViolation
+from runner.core.errors import InfrastructureError, PolicyViolation
 from runner.images.pins import Acquired, ImagePin, normalize_arch
 from runner.models.envelope import ImageRecord
 from runner.planning.plan import ExecutionPlan
@@ -168,9 +168,36 @@ pruned or removed while any container carrying it exists."""
 
 
 def _touch(root: Path, key: str) -> None:
-    used = root / f".{key}.used"
-    used.touch()
-    os.utime(used)
+    """Mark the entry used now; a link at the name is not followed (it could make the runner
+    create or stamp a file elsewhere: an empty fit file, say)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(root / f".{key}.used", flags, 0o644)
+    except OSError:  # a link, or something else there: it is not the runner's mark
+        archives.remove_tree(root / f".{key}.used")
+        fd = os.open(root / f".{key}.used", flags | os.O_EXCL, 0o644)
+    try:
+        os.utime(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write ``path`` whole (a new file renamed over it): its temporary name is made anew
+    (O_EXCL, no link followed: one planted there would have the runner write through it)."""
+    dot = "" if path.name.startswith(".") else "."  # .<entry>.seal.<pid>.tmp, as before
+    tmp = path.with_name(f"{dot}{path.name}.{os.getpid()}.tmp")
+    archives.remove_tree(tmp)  # a link or a leftover is removed, never followed
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(tmp, flags, 0o644), "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _mine(st: os.stat_result) -> bool:
+    """Made by this runner's user and writable by no other: another user who can write into
+    the state folder's cache can put files there, never files owned by the runner's user."""
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
 def recheck(runtime: Runtime) -> None:
@@ -315,10 +342,7 @@ def _seal(entry: Path) -> dict[str, Any]:
 
 def _write_seal(entry: Path) -> None:
     """Kept beside the entry, outside what is mounted: the manifest is checked against it."""
-    path = _seal_path(entry)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(_seal(entry)) + "\n")
-    os.replace(tmp, path)
+    _write_new(_seal_path(entry), (json.dumps(_seal(entry)) + "\n").encode())
 
 
 MAX_MANIFEST = 8 * 1024 * 1024
@@ -326,13 +350,18 @@ MAX_MANIFEST = 8 * 1024 * 1024
 
 
 def _manifest(entry: Path) -> dict[str, Any]:
-    """The entry's runtime.json, when the entry's folders are real ones (no links) and its
-    seal outside the entry matches; ValueError otherwise."""
-    for rel in ("", "files"):
+    """The entry's runtime.json, when the entry's folders are real ones (no links), they, the
+    manifest and the seal outside the entry are the runner's user's (:func:`_mine`) and the
+    seal matches; ValueError otherwise."""
+    for rel in ("", "files", "runtime.json"):
         st = os.lstat(entry / rel if rel else entry)
-        if not stat.S_ISDIR(st.st_mode):
+        if rel != "runtime.json" and not stat.S_ISDIR(st.st_mode):
             raise ValueError(f"{entry / rel} is not a folder (a link?)")
+        if not _mine(st):
+            raise ValueError(f"{entry / rel} is not the runner's (another user made it)")
     with safefs.open_under(entry.parent, _seal_path(entry).name) as f:
+        if not _mine(os.fstat(f.fileno())):
+            raise ValueError(f"{_seal_path(entry)} is not the runner's (another user made it)")
         seal = json.loads(f.read(64 * 1024))
     if seal != json.loads(json.dumps(_seal(entry))):
         raise ValueError("the entry is not as sealed when it was made")
@@ -349,6 +378,7 @@ def _manifest(entry: Path) -> dict[str, Any]:
 def _unchanged(st: os.stat_result, f: Mapping[str, Any]) -> bool:
     return (
         stat.S_ISREG(st.st_mode)
+        and _mine(st)
         and st.st_size == int(f["size"])
         and _stamp(st) == {k: int(f[k]) for k in ("dev", "inode", "mtimeNs", "ctimeNs")}
         and st.st_mode & 0o7777 == (0o555 if f["executable"] else 0o444)
@@ -435,6 +465,15 @@ def _elf(rel: str, f: Any, head: bytes) -> Needs:
     arch = _ELF_MACHINES.get(machine, f"elf-machine-{machine}")
     if phentsize < (56 if wide else 32) or phnum > 512:
         return Needs(rel, arch)
+    try:
+        return _interp(rel, f, arch, e, wide, phoff, phentsize, phnum)
+    except (OSError, ValueError, OverflowError):  # an offset past what a file can hold
+        return Needs(rel, arch)  # as a table that cannot be read above: no loader named
+
+
+def _interp(
+    rel: str, f: Any, arch: str, e: str, wide: bool, phoff: int, phentsize: int, phnum: int
+) -> Needs:
     f.seek(phoff)
     table = f.read(phentsize * phnum)
     for i in range(len(table) // phentsize):
@@ -454,10 +493,25 @@ def _elf(rel: str, f: Any, head: bytes) -> Needs:
     return Needs(rel, arch)  # static: needs no loader
 
 
+class _Unresolvable(Exception):
+    """The engine cannot resolve a path of the image: a folder on the way is a file, or its
+    links loop (the engine answers 500, not 404: the image's author can make it so)."""
+
+
+def _stat(files: ImageFiles, path: str) -> PathStat | None:
+    """``files.stat(path)``; :class:`_Unresolvable` when the engine fails for that path but
+    answers for the image's root (an engine that fails there too is the host's error)."""
+    try:
+        return files.stat(path)
+    except InfrastructureError:
+        files.stat("/")
+        raise _Unresolvable(path) from None
+
+
 def _resolved(files: ImageFiles, path: str) -> PathStat | None:
     """``path`` in the image with its links followed; None when nothing is at the end."""
     for _ in range(_LINK_HOPS):
-        st = files.stat(path)
+        st = _stat(files, path)
         if st is None or not st.is_link:
             return st
         if not st.link_target or st.link_target == path:
@@ -471,7 +525,10 @@ def _found(files: ImageFiles, command: str, search: Sequence[str]) -> str | None
     executable file in the image; None when nowhere."""
     candidates = [command] if command.startswith("/") else [f"{d}/{command}" for d in search]
     for candidate in candidates:
-        st = _resolved(files, candidate)
+        try:
+            st = _resolved(files, candidate)
+        except _Unresolvable:
+            continue  # not a command there (PATH=/etc/passwd:/usr/bin, say)
         if st is not None and st.is_regular and st.executable:
             return candidate
     return None
@@ -504,7 +561,10 @@ def _has_glibc(files: ImageFiles, triplets: Sequence[str]) -> bool:
     """Whether the image has glibc's libc.so.6 (a glibc loader alone can be a musl shim)."""
     for d in LIBC_DIRS:
         for sub in (*triplets, ""):
-            st = _resolved(files, f"{d}/{sub}/libc.so.6" if sub else f"{d}/libc.so.6")
+            try:
+                st = _resolved(files, f"{d}/{sub}/libc.so.6" if sub else f"{d}/libc.so.6")
+            except _Unresolvable:
+                continue
             if st is not None and st.is_regular:
                 return True
     return False
@@ -580,7 +640,10 @@ def check_fits(
             elif n.interpreter_arg and _found(files, n.interpreter_arg, search) is None:
                 missing.append(f"{n.path}'s interpreter {n.interpreter_arg}")
         for folder in ("/opt", MOUNT):  # the mount point: a real folder, or nothing yet
-            st = files.stat(folder)  # a link is not followed: it could lead into /job
+            try:
+                st = _stat(files, folder)  # a link is not followed: it could lead into /job
+            except _Unresolvable:
+                st = PathStat(folder, 0, 0, "")  # a link that loops: not a folder either
             if st is not None and (st.is_link or not st.is_dir):
                 missing.append(f"folder at {folder} (something else is there) to mount the "
                                f"runtime at {MOUNT}")  # fmt: skip
@@ -680,14 +743,12 @@ def bring(
     )
     fit = fits_root(state_root) / hashlib.sha256(key.encode()).hexdigest()
     path = agent.adapter.env.get("PATH") or ":".join([MOUNT, image_path(contract_image)])
-    if not fit.is_file():
+    if not _fit_known(fit, key):
         check_fits(
             backend, contract_image, plan.image.reference, runtime, argv, requires, labels, path
         )
         fit.parent.mkdir(parents=True, exist_ok=True)
-        tmp = fit.with_name(f".{fit.name}.{os.getpid()}.tmp")
-        tmp.write_text(key + "\n")
-        os.replace(tmp, fit)
+        _write_new(fit, (key + "\n").encode())
     own = {e.partition("=")[0] for e in contract_image.env}
     carried = {}
     for item in got.info.env:
@@ -695,6 +756,19 @@ def bring(
         if sep and key not in own and key not in {"PATH", "HOME"} and not key.startswith("RUNNER_"):
             carried[key] = value
     return Brought(runtime, record, carried, path)
+
+
+def _fit_known(fit: Path, key: str) -> bool:
+    """Whether the fit file says this pair fits: a regular file (no link followed) the
+    runner's user wrote, holding the pair's key. A file merely there (an empty one, another
+    user's) is not believed: the check is made again."""
+    try:
+        with safefs.open_under(fit.parent, fit.name) as f:
+            if not _mine(os.fstat(f.fileno())):
+                return False
+            return f.read(len(key) + 2) == (key + "\n").encode()
+    except (OSError, safefs.UnsafePath):
+        return False
 
 
 def describe(brought: Brought) -> str:
@@ -763,13 +837,15 @@ def prune(
     now = time.time()
     removed, kept, freed = [], {}, 0
     for name in _entries(root):
-        try:
-            used = os.lstat(root / f".{name}.used").st_mtime
-        except FileNotFoundError:
-            used = os.lstat(root / name).st_mtime
-        if older_than is not None and now - used < older_than:
+        if older_than is not None and now - _used(root, name) < older_than:
             continue
         with locks.flocked(root / f".{name}.lock"):
+            # Read again under the lock: a runner may have used it since (ensure marks it
+            # used under this lock), and it is mounted only after its inputs are staged.
+            if not os.path.lexists(root / name):
+                continue  # another prune's
+            if older_than is not None and now - _used(root, name) < older_than:
+                continue
             holders = in_use(name)
             if holders:
                 kept[name] = holders
@@ -782,6 +858,13 @@ def prune(
         removed.append(name)
         freed += size
     return Pruned(removed, kept, freed)
+
+
+def _used(root: Path, name: str) -> float:
+    try:
+        return os.lstat(root / f".{name}.used").st_mtime
+    except FileNotFoundError:
+        return os.lstat(root / name).st_mtime
 
 
 def _problem(entry: Path) -> str | None:
@@ -797,6 +880,8 @@ def _problem(entry: Path) -> str | None:
     for rel, st in sorted(have.items()):
         if not stat.S_ISREG(st.st_mode):
             return f"{rel} is not a regular file"
+        if not _mine(st):
+            return f"{rel} is not the runner's (another user made it)"
         if st.st_mode & 0o7777 != (0o555 if want[rel]["executable"] else 0o444):
             return f"{rel} has mode {st.st_mode & 0o7777:o}, not as extracted"
         digest = hashlib.sha256()
