@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from runner.contract.models import ExecutionContract
 from runner.evidence import selfreport
 from runner.models.envelope import ResultEnvelope
@@ -43,7 +45,14 @@ def contract_fields_markdown() -> str:
     """The README's contract vocabulary, from the contract's JSON Schema: every field, its
     type and meaning; objects marked *open* carry fields beyond these to the job unchanged,
     the others refuse an unknown field with its JSON path."""
-    schema = ExecutionContract.model_json_schema(mode="validation")
+    return model_fields_markdown(ExecutionContract)
+
+
+def model_fields_markdown(model: type[BaseModel]) -> str:
+    """A table of every field of ``model`` (nested ones by their dotted path, ``[]`` for a
+    list's items), from its JSON Schema: its type and meaning, marked *open* where an object
+    carries fields beyond these."""
+    schema = model.model_json_schema(mode="validation")
     defs: dict[str, Any] = schema.get("$defs", {})
     rows = ["| field | type | meaning |", "|---|---|---|"]
 
