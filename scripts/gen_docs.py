@@ -201,8 +201,9 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
             "Host policy fields",
             "Every field of the host policy (`policy.json`), from its pydantic model "
             "(`runner/planning/policy.py`; JSON Schema: `contracts/host-policy.schema.json`). "
-            "Every field is optional. See [The host policy](../concepts/policy.md).",
-            schemas.model_fields_markdown(HostPolicy),
+            "Every field is optional; a default of `null` for a maximum means the host's own "
+            "figure. See [The host policy](../concepts/policy.md).",
+            schemas.model_fields_markdown(HostPolicy, defaults=True),
         ),
     ),
     "envelope.md": (

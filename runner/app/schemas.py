@@ -48,13 +48,16 @@ def contract_fields_markdown() -> str:
     return model_fields_markdown(ExecutionContract)
 
 
-def model_fields_markdown(model: type[BaseModel]) -> str:
+def model_fields_markdown(model: type[BaseModel], *, defaults: bool = False) -> str:
     """A table of every field of ``model`` (nested ones by their dotted path, ``[]`` for a
     list's items), from its JSON Schema: its type and meaning, marked *open* where an object
-    carries fields beyond these."""
+    carries fields beyond these; with ``defaults``, each field's default (as JSON) too."""
     schema = model.model_json_schema(mode="validation")
     defs: dict[str, Any] = schema.get("$defs", {})
-    rows = ["| field | type | meaning |", "|---|---|---|"]
+    if defaults:
+        rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    else:
+        rows = ["| field | type | meaning |", "|---|---|---|"]
 
     def ref_of(prop: dict[str, Any]) -> str | None:
         for p in [prop, *prop.get("anyOf", []), prop.get("items", {})]:
@@ -75,7 +78,12 @@ def model_fields_markdown(model: type[BaseModel]) -> str:
             if sub and sub.get("additionalProperties") is not False:
                 meaning += " *Open:* other fields are carried to the job."
             meaning = " ".join(meaning.split())
-            rows.append(f"| `{path}`{flag} | {_type_name(prop)} | {meaning} |")
+            if defaults:
+                given = f"`{json.dumps(prop['default'])}`" if "default" in prop else ""
+                cells = [_type_name(prop), given.replace("|", "\\|"), meaning]
+            else:
+                cells = [_type_name(prop), meaning]
+            rows.append(f"| `{path}`{flag} | " + " | ".join(cells) + " |")
             if sub:
                 is_list = prop.get("type") == "array" or any(
                     p.get("type") == "array" for p in prop.get("anyOf", [])
