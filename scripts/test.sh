@@ -32,6 +32,13 @@ step "ruff check" "$VENV_BIN/ruff" check . || true
 step "ruff format --check" "$VENV_BIN/ruff" format --check . || true
 step "mypy" "$VENV_BIN/mypy" || true
 step "import layers (lint-imports)" "$VENV_BIN/lint-imports" --no-cache || true
+# The documentation site: its generated reference pages up to date with the code, and a strict
+# build (a broken link or anchor fails it) into a temporary folder, offline.
+step "docs reference (gen_docs --check)" "$VENV_BIN/python" scripts/gen_docs.py --check || true
+docs_site="$(mktemp -d)"
+step "docs build (mkdocs --strict)" env NO_MKDOCS_2_WARNING=1 "$VENV_BIN/mkdocs" build --strict \
+  --quiet --site-dir "$docs_site" || true
+rm -rf "$docs_site"
 
 log "test: pytest $*"
 rc=0

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from runner.contract.models import ExecutionContract
 from runner.evidence import selfreport
 from runner.models.envelope import ResultEnvelope
@@ -43,9 +45,19 @@ def contract_fields_markdown() -> str:
     """The README's contract vocabulary, from the contract's JSON Schema: every field, its
     type and meaning; objects marked *open* carry fields beyond these to the job unchanged,
     the others refuse an unknown field with its JSON path."""
-    schema = ExecutionContract.model_json_schema(mode="validation")
+    return model_fields_markdown(ExecutionContract)
+
+
+def model_fields_markdown(model: type[BaseModel], *, defaults: bool = False) -> str:
+    """A table of every field of ``model`` (nested ones by their dotted path, ``[]`` for a
+    list's items), from its JSON Schema: its type and meaning, marked *open* where an object
+    carries fields beyond these; with ``defaults``, each field's default (as JSON) too."""
+    schema = model.model_json_schema(mode="validation")
     defs: dict[str, Any] = schema.get("$defs", {})
-    rows = ["| field | type | meaning |", "|---|---|---|"]
+    if defaults:
+        rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    else:
+        rows = ["| field | type | meaning |", "|---|---|---|"]
 
     def ref_of(prop: dict[str, Any]) -> str | None:
         for p in [prop, *prop.get("anyOf", []), prop.get("items", {})]:
@@ -66,7 +78,12 @@ def contract_fields_markdown() -> str:
             if sub and sub.get("additionalProperties") is not False:
                 meaning += " *Open:* other fields are carried to the job."
             meaning = " ".join(meaning.split())
-            rows.append(f"| `{path}`{flag} | {_type_name(prop)} | {meaning} |")
+            if defaults:
+                given = f"`{json.dumps(prop['default'])}`" if "default" in prop else ""
+                cells = [_type_name(prop), given.replace("|", "\\|"), meaning]
+            else:
+                cells = [_type_name(prop), meaning]
+            rows.append(f"| `{path}`{flag} | " + " | ".join(cells) + " |")
             if sub:
                 is_list = prop.get("type") == "array" or any(
                     p.get("type") == "array" for p in prop.get("anyOf", [])
