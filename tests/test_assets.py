@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from runner.caches.assetcache import entries, in_use, parse_bytes, parse_duration, prune
+from runner.caches.assetcache import entries, in_use, prune
 from runner.caches.assets import AssetCache, fetch, stage
 from runner.caches.download import Download
 from runner.contract import load_contract, with_digest
@@ -393,17 +393,6 @@ def test_prune_by_size_and_age_removes_least_recently_used_first(tmp_path: Path)
     now = entries(cache)[-1].last_used + 3600
     assert prune(cache, state, older_than=2 * 86400, now=now).removed == []
     assert [e.ids for e in prune(cache, state, older_than=60, now=now).removed] == [["a1"], ["a2"]]
-
-
-def test_sizes_and_durations_parse() -> None:
-    assert parse_bytes("1000") == 1000
-    assert parse_bytes("2G") == 2 * 1024**3
-    assert parse_bytes("1.5MiB") == 1536 * 1024
-    assert parse_duration("7d") == 7 * 86400
-    assert parse_duration("90") == 90
-    for bad in ("", "1x", "-1"):
-        with pytest.raises(ValueError):
-            parse_bytes(bad)
 
 
 def test_runner_cache_ls_and_prune_on_the_command_line(tmp_path: Path) -> None:

@@ -196,11 +196,12 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_prune(args: argparse.Namespace) -> int:
-    from runner.caches.assetcache import parse_bytes, parse_duration, prune
+    from runner.caches.assetcache import prune
+    from runner.core.units import parse_bytes, parse_seconds
 
     try:
         max_bytes = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
-        older = parse_duration(args.older_than) if args.older_than is not None else None
+        older = parse_seconds(args.older_than) if args.older_than is not None else None
     except ValueError as exc:
         usage(str(exc))
     cache, state = _cache(args)
