@@ -312,6 +312,26 @@ def test_a_killed_fetch_resumes_where_it_stopped(tmp_path: Path, server: AssetSe
     assert AssetCache.of_state(state).blob(DIGEST.removeprefix("sha256:")).read_bytes() == BODY
 
 
+def test_fetch_shows_progress_on_stderr_and_never_under_json(
+    tmp_path: Path, server: AssetServer
+) -> None:
+    """For people, the run's progress line on stderr (a line, stderr not being a terminal)
+    and one line an asset on stdout; under --json, stdout is the report alone, no progress."""
+    server.files["blob"] = Served(BODY)
+    path = contract_with(tmp_path, [asset(server.url("blob"))])
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"acceptUnsigned": True, "assets": {"allowHosts": ["127.0.0.1"]}}))
+    args = ["fetch", str(path), "--policy", str(policy)]
+    people = run_cli(*args, "--state-dir", str(tmp_path / "a"))
+    assert people.returncode == 0, people.stderr
+    assert "    fetching data: " in people.stderr and " MiB" in people.stderr
+    assert "fetching data" not in people.stdout and "-> /job/assets/data/blob.bin" in people.stdout
+    machine = run_cli(*args, "--state-dir", str(tmp_path / "b"), "--json")
+    assert machine.returncode == 0, machine.stderr
+    assert json.loads(machine.stdout)["assets"][0]["cached"] is False
+    assert "fetching" not in machine.stderr
+
+
 # ---------------------------------------------------------------- the cache
 
 
