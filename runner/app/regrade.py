@@ -22,8 +22,8 @@ from runner.contract import VerifiedContract, parse_json, verify_data
 from runner.core.errors import Category, RefusedError
 from runner.core.redaction import NONE, Redactor
 from runner.core.safefs import UnsafePath
-from runner.evidence import agent_result
 from runner.evidence import read as evidence
+from runner.evidence import selfreport
 from runner.execution import agent_run
 from runner.models.envelope import Failure, Regrade, ResultEnvelope
 from runner.parsers import registry
@@ -160,7 +160,7 @@ def _regrade(
             "measurementErrors": errors,
             "failure": failure,
             "status": status,
-            "agentResult": agent_result.read(
+            "agentResult": selfreport.read(
                 job.output, max_bytes, max_result_bytes, contract=contract.data, verdict=status
             ),
             "revision": old.revision + 1,

@@ -1,7 +1,7 @@
 """Generate the JSON Schemas in ``contracts/`` from the pydantic models, and the README's
 generated tables: the parser catalog from the parser registry, the envelope's fields from its
 model, the exit codes and failure categories from the category table (``runner.core.errors``),
-the result.json flag codes from ``runner.evidence.agent_result.FLAGS``.
+the result.json flag codes from ``runner.evidence.selfreport.FLAGS``.
 
 ``python -m runner.app.schemas`` rewrites them; ``python -m runner.app.schemas --check`` exits 1
 when a
@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.contract.models import ExecutionContract
-from runner.evidence import agent_result
+from runner.evidence import selfreport
 from runner.models.envelope import ResultEnvelope
+from runner.models.selfreport import json_schema as selfreport_schema
 from runner.planning.policy import HostPolicy
 from runner.state.ledger import LedgerEvent
 
@@ -142,7 +143,7 @@ def readme_with_blocks(text: str) -> str:
         "contract-fields": contract_fields_markdown,
         "exit-codes": exit_codes_markdown,
         "categories": categories_markdown,
-        "result-flags": agent_result.flags_markdown,
+        "result-flags": selfreport.flags_markdown,
     }
     for name, render in blocks.items():
         begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
@@ -170,7 +171,7 @@ def schemas() -> dict[str, dict[str, Any]]:
             **{k: v for k, v in schema.items() if k != "title"},
         }
         out[filename] = schema
-    out["agent-result.schema.json"] = agent_result.json_schema()
+    out["agent-result.schema.json"] = selfreport_schema()
     return out
 
 

@@ -699,7 +699,7 @@ class DockerBackend:
             "Image": image_id,
             "Entrypoint": ["/runner-image-files-never-started"],
             "Cmd": [],
-            "Labels": {**labels, "org.runner.image-files": "true"},
+            "Labels": {**labels, "org.runner.managed": "true", "org.runner.image-files": "true"},
             "NetworkDisabled": True,
             "HostConfig": {"NetworkMode": "none"},
         }

@@ -372,8 +372,10 @@ class _FakeFiles:
                     parts.pop()
                 continue
             here = self.root.joinpath(*parts, part)
-            if here.is_symlink() and hops < 40:
+            if here.is_symlink():
                 hops += 1
+                if hops > 40:  # the engine answers 500 for links that loop
+                    raise InfrastructureError(f"the fake engine answered 500 for {path}")
                 target = os.readlink(here)
                 if target.startswith("/"):
                     parts = []
@@ -383,7 +385,16 @@ class _FakeFiles:
         return "/" + "/".join(parts)
 
     def stat(self, path: str) -> PathStat | None:
-        host = self._host(path)
+        """As the engine's archive HEAD: the folders on the way resolved in the image (a file
+        or links that loop there: 500, an InfrastructureError), the last component not."""
+        parent, _, base = path.rstrip("/").rpartition("/")
+        if base:
+            at = self.root / self._resolve(parent).lstrip("/")
+            if os.path.lexists(at) and not at.is_dir():
+                raise InfrastructureError(f"the fake engine answered 500 for {path}")
+            host = at / base
+        else:
+            host = self.root
         try:
             st = os.lstat(host)
         except (FileNotFoundError, NotADirectoryError):

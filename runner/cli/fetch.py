@@ -19,7 +19,10 @@ from runner.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from runner.cli._common import Subparsers
+    from runner.execution import agentimage
 
 _STATE_HELP = "the state folder (default: $RUNNER_STATE_DIR, else the user's state dir)"
 
@@ -58,6 +61,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         "names it and its ledger has no job.finished) is never removed.",
     )
     actions = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    register(actions, "fetch", "fetch a contract's assets into this host's cache, verified")
     ls = actions.add_parser(
         "ls", help="list the cached assets and inputs: digest, size, ids, last use, users"
     )
@@ -71,7 +75,10 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         "least recently used first (one order over both caches). With --older-than, only "
         "those unused that long; with --max-bytes, only until the caches hold at most that; "
         "with neither, every entry not in use. An input's bytes are freed once no job folder "
-        "links them either (a finished job keeps its input/ for a re-grade).",
+        "links them either (a finished job keeps its input/ for a re-grade). Cached agent "
+        "runtimes (extracted from adapter images) are pruned with --older-than or with "
+        "neither flag, never while a container (any state) mounts them; --max-bytes alone "
+        "leaves them.",
         epilog="examples:\n"
         "  runner cache prune --max-bytes 50G          # down to 50 GiB\n"
         "  runner cache prune --older-than 14d         # unused for two weeks\n",
@@ -201,18 +208,47 @@ def cmd_cache_prune(args: argparse.Namespace) -> int:
         usage(str(exc))
     cache, state = _cache(args)
     done = prune(cache, state, max_bytes=max_bytes, older_than=older, inputs=_inputs(args))
+    runtimes = None
+    if older is not None or max_bytes is None:
+        from runner.execution import agentimage
+
+        runtimes = agentimage.prune(state.root, older_than=older, in_use=_runtime_users())
     if args.json:
-        print(json.dumps(done.as_json(), indent=2))
+        print(json.dumps({**done.as_json(), "agentRuntimes": _pruned_json(runtimes)}, indent=2))
         return EXIT_SUCCEEDED
+    for name in runtimes.removed if runtimes else []:
+        print(f"removed agent runtime {name[:12]}…")
+    for name, holders in (runtimes.kept_in_use if runtimes else {}).items():
+        print(f"kept    agent runtime {name[:12]}…  mounted in {', '.join(holders)}")
     for e in done.removed:
         print(f"removed sha256:{e.sha256[:12]}…  {_size(e.bytes)}  {','.join(e.ids)}")
     for e in done.kept_in_use:
         print(f"kept    sha256:{e.sha256[:12]}…  in use by {', '.join(e.users)}")
     for e in done.kept_busy:
         print(f"kept    sha256:{e.sha256[:12]}…  another runner is fetching or staging it")
-    freed = sum(e.bytes for e in done.removed)
+    freed = sum(e.bytes for e in done.removed) + (runtimes.freed_bytes if runtimes else 0)
     print(f"freed {_size(freed)}; the cache holds {_size(done.left_bytes)}")
     return EXIT_SUCCEEDED
+
+
+def _runtime_users() -> Callable[[str], list[str]]:
+    """Which containers mount a cached agent runtime, asked of the engine (one that cannot
+    be reached fails the command: nothing is removed unasked)."""
+    from runner import backends
+    from runner.execution import agentimage
+
+    backend = backends.default()
+    return lambda name: agentimage.users(backend, name)
+
+
+def _pruned_json(runtimes: agentimage.Pruned | None) -> dict[str, Any] | None:
+    if runtimes is None:
+        return None
+    return {
+        "removed": runtimes.removed,
+        "keptInUse": runtimes.kept_in_use,
+        "freedBytes": runtimes.freed_bytes,
+    }
 
 
 def cmd_cache_verify(args: argparse.Namespace) -> int:
@@ -223,7 +259,11 @@ def cmd_cache_verify(args: argparse.Namespace) -> int:
     inputs = _inputs(args)
     checked = len(inputs.hexes())
     bad = verify(inputs, remove=not args.keep)
-    runtimes, bad_runtimes = agentimage.verify(host.state_dir(args.state_dir), remove=not args.keep)
+    runtimes, bad_runtimes = agentimage.verify(
+        host.state_dir(args.state_dir),
+        remove=not args.keep,
+        in_use=None if args.keep else _runtime_users(),
+    )
     if args.json:
         print(json.dumps({"checked": checked, "removed": not args.keep and bool(bad),
                           "bad": [{"sha256": f"sha256:{h}", "problem": p}

@@ -393,6 +393,37 @@ def usage_of(
     return meter.drain(requests=proxy_requests(p, job, n))
 
 
+def no_model_use(
+    p: ExecutionPlan,
+    job: JobDir,
+    n: int,
+    agent_guard: transcript.AgentGuard | None,
+    failure: Failure | None,
+) -> Failure | None:
+    """An agent that "succeeded" in the contract's image without one model answer in the
+    runner's capture of its stream and (behind the proxy) without one request to its model's
+    hosts did not do the work as an agent: whatever the image ran in the runtime's place
+    wrote the result. Such an attempt ends missing_evidence (its other failures stand)."""
+    agent = p.agent
+    if failure is not None or agent is None or not agent.in_contract_image:
+        return failure
+    if agent.adapter.usage == "none":
+        return failure  # the host counts nothing of this runtime: nothing to go by
+    usage = usage_of(p, job, n, agent_guard)
+    requests = proxy_requests(p, job, n)
+    if usage.turns > 0 or usage.answers > 0 or (requests or 0) > 0:
+        return failure
+    counted = " and the egress proxy counted no request to its model" if requests == 0 else ""
+    return Failure(
+        category=Category.MISSING_EVIDENCE,
+        stage="container",
+        retryable=Category.MISSING_EVIDENCE.retryable,
+        reason=f"the agent exited 0 in the contract's image {p.image.reference} without one "
+        f"model answer in its transcript (the runner's capture of its stdout){counted}: "
+        "something other than the agent runtime did the work",
+    )
+
+
 def record(ledger: Ledger, n: int, usage: transcript.Usage, stopped_for: str | None = None) -> None:
     """Append attempt ``n``'s agent.usage (once: a second call for it changes nothing)."""
     state = ledger.state
@@ -508,7 +539,7 @@ def agent_record(p: ExecutionPlan, state: LedgerState, n: int | None) -> AgentRe
         promptSource=agent.prompt_source,
         hostPrompt=AgentPromptRecord.model_validate(prompt) if prompt else None,
         transcript=p.stdout_path,
-        allow=list(agent.adapter.allow),
+        allow=[str(x) for x in p.egress.allow] if p.egress else list(agent.adapter.allow),
         network=p.limits.network,
     )
 

@@ -49,7 +49,7 @@ from typing import Any
 
 from runner.backends.base import Backend, ContainerSpec, ImageFiles, ImageInfo, Mount, PathStat
 from runner.core import archives, locks, safefs
-from runner.core.errors import PolicyViolation
+from runner.core.errors import InfrastructureError, PolicyViolation
 from runner.images.pins import Acquired, ImagePin, normalize_arch
 from runner.models.envelope import ImageRecord
 from runner.planning.plan import ExecutionPlan
@@ -60,7 +60,7 @@ MOUNT = "/opt/runner-agent"
 MAX_BYTES = 4 * 1024**3
 """The most bytes a runtime's files may hold (Claude Code's binary is about 400 MB)."""
 MAX_FILES = 20_000
-FIT_CHECK = 2
+FIT_CHECK = 3
 """The version of :func:`check_fits`' rules (a cached fit of older rules is not reused)."""
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """The engine's PATH for an image whose configuration names none."""
@@ -152,6 +152,7 @@ def ensure(
     entry = root / key
     root.mkdir(parents=True, exist_ok=True)
     with locks.flocked(root / f".{key}.lock"):
+        _touch(root, key)  # before it is used: prune keeps what was just used
         known = _load(entry, image_id, tuple(paths))
         if known is not None:
             return dataclasses.replace(known, seconds=round(time.monotonic() - started, 3))
@@ -159,6 +160,62 @@ def ensure(
         archives.remove_stale(root, key)
         runtime = _extract(backend, image_id, tuple(paths), entry, dict(labels))
     return dataclasses.replace(runtime, seconds=round(time.monotonic() - started, 3))
+
+
+IN_USE_LABEL = "org.runner.agent-runtime"
+"""The label of a container the runtime's entry (its name) is mounted in: the entry is not
+pruned or removed while any container carrying it exists."""
+
+
+def _touch(root: Path, key: str) -> None:
+    """Mark the entry used now; a link at the name is not followed (it could make the runner
+    create or stamp a file elsewhere: an empty fit file, say)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(root / f".{key}.used", flags, 0o644)
+    except OSError:  # a link, or something else there: it is not the runner's mark
+        archives.remove_tree(root / f".{key}.used")
+        fd = os.open(root / f".{key}.used", flags | os.O_EXCL, 0o644)
+    try:
+        os.utime(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write ``path`` whole (a new file renamed over it): its temporary name is made anew
+    (O_EXCL, no link followed: one planted there would have the runner write through it)."""
+    dot = "" if path.name.startswith(".") else "."  # .<entry>.seal.<pid>.tmp, as before
+    tmp = path.with_name(f"{dot}{path.name}.{os.getpid()}.tmp")
+    archives.remove_tree(tmp)  # a link or a leftover is removed, never followed
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(tmp, flags, 0o644), "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _mine(st: os.stat_result) -> bool:
+    """Made by this runner's user and writable by no other: another user who can write into
+    the state folder's cache can put files there, never files owned by the runner's user."""
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def recheck(runtime: Runtime) -> None:
+    """Just before the entry is mounted: refuse it when it changed since :func:`ensure`
+    checked it (staging the inputs can take minutes)."""
+    entry = runtime.folder.parent
+    if _load(entry, runtime.image_id, runtime.paths) is None:
+        raise PolicyViolation(
+            f"the agent runtime's cached files at {entry} changed after they were checked; "
+            "nothing was mounted",
+            hint="run `runner cache verify` (it removes a changed entry) and run the job "
+            "again; find out what writes into the state folder's cache",
+        )
+
+
+def users(backend: Backend, entry_name: str) -> list[str]:
+    """The containers (any state) the entry is mounted in, by name."""
+    return [c.name for c in backend.find({IN_USE_LABEL: entry_name})]
 
 
 def _extract(
@@ -201,9 +258,7 @@ def _extract(
         manifest = {
             "imageId": image_id,
             "paths": list(paths),
-            "files": [
-                {**_file_json(f), "inode": ino, "mtimeNs": mtime} for f, ino, mtime in listed
-            ],
+            "files": [{**_file_json(f), **_stamp(st)} for f, st in listed],
         }
         (tmp / "runtime.json").write_text(json.dumps(manifest, indent=1) + "\n")
         os.chmod(tmp / "runtime.json", 0o444)
@@ -211,11 +266,12 @@ def _extract(
         archives.sync_folders(tmp, below=False)
         os.rename(tmp, entry)
         archives.sync_folders(entry.parent, below=False)
+        _write_seal(entry)
     except BaseException:
         with contextlib.suppress(OSError):
             archives.remove_tree(tmp)
         raise
-    got = tuple(f for f, _, _ in listed)
+    got = tuple(f for f, _ in listed)
     return Runtime(image_id, paths, entry / "files", got, _files_digest(got), True)
 
 
@@ -237,7 +293,18 @@ def _walk_files(folder: Path) -> Iterator[tuple[str, os.stat_result]]:
                     yield sub, st
 
 
-def _hash_tree(folder: Path) -> list[tuple[RuntimeFile, int, int]]:
+def _stamp(st: os.stat_result) -> dict[str, int]:
+    """What says a cached file is the one hashed: a rewrite, a chmod, a rename over it or a
+    copy put in its place all change one of these (ctime cannot be set back)."""
+    return {
+        "dev": st.st_dev,
+        "inode": st.st_ino,
+        "mtimeNs": st.st_mtime_ns,
+        "ctimeNs": st.st_ctime_ns,
+    }
+
+
+def _hash_tree(folder: Path) -> list[tuple[RuntimeFile, os.stat_result]]:
     out = []
     for rel, st in sorted(_walk_files(folder)):
         digest = hashlib.sha256()
@@ -248,31 +315,87 @@ def _hash_tree(folder: Path) -> list[tuple[RuntimeFile, int, int]]:
             (
                 RuntimeFile(rel, "sha256:" + digest.hexdigest(), st.st_size,
                             bool(st.st_mode & 0o111)),
-                st.st_ino,
-                st.st_mtime_ns,
+                st,
             )
         )  # fmt: skip
     return out
 
 
+def _seal_path(entry: Path) -> Path:
+    return entry.with_name(f".{entry.name}.seal")
+
+
+def _seal(entry: Path) -> dict[str, Any]:
+    """The entry's folders and manifest as they were when it was made: real folders (no
+    link at the entry or its files/), the manifest's digest and stamp."""
+    parts: dict[str, Any] = {}
+    for rel in ("", "files"):  # the same folders (what is in them is checked file by file)
+        st = os.lstat(entry / rel if rel else entry)
+        parts[rel or "."] = {"dev": st.st_dev, "inode": st.st_ino, "dir": stat.S_ISDIR(st.st_mode)}
+    st = os.lstat(entry / "runtime.json")
+    parts["runtime.json"] = {**_stamp(st), "mode": st.st_mode}
+    with safefs.open_under(entry, "runtime.json") as f:
+        raw = f.read(MAX_MANIFEST + 1)
+    parts["sha256"] = hashlib.sha256(raw).hexdigest()
+    return parts
+
+
+def _write_seal(entry: Path) -> None:
+    """Kept beside the entry, outside what is mounted: the manifest is checked against it."""
+    _write_new(_seal_path(entry), (json.dumps(_seal(entry)) + "\n").encode())
+
+
+MAX_MANIFEST = 8 * 1024 * 1024
+"""The most bytes an entry's runtime.json may hold (a file list of MAX_FILES files)."""
+
+
+def _manifest(entry: Path) -> dict[str, Any]:
+    """The entry's runtime.json, when the entry's folders are real ones (no links), they, the
+    manifest and the seal outside the entry are the runner's user's (:func:`_mine`) and the
+    seal matches; ValueError otherwise."""
+    for rel in ("", "files", "runtime.json"):
+        st = os.lstat(entry / rel if rel else entry)
+        if rel != "runtime.json" and not stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"{entry / rel} is not a folder (a link?)")
+        if not _mine(st):
+            raise ValueError(f"{entry / rel} is not the runner's (another user made it)")
+    with safefs.open_under(entry.parent, _seal_path(entry).name) as f:
+        if not _mine(os.fstat(f.fileno())):
+            raise ValueError(f"{_seal_path(entry)} is not the runner's (another user made it)")
+        seal = json.loads(f.read(64 * 1024))
+    if seal != json.loads(json.dumps(_seal(entry))):
+        raise ValueError("the entry is not as sealed when it was made")
+    with safefs.open_under(entry, "runtime.json") as f:
+        raw = f.read(MAX_MANIFEST + 1)
+    if len(raw) > MAX_MANIFEST:
+        raise ValueError("runtime.json is too large")
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("runtime.json is not an object")
+    return data
+
+
+def _unchanged(st: os.stat_result, f: Mapping[str, Any]) -> bool:
+    return (
+        stat.S_ISREG(st.st_mode)
+        and _mine(st)
+        and st.st_size == int(f["size"])
+        and _stamp(st) == {k: int(f[k]) for k in ("dev", "inode", "mtimeNs", "ctimeNs")}
+        and st.st_mode & 0o7777 == (0o555 if f["executable"] else 0o444)
+    )
+
+
 def _load(entry: Path, image_id: str, paths: tuple[str, ...]) -> Runtime | None:
     """The cached entry, when it is whole and unchanged since it was hashed; else None."""
     try:
-        data = json.loads((entry / "runtime.json").read_text())
+        data = _manifest(entry)
         if data.get("imageId") != image_id or tuple(data.get("paths") or ()) != paths:
             return None
         want = {str(f["path"]): f for f in data["files"]}
         seen = 0
         for rel, st in _walk_files(entry / "files"):
             f = want.get(rel)
-            if (
-                f is None
-                or not stat.S_ISREG(st.st_mode)
-                or st.st_size != int(f["size"])
-                or st.st_ino != int(f["inode"])
-                or st.st_mtime_ns != int(f["mtimeNs"])
-                or st.st_mode & 0o7777 != (0o555 if f["executable"] else 0o444)
-            ):
+            if f is None or not _unchanged(st, f):
                 return None
             seen += 1
         if seen != len(want):
@@ -281,7 +404,7 @@ def _load(entry: Path, image_id: str, paths: tuple[str, ...]) -> Runtime | None:
             RuntimeFile(str(f["path"]), str(f["sha256"]), int(f["size"]), bool(f["executable"]))
             for f in data["files"]
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, safefs.UnsafePath):
         return None
     return Runtime(image_id, paths, entry / "files", files, _files_digest(files), False)
 
@@ -311,11 +434,22 @@ def needs_of(folder: Path, rel: str) -> Needs | None:
             line = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
             if not line:
                 return None
-            arg = line[1] if len(line) > 1 and line[0].endswith("/env") else None
-            return Needs(rel, None, line[0], arg)
+            return Needs(
+                rel, None, line[0], _env_command(line) if line[0].endswith("/env") else None
+            )
         if not head.startswith(b"\x7fELF") or len(head) < 64:
             return None
         return _elf(rel, f, head)
+
+
+def _env_command(words: Sequence[str]) -> str | None:
+    """The command ``#!/usr/bin/env [-S] [-i] [NAME=VALUE ...] COMMAND ...`` runs: the first
+    word after env's options and assignments (``-S`` splits the rest into words, as here)."""
+    for word in words[1:]:
+        if word.startswith("-") or "=" in word:
+            continue
+        return word
+    return None
 
 
 def _elf(rel: str, f: Any, head: bytes) -> Needs:
@@ -331,6 +465,15 @@ def _elf(rel: str, f: Any, head: bytes) -> Needs:
     arch = _ELF_MACHINES.get(machine, f"elf-machine-{machine}")
     if phentsize < (56 if wide else 32) or phnum > 512:
         return Needs(rel, arch)
+    try:
+        return _interp(rel, f, arch, e, wide, phoff, phentsize, phnum)
+    except (OSError, ValueError, OverflowError):  # an offset past what a file can hold
+        return Needs(rel, arch)  # as a table that cannot be read above: no loader named
+
+
+def _interp(
+    rel: str, f: Any, arch: str, e: str, wide: bool, phoff: int, phentsize: int, phnum: int
+) -> Needs:
     f.seek(phoff)
     table = f.read(phentsize * phnum)
     for i in range(len(table) // phentsize):
@@ -350,10 +493,25 @@ def _elf(rel: str, f: Any, head: bytes) -> Needs:
     return Needs(rel, arch)  # static: needs no loader
 
 
+class _Unresolvable(Exception):
+    """The engine cannot resolve a path of the image: a folder on the way is a file, or its
+    links loop (the engine answers 500, not 404: the image's author can make it so)."""
+
+
+def _stat(files: ImageFiles, path: str) -> PathStat | None:
+    """``files.stat(path)``; :class:`_Unresolvable` when the engine fails for that path but
+    answers for the image's root (an engine that fails there too is the host's error)."""
+    try:
+        return files.stat(path)
+    except InfrastructureError:
+        files.stat("/")
+        raise _Unresolvable(path) from None
+
+
 def _resolved(files: ImageFiles, path: str) -> PathStat | None:
     """``path`` in the image with its links followed; None when nothing is at the end."""
     for _ in range(_LINK_HOPS):
-        st = files.stat(path)
+        st = _stat(files, path)
         if st is None or not st.is_link:
             return st
         if not st.link_target or st.link_target == path:
@@ -367,20 +525,65 @@ def _found(files: ImageFiles, command: str, search: Sequence[str]) -> str | None
     executable file in the image; None when nowhere."""
     candidates = [command] if command.startswith("/") else [f"{d}/{command}" for d in search]
     for candidate in candidates:
-        st = _resolved(files, candidate)
+        try:
+            st = _resolved(files, candidate)
+        except _Unresolvable:
+            continue  # not a command there (PATH=/etc/passwd:/usr/bin, say)
         if st is not None and st.is_regular and st.executable:
             return candidate
     return None
 
 
-MAX_SEARCH = 32
-"""The most PATH entries of an image a command is looked up in (each is an engine call)."""
+MAX_SEARCH = 128
+"""The most PATH entries a command is looked up in (each is an engine call, and only a
+command not found yet looks further; a longer PATH's tail is not searched, and says so)."""
 
 
-def search_path(info: ImageInfo) -> list[str]:
-    """The image's PATH (absolute entries, each once, at most :data:`MAX_SEARCH`)."""
-    entries = (info.env_value("PATH") or DEFAULT_PATH).split(":")
-    return list(dict.fromkeys(d for d in entries if d.startswith("/")))[:MAX_SEARCH]
+def image_path(info: ImageInfo) -> str:
+    """The PATH the image's configuration gives its processes (the engine's default if none)."""
+    return info.env_value("PATH") or DEFAULT_PATH
+
+
+def search_path(path: str) -> list[str]:
+    """Where a command is looked up on ``path`` for the fit check: its absolute entries, each
+    once, at most :data:`MAX_SEARCH` (each is an engine call; a relative entry depends on
+    the working folder the runtime chdirs to, and is not checked)."""
+    return list(dict.fromkeys(d for d in path.split(":") if d.startswith("/")))[:MAX_SEARCH]
+
+
+GLIBC_LOADERS = ("ld-linux", "ld64.so")
+"""Names of glibc's dynamic loaders (ld-linux-x86-64.so.2, ld-linux-aarch64.so.1, ld64.so.2)."""
+LIBC_DIRS = ("/usr/lib", "/lib", "/usr/lib64", "/lib64")
+"""Where glibc's libc.so.6 is found (also in each one's <arch triplet> folder)."""
+
+
+def _has_glibc(files: ImageFiles, triplets: Sequence[str]) -> bool:
+    """Whether the image has glibc's libc.so.6 (a glibc loader alone can be a musl shim)."""
+    for d in LIBC_DIRS:
+        for sub in (*triplets, ""):
+            try:
+                st = _resolved(files, f"{d}/{sub}/libc.so.6" if sub else f"{d}/libc.so.6")
+            except _Unresolvable:
+                continue
+            if st is not None and st.is_regular:
+                return True
+    return False
+
+
+_TRIPLETS = {
+    "amd64": ("x86_64-linux-gnu",),
+    "arm64": ("aarch64-linux-gnu",),
+    "ppc64le": ("powerpc64le-linux-gnu",),
+    "s390x": ("s390x-linux-gnu",),
+    "386": ("i386-linux-gnu",),
+    "arm": ("arm-linux-gnueabihf",),
+    "riscv64": ("riscv64-linux-gnu",),
+}
+
+
+def host_arch() -> str:
+    """The architecture the engine runs an image on when the image names none."""
+    return normalize_arch(os.uname().machine)
 
 
 def check_fits(
@@ -391,10 +594,12 @@ def check_fits(
     argv: Sequence[str],
     requires: Sequence[str],
     labels: Mapping[str, str],
+    path: str | None = None,
 ) -> None:
     """Refuse (PolicyViolation, naming why and the image) a runtime that cannot run in the
-    contract's image; nothing of either image runs."""
-    arch = normalize_arch(contract_image.architecture or "")
+    contract's image, with ``path`` the PATH the runtime is started with (None: the image's);
+    nothing of either image runs."""
+    arch = normalize_arch(contract_image.architecture or "") or host_arch()
     what = f"the contract's image {reference} ({contract_image.id})"
     hint = (
         "run the contract with an image that has what the runtime needs (glibc's loader, "
@@ -403,13 +608,18 @@ def check_fits(
     )
     needs = [n for f in runtime.files if f.executable and (n := needs_of(runtime.folder, f.path))]
     for n in needs:
-        if n.machine is not None and arch and n.machine != arch:
+        if n.machine is not None and n.machine != arch:
             raise PolicyViolation(
                 f"the agent runtime cannot run in {what}: its {n.path} is built for "
                 f"{n.machine}, the image for {arch}",
                 hint=hint,
             )
-    search = search_path(contract_image)
+    search = search_path(path if path is not None else image_path(contract_image))
+    # The runtime's own folder is not the image's: a command there is one of its files.
+    own = {f.path for f in runtime.files if f.executable and "/" not in f.path}
+    if MOUNT in search:
+        requires = [c for c in requires if c not in own]
+    search = [d for d in search if d != MOUNT]
     with backend.image_files(contract_image.id, dict(labels)) as files:
         missing: list[str] = []
         for n in needs:
@@ -420,18 +630,34 @@ def check_fits(
             if _found(files, n.interpreter, search) is None:
                 why = "dynamic loader" if n.machine is not None else "interpreter"
                 missing.append(f"{n.path}'s {why} {n.interpreter}")
+            elif (
+                n.machine is not None
+                and n.interpreter.rsplit("/", 1)[-1].startswith(GLIBC_LOADERS)
+                and not _has_glibc(files, _TRIPLETS.get(n.machine, ()))
+            ):
+                missing.append(f"glibc (libc.so.6) for {n.path}, whose loader is glibc's "
+                               f"{n.interpreter} (a musl image's shim is not glibc)")  # fmt: skip
             elif n.interpreter_arg and _found(files, n.interpreter_arg, search) is None:
                 missing.append(f"{n.path}'s interpreter {n.interpreter_arg}")
         for folder in ("/opt", MOUNT):  # the mount point: a real folder, or nothing yet
-            st = files.stat(folder)  # a link is not followed: it could lead into /job
+            try:
+                st = _stat(files, folder)  # a link is not followed: it could lead into /job
+            except _Unresolvable:
+                st = PathStat(folder, 0, 0, "")  # a link that loops: not a folder either
             if st is not None and (st.is_link or not st.is_dir):
                 missing.append(f"folder at {folder} (something else is there) to mount the "
                                f"runtime at {MOUNT}")  # fmt: skip
         first = argv[0] if argv else ""
-        wanted = ["/bin/sh", *([first] if first and not first.startswith(MOUNT + "/") else [])]
+        mine = first.startswith(MOUNT + "/") or (first in own and MOUNT in search_path(path or ""))
+        wanted = ["/bin/sh", *([first] if first and not mine else [])]
         for command in [*wanted, *requires]:
             if _found(files, command, search) is None:
-                where = "" if command.startswith("/") else f" (on its PATH {':'.join(search)})"
+                where = (
+                    ""
+                    if command.startswith("/")
+                    else f" (on its PATH {':'.join(search)}"
+                    + (f", its first {MAX_SEARCH} entries)" if len(search) == MAX_SEARCH else ")")
+                )
                 missing.append(f"{command}{where}")
     if missing:
         raise PolicyViolation(
@@ -444,6 +670,12 @@ def check_fits(
 # --------------------------------------------------------------------------- an attempt's
 
 
+UNSET = {"LD_PRELOAD": "", "LD_AUDIT": ""}
+"""Variables of the contract's image that would load code into the runtime before its own
+(a preload library, an audit module): set empty in the container (the adapter's env may set
+them). Only the image's ENV is undone: its loader, libc and /bin/sh stay the image's."""
+
+
 @dataclass(frozen=True)
 class Brought:
     """The runtime brought into an attempt's container: its files, its image, its env."""
@@ -454,15 +686,24 @@ class Brought:
     carried: dict[str, str]
     """The runtime image's configured variables the contract's image does not set."""
     path: str
-    """PATH: /opt/runner-agent, then the contract image's own."""
+    """PATH: the adapter's, else /opt/runner-agent then the contract image's own, verbatim."""
 
     def apply(self, spec: ContainerSpec, adapter_env: Mapping[str, str]) -> ContainerSpec:
         """``spec`` with the runtime mounted read-only and its environment (the runner's own
         variables and the adapter's win over the runtime image's; PATH is the adapter's if
         it names one)."""
-        env = {**self.carried, **spec.environment, "PATH": adapter_env.get("PATH", self.path)}
+        recheck(self.runtime)
+        env = {
+            **self.carried,
+            **UNSET,
+            **spec.environment,
+            "PATH": adapter_env.get("PATH", self.path),
+        }
         mount = Mount(self.runtime.folder, MOUNT, read_only=True)
-        return dataclasses.replace(spec, environment=env, mounts=[*spec.mounts, mount])
+        labels = {**spec.labels, IN_USE_LABEL: self.runtime.folder.parent.name}
+        return dataclasses.replace(
+            spec, environment=env, mounts=[*spec.mounts, mount], labels=labels
+        )
 
     def record(self) -> dict[str, Any]:
         return {"image": self.image.model_dump(mode="json"), **self.runtime.record()}
@@ -490,24 +731,44 @@ def bring(
     # Images are immutable by id: a fit found once holds for the same pair (and argv's
     # first word and requirements), so only the first attempt of a pair asks the engine.
     key = json.dumps(
-        [FIT_CHECK, contract_image.id, runtime.digest, argv[:1], sorted(requires)],
+        [
+            FIT_CHECK,
+            contract_image.id,
+            runtime.digest,
+            argv[:1],
+            sorted(requires),
+            agent.adapter.env.get("PATH"),
+        ],
         separators=(",", ":"),
     )
     fit = fits_root(state_root) / hashlib.sha256(key.encode()).hexdigest()
-    if not fit.is_file():
-        check_fits(backend, contract_image, plan.image.reference, runtime, argv, requires, labels)
+    path = agent.adapter.env.get("PATH") or ":".join([MOUNT, image_path(contract_image)])
+    if not _fit_known(fit, key):
+        check_fits(
+            backend, contract_image, plan.image.reference, runtime, argv, requires, labels, path
+        )
         fit.parent.mkdir(parents=True, exist_ok=True)
-        tmp = fit.with_name(f".{fit.name}.{os.getpid()}.tmp")
-        tmp.write_text(key + "\n")
-        os.replace(tmp, fit)
+        _write_new(fit, (key + "\n").encode())
     own = {e.partition("=")[0] for e in contract_image.env}
     carried = {}
     for item in got.info.env:
         key, sep, value = item.partition("=")
         if sep and key not in own and key not in {"PATH", "HOME"} and not key.startswith("RUNNER_"):
             carried[key] = value
-    path = ":".join([MOUNT, *search_path(contract_image)])
     return Brought(runtime, record, carried, path)
+
+
+def _fit_known(fit: Path, key: str) -> bool:
+    """Whether the fit file says this pair fits: a regular file (no link followed) the
+    runner's user wrote, holding the pair's key. A file merely there (an empty one, another
+    user's) is not believed: the check is made again."""
+    try:
+        with safefs.open_under(fit.parent, fit.name) as f:
+            if not _mine(os.fstat(f.fileno())):
+                return False
+            return f.read(len(key) + 2) == (key + "\n").encode()
+    except (OSError, safefs.UnsafePath):
+        return False
 
 
 def describe(brought: Brought) -> str:
@@ -521,34 +782,97 @@ def describe(brought: Brought) -> str:
     )
 
 
-def verify(state_root: Path, *, remove: bool) -> tuple[int, dict[str, str]]:
+def verify(
+    state_root: Path, *, remove: bool, in_use: Callable[[str], list[str]] | None = None
+) -> tuple[int, dict[str, str]]:
     """Re-hash every file of every cached runtime against its runtime.json (an attempt checks
-    only inode, size, mode and mtime): (entries checked, {entry: problem} of those that are
-    not what was extracted), each removed with ``remove`` (the next attempt extracts it
-    again)."""
+    only the files' stamps, sizes and modes): (entries checked, {entry: problem} of those
+    that are not what was extracted), each removed with ``remove`` (the next attempt
+    extracts it again) unless a container still mounts it (``in_use``: the containers that
+    do, by entry name; None: the engine could not be asked, so nothing is removed)."""
     root = cache_root(state_root)
-    try:
-        names = sorted(e.name for e in os.scandir(root) if e.is_dir(follow_symlinks=False))
-    except FileNotFoundError:
-        return 0, {}
     bad: dict[str, str] = {}
+    names = _entries(root)
     for name in names:
         entry = root / name
         with locks.flocked(root / f".{name}.lock"):
             problem = _problem(entry)
-            if problem is not None:
-                bad[name] = problem
-                if remove:
-                    archives.remove_tree(entry)
+            if problem is None:
+                continue
+            holders = in_use(name) if in_use is not None else None
+            if remove and holders == []:
+                archives.remove_tree(entry)
+            elif remove:
+                why = f"in use by {', '.join(holders)}" if holders else "the engine was not asked"
+                problem += f" (kept: {why})"
+            bad[name] = problem
     return len(names), bad
+
+
+def _entries(root: Path) -> list[str]:
+    try:
+        return sorted(
+            e.name
+            for e in os.scandir(root)
+            if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
+        )
+    except FileNotFoundError:
+        return []
+
+
+@dataclass(frozen=True)
+class Pruned:
+    removed: list[str]
+    kept_in_use: dict[str, list[str]]
+    freed_bytes: int
+
+
+def prune(
+    state_root: Path, *, older_than: float | None, in_use: Callable[[str], list[str]]
+) -> Pruned:
+    """Remove the cached runtimes not used for ``older_than`` seconds (None: any), except
+    those a container still mounts; an entry a runner is extracting or checking (its lock
+    held) is left for the next prune."""
+    root = cache_root(state_root)
+    now = time.time()
+    removed, kept, freed = [], {}, 0
+    for name in _entries(root):
+        if older_than is not None and now - _used(root, name) < older_than:
+            continue
+        with locks.flocked(root / f".{name}.lock"):
+            # Read again under the lock: a runner may have used it since (ensure marks it
+            # used under this lock), and it is mounted only after its inputs are staged.
+            if not os.path.lexists(root / name):
+                continue  # another prune's
+            if older_than is not None and now - _used(root, name) < older_than:
+                continue
+            holders = in_use(name)
+            if holders:
+                kept[name] = holders
+                continue
+            size = sum(st.st_size for _, st in _walk_files(root / name))
+            archives.remove_tree(root / name)
+            for tail in (".used", ".seal"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(root / f".{name}{tail}")
+        removed.append(name)
+        freed += size
+    return Pruned(removed, kept, freed)
+
+
+def _used(root: Path, name: str) -> float:
+    try:
+        return os.lstat(root / f".{name}.used").st_mtime
+    except FileNotFoundError:
+        return os.lstat(root / name).st_mtime
 
 
 def _problem(entry: Path) -> str | None:
     try:
-        data = json.loads((entry / "runtime.json").read_text())
+        data = _manifest(entry)
         want = {str(f["path"]): f for f in data["files"]}
         have = {rel: st for rel, st in _walk_files(entry / "files")}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, safefs.UnsafePath) as exc:
         return f"unreadable: {exc}"
     if set(have) != set(want):
         odd = sorted(set(have) ^ set(want))
@@ -556,6 +880,10 @@ def _problem(entry: Path) -> str | None:
     for rel, st in sorted(have.items()):
         if not stat.S_ISREG(st.st_mode):
             return f"{rel} is not a regular file"
+        if not _mine(st):
+            return f"{rel} is not the runner's (another user made it)"
+        if st.st_mode & 0o7777 != (0o555 if want[rel]["executable"] else 0o444):
+            return f"{rel} has mode {st.st_mode & 0o7777:o}, not as extracted"
         digest = hashlib.sha256()
         with safefs.open_under(entry / "files", rel) as f:
             while chunk := f.read(1024 * 1024):

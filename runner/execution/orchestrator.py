@@ -13,7 +13,7 @@ Stages take values and return values: what the run knows so far is a frozen
 of
 the failed run is built. The attempt itself (resume or new) is :mod:`runner.execution.attempt`, the
 classification of its end :mod:`runner.execution.outcome`, the envelope
-:func:`runner.models.envelope.build`.
+:func:`runner.results.envelope.build`.
 
 Long on purpose: the whole sequence, with every way out of it ending in an envelope (the
 inputs re-hashed after the run, the agent's secrets redacted before anything is hashed),
@@ -36,8 +36,8 @@ from runner.caches import assets, inputcache
 from runner.contract import VerifiedContract, load_contract
 from runner.core import errors, log, redaction, safefs
 from runner.core.errors import Category, JobAlreadyFinished, JobBusy, PolicyViolation, RunnerError
-from runner.evidence import agent_result
 from runner.evidence import read as evidence
+from runner.evidence import selfreport
 from runner.execution import agent_run, attempt, records
 from runner.execution.container import Progress
 from runner.execution.options import RunOptions
@@ -53,12 +53,12 @@ from runner.models.envelope import (
     ResultEnvelope,
     Stage,
     Status,
-    build,
 )
 from runner.planning import plan, policy
+from runner.planning.allocation import check_allocation
 from runner.planning.plan import ExecutionPlan
 from runner.results import attest
-from runner.scheduling import slurm
+from runner.results.envelope import build
 from runner.staging import jobdir as staging
 from runner.state.ledger import Ledger, LedgerCorrupt, read_state
 
@@ -151,7 +151,7 @@ def _run(
             labels=opts.labels,
             overrides=opts.overrides,
         )
-        slurm.check_allocation(p.limits, os.environ)  # under Slurm: caps within the allocation
+        check_allocation(p.limits, os.environ)  # under Slurm: caps within the allocation
     known = replace(known, plan=p, gpu_fallback=p.gpu_fallback)
     with stage("plan", known):
         backend = backend or backends.default(opts.policy.policy.engine)
@@ -291,6 +291,8 @@ def _record_end(
     st = ledger.state
     n = len(st.attempts)
     failure = classify(outcome, limit)
+    if p.agent is not None:  # decided before the ledger says how the attempt ended
+        failure = agent_run.no_model_use(p, job, n, got.guards.agent, failure)
     if failure is not None and failure.category in {Category.NONZERO_EXIT, Category.OOM}:
         tail = _tail(job.output, p.stderr_path)
         where = f"{job.output / p.stderr_path}"
@@ -389,14 +391,14 @@ def _read_evidence(
     if checked.unchanged is False:  # what ran is not what the contract binds: no result
         removed = inputcache.verify_used(inputcache.InputCache.of_state(opts.state.root), job)
         failure, status = inputs_changed(str(checked.problem), removed, failure), "failed"
-    claim = agent_result.read(
+    claim = selfreport.read(
         job.output,
         max_bytes,
         int(pol.maxResultKb * 1024),
         contract=contract.data,
         verdict=status,
     )
-    if claim is not None and (said := agent_result.warning(claim)):
+    if claim is not None and (said := selfreport.warning(claim)):
         warnings.append(said)
     return _envelope(
         replace(known, warnings=tuple(warnings)),

@@ -27,11 +27,11 @@ from pathlib import Path
 from runner.caches import inputcache
 from runner.contract import load_contract
 from runner.core.errors import JobAlreadyFinished, JobBusy, ResourceExhausted
-from runner.evidence import agent_result
 from runner.execution import agent_run, layout, records
 from runner.execution.options import RunOptions
-from runner.models import envelope
+from runner.models import selfreport
 from runner.planning import plan, policy
+from runner.results import envelope
 from runner.staging import jobdir as staging
 from runner.state.ledger import Budget, Ledger, read_state
 
@@ -122,7 +122,7 @@ def stage(contract_path: Path, opts: RunOptions, *, host_uid: int, host_gid: int
         n = len(st.attempts) + 1
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job)
         files = staging.stage_inputs(job, contract, opts.input_rules(), via=via)
-        files.append(layout.add_input(job, "result.schema.json", agent_result.schema_bytes()))
+        files.append(layout.add_input(job, "result.schema.json", selfreport.schema_bytes()))
         layout.working_copy(job, contract, p.limits.disk_quota_bytes)
         streams = [p.stdout_path, p.stderr_path]
         if n > 1:  # as runner.execution.attempt: the last attempt's streams move to its record

@@ -250,20 +250,7 @@ def build(
     matched."""
     agent = check_mode(contract, policy)
     env = contract.model.environment
-    unpinned = policy.allowUnpinnedImages
-    agent_image = None
-    if agent is None:
-        argv = check_command(contract)
-        pin = parse_pin(env.image, env.imageId, allow_unpinned=unpinned)
-    else:
-        argv = agent.argv(agent.max_turns, agent.max_budget_usd)
-        adapter = agent.adapter
-        adapter_pin = parse_pin(adapter.image, adapter.imageId, allow_unpinned=unpinned)
-        if agent.in_contract_image:
-            pin = parse_pin(env.image, env.imageId, allow_unpinned=unpinned)
-            agent_image = adapter_pin
-        else:
-            pin = adapter_pin
+    argv, pin, agent_image = _images(contract, policy, agent)
     lim = tightened(contract, overrides or {})
     gpus: int | Literal["none", "all"] = env.gpu
     fallback = None
@@ -277,26 +264,7 @@ def build(
     engine_value("timeoutMinutes", lim["timeoutMinutes"], ov)  # at least a second
     memory = engine_value("memoryGb", lim["memoryGb"], ov)
     runtime = isolation(contract, policy)
-    allow = egress_granted(contract, policy)
-    if agent is not None and env.networkAccess:
-        allow = _agent_network_access(agent, policy)
-    if agent is not None and agent.adapter.allow:
-        # An agent reaches what its host adapter grants (its model's API), and what the
-        # contract asked for and the policy granted besides; nothing else.
-        allow = tuple(dict.fromkeys([*map(HostPort.parse, agent.adapter.allow), *allow]))
-        if policy.egress is None:
-            raise PolicyViolation(
-                f"$.agent.runtime: the {agent.runtime} adapter reaches "
-                f"{', '.join(agent.adapter.allow)}, and this host's policy has no egress "
-                "(no upstream network for the allowlist proxy)",
-                hint='give the policy "egress": {"upstreamNetwork": ...} (see README, Egress '
-                "allowlist), or remove allow from the adapter",
-            )
-    egress = (
-        EgressPlan(allow, policy.egress.upstreamNetwork, policy.egress.proxyImage)
-        if allow and policy.egress
-        else None
-    )
+    egress = _egress(contract, policy, agent)
     limits = Limits(
         cpus=engine_value("cpus", lim["cpus"], ov) / 1e9,
         memory_bytes=memory,
@@ -314,19 +282,7 @@ def build(
         ),
         stop_on_log_limit=policy.logLimitAction == "stop",
     )
-    if limits.runtime == "runsc" and limits.network != "none":
-        field = (
-            "environment.networkAccess"
-            if env.networkAccess
-            else "environment.egress"
-            if env.egress
-            else "agent.runtime"
-        )
-        raise PolicyViolation(
-            f"$.{field}: runsc (gVisor) runs jobs with no network here; a job that needs "
-            f"network ({limits.network}) runs under runc",
-            hint="ask for isolation runc, or drop the network",
-        )
+    _check_isolated_network(contract, limits)
     user = f"{JOB_UID}:{JOB_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"
     protocol = contract.model.protocol
     all_labels = {
@@ -347,28 +303,106 @@ def build(
         limits=limits,
         gpu_fallback=fallback,
         labels=all_labels,
-        environment={
-            "HOME": "/tmp",  # noqa: S108 - the job's own tmpfs
-            "RUNNER_JOB_ID": job_id,
-            "RUNNER_STDOUT": f"/job/output/{protocol.stdoutPath}",
-            "RUNNER_STDERR": f"/job/output/{protocol.stderrPath}",
-            "RUNNER_BUDGET_FILE": "/job/execution/runtime-budget.json",
-            "RUNNER_COMPUTE_DECISION": "/job/input/compute-decision.json",
-            # Caches (pip, Hugging Face, torch hub ...) land in the job's own cache folder,
-            # kept across its attempts and counted in its disk quota.
-            "XDG_CACHE_HOME": "/job/runtime-cache",
-            "PIP_CACHE_DIR": "/job/runtime-cache/pip",
-            **(egress.environment() if egress else {}),
-            **(
-                {**agent.adapter.env, "RUNNER_AGENT_PROMPT": agent.prompt}
-                if agent is not None
-                else {}
-            ),
-        },
+        environment=_environment(job_id, protocol.stdoutPath, protocol.stderrPath, egress, agent),
         egress=egress,
         agent=agent,
         agent_image=agent_image,
     )
+
+
+def _images(
+    contract: VerifiedContract, policy: HostPolicy, agent: agents.AgentPlan | None
+) -> tuple[tuple[str, ...], ImagePin, ImagePin | None]:
+    """(argv, the image the container runs, the agent runtime's image brought into it): the
+    contract's command and image; for an agent the adapter's argv, and the contract's image
+    with the runtime's from the adapter's (runIn contract-image) or the adapter's alone."""
+    env = contract.model.environment
+    unpinned = policy.allowUnpinnedImages
+    if agent is None:
+        argv = check_command(contract)
+        return argv, parse_pin(env.image, env.imageId, allow_unpinned=unpinned), None
+    argv = agent.argv(agent.max_turns, agent.max_budget_usd)
+    adapter = agent.adapter
+    adapter_pin = parse_pin(adapter.image, adapter.imageId, allow_unpinned=unpinned)
+    if agent.in_contract_image:
+        return argv, parse_pin(env.image, env.imageId, allow_unpinned=unpinned), adapter_pin
+    return argv, adapter_pin, None
+
+
+def _egress(
+    contract: VerifiedContract, policy: HostPolicy, agent: agents.AgentPlan | None
+) -> EgressPlan | None:
+    """The allowlist the job runs behind: the pairs the contract asked for and the policy
+    granted; for an agent, what its networkAccess was granted and its adapter's allow."""
+    env = contract.model.environment
+    allow = egress_granted(contract, policy)
+    if agent is not None and env.networkAccess:
+        allow = _agent_network_access(agent, policy)
+    if agent is not None and agent.adapter.allow:
+        # An agent reaches what its host adapter grants (its model's API), and what the
+        # contract asked for and the policy granted besides; nothing else.
+        allow = tuple(dict.fromkeys([*map(HostPort.parse, agent.adapter.allow), *allow]))
+        if policy.egress is None:
+            raise PolicyViolation(
+                f"$.agent.runtime: the {agent.runtime} adapter reaches "
+                f"{', '.join(agent.adapter.allow)}, and this host's policy has no egress "
+                "(no upstream network for the allowlist proxy)",
+                hint='give the policy "egress": {"upstreamNetwork": ...} (see README, Egress '
+                "allowlist), or remove allow from the adapter",
+            )
+    if agent is not None and agent.adapter.network and not agent.adapter.allow and allow:
+        raise PolicyViolation(
+            f"$.environment.egress: the {agent.runtime} adapter reaches its model through the "
+            f"network {agent.adapter.network}, and a container is on one network: the "
+            "allowlist proxy's pairs the contract asks for could not be reached from it",
+            hint="issue the contract without egress, or give the host policy's adapter allow "
+            "(its model's API through the proxy) instead of network",
+        )
+    if not allow or policy.egress is None:
+        return None
+    return EgressPlan(allow, policy.egress.upstreamNetwork, policy.egress.proxyImage)
+
+
+def _check_isolated_network(contract: VerifiedContract, limits: Limits) -> None:
+    env = contract.model.environment
+    if limits.runtime == "runsc" and limits.network != "none":
+        field = (
+            "environment.networkAccess"
+            if env.networkAccess
+            else "environment.egress"
+            if env.egress
+            else "agent.runtime"
+        )
+        raise PolicyViolation(
+            f"$.{field}: runsc (gVisor) runs jobs with no network here; a job that needs "
+            f"network ({limits.network}) runs under runc",
+            hint="ask for isolation runc, or drop the network",
+        )
+
+
+def _environment(
+    job_id: str,
+    stdout: str,
+    stderr: str,
+    egress: EgressPlan | None,
+    agent: agents.AgentPlan | None,
+) -> dict[str, str]:
+    """What the job is told: where its streams, budget and compute decision are, its caches,
+    the proxy, and an agent's adapter env and prompt."""
+    return {
+        "HOME": "/tmp",  # noqa: S108 - the job's own tmpfs
+        "RUNNER_JOB_ID": job_id,
+        "RUNNER_STDOUT": f"/job/output/{stdout}",
+        "RUNNER_STDERR": f"/job/output/{stderr}",
+        "RUNNER_BUDGET_FILE": "/job/execution/runtime-budget.json",
+        "RUNNER_COMPUTE_DECISION": "/job/input/compute-decision.json",
+        # Caches (pip, Hugging Face, torch hub ...) land in the job's own cache folder,
+        # kept across its attempts and counted in its disk quota.
+        "XDG_CACHE_HOME": "/job/runtime-cache",
+        "PIP_CACHE_DIR": "/job/runtime-cache/pip",
+        **(egress.environment() if egress else {}),
+        **({**agent.adapter.env, "RUNNER_AGENT_PROMPT": agent.prompt} if agent is not None else {}),
+    }
 
 
 def _agent_network_access(agent: agents.AgentPlan, policy: HostPolicy) -> tuple[HostPort, ...]:
@@ -376,6 +410,10 @@ def _agent_network_access(agent: agents.AgentPlan, policy: HostPolicy) -> tuple[
     never the open network: its adapter's allow (added by the caller) and every pair the
     policy's egress grants (package indexes, say), through the allowlist proxy; or the
     network its adapter names. Refused when the host grants agents nothing."""
+    if agent.adapter.network and not agent.adapter.allow:
+        # The agent reaches its model through the operator's own network; a container is on
+        # one network, so the allowlist proxy's pairs could not be reached from it.
+        return ()
     granted = tuple(HostPort.parse(x) for x in policy.egress.allow) if policy.egress else ()
     if not (granted or agent.adapter.allow or agent.adapter.network):
         raise PolicyViolation(

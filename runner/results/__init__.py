@@ -1,1 +1,2 @@
-"""The signed result: attestations, and bundle export and verification."""
+"""The signed result: the envelope built from a run's parts, attestations, and bundle export
+and verification."""

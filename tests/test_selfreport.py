@@ -1,5 +1,5 @@
-"""The job's result.json, checked against the contract, its files and the runner's verdict:
-every inconsistency is a flag (pure: an output folder in tmp, no engine)."""
+"""The job's self-report (result.json), checked against the contract, its files and the
+runner's verdict: every inconsistency is a flag (pure: an output folder in tmp, no engine)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import jsonschema
 import pytest
 
 from runner.app.schemas import CONTRACTS
-from runner.evidence import agent_result
+from runner.evidence import selfreport
 from runner.models.envelope import AgentResultRecord
+from runner.models.selfreport import schema_bytes
 
 CONTRACT: dict[str, Any] = {
     "measurements": [
@@ -104,7 +105,7 @@ def _read(
     verdict: str | None = "succeeded",
     contract: dict[str, Any] | None = CONTRACT,
 ) -> AgentResultRecord:
-    record = agent_result.read(
+    record = selfreport.read(
         _output(tmp_path, result), 2**30, 2**20, contract=contract, verdict=verdict
     )
     assert record is not None
@@ -129,7 +130,7 @@ def test_a_consistent_contract_result_has_no_flag(tmp_path: Path) -> None:
     }
     assert listed["model"].exists and listed["model"].sha256 is None  # a folder, not hashed
     assert all(f.sha256 for p, f in listed.items() if p != "model")
-    assert agent_result.warning(record) is None
+    assert selfreport.warning(record) is None
 
 
 def test_a_consistent_short_result_has_no_flag(tmp_path: Path) -> None:
@@ -380,8 +381,8 @@ def test_each_inconsistency_is_flagged(
     assert _flags(record) == expected, record.flags
     assert record.valid is False and record.problems == []
     assert record.claim == result
-    assert all(f.code in agent_result.FLAGS for f in record.flags)
-    said = agent_result.warning(record)
+    assert all(f.code in selfreport.FLAGS for f in record.flags)
+    said = selfreport.warning(record)
     assert said is not None and "not trustworthy" in said
 
 
@@ -421,9 +422,9 @@ def test_a_path_is_flagged_once_and_flags_are_capped(tmp_path: Path) -> None:
     result["evidence"] += [{"path": "missing.json"}] * 2
     result["evidence"] += [{"path": f"gone/{i}.json"} for i in range(300)]
     record = _read(tmp_path, result)
-    assert len(record.flags) == agent_result.MAX_FLAGS
+    assert len(record.flags) == selfreport.MAX_FLAGS
     assert [f.path for f in record.flags[:2]] == ["$.evidence[3].path", "$.evidence[5].path"]
-    assert record.problems == [f"101 more flags than the {agent_result.MAX_FLAGS} recorded"]
+    assert record.problems == [f"101 more flags than the {selfreport.MAX_FLAGS} recorded"]
 
 
 def test_job_text_in_a_message_is_quoted_and_cut(tmp_path: Path) -> None:
@@ -460,7 +461,7 @@ def test_unreadable_or_wrong_shape_is_a_problem_not_a_crash(
 def test_the_schema_staged_for_the_job_is_the_checked_in_one() -> None:
     """schema_bytes() is contracts/agent-result.schema.json; both seed shapes match exactly one
     of its branches, and a document that is neither matches none."""
-    data = agent_result.schema_bytes()
+    data = schema_bytes()
     assert data == (CONTRACTS / "agent-result.schema.json").read_bytes()
     schema = json.loads(data)
     assert "/job/input/result.schema.json" in schema["description"]
