@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from runner.caches.assetcache import entries, in_use, parse_bytes, parse_duration, prune
+from runner.caches.assetcache import entries, in_use, prune
 from runner.caches.assets import AssetCache, fetch, stage
 from runner.caches.download import Download
 from runner.contract import load_contract, with_digest
@@ -312,6 +312,26 @@ def test_a_killed_fetch_resumes_where_it_stopped(tmp_path: Path, server: AssetSe
     assert AssetCache.of_state(state).blob(DIGEST.removeprefix("sha256:")).read_bytes() == BODY
 
 
+def test_fetch_shows_progress_on_stderr_and_never_under_json(
+    tmp_path: Path, server: AssetServer
+) -> None:
+    """For people, the run's progress line on stderr (a line, stderr not being a terminal)
+    and one line an asset on stdout; under --json, stdout is the report alone, no progress."""
+    server.files["blob"] = Served(BODY)
+    path = contract_with(tmp_path, [asset(server.url("blob"))])
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"acceptUnsigned": True, "assets": {"allowHosts": ["127.0.0.1"]}}))
+    args = ["fetch", str(path), "--policy", str(policy)]
+    people = run_cli(*args, "--state-dir", str(tmp_path / "a"))
+    assert people.returncode == 0, people.stderr
+    assert "    fetching data: " in people.stderr and " MiB" in people.stderr
+    assert "fetching data" not in people.stdout and "-> /job/assets/data/blob.bin" in people.stdout
+    machine = run_cli(*args, "--state-dir", str(tmp_path / "b"), "--json")
+    assert machine.returncode == 0, machine.stderr
+    assert json.loads(machine.stdout)["assets"][0]["cached"] is False
+    assert "fetching" not in machine.stderr
+
+
 # ---------------------------------------------------------------- the cache
 
 
@@ -393,17 +413,6 @@ def test_prune_by_size_and_age_removes_least_recently_used_first(tmp_path: Path)
     now = entries(cache)[-1].last_used + 3600
     assert prune(cache, state, older_than=2 * 86400, now=now).removed == []
     assert [e.ids for e in prune(cache, state, older_than=60, now=now).removed] == [["a1"], ["a2"]]
-
-
-def test_sizes_and_durations_parse() -> None:
-    assert parse_bytes("1000") == 1000
-    assert parse_bytes("2G") == 2 * 1024**3
-    assert parse_bytes("1.5MiB") == 1536 * 1024
-    assert parse_duration("7d") == 7 * 86400
-    assert parse_duration("90") == 90
-    for bad in ("", "1x", "-1"):
-        with pytest.raises(ValueError):
-            parse_bytes(bad)
 
 
 def test_runner_cache_ls_and_prune_on_the_command_line(tmp_path: Path) -> None:

@@ -9,14 +9,15 @@ raises a :class:`~runner.core.errors.RunnerError` subclass when it refuses. ``ru
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from runner.core import units
 from runner.core.errors import ContractError, ImageUnavailable, RefusedError
+from runner.core.units import BadDuration as BadDuration  # raised by sign, caught by the CLI
 
 
 @dataclass(frozen=True)
@@ -58,23 +59,18 @@ class Signed:
     listings: Path | None
 
 
-class BadDuration(ValueError):
-    """A lifetime that is not ``90s``, ``30m``, ``24h``, ``7d`` or a number of seconds."""
-
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_LIFETIME_SECONDS = 3650 * 86400
 """Ten years: the longest lifetime ``--expires-in`` takes (a host policy may allow less)."""
 
 
 def parse_duration(text: str) -> timedelta:
-    """``90s``, ``30m``, ``24h``, ``7d``, or a number of seconds."""
-    unit = text[-1:]
+    """A lifetime: a duration (:mod:`runner.core.units`: ``90s``, ``30m``, ``24h``, ``7d``, a
+    number of seconds) more than 0 and at most :data:`MAX_LIFETIME_SECONDS`."""
     try:
-        seconds = float(text[:-1]) * _UNITS[unit] if unit in _UNITS else float(text)
-    except ValueError as exc:
-        raise BadDuration(f"a duration looks like 90s, 30m, 24h or 7d; got {text!r}") from exc
-    if not math.isfinite(seconds) or not 0 < seconds <= MAX_LIFETIME_SECONDS:
+        seconds = units.parse_seconds(text)
+    except BadDuration as exc:
+        raise BadDuration(f"a lifetime is {units.DURATION_FORMS}; got {text!r}") from exc
+    if not 0 < seconds <= MAX_LIFETIME_SECONDS:
         raise BadDuration(
             f"a lifetime is more than 0 and at most {MAX_LIFETIME_SECONDS // 86400} days "
             f"(e.g. 90s, 30m, 24h, 7d); got {text!r}"

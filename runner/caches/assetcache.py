@@ -168,24 +168,6 @@ def _ended(ledger: Path) -> bool:
         return False  # unreadable: it may not have ended; keep what it uses
 
 
-def parse_bytes(text: str) -> int:
-    """``1000``, ``512M``, ``2G``, ``1.5T`` (binary multiples) as bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
-    if match is None:
-        raise ValueError(f"not a size: {text!r} (e.g. 1000, 512M, 2G)")
-    scale = 1024 ** " kmgt".index(match.group(2) or " ")
-    return int(float(match.group(1)) * scale)
-
-
-def parse_duration(text: str) -> float:
-    """``90s``, ``30m``, ``12h``, ``7d`` (a bare number: seconds) as seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
-    if match is None:
-        raise ValueError(f"not a duration: {text!r} (e.g. 90s, 30m, 12h, 7d)")
-    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}[match.group(2)]
-    return float(match.group(1)) * unit
-
-
 @dataclass(frozen=True)
 class Pruned:
     removed: list[Entry]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +12,7 @@ from runner.cli._common import (
     EXIT_JOB_FAILED,
     EXIT_SUCCEEDED,
     HOST_HELP,
+    HumanProgress,
     host_options,
     load_host,
     usage,
@@ -131,23 +131,18 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     cache = AssetCache.of_state(host.state_dir(args.state_dir))
     wanted = contract.model.fetched_assets
     report: list[dict[str, Any]] = []
+    shown = None if args.json else HumanProgress()  # --json: stdout carries the report only
     for a in wanted:
-        bar = None
-        if not args.json:
-            from tqdm import tqdm
 
-            bar = tqdm(total=a.size, unit="B", unit_scale=True, unit_divisor=1024, desc=a.id,
-                       file=sys.stderr, disable=None, leave=False)  # fmt: skip
-
-        def progress(_asset: Any, have: int, _total: int, bar: Any = bar) -> None:
-            if bar is not None:
-                bar.update(have - bar.n)
+        def progress(_asset: Any, have: int, total: int, label: str = f"fetching {a.id}") -> None:
+            if shown is not None:
+                shown.transfer(label, have, total)
 
         try:
             got = fetch(a, contract.base_dir, cache, loaded.policy.assets, on_bytes=progress)
         finally:
-            if bar is not None:
-                bar.close()
+            if shown is not None:
+                shown.done()
         report.append(got.as_json())
         if not args.json:
             how = (
@@ -203,11 +198,12 @@ def cmd_cache_ls(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_prune(args: argparse.Namespace) -> int:
-    from runner.caches.assetcache import parse_bytes, parse_duration, prune
+    from runner.caches.assetcache import prune
+    from runner.core.units import parse_bytes, parse_seconds
 
     try:
         max_bytes = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
-        older = parse_duration(args.older_than) if args.older_than is not None else None
+        older = parse_seconds(args.older_than) if args.older_than is not None else None
     except ValueError as exc:
         usage(str(exc))
     cache, state = _cache(args)

@@ -1,34 +1,111 @@
-"""One ``flock(2)`` per cached digest, shared by the asset cache and the input cache."""
+"""The runner's one owner of ``flock(2)``: every lock file it takes (the caches' per-digest
+locks, a job's ``record/lock``, the GPU allocator's, the egress slots') goes through here.
+
+A lock is held by an open file description: it lasts while the descriptor is open (or until
+:func:`release`), and every other open of the file, in this process or another, sees it as
+held. Never take one lock file twice in one process through two opens: the second waits on
+the first (or is refused, without ``wait``)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+Opener = Callable[[Path], int]
+"""Opens (creating) a lock file for reading and writing; returns its descriptor."""
+
+
+def open_lock_file(path: Path, *, mode: int = 0o666, follow_links: bool = True) -> int:
+    """Open ``path`` read-write, created with ``mode`` (less the umask) when missing, never
+    inherited by a program this process starts; ``follow_links`` off refuses a link."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    return os.open(path, flags, mode)
+
+
+def acquire(fd: int, *, wait: bool = True, timeout: float | None = None, poll: float = 0.2) -> bool:
+    """Take the exclusive lock of the open file ``fd``: blocking until it is ours (``wait``,
+    no ``timeout``); one try (no ``wait``); or tries every ``poll`` seconds until ``timeout``
+    seconds have passed. Whether it is ours."""
+    if wait and timeout is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    deadline = time.monotonic() + (timeout or 0.0)
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if not wait or time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+
+
+def release(fd: int) -> None:
+    """Let go of a lock taken on ``fd`` and close it (unlocked first, so that no copy of the
+    descriptor a fork left behind holds it on)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def try_lock(path: Path, *, opener: Opener = open_lock_file) -> int | None:
+    """The lock of ``path`` taken at once, as an open descriptor to hold for as long as the
+    lease lasts (then :func:`release` it); None when another holds it."""
+    fd = opener(path)
+    try:
+        got = acquire(fd, wait=False)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not got:
+        os.close(fd)
+        return None
+    return fd
+
+
+def is_held(path: Path) -> bool:
+    """Whether someone holds the lock of ``path`` right now (a missing file: no one). The probe
+    takes the lock for an instant when it is free: a holder that tries once may be refused
+    meanwhile, so holders wait out a moment's refusal."""
+    if not path.exists():
+        return False
+    fd = try_lock(path)
+    if fd is None:
+        return True
+    release(fd)
+    return False
 
 
 @contextlib.contextmanager
-def flocked(path: Path, *, wait: bool = True, timeout: float | None = None) -> Iterator[bool]:
-    """Hold an exclusive lock on ``path`` (created if missing); yields False when ``wait`` is
-    off, or ``timeout`` seconds have passed, and another holds it. One open file description
-    per use: never nest two for one path in one process (the second would wait on the first
-    forever)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as handle:
-        if wait and timeout is None:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            yield True
-            return
-        deadline = time.monotonic() + (timeout or 0.0)
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if not wait or time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(0.2)
-        yield True
+def flocked(
+    path: Path,
+    *,
+    wait: bool = True,
+    timeout: float | None = None,
+    poll: float = 0.2,
+    opener: Opener = open_lock_file,
+    parents: bool = True,
+) -> Iterator[bool]:
+    """Hold the exclusive lock of ``path`` (created if missing, its folder too with
+    ``parents``) for the ``with`` block; yields whether it is ours, as :func:`acquire`
+    decides with ``wait``, ``timeout`` and ``poll``. ``opener``: how the file is opened."""
+    if parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    fd = opener(path)
+    try:
+        got = acquire(fd, wait=wait, timeout=timeout, poll=poll)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        yield got
+    finally:
+        if got:
+            release(fd)
+        else:
+            os.close(fd)

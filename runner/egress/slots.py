@@ -48,7 +48,6 @@ a secret; :func:`down` redacts the kept lines again with the values themselves.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -62,6 +61,7 @@ from typing import Any
 
 from runner.backends.base import Backend, ContainerSpec, ContainerSummary, Mount, NetworkInfo
 from runner.backends.types import MIB, EgressPlan, HostPort, Limits
+from runner.core import locks
 from runner.core.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 from runner.core.redaction import NONE, Redactor
 from runner.egress.proxylog import read_log
@@ -237,7 +237,7 @@ def lease(
         if handle is None:
             continue
         if _in_use(backend, pool, slot):  # a job container made since the listing
-            os.close(handle)
+            locks.release(handle)
             continue
         try:
             eg = Egress(
@@ -254,7 +254,7 @@ def lease(
                 _make(backend, eg, folder, labels or {}, ready_seconds)
             _write_rules(Path(eg.rules), proxy_rules(eg.allow, eg.lease, redactor))
         except BaseException:
-            os.close(handle)
+            locks.release(handle)
             raise
         with _held_lock:
             _held[slot] = handle
@@ -291,13 +291,12 @@ def _healthy(backend: Backend, eg: Egress, listed: list[ContainerSummary]) -> bo
 
 
 def _try_lock(path: Path) -> int | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+    """The slot's lock, held (an open descriptor) until :func:`locks.release`; None: taken."""
+    return locks.try_lock(path, opener=_open_slot_lock)
+
+
+def _open_slot_lock(path: Path) -> int:
+    return locks.open_lock_file(path, mode=0o644, follow_links=False)
 
 
 def _write_rules(path: Path, text: str) -> None:
@@ -557,7 +556,7 @@ def _deny(eg: Egress) -> None:
                 _write_rules(Path(eg.rules), proxy_rules((), None))
     finally:
         if handle is not None:
-            os.close(handle)
+            locks.release(handle)
 
 
 def _release(eg: Egress) -> None:
@@ -568,7 +567,7 @@ def _release(eg: Egress) -> None:
     with contextlib.suppress(OSError):
         os.utime(lock)
     if handle is not None:
-        os.close(handle)
+        locks.release(handle)
 
 
 def reap(
@@ -620,7 +619,7 @@ def reap(
             gone.append(slot)
         finally:
             if handle >= 0:
-                os.close(handle)
+                locks.release(handle)
     return gone
 
 

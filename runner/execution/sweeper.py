@@ -24,11 +24,11 @@ network or slot.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from pathlib import Path
 from typing import Any
 
 from runner.backends.base import Backend, ContainerSummary
+from runner.core import locks
 from runner.core.errors import ContainerVanished, JobBusy, JobFenced, RunnerError
 from runner.egress import slots as egress
 from runner.execution import container
@@ -40,16 +40,7 @@ STILL_RUNS = "its ledger says it still runs; `runner run` on the job reattaches 
 
 def runner_alive(job_root: Path) -> bool:
     """Whether a runner holds the job's lock right now."""
-    lock = JobDir(job_root).lock
-    if not lock.exists():
-        return False
-    with lock.open("a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return False
+    return locks.is_held(JobDir(job_root).lock)
 
 
 def _verdict(labels: dict[str, str]) -> tuple[bool, str]:

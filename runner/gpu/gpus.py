@@ -10,7 +10,6 @@ runs; it is reclaimed only when neither the holder's runner nor its container is
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from runner.core import locks
 from runner.core.errors import GpuUnavailable
 
 
@@ -147,15 +147,8 @@ def _open_shared(path: Path) -> int:
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     _shared_folder(path.parent)
-    fd = _open_shared(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    with locks.flocked(path, opener=_open_shared, parents=False):
+        yield
 
 
 def _write_shared(path: Path, data: bytes) -> None:

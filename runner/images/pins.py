@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -183,6 +182,8 @@ def load_bundle(backend: Backend, bundle: Path, image_id: str | None) -> None:
 
 
 def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Puller) -> None:
+    import tenacity
+
     from runner.images import registry
 
     if pin.name is None or pin.manifest_digest is None:
@@ -215,22 +216,28 @@ def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Pul
             progress.transfer(f"pulling {len(layers)} layer(s)", done, total)
 
     auth = creds.engine_auth(ref.registry) if creds else None
-    for attempt in range(3):
+
+    def pull_once() -> None:
         try:
             backend.pull(ref.pull_name, auth, on_chunk)
-            return
         except ImageUnavailable:
             # The engine reports a failed pull as text; the registry's status says whether it
-            # is worth another try (a 5xx or an outage midway through the layers).
-            try:
-                registry.probe_once(ref, creds, insecure=insecure, timeout=15, searched=searched)
-            except registry.TransientRegistryError:
-                if attempt == 2:
-                    raise
-                progress.stage("registry", f"{ref.registry} failed during the pull; retrying")
-                time.sleep(2 * (attempt + 1))
-                continue
+            # is worth another try (a 5xx or an outage midway through the layers): a
+            # TransientRegistryError is, the engine's own error when the registry is fine is not.
+            registry.probe_once(ref, creds, insecure=insecure, timeout=15, searched=searched)
             raise
+
+    def retrying(_: tenacity.RetryCallState) -> None:
+        progress.stage("registry", f"{ref.registry} failed during the pull; retrying")
+
+    # Three tries, 2 s then 4 s apart; after the third the registry's error itself.
+    tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(registry.TransientRegistryError),
+        stop=tenacity.stop_after_attempt(3),
+        wait=tenacity.wait_incrementing(start=2, increment=2),
+        before_sleep=retrying,
+        reraise=True,
+    )(pull_once)
 
 
 def acquire(

@@ -26,21 +26,19 @@ Layout of ``<state>/jobs/<job id>/``::
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import stat
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from runner.contract import VerifiedContract
-from runner.core import safefs
+from runner.core import locks, safefs
 from runner.core.errors import ContractError, JobBusy, PolicyViolation, RefusedError
 from runner.staging import inputs
 from runner.state.ledger import Budget
@@ -119,24 +117,15 @@ class JobDir:
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """One runner per job directory at a time: a second is refused, never run beside it."""
-        handle = self.lock.open("a+")
-        try:
-            # Onlookers (runner cleanup, the GPU allocator) probe the lock for an instant:
-            # wait out such a probe rather than mistake it for another runner.
-            for _ in range(20):
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    time.sleep(0.1)
-            else:
+        # Onlookers (runner cleanup, the GPU allocator) probe the lock for an instant:
+        # wait out such a probe rather than mistake it for another runner.
+        with locks.flocked(self.lock, timeout=2.0, poll=0.1, parents=False) as got:
+            if not got:
                 raise JobBusy(
                     f"job {self.root.name} is being run by another runner on this host right now",
                     hint="wait for it to finish, or give this run another --job-id",
                 )
             yield
-        finally:
-            handle.close()
 
 
 @dataclass(frozen=True)
