@@ -704,6 +704,7 @@ def test_cache_verify_rehashes_the_agent_runtimes(tmp_path: Path) -> None:
     state = tmp_path / "state"
     paths = ["/usr/local/bin/claude", "/usr/local/bin/run-claude"]
     got = agentimage.ensure(fake, runtime_id, paths, agentimage.cache_root(state), {})
+    agentimage.release(got)  # as an attempt does when it ends: verify may remove it
     ok = run_cli("cache", "verify", "--state-dir", str(state), "--json")
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["agentRuntimes"] == {"checked": 1, "bad": []}

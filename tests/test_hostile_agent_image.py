@@ -144,6 +144,8 @@ def test_prune_and_verify_never_remove_a_mounted_runtime(tmp_path: Path) -> None
     b = agentimage.ensure(fake, runtime_id, PATHS[:1], root, {})
     name_a, name_b = a.folder.parent.name, b.folder.parent.name
     mounted = {name_a: ["runner-job-1"]}
+    agentimage.release(a)  # their attempts are over (a's container still exists)
+    agentimage.release(b)
 
     def in_use(name: str) -> list[str]:
         return mounted.get(name, [])

@@ -255,38 +255,25 @@ def test_prune_reads_the_used_mark_again_under_the_entrys_lock(
     assert done.removed == [] and runtime.folder.is_dir()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="prune with neither flag removes an entry a runner checked and has not mounted "
-    "yet (its inputs are being staged; no container carries the label): the attempt is then "
-    "refused policy_violation, 'changed after they were checked'. Fix: ensure hands back a "
-    "shared flock on the entry's lock, held until the container exists; prune takes the "
-    "lock without waiting and keeps a busy entry (as the input cache's kept_busy)",
-)
 def test_prune_all_keeps_an_entry_a_runner_is_about_to_mount(tmp_path: Path) -> None:
     from tests.test_hostile_agent_image import _spec
 
     fake, runtime_id, _ = _fake(tmp_path, GLIBC_IMAGE)
     state = tmp_path / "state"
     runtime = agentimage.ensure(fake, runtime_id, PATHS, agentimage.cache_root(state), {})
-    agentimage.prune(state, older_than=None, in_use=lambda _: [])  # while inputs are staged
+    done = agentimage.prune(state, older_than=None, in_use=lambda _: [])  # inputs staging
+    assert done.removed == [] and list(done.kept_in_use.values()) == [
+        ["a runner about to mount it"]
+    ]
     record: Any = None
     agentimage.Brought(runtime, record, {}, "/usr/bin").apply(_spec(), {})
+    agentimage.release(runtime)  # the attempt is over: prune may take it now
+    assert agentimage.prune(state, older_than=None, in_use=lambda _: []).removed != []
 
 
 # --------------------------------------------------------------------------- left open
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the cache folder's own permissions are not checked: another user who can write "
-    "agent-runtimes/ (or cache/, or the state folder: a rename there needs only the parent) "
-    "can rename the checked entry away and put theirs in its place between recheck() and "
-    "the engine's bind mount, which resolves the path. Fix: ensure and apply refuse a cache "
-    "root whose folders up to the state folder another user can write (owner the runner's "
-    "user or root, no group/other write unless sticky), or bind a path no one else can "
-    "rename",
-)
 def test_a_cache_folder_another_user_can_write_is_refused(tmp_path: Path) -> None:
     fake, runtime_id, _ = _fake(tmp_path, GLIBC_IMAGE)
     root = tmp_path / "cache"
@@ -294,15 +281,17 @@ def test_a_cache_folder_another_user_can_write_is_refused(tmp_path: Path) -> Non
     root.chmod(0o777)  # the co-tenant's way in
     with pytest.raises(PolicyViolation, match="another user can write"):
         agentimage.ensure(fake, runtime_id, PATHS, root, {})
+    root.chmod(0o1777)  # sticky, as /tmp: no one renames another's entry
+    assert agentimage.ensure(fake, runtime_id, PATHS, root, {}).extracted
+    root.chmod(0o755)
+    (tmp_path).chmod(0o777)  # the folder above: a rename of cache/ itself
+    try:
+        with pytest.raises(PolicyViolation, match="another user can write"):
+            agentimage.ensure(fake, runtime_id, PATHS, root, {})
+    finally:
+        tmp_path.chmod(0o700)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="locks.flocked (shared with the input and asset caches) opens its lock file with "
-    "open('a+'), following a link at its name: a link at `.<entry>.lock` makes the runner "
-    "create an empty file wherever it can write. Fix: os.open with O_NOFOLLOW (a link there "
-    "replaced, as `.used` now is)",
-)
 def test_a_link_at_the_lock_name_is_not_followed(tmp_path: Path) -> None:
     fake, runtime_id, _ = _fake(tmp_path, GLIBC_IMAGE)
     root = tmp_path / "cache"

@@ -9,6 +9,7 @@ the first (or is refused, without ``wait``)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import time
@@ -24,6 +25,27 @@ def open_lock_file(path: Path, *, mode: int = 0o666, follow_links: bool = True) 
     inherited by a program this process starts; ``follow_links`` off refuses a link."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     return os.open(path, flags, mode)
+
+
+def open_own_lock_file(path: Path) -> int:
+    """:func:`open_lock_file` that never follows a link at ``path``: a link found there
+    (planted by someone who can write the folder) is removed and the runner's own file made
+    in its place, so no file is created or locked where the link leads."""
+    for _ in range(3):
+        try:
+            return open_lock_file(path, follow_links=False)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    return open_lock_file(path, follow_links=False)
+
+
+def share(fd: int) -> None:
+    """Take a shared lock of the open file ``fd`` (waiting while someone holds it
+    exclusively): held, it keeps :func:`acquire` of the same file from others."""
+    fcntl.flock(fd, fcntl.LOCK_SH)
 
 
 def acquire(fd: int, *, wait: bool = True, timeout: float | None = None, poll: float = 0.2) -> bool:
@@ -88,7 +110,7 @@ def flocked(
     wait: bool = True,
     timeout: float | None = None,
     poll: float = 0.2,
-    opener: Opener = open_lock_file,
+    opener: Opener = open_own_lock_file,
     parents: bool = True,
 ) -> Iterator[bool]:
     """Hold the exclusive lock of ``path`` (created if missing, its folder too with

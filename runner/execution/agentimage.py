@@ -151,15 +151,75 @@ def ensure(
     key = _key(image_id, paths)
     entry = root / key
     root.mkdir(parents=True, exist_ok=True)
+    _refuse_shared(root)
     with locks.flocked(root / f".{key}.lock"):
         _touch(root, key)  # before it is used: prune keeps what was just used
         known = _load(entry, image_id, tuple(paths))
-        if known is not None:
-            return dataclasses.replace(known, seconds=round(time.monotonic() - started, 3))
-        archives.remove_tree(entry)
-        archives.remove_stale(root, key)
-        runtime = _extract(backend, image_id, tuple(paths), entry, dict(labels))
-    return dataclasses.replace(runtime, seconds=round(time.monotonic() - started, 3))
+        if known is None:
+            archives.remove_tree(entry)
+            archives.remove_stale(root, key)
+            known = _extract(backend, image_id, tuple(paths), entry, dict(labels))
+        _hold(root, key)  # taken under the entry's lock: prune cannot come in between
+    return dataclasses.replace(known, seconds=round(time.monotonic() - started, 3))
+
+
+_HELD: dict[Path, int] = {}
+"""This process's shared locks on ``.<entry>.inuse``: an entry checked for an attempt that
+has not mounted it yet (or runs it now) is busy for prune and verify."""
+
+
+def _inuse(root: Path, key: str) -> Path:
+    return root / f".{key}.inuse"
+
+
+def _hold(root: Path, key: str) -> None:
+    path = _inuse(root, key)
+    if path in _HELD:
+        return
+    fd = locks.open_own_lock_file(path)
+    locks.share(fd)
+    _HELD[path] = fd
+
+
+def release(runtime: Runtime) -> None:
+    """The attempt is done with the entry (its container ended, or never was): prune and
+    verify may remove it again once no container mounts it."""
+    entry = runtime.folder.parent
+    fd = _HELD.pop(_inuse(entry.parent, entry.name), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _busy(root: Path, key: str) -> bool:
+    """Whether a runner holds the entry for an attempt (checked, not yet released); asked
+    under the entry's lock, so none can take it meanwhile."""
+    fd = locks.open_own_lock_file(_inuse(root, key))
+    try:
+        return not locks.acquire(fd, wait=False)
+    finally:
+        os.close(fd)
+
+
+def _refuse_shared(root: Path) -> None:
+    """Refuse a cache whose folder, or either folder above it (the state folder's cache/ and
+    the state folder), another user could write: a rename there needs only the parent, so
+    they could swap a checked entry for theirs between the check and the engine's bind mount
+    (which resolves the path). Owned by the runner's user or root, and no group or other
+    write unless sticky (as /tmp is)."""
+    for folder in (root, root.parent, root.parent.parent):
+        try:
+            st = os.lstat(folder)
+        except FileNotFoundError:
+            continue
+        shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (os.geteuid(), 0) or shared:
+            raise PolicyViolation(
+                f"the agent runtimes' cache {root} is not safe: another user can write "
+                f"{folder} (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}), and "
+                "could swap a checked runtime for theirs before it is mounted",
+                hint=f"chmod go-w {folder} (and give it to the runner's user), or use a "
+                "state folder only the runner's user can write (--state-dir)",
+            )
 
 
 IN_USE_LABEL = "org.runner.agent-runtime"
@@ -726,6 +786,27 @@ def bring(
     got, record = acquire(plan.agent_image)
     root = cache_root(state_root)
     runtime = ensure(backend, got.info.id, agent.adapter.runtimePaths, root, labels)
+    try:
+        return _fitted(backend, plan, contract_image, got, record, runtime, state_root, labels)
+    except BaseException:  # not brought: the entry is not held for this attempt
+        release(runtime)
+        raise
+
+
+def _fitted(
+    backend: Backend,
+    plan: ExecutionPlan,
+    contract_image: ImageInfo,
+    got: Acquired,
+    record: ImageRecord,
+    runtime: Runtime,
+    state_root: Path,
+    labels: Mapping[str, str],
+) -> Brought:
+    """The runtime, once its fit to the contract's image is known (checked now, or found
+    before for the same pair), with its PATH and the runtime image's variables."""
+    agent = plan.agent
+    assert agent is not None  # noqa: S101 - bring() only calls it for an agent
     requires = agent.adapter.runtimeRequires
     argv = plan.argv  # the first word is every attempt's (the limits left come later)
     # Images are immutable by id: a fit found once holds for the same pair (and argv's
@@ -800,6 +881,8 @@ def verify(
             if problem is None:
                 continue
             holders = in_use(name) if in_use is not None else None
+            if holders == [] and _busy(root, name):
+                holders = ["a runner about to mount it"]
             if remove and holders == []:
                 archives.remove_tree(entry)
             elif remove:
@@ -846,13 +929,13 @@ def prune(
                 continue  # another prune's
             if older_than is not None and now - _used(root, name) < older_than:
                 continue
-            holders = in_use(name)
+            holders = in_use(name) or (["a runner about to mount it"] if _busy(root, name) else [])
             if holders:
                 kept[name] = holders
                 continue
             size = sum(st.st_size for _, st in _walk_files(root / name))
             archives.remove_tree(root / name)
-            for tail in (".used", ".seal"):
+            for tail in (".used", ".seal", ".inuse"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(root / f".{name}{tail}")
         removed.append(name)

@@ -220,14 +220,32 @@ def _decided(job: staging.JobDir, n: int) -> Allocation | None:
 def _new(job: Job, known: Known) -> AttemptResult:
     """Check the budget, acquire the image (and an agent's runtime), stage, hand out GPUs,
     then create, start and watch a container."""
-    p, opts = job.plan, job.options
+    p = job.plan
     st = job.ledger.state
-    consumed = st.consumed
     n = len(st.attempts) + 1
     # An earlier attempt's image and GPUs are not this one's; an agent's usage so far is.
     known = replace(known, image=None, gpus=(), agent_usage=agent_run.usage_record(p, st))
     secrets = _may_start(job, known, n)
     known, got, brought = _image(job, known)
+    try:
+        return _run_new(job, known, n, secrets, got, brought)
+    finally:  # its container (if any) is over: the runtime's entry is no longer held for it
+        if brought is not None:
+            agentimage.release(brought.runtime)
+
+
+def _run_new(
+    job: Job,
+    known: Known,
+    n: int,
+    secrets: dict[str, str],
+    got: tuple[images.Acquired, ImageRecord],
+    brought: agentimage.Brought | None,
+) -> AttemptResult:
+    """The new attempt once its image (and runtime) are in hand: stage, decide, start."""
+    p, opts = job.plan, job.options
+    st = job.ledger.state
+    consumed = st.consumed
     known, files, prompt = _stage(job, known, n, consumed)
     size = sum(f.size for f in files)
     job.progress.stage("stage", f"{len(files)} input files ({size:,} bytes) in {job.dir.root}")
