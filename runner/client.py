@@ -17,7 +17,11 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 SERVED = frozenset({"run", "verify"})
-"""The commands a client hands to a server (the others start fast on their own)."""
+"""The first words of the commands a client hands to a server: ``run`` and ``verify contract``
+(also spelled ``verify CONTRACT``); the others start fast on their own."""
+
+NOT_SERVED = frozenset({"result", "bundle", "ledger"})
+"""The actions of ``verify`` that are not ``verify contract``: run in this process."""
 
 
 def try_client(path: str, argv: list[str]) -> int | None:
@@ -84,11 +88,18 @@ def try_client(path: str, argv: list[str]) -> int | None:
     return int(answer["exit"])
 
 
+def served(given: list[str]) -> bool:
+    """Whether the command line ``given`` is one a client hands to a server."""
+    if not given or given[0] not in SERVED:
+        return False
+    return given[0] == "run" or len(given) == 1 or given[1] not in NOT_SERVED
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """The ``runner`` command: a served command goes to the server when one answers;
     everything else (and a served command without a server) runs in this process."""
     given = sys.argv[1:] if argv is None else argv
-    if given and given[0] in SERVED and "-h" not in given and "--help" not in given:
+    if served(given) and "-h" not in given and "--help" not in given:
         from runner.app.host import socket_path
 
         path = socket_path()

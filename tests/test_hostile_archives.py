@@ -327,3 +327,33 @@ def test_a_tree_is_on_disk_before_it_is_renamed_into_place(
     assert {os.path.normpath(p) for p in want} <= {os.path.normpath(p) for p in before}
     assert ("fsync", str(tree.parent)) in events[at:]
     assert (tree / "e" / "f" / "b.txt").read_bytes() == b"world"
+
+
+PER_MEMBER = ["dotdot", "dotdot-inside", "absolute", "symlink-out", "symlink-in", "hardlink",
+              "char-device", "block-device", "fifo", "too-deep", "long-part"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PER_MEMBER)
+def test_one_member_check_for_unpacking_and_for_scanning(name: str) -> None:
+    """What the unpacker refuses by a member's kind or name, check_tar_member (the one check,
+    which runner verify-bundle's first pass also uses) refuses from the header alone, with
+    the same message; a link is told from a device or FIFO."""
+    data, says = HOSTILE_TARS[name]
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        *fine, member = tar.getmembers()  # the special ones come after an ok.txt
+    assert [archives.check_tar_member(m) for m in fine] in ([], [["ok.txt"]])
+    with pytest.raises(archives.UnsafeArchive, match=says) as refused:
+        archives.check_tar_member(member)
+    kind = refused.value
+    assert isinstance(kind, archives.RefusedKind) == (says in ("is a link", "device, FIFO"))
+    if isinstance(kind, archives.RefusedKind):
+        assert kind.link == (says == "is a link")
+
+
+def test_the_member_check_passes_files_and_folders() -> None:
+    folder, file = tarfile.TarInfo("./a/b/"), tarfile.TarInfo("a/b/c.txt")
+    folder.type = tarfile.DIRTYPE
+    assert archives.check_tar_member(folder) == ["a", "b"]
+    assert archives.check_tar_member(file) == ["a", "b", "c.txt"]
+    deep = tarfile.TarInfo("a/" * 100 + "f")
+    assert len(archives.check_tar_member(deep, strict=False)) == 101  # a bundle's may be deep

@@ -613,7 +613,7 @@ def test_slurm_batch_script_never_runs_a_path_as_shell(tmp_path: Path) -> None:
     nothing of them."""
     import subprocess
 
-    from runner.scheduling import slurm
+    from runner.scheduling.slurm import batch
 
     class _Request:
         contract = str(tmp_path / "c`touch pwned1`" / "t.json")
@@ -623,7 +623,7 @@ def test_slurm_batch_script_never_runs_a_path_as_shell(tmp_path: Path) -> None:
     state = tmp_path / "st$(touch pwned2)"
     script = tmp_path / "batch.sh"
     marker, token = state / "marker", "submit-token"
-    text = slurm.batch_script(
+    text = batch.batch_script(
         _Request(),  # type: ignore[arg-type]
         python="/bin/false",
         state=state,

@@ -1,4 +1,4 @@
-"""runner/scheduling/kubeapply.py against a stand-in for the Kubernetes API server
+"""runner/scheduling/kubernetes/apply.py against a stand-in for the Kubernetes API server
 (tests/support/kubeapi.py:
 a small recording HTTP server on 127.0.0.1, not a cluster; no cluster runs here), driven by the
 official Python client: the NetworkPolicy is created before the Job, the bytes sent are the
@@ -28,7 +28,7 @@ from runner.core.errors import (
 )
 from runner.execution import stageonly
 from runner.execution.options import RunOptions
-from runner.scheduling import kube, kubeapply, kubeplan
+from runner.scheduling.kubernetes import apply, plan, render
 from tests.support import write_contract
 from tests.support.kubeapi import ApiServer, api_server, write_kubeconfig
 
@@ -47,12 +47,12 @@ def kubeconfig(tmp_path: Path, server: ApiServer) -> Path:
     return write_kubeconfig(tmp_path / "kubeconfig", {"only": server}, "only")
 
 
-def rendered(tmp_path: Path, *, job_id: str | None = None, **env: Any) -> kubeplan.Rendered:
+def rendered(tmp_path: Path, *, job_id: str | None = None, **env: Any) -> plan.Rendered:
     folder = tmp_path / "contract"
     folder.mkdir(parents=True, exist_ok=True)
     contract = write_contract(folder, DIGEST_IMAGE, environment=env or None)
     loaded, trust = host.load(allow_unsigned=True)
-    return kubeplan.rendered(
+    return plan.rendered(
         contract, loaded, trust, state_dir=tmp_path / "state", job_id=job_id, namespace=NS
     )
 
@@ -67,7 +67,7 @@ def test_networkpolicy_is_created_before_the_job_exactly_as_rendered(
     """Both objects are read first, then the NetworkPolicy is POSTed, then the Job; each body
     is the rendered manifest byte for byte (as JSON), with the bearer token of the context."""
     r = rendered(tmp_path)
-    out = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    out = apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     assert [(o["kind"], o["action"]) for o in out] == [
         ("NetworkPolicy", "created"),
         ("Job", "created"),
@@ -92,9 +92,9 @@ def test_applying_again_reports_what_exists_and_creates_nothing(
 ) -> None:
     """Idempotent: the same job and contract applied twice is created once."""
     r = rendered(tmp_path)
-    first = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    first = apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     before = len(server.writes())
-    again = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    again = apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     assert [o["action"] for o in again] == ["exists", "exists"]
     assert [o["uid"] for o in again] == [o["uid"] for o in first]
     assert len(server.writes()) == before == 2
@@ -107,11 +107,11 @@ def test_an_object_of_another_contract_refuses_the_whole_apply(
     is refused before anything is created: not even the NetworkPolicy is POSTed."""
     r = rendered(tmp_path)
     other = copy.deepcopy(next(m for m in r.manifests if m["kind"] == "Job"))
-    other["metadata"]["labels"][kube.CONTRACT_LABEL] = "f" * 40
-    other["metadata"]["annotations"][f"{kube.PREFIX}/contract-digest"] = "sha256:" + "f" * 64
+    other["metadata"]["labels"][render.CONTRACT_LABEL] = "f" * 40
+    other["metadata"]["annotations"][f"{render.PREFIX}/contract-digest"] = "sha256:" + "f" * 64
     server.put(other, NS)
     with pytest.raises(PolicyViolation, match="exists and is not this job's") as caught:
-        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+        apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     assert "sha256:" + "f" * 64 in caught.value.message
     assert server.writes() == []
     assert ("NetworkPolicy", NS, r.name) not in server.objects
@@ -124,7 +124,7 @@ def test_an_object_not_made_by_the_runner_is_refused(
     r = rendered(tmp_path)
     server.put({"kind": "NetworkPolicy", "metadata": {"name": r.name}, "spec": {}}, NS)
     with pytest.raises(PolicyViolation, match="or not by the runner"):
-        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+        apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     assert server.writes() == []
 
 
@@ -134,13 +134,13 @@ def test_dry_run_sends_dryrun_all_and_nothing_is_stored(
     """With dry_run each create carries dryRun=All (the server stores nothing), in the same
     order; a real apply afterwards still creates both."""
     r = rendered(tmp_path)
-    out = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig, dry_run=True)
+    out = apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig, dry_run=True)
     assert [o["action"] for o in out] == ["dry-run", "dry-run"]
     posts = server.writes()
     assert [q.query for q in posts] == [{"dryRun": ["All"]}, {"dryRun": ["All"]}]
     assert [q.collection for q in posts] == ["networkpolicies", "jobs"]
     assert server.objects == {}
-    real = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    real = apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     assert [o["action"] for o in real] == ["created", "created"]
 
 
@@ -151,18 +151,18 @@ def test_the_context_chooses_the_server_and_its_credentials(tmp_path: Path) -> N
     r = rendered(tmp_path)
     with api_server() as a, api_server() as b:
         config = write_kubeconfig(tmp_path / "kubeconfig", {"a": a, "b": b}, "a")
-        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config, dry_run=True)
+        apply.apply(r.manifests, namespace=NS, kubeconfig=config, dry_run=True)
         assert len(a.requests) == 4 and b.requests == []
-        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config, context="b")
+        apply.apply(r.manifests, namespace=NS, kubeconfig=config, context="b")
         assert len(a.requests) == 4 and len(b.requests) == 4
         assert {q.authorization for q in b.requests} == {f"Bearer {b.token}"}
         with pytest.raises(HostConfigError, match="'nope'"):
-            kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config, context="nope")
+            apply.apply(r.manifests, namespace=NS, kubeconfig=config, context="nope")
         (tmp_path / "garbage").write_text("clusters: [\n  - {name: \n")
         with pytest.raises(HostConfigError, match="garbage cannot be used"):
-            kubeapply.apply(r.manifests, namespace=NS, kubeconfig=tmp_path / "garbage")
+            apply.apply(r.manifests, namespace=NS, kubeconfig=tmp_path / "garbage")
         with pytest.raises(HostConfigError, match="missing-kubeconfig"):
-            kubeapply.apply(r.manifests, namespace=NS, kubeconfig=tmp_path / "missing-kubeconfig")
+            apply.apply(r.manifests, namespace=NS, kubeconfig=tmp_path / "missing-kubeconfig")
         assert len(a.requests) == 4 and len(b.requests) == 4
 
 
@@ -174,11 +174,11 @@ def test_kubeconfig_from_the_environment_is_read_when_called(
     r = rendered(tmp_path)
     config = write_kubeconfig(tmp_path / "from-env", {"e": server}, "e")
     monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{config}")
-    out = kubeapply.apply(r.manifests, namespace=NS, dry_run=True)
+    out = apply.apply(r.manifests, namespace=NS, dry_run=True)
     assert [o["action"] for o in out] == ["dry-run", "dry-run"] and len(server.requests) == 4
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     with pytest.raises(HostConfigError, match=r"\$KUBECONFIG \(.*missing\)"):
-        kubeapply.apply(r.manifests, namespace=NS)
+        apply.apply(r.manifests, namespace=NS)
 
 
 def test_refused_credentials_and_rejected_objects_are_errors(
@@ -191,14 +191,14 @@ def test_refused_credentials_and_rejected_objects_are_errors(
     wrong = ApiServer(token="not-" + server.token, url=server.url)
     config = write_kubeconfig(tmp_path / "wrong", {"w": wrong}, "w")
     with pytest.raises(InfrastructureError, match=r"refused GET NetworkPolicy .*401"):
-        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config)
+        apply.apply(r.manifests, namespace=NS, kubeconfig=config)
     good = write_kubeconfig(tmp_path / "good", {"s": server}, "s")
     server.fail_with[("POST", "Job")] = (422, 'Job.batch "x" is invalid: spec.template: bad')
     with pytest.raises(InfrastructureError, match=r"POST Job .* with 422: .*is invalid"):
-        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=good)
+        apply.apply(r.manifests, namespace=NS, kubeconfig=good)
     assert ("NetworkPolicy", NS, r.name) in server.objects
     del server.fail_with[("POST", "Job")]
-    out = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=good)
+    out = apply.apply(r.manifests, namespace=NS, kubeconfig=good)
     assert [o["action"] for o in out] == ["exists", "created"]
 
 
@@ -211,18 +211,18 @@ def test_a_job_made_meanwhile_is_reported_if_it_is_this_jobs(
     job = next(m for m in r.manifests if m["kind"] == "Job")
     server.put(job, NS)
     server.hide_once.add("Job")
-    out = kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    out = apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     assert [o["action"] for o in out] == ["created", "exists"]
     assert [(q.method, q.collection) for q in server.requests][-2:] == [
         ("POST", "jobs"),
         ("GET", "jobs"),
     ]
     other = copy.deepcopy(job)
-    other["metadata"]["annotations"][f"{kube.PREFIX}/contract-digest"] = "sha256:" + "e" * 64
+    other["metadata"]["annotations"][f"{render.PREFIX}/contract-digest"] = "sha256:" + "e" * 64
     server.put(other, NS)
     server.hide_once.add("Job")
     with pytest.raises(PolicyViolation, match="made meanwhile by another contract"):
-        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+        apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
 
 
 def test_hostile_answers_are_errors_not_tracebacks(
@@ -233,19 +233,19 @@ def test_hostile_answers_are_errors_not_tracebacks(
     r = rendered(tmp_path)
     server.answer_with[("GET", "NetworkPolicy")] = ["not", "an", "object"]
     with pytest.raises(InfrastructureError, match="no JSON object"):
-        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+        apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     del server.answer_with[("GET", "NetworkPolicy")]
     odd = {"kind": "Job", "metadata": {"name": r.name, "labels": ["x"], "annotations": "y"},
            "status": ["z"]}  # fmt: skip
     server.answer_with[("GET", "Job")] = odd
     with pytest.raises(PolicyViolation, match="or not by the runner"):
-        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+        apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     with pytest.raises(PolicyViolation, match="not the runner's Job"):
-        kubeapply.status(r.plan.job_id, namespace=NS, kubeconfig=kubeconfig)
+        apply.status(r.plan.job_id, namespace=NS, kubeconfig=kubeconfig)
     job = copy.deepcopy(next(m for m in r.manifests if m["kind"] == "Job"))
     job["status"] = {"conditions": ["bad", {"type": "Failed"}], "active": "many"}
     server.answer_with[("GET", "Job")] = job
-    got = kubeapply.status(r.plan.job_id, namespace=NS, kubeconfig=kubeconfig)
+    got = apply.status(r.plan.job_id, namespace=NS, kubeconfig=kubeconfig)
     assert (got["state"], got["ended"]) == ("pending", False)
 
 
@@ -255,7 +255,7 @@ def test_an_unreachable_server_is_an_infrastructure_error(tmp_path: Path) -> Non
     with api_server() as gone:
         config = write_kubeconfig(tmp_path / "kubeconfig", {"g": gone}, "g")
     with pytest.raises(InfrastructureError, match=f"{gone.url} did not answer"):
-        kubeapply.apply(r.manifests, namespace=NS, kubeconfig=config)
+        apply.apply(r.manifests, namespace=NS, kubeconfig=config)
 
 
 def test_manifests_that_break_the_rules_or_the_namespace_are_never_sent(
@@ -267,11 +267,11 @@ def test_manifests_that_break_the_rules_or_the_namespace_are_never_sent(
     edited = copy.deepcopy(r.manifests)
     next(m for m in edited if m["kind"] == "Job")["spec"]["backoffLimit"] = 1
     with pytest.raises(PolicyViolation, match="backoffLimit"):
-        kubeapply.apply(edited, namespace=NS, kubeconfig=kubeconfig)
+        apply.apply(edited, namespace=NS, kubeconfig=kubeconfig)
     with pytest.raises(PolicyViolation, match="rendered for namespace 'repro'"):
-        kubeapply.apply(r.manifests, namespace="other", kubeconfig=kubeconfig)
+        apply.apply(r.manifests, namespace="other", kubeconfig=kubeconfig)
     with pytest.raises(PolicyViolation, match="DNS label"):
-        kubeapply.apply(r.manifests, namespace="Bad_NS", kubeconfig=kubeconfig)
+        apply.apply(r.manifests, namespace="Bad_NS", kubeconfig=kubeconfig)
     assert server.requests == []
 
 
@@ -300,12 +300,12 @@ def test_status_reads_the_conditions_and_writes_nothing(
         contract, RunOptions(state_dir=state, policy=loaded, trust=trust), host_uid=0, host_gid=0
     )
     ledger = (staged.job_dir / "record" / "ledger.jsonl").read_bytes()
-    out = kubeapply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
+    out = apply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
                            kubeconfig=kubeconfig)  # fmt: skip
     jid, name = out["jobId"], out["name"]
 
     def state_now() -> dict[str, Any]:
-        return kubeapply.status(jid, namespace=NS, kubeconfig=kubeconfig)
+        return apply.status(jid, namespace=NS, kubeconfig=kubeconfig)
 
     assert state_now()["state"] == "pending" and state_now()["ended"] is False
     server.set_status(NS, name, {"active": 1})
@@ -322,21 +322,21 @@ def test_status_reads_the_conditions_and_writes_nothing(
     assert (staged.job_dir / "record" / "ledger.jsonl").read_bytes() == ledger
     assert not (staged.job_dir / "result.json").exists()
     with pytest.raises(JobNotFound):
-        kubeapply.status("no-such-job", namespace=NS, kubeconfig=kubeconfig)
+        apply.status("no-such-job", namespace=NS, kubeconfig=kubeconfig)
 
 
 def test_wait_polls_until_the_job_ends(tmp_path: Path, server: ApiServer, kubeconfig: Path) -> None:
     """wait() returns once a condition ends the Job (set 0.5 s later), having seen each
     state once; with a short timeout it returns the last status, not ended."""
     r = rendered(tmp_path)
-    kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     seen: list[str] = []
     timer = threading.Timer(
         0.5, server.set_status, (NS, r.name, _job_status("Failed", "DeadlineExceeded"))
     )
     timer.start()
     try:
-        got = kubeapply.wait(
+        got = apply.wait(
             r.plan.job_id, namespace=NS, kubeconfig=kubeconfig, poll_seconds=0.1, timeout=30,
             on_status=lambda s: seen.append(s["state"]),
         )  # fmt: skip
@@ -344,8 +344,8 @@ def test_wait_polls_until_the_job_ends(tmp_path: Path, server: ApiServer, kubeco
         timer.cancel()
     assert got["state"] == "deadline_exceeded" and seen == ["pending", "deadline_exceeded"]
     other = rendered(tmp_path / "other", job_id="other-job")
-    kubeapply.apply(other.manifests, namespace=NS, kubeconfig=kubeconfig)
-    cut = kubeapply.wait("other-job", namespace=NS, kubeconfig=kubeconfig, poll_seconds=0.05,
+    apply.apply(other.manifests, namespace=NS, kubeconfig=kubeconfig)
+    cut = apply.wait("other-job", namespace=NS, kubeconfig=kubeconfig, poll_seconds=0.05,
                          timeout=0.2)  # fmt: skip
     assert cut["ended"] is False and cut["state"] == "pending"
 
@@ -354,10 +354,10 @@ def test_a_job_of_that_name_not_the_runners_is_refused_by_status(
     tmp_path: Path, server: ApiServer, kubeconfig: Path
 ) -> None:
     """status() refuses a Job under the job's name that lacks the runner's labels."""
-    name = kube.object_name("some-job")
+    name = render.object_name("some-job")
     server.put({"kind": "Job", "metadata": {"name": name, "labels": {}}, "spec": {}}, NS)
     with pytest.raises(PolicyViolation, match="not the runner's Job"):
-        kubeapply.status("some-job", namespace=NS, kubeconfig=kubeconfig)
+        apply.status("some-job", namespace=NS, kubeconfig=kubeconfig)
 
 
 def test_submit_refuses_a_job_that_was_not_staged(
@@ -371,9 +371,9 @@ def test_submit_refuses_a_job_that_was_not_staged(
     loaded, trust = host.load(allow_unsigned=True)
     state = tmp_path / "state"
     with pytest.raises(PolicyViolation, match="is not staged"):
-        kubeapply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
+        apply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
                          kubeconfig=kubeconfig)  # fmt: skip
-    out = kubeapply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
+    out = apply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
                            kubeconfig=kubeconfig, apply=False, require_staged=False)  # fmt: skip
     assert out["applied"] == [] and out["manifests"]["kind"] == "List"
     assert server.requests == []
@@ -393,12 +393,12 @@ def test_submit_applies_a_staged_job_with_the_budget_of_its_ledger(
         contract, RunOptions(state_dir=state, policy=loaded, trust=trust), host_uid=0, host_gid=0
     )
     ledger = (staged.job_dir / "record" / "ledger.jsonl").read_bytes()
-    out = kubeapply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
+    out = apply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
                            kubeconfig=kubeconfig, dry_run=True)  # fmt: skip
     assert out["budgetFrom"] == "ledger" and out["activeDeadlineSeconds"] == 15 * 60
     assert [a["action"] for a in out["applied"]] == ["dry-run", "dry-run"]
     assert out["submitted"] is False
-    out = kubeapply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
+    out = apply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
                            kubeconfig=kubeconfig)  # fmt: skip
     assert out["submitted"] is True
     assert [(a["kind"], a["action"]) for a in out["applied"]] == [
@@ -409,11 +409,11 @@ def test_submit_applies_a_staged_job_with_the_budget_of_its_ledger(
 
 
 def test_the_client_is_imported_only_to_talk_to_a_cluster() -> None:
-    """Importing kubeapply, and rendering with `runner render`, never imports the kubernetes
-    package (importing its client and config took about 0.7 s here); apply() does."""
+    """Importing kubernetes/apply.py, and rendering with `runner render`, never imports the
+    kubernetes package (importing its client and config took about 0.7 s here); apply() does."""
     code = (
-        "import sys, runner.scheduling.kubeapply, runner.scheduling.kubeplan, runner.cli.render, "
-        "runner.cli.stage; "
+        "import sys, runner.scheduling.kubernetes.apply, runner.scheduling.kubernetes.plan, "
+        "runner.cli.render, runner.cli.stage; "
         "print('kubernetes' in sys.modules)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -491,11 +491,11 @@ def test_delete_takes_the_job_by_uid_then_only_its_own_networkpolicy(
     that Job), and deletes the NetworkPolicy once the Job is gone, only when it carries this
     job's label: another one of that name is kept."""
     r = rendered(tmp_path)
-    kubeapply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
+    apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     uid = server.objects[("Job", NS, r.name)]["metadata"]["uid"]
     policy = server.objects[("NetworkPolicy", NS, r.name)]
-    policy["metadata"]["labels"][kube.JOB_LABEL] = "someone-else"
-    gone = kubeapply.delete(r.plan.job_id, namespace=NS, kubeconfig=kubeconfig)
+    policy["metadata"]["labels"][render.JOB_LABEL] = "someone-else"
+    gone = apply.delete(r.plan.job_id, namespace=NS, kubeconfig=kubeconfig)
     assert gone["networkPolicy"] == "kept: not this job's"
     (job_delete,) = [q for q in server.requests if q.method == "DELETE"]
     assert job_delete.collection == "jobs"

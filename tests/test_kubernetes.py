@@ -1,9 +1,8 @@
 """`runner render CONTRACT --to kubernetes`: the manifests validate against the official
 Kubernetes schemas of two versions (kubernetes-validate, strict: unknown fields fail), keep the
-runner's own rules (runner/scheduling/kube.py check_rules, which catches each rule broken alone),
-and
-everything `runner run` refuses (and what a cluster cannot run yet) is refused with exit 3 and
-nothing written. No cluster runs here: nothing is applied."""
+runner's own rules (runner/scheduling/kubernetes/render.py check_rules, which catches each
+rule broken alone), and everything `runner run` refuses (and what a cluster cannot run yet)
+is refused with exit 3 and nothing written. No cluster runs here: nothing is applied."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from hypothesis import strategies as st
 
 from runner.cli import dispatch
 from runner.planning.plan import ExecutionPlan
-from runner.scheduling import kube
+from runner.scheduling.kubernetes import render as kube
 from runner.state.ledger import Ledger
 from tests.support import write_contract
 

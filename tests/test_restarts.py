@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -200,8 +201,10 @@ def test_vanished_container_starts_attempt_two(tmp_path: Path, image_id: str) ->
 
 
 def test_two_runners_for_one_job(tmp_path: Path, image_id: str) -> None:
-    """While one runner runs a job, a second one for the same job refuses and starts nothing."""
-    contract = _contract(tmp_path, image_id, sleep=4)
+    """While one runner runs a job, a second one for the same job refuses and starts nothing.
+    The job runs long enough for a second runner to start on a loaded machine (at 4 s, one
+    that took longer found the job ended, and answered its envelope)."""
+    contract = _contract(tmp_path, image_id, sleep=20)
     state = tmp_path / "state"
     first = _start(contract, state)
     _wait_for(state, "attempt.started")
@@ -311,10 +314,13 @@ def test_resume_after_the_contract_expired(tmp_path: Path, image_id: str) -> Non
     assert (
         run_cli("trust", str(tmp_path / "issuer.pub"), "--trusted-keys", str(keys)).returncode == 0
     )
-    contract = _contract(tmp_path, image_id, sleep=8)
+    # The contract must still be valid when the first runner starts its attempt (a loaded
+    # machine takes seconds to get there), and the job run on after it expires.
+    contract = _contract(tmp_path, image_id, sleep=40)
     signed = run_cli(
-        "sign", str(contract), "--key", str(tmp_path / "issuer.key"), "--expires-in", "4s", "--json"
-    )
+        "sign", str(contract), "--key", str(tmp_path / "issuer.key"), "--expires-in", "15s",
+        "--json",
+    )  # fmt: skip
     assert signed.returncode == 0, signed.stderr
     envelope = Path(json.loads(signed.stdout)["envelope"])
     state = tmp_path / "state"
@@ -341,7 +347,8 @@ def test_resume_after_the_contract_expired(tmp_path: Path, image_id: str) -> Non
     )
     _wait_for(state, "heartbeat", 1)
     _kill9(proc)
-    time.sleep(4.5)
+    expires = datetime.fromisoformat(json.loads(signed.stdout)["expiresAt"])
+    time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.5)
     fresh = run_cli("verify", str(envelope), "--trusted-keys", str(keys))
     assert fresh.returncode == 3 and "expired" in fresh.stderr
     code, env, stderr = run_job(envelope, state, "--trusted-keys", str(keys), unsigned=False)

@@ -20,8 +20,9 @@ import pytest
 from runner.app import host
 from runner.backends.types import Limits
 from runner.core.errors import PolicyViolation
-from runner.scheduling import slurm
-from runner.scheduling.slurm_cluster import Cluster, parse_fields
+from runner.planning.allocation import check_allocation
+from runner.scheduling.slurm import batch
+from runner.scheduling.slurm.cluster import Cluster, parse_fields
 from runner.state.ledger import Ledger, read_state
 from tests.support import (
     SESSION_ID,
@@ -387,16 +388,16 @@ def test_a_node_that_cannot_see_the_state_folder_fails_clearly(
     state = tmp_path / "state"
     contract = toy(tmp_path / "c", "slurm-blind", image_id)
     loaded, trust = host.load(None, None, allow_unsigned=True)
-    req = slurm.prepare(contract, loaded.policy, trust, state, job_id=None, stop_grace=5,
+    req = batch.prepare(contract, loaded.policy, trust, state, job_id=None, stop_grace=5,
                         ceiling=None, offered=[])  # fmt: skip
-    script = slurm.write_batch(req, state, sys.executable, [])
+    script = batch.write_batch(req, state, sys.executable, [])
     for marker in script.parent.glob("marker-*"):
         marker.unlink()
-    folder = slurm.record_dir(state, req.jobId)
+    folder = batch.record_dir(state, req.jobId)
     job = cluster.sbatch(
-        slurm.sbatch_args(req, folder=folder, partition=None, account=None), script
+        batch.sbatch_args(req, folder=folder, partition=None, account=None), script
     )
-    slurm.record(state, req, job, {})
+    batch.record(state, req, job, {})
     code, [end], err = wait(state, "slurm-blind", timeout=60)
     assert code == 4, err
     assert end["category"] == "infrastructure" and end["slurmState"] == "FAILED"
@@ -409,10 +410,10 @@ def test_a_node_that_cannot_see_the_state_folder_fails_clearly(
 
 def test_time_is_rounded_up_and_never_above_the_ceiling() -> None:
     """--time: budget + grace + set-up allowance, in whole minutes rounded up, capped."""
-    assert slurm.time_minutes(900, 5, None) == 17
-    assert slurm.time_minutes(900, 5, 10) == 10
-    assert slurm.time_minutes(0.5, 5, None) == 2  # 65.5 s
-    assert slurm.time_minutes(55, 5, None) == 2
+    assert batch.time_minutes(900, 5, None) == 17
+    assert batch.time_minutes(900, 5, 10) == 10
+    assert batch.time_minutes(0.5, 5, None) == 2  # 65.5 s
+    assert batch.time_minutes(55, 5, None) == 2
 
 
 def test_allocation_check() -> None:
@@ -422,8 +423,8 @@ def test_allocation_check() -> None:
                     pids=10, tmpfs_bytes=1, gpus=1, network="none", timeout_seconds=60)  # fmt: skip
     ok = {"SLURM_JOB_ID": "1", "SLURM_CPUS_ON_NODE": "2", "SLURM_MEM_PER_NODE": "1024",
           "SLURM_GPUS_ON_NODE": "1"}  # fmt: skip
-    slurm.check_allocation(limits, ok)
-    slurm.check_allocation(limits, {})
+    check_allocation(limits, ok)
+    check_allocation(limits, {})
     for change, word in (
         ({"SLURM_CPUS_ON_NODE": "1"}, "CPU cap"),
         ({"SLURM_MEM_PER_NODE": "1023"}, "memory cap"),
@@ -431,7 +432,7 @@ def test_allocation_check() -> None:
         ({"SLURM_GPUS_ON_NODE": "0"}, "GPU count"),
     ):
         with pytest.raises(PolicyViolation, match=word):
-            slurm.check_allocation(limits, {**ok, **change})
+            check_allocation(limits, {**ok, **change})
 
 
 def test_state_folder_type_and_sharing() -> None:
@@ -442,35 +443,35 @@ def test_state_folder_type_and_sharing() -> None:
         "40 22 0:50 / /shared rw - nfs4 srv:/x rw\n"
         "41 22 0:51 / /shared2 rw - xfs /dev/sdb rw\n"
     )
-    assert slurm.fs_type(Path("/shared/runner"), info) == "nfs4"
-    assert slurm.fs_type(Path("/shared2/x"), info) == "xfs"
-    assert slurm.fs_type(Path("/sharedX/x"), info) == "ext4"
-    assert slurm.check_state_dir(Path("/shared/r"), 8, "nfs4") is None
-    assert "local" in (slurm.check_state_dir(Path("/r"), 1, "ext4") or "")
+    assert batch.fs_type(Path("/shared/runner"), info) == "nfs4"
+    assert batch.fs_type(Path("/shared2/x"), info) == "xfs"
+    assert batch.fs_type(Path("/sharedX/x"), info) == "ext4"
+    assert batch.check_state_dir(Path("/shared/r"), 8, "nfs4") is None
+    assert "local" in (batch.check_state_dir(Path("/r"), 1, "ext4") or "")
     with pytest.raises(PolicyViolation, match="--state-dir"):
-        slurm.check_state_dir(Path("/r"), 2, "ext4")
+        batch.check_state_dir(Path("/r"), 2, "ext4")
     with pytest.raises(PolicyViolation, match="'%'"):  # sbatch would expand it in --output
-        slurm.check_state_dir(Path("/shared/100%j"), 8, "nfs4")
+        batch.check_state_dir(Path("/shared/100%j"), 8, "nfs4")
 
 
 def test_gpu_types_and_grace() -> None:
     """A GPU type comes from the partition's gres (first preferred one offered); a stop grace
     needs KillWait 5 s longer."""
-    assert slurm.offered_gpu_types("gpu:h100:4(S:0-1)\ngpu:a100:2,gpu:h100:1\n(null)\n") == [
+    assert batch.offered_gpu_types("gpu:h100:4(S:0-1)\ngpu:a100:2,gpu:h100:1\n(null)\n") == [
         "h100",
         "a100",
     ]
-    assert slurm.offered_gpu_types("gpu:4\n") == []
-    slurm.check_grace(25, 30)
+    assert batch.offered_gpu_types("gpu:4\n") == []
+    batch.check_grace(25, 30)
     with pytest.raises(PolicyViolation, match="KillWait"):
-        slurm.check_grace(26, 30)
+        batch.check_grace(26, 30)
 
 
 def test_benchmark_script_runs(cluster: Cluster, tmp_path: Path) -> None:
     """`scripts/bench_slurm.py --jobs 2` measures all three sides, every job succeeding, and
     writes its report where told."""
     root = Path(__file__).resolve().parent.parent
-    out = tmp_path / "slurm.md"
+    out = tmp_path / "batch.md"
     script = root / "scripts" / "bench_slurm.py"
     done = subprocess.run(
         [sys.executable, str(script), "--jobs", "2", "--out", str(out)],
@@ -487,8 +488,8 @@ def test_hostile_names_are_refused(tmp_path: Path) -> None:
     before Slurm is asked; a job id that is not one (a path) is no submitted job (exit 5)."""
     for bad in ("--wrap=id", "../x", "a b", "", "x" * 65):
         with pytest.raises(PolicyViolation, match="--partition"):
-            slurm.check_name("--partition", bad)
-    assert slurm.check_name("--account", "lab-1.gpu_a") == "lab-1.gpu_a"
+            batch.check_name("--partition", bad)
+    assert batch.check_name("--account", "lab-1.gpu_a") == "lab-1.gpu_a"
     (tmp_path / "slurm" / "x").mkdir(parents=True)
     (tmp_path / "slurm" / "x" / "submissions.jsonl").write_text('{"slurmJobId": "1"}\n')
     proc = run_cli("wait", "../slurm/x", "--state-dir", str(tmp_path / "state"), "--json")

@@ -60,6 +60,7 @@ from runner.backends.base import ContainerSpec, ContainerState
 from runner.backends.docker import DockerBackend
 from runner.backends.podmancaps import PodmanHost, refusal
 from runner.backends.types import ImageInfo, Limits, loopback_registry
+from runner.core import untrusted
 from runner.core.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -198,7 +199,7 @@ class PodmanBackend(DockerBackend):
                     )
                 try:
                     answer = json.loads(data)
-                    self._host = PodmanHost.from_info(answer if isinstance(answer, dict) else {})
+                    self._host = PodmanHost.from_info(untrusted.mapping(answer))
                 except ValueError as exc:
                     raise InfrastructureError(f"{action}: the answer is not JSON") from exc
             return self._host

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runner.backends.types import GIB, Limits
+from runner.core import untrusted
 from runner.core.errors import PolicyViolation
 
 
@@ -29,8 +30,11 @@ class PodmanHost:
     @staticmethod
     def from_info(info: dict[str, Any]) -> PodmanHost:
         """From ``/libpod/info``; a missing or odd field is read as the weaker answer."""
-        host = _dict(info.get("host"))
-        security, runtime = _dict(host.get("security")), _dict(host.get("ociRuntime"))
+        host = untrusted.mapping(info.get("host"))
+        security, runtime = (
+            untrusted.mapping(host.get("security")),
+            untrusted.mapping(host.get("ociRuntime")),
+        )
         controllers = host.get("cgroupControllers")
         v2 = str(host.get("cgroupVersion", "")) in ("v2", "2")
         return PodmanHost(
@@ -45,10 +49,6 @@ class PodmanHost:
     def describe(self) -> str:
         mode = "rootless" if self.rootless else "rootful"
         return f"{mode} Podman on cgroup {self.cgroup_version}"
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _size(n: int) -> str:

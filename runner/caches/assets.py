@@ -31,17 +31,16 @@ mount per asset at ``/job/assets/<path>`` (its mount point made in the job's ``a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from runner.backends.base import Mount
+from runner.caches import store
 from runner.caches.download import (
     Download,
     OnBytes,
@@ -53,9 +52,10 @@ from runner.caches.download import (
     redacted,
     retrying,
 )
+from runner.caches.store import Store
 from runner.contract import VerifiedContract
 from runner.contract.models import Asset
-from runner.core import archives, locks, safefs
+from runner.core import archives, safefs
 from runner.core.errors import AssetDigestMismatch, AssetUnavailable, PolicyViolation
 from runner.planning.policy import AssetGrant
 from runner.staging.jobdir import JobDir, atomic_write, write_json
@@ -66,23 +66,16 @@ STAGE_LOCK_WAIT = 2 * 3600.0
 (``asset_unavailable``); ``runner fetch`` waits as long as it takes."""
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
 def hex_of(asset: Asset) -> str:
     return asset.sha256.removeprefix("sha256:")
 
 
 @dataclass(frozen=True)
-class AssetCache:
+class AssetCache(Store):
     """The content-addressed asset cache below the state folder."""
 
-    root: Path
-
-    @classmethod
-    def of_state(cls, state_root: Path) -> AssetCache:
-        return cls(state_root / "cache" / "assets")
+    NAME = "assets"
+    FOLDERS = ("sha256", "trees", "partial", "meta", "locks")
 
     def blob(self, hexd: str) -> Path:
         return self.root / "sha256" / hexd
@@ -92,27 +85,6 @@ class AssetCache:
 
     def partial(self, hexd: str) -> Path:
         return self.root / "partial" / f"{hexd}.partial"
-
-    def meta(self, hexd: str) -> Path:
-        return self.root / "meta" / f"{hexd}.json"
-
-    def lock_file(self, hexd: str) -> Path:
-        return self.root / "locks" / f"{hexd}.lock"
-
-    def prepare(self) -> None:
-        for sub in ("sha256", "trees", "partial", "meta", "locks"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-
-    @contextlib.contextmanager
-    def locked(
-        self, hexd: str, *, wait: bool = True, timeout: float | None = None
-    ) -> Iterator[bool]:
-        """Hold the digest's lock (exclusive); yields False when ``wait`` is off, or
-        ``timeout`` seconds have passed, and another holds it. One open file description per
-        use: never nest two for one digest."""
-        self.prepare()
-        with locks.flocked(self.lock_file(hexd), wait=wait, timeout=timeout) as got:
-            yield got
 
     def mount_source(self, asset: Asset) -> Path:
         """What is mounted for the asset: its bytes, or the folder they unpack to."""
@@ -149,7 +121,7 @@ class AssetCache:
             meta: dict[str, Any] = json.loads(path.read_bytes())
         except (OSError, ValueError):
             meta = {}
-        now = _now()
+        now = store.now()
         meta.update(sha256=asset.sha256, size=asset.size, lastUsedAt=now)
         meta["ids"] = sorted({*meta.get("ids", []), asset.id})
         if fetched:

@@ -56,7 +56,6 @@ touch (pruning an entry frees its bytes only once no job folder links them).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
@@ -66,13 +65,14 @@ import re
 import shutil
 import stat
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner.core import archives, locks, log, safefs
+from runner.caches import store
+from runner.caches.store import Store
+from runner.core import archives, log, safefs
 from runner.staging import inputs
 from runner.staging.jobdir import JobDir, StagedFile, StagedInput, Stager, write_json
 
@@ -87,24 +87,17 @@ class Stale(Exception):
     """A cached entry is not what it was when made."""
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
 def hex_of(digest: str | None) -> str | None:
     match = _DIGEST.match(digest or "")
     return match.group(1) if match else None
 
 
 @dataclass(frozen=True)
-class InputCache:
+class InputCache(Store):
     """The content-addressed input cache below the state folder."""
 
-    root: Path
-
-    @classmethod
-    def of_state(cls, state_root: Path) -> InputCache:
-        return cls(state_root / "cache" / "inputs")
+    NAME = "inputs"
+    FOLDERS = ("entries", "tmp", "meta", "locks")
 
     def entry(self, hexd: str) -> Path:
         return self.root / "entries" / hexd
@@ -114,23 +107,6 @@ class InputCache:
 
     def manifest(self, hexd: str) -> Path:
         return self.entry(hexd) / "manifest.json"
-
-    def meta(self, hexd: str) -> Path:
-        return self.root / "meta" / f"{hexd}.json"
-
-    def lock_file(self, hexd: str) -> Path:
-        return self.root / "locks" / f"{hexd}.lock"
-
-    def prepare(self) -> None:
-        for sub in ("entries", "tmp", "meta", "locks"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
-
-    @contextlib.contextmanager
-    def locked(self, hexd: str, *, wait: bool = True) -> Iterator[bool]:
-        """Hold the digest's lock (as :meth:`runner.caches.assets.AssetCache.locked`)."""
-        self.prepare()
-        with locks.flocked(self.lock_file(hexd), wait=wait) as got:
-            yield got
 
     def hexes(self) -> list[str]:
         folder = self.root / "entries"
@@ -221,7 +197,7 @@ class InputCache:
         checked), and, given ``seen``, its files' stamps as just seen."""
         file = self.meta(hexd)
         meta = self._read_meta(hexd)
-        now = _now()
+        now = store.now()
         meta["digest"] = f"sha256:{hexd}"
         if path is not None:
             meta["lastUsedAt"] = now

@@ -1,28 +1,35 @@
 """The command line: the only place that prints or chooses exit codes.
 
-Each command lives in its own module, which declares its parser (``register``) and holds its
-command function; the table below says which module has which command, and :func:`dispatch`
-imports only the module of the command given (building every parser, and importing every
-module's needs, would cost each start-up for nothing). The entry point is
-``runner.client:main``, which hands ``run`` and ``verify`` to a running ``runner serve`` first.
+The commands are grouped by what they act on (``runner verify contract``, ``runner job
+status``, ``runner cluster submit``, ``runner cache ls``); ``runner run`` stays a verb of its
+own, the command a person runs most. Each command lives in a module, which declares its parser
+(``register``) and holds its command function; the tables below say which module has which
+command, and :func:`dispatch` imports only the module of the command given (building every
+parser, and importing every module's needs, would cost each start-up for nothing). The entry
+point is ``runner.client:main``, which hands ``run`` and ``verify contract`` to a running
+``runner serve`` first.
+
+The earlier, flat spellings (``runner verify-result``, ``runner status``, ``runner submit``)
+stay valid for good: :data:`ALIASES` rewrites a command line's first words into the grouped
+spelling before it is parsed, so both reach the same parser, options and exit codes.
 
 ===================  ==========================================================
 module               commands
 ===================  ==========================================================
 ``run.py``           run (one contract, or a batch)
-``verify.py``        verify, verify-result
-``issuer.py``        keygen, trust, sign, pin
-``job.py``           status, ledger verify, cleanup, parse
+``verify.py``        verify contract, verify result
+``issuer.py``        key new, key trust, contract pin, contract sign
+``job.py``           job status, job regrade, job cleanup, verify ledger
 ``image.py``         image load
 ``gpu.py``           gpu ls, gpu cdi
-``fetch.py``         fetch, cache ls, cache prune, cache verify
-``render.py``        render (manifests for a cluster: Kubernetes)
-``stage.py``         stage (a job's folder laid out, nothing run)
-``submit.py``        submit (queue jobs in a cluster: Slurm, Kubernetes)
-``wait.py``          wait (for submitted jobs; where each went, for cancel too)
-``cancel.py``        cancel (submitted jobs)
+``fetch.py``         cache fetch, cache ls, cache prune, cache verify
+``render.py``        cluster render (manifests for a cluster: Kubernetes)
+``stage.py``         cluster stage (a job's folder laid out, nothing run)
+``submit.py``        cluster submit (queue jobs in a cluster: Slurm, Kubernetes)
+``wait.py``          job wait (for submitted jobs; where each went, for cancel too)
+``cancel.py``        job cancel (submitted jobs)
 ``parsers.py``       parsers
-``bundle.py``        export, verify-bundle
+``bundle.py``        job export, verify bundle
 ``schema.py``        schema
 ``completion.py``    completion
 ``serve.py``         serve
@@ -36,7 +43,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.cli._common import (
     EXIT_CANCELLED,
@@ -48,64 +55,126 @@ from runner.cli._common import (
 )
 from runner.core.errors import RunnerError
 
-_TABLE = {
-    "run": ("run", "run a contract's job in a container and write its result envelope"),
-    "verify": ("verify", "check a contract and this host's policy without running it"),
-    "pin": (
-        "issuer",
-        "issuer side: pin the inputs' digests and a local image into a contract",
-    ),
-    "keygen": ("issuer", "issuer side: make an Ed25519 key pair for signing contracts"),
-    "trust": ("issuer", "host side: trust an issuer's public key"),
-    "sign": ("issuer", "issuer side: stamp and sign a contract into a DSSE envelope"),
-    "parse": ("job", "re-grade a finished job from its stored evidence, running nothing"),
-    "verify-result": (
-        "verify",
-        "check a signed result (a job folder, result.json or result.intoto.json) and its files",
-    ),
-    "export": ("bundle", "write a job's run as one archive anyone can verify offline"),
-    "verify-bundle": (
-        "bundle",
-        "check an exported run offline: signatures, every hash, the ledger, the values",
-    ),
-    "stage": (
-        "stage",
-        "lay out a contract's job folder as `runner run` would, running nothing",
-    ),
-    "render": (
-        "render",
-        "write the manifests for a cluster to run a contract's job (Kubernetes)",
-    ),
-    "submit": (
-        "submit",
-        "queue contracts' jobs in a cluster: Slurm (`runner run` on a node), or Kubernetes",
-    ),
-    "wait": ("wait", "wait for submitted jobs to end; exit as `runner run` would have"),
-    "cancel": ("cancel", "cancel submitted jobs (scancel, or delete the Kubernetes Job)"),
-    "image": ("image", "offline image bundles"),
-    "gpu": ("gpu", "this host's GPUs, and a CDI spec that hands them to containers"),
-    "fetch": ("fetch", "fetch a contract's assets into this host's cache, verified"),
-    "cache": (
-        "fetch",
-        "the asset and input caches: list, prune (never what a running job uses), verify",
-    ),
-    "status": ("job", "a job's attempts, budget used and left, and its container"),
-    "ledger": ("job", "inspect a job's budget ledger"),
-    "cleanup": (
-        "job",
-        "remove containers of finished jobs that no runner watches, and free egress slots",
-    ),
-    "parsers": ("parsers", "list the registered evidence parsers (id, version, config schema)"),
-    "schema": ("schema", "print the JSON Schema of a contract, policy, envelope or result.json"),
+if TYPE_CHECKING:
+    from runner.cli._common import Subparsers
+
+_TABLE: dict[str, tuple[str | None, str]] = {
+    "run": ("run", "run a contract's job in a container and write its envelope"),
+    "verify": (None, "check, running nothing"),
+    "contract": (None, "the issuer's side of a contract"),
+    "key": (None, "the keys contracts are signed with"),
+    "job": (None, "a job"),
+    "cluster": (None, "jobs for Slurm or Kubernetes"),
+    "cache": ("fetch", "the asset and input caches: fetch | ls | prune | verify"),
+    "image": ("image", "offline image bundles: load"),
+    "gpu": ("gpu", "this host's GPUs: ls | cdi (a spec for containers)"),
+    "parsers": ("parsers", "list the registered evidence parsers (id, version, config)"),
+    "schema": ("schema", "the JSON Schemas of contract, policy, envelope, result.json"),
     "completion": ("completion", "print a bash, zsh or tcsh completion script"),
-    "serve": (
-        "serve",
-        "keep a warm runner that `runner run` and `runner verify` hand their work to",
+    "serve": ("serve", "a warm runner that `run` and `verify contract` hand work to"),
+}
+"""Top-level command -> (its module under runner/cli/, or None for a group of commands made
+here from :data:`_GROUPS`; the one line ``runner --help`` lists it with, which for a group goes
+on to name its commands), in the order ``runner --help`` lists them. A module's
+``register(subparsers, command, help)`` declares the command's parser (for ``cache``,
+``image`` and ``gpu``: the group and its actions) and sets its function as ``func``."""
+
+_GROUPS: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
+    "verify": (
+        "Check something without running it: exit 0 when it holds, non-zero otherwise.",
+        {
+            "contract": (
+                "verify",
+                "a contract and this host's policy: would this host run it",
+            ),
+            "result": (
+                "verify",
+                "a signed result (job folder or result.json) and its files",
+            ),
+            "bundle": (
+                "bundle",
+                "an exported run, offline: signatures, hashes, ledger, values",
+            ),
+            "ledger": ("job", "a job's budget ledger: its hash chain, event order and pairing"),
+        },
+    ),
+    "contract": (
+        "The issuer's side of a contract: bind its inputs and image, then sign it.",
+        {
+            "pin": ("issuer", "pin the inputs' digests and a local image into a contract"),
+            "sign": ("issuer", "stamp and sign a contract into a DSSE envelope"),
+        },
+    ),
+    "key": (
+        "The Ed25519 keys contracts are signed with: an issuer makes a pair, a host\n"
+        "trusts its public half.",
+        {
+            "new": ("issuer", "issuer side: make an Ed25519 key pair for signing contracts"),
+            "trust": ("issuer", "host side: trust an issuer's public key"),
+        },
+    ),
+    "job": (
+        "A job once it has started, here or in a cluster: named by its job id (and\n"
+        "--state-dir) or its folder.",
+        {
+            "status": ("job", "a job's attempts, budget used and left, and its container"),
+            "wait": ("wait", "wait for submitted jobs to end; exit as `runner run` would have"),
+            "cancel": ("cancel", "cancel submitted jobs (scancel, or delete the Kubernetes Job)"),
+            "regrade": ("job", "re-grade a finished job from its stored evidence"),
+            "export": ("bundle", "write a job's run as one archive anyone can verify offline"),
+            "cleanup": (
+                "job",
+                "remove finished jobs' containers; free egress slots",
+            ),
+        },
+    ),
+    "cluster": (
+        "Running contracts' jobs in a cluster: Slurm (`runner run` on a node) or\n"
+        "Kubernetes. `runner job wait|cancel|status` follow them there.",
+        {
+            "submit": (
+                "submit",
+                "queue jobs in Slurm (`runner run` on a node) or Kubernetes",
+            ),
+            "render": (
+                "render",
+                "write the manifests for Kubernetes to run a contract's job",
+            ),
+            "stage": (
+                "stage",
+                "lay out a contract's job folder as `run` would; run nothing",
+            ),
+        },
     ),
 }
-"""Command -> (module under runner/cli/, the one line ``runner --help`` lists it with), in the
-order ``runner --help`` lists them. The module's ``register(subparsers, command, help)``
-declares the command's parser and sets its function as ``func``."""
+"""Group -> (its description, {action: (module, the one line its group's help lists it
+with)}), for the groups made here; a module's ``register`` is given the action's name."""
+
+ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("verify",): ("verify", "contract"),
+    ("verify-result",): ("verify", "result"),
+    ("verify-bundle",): ("verify", "bundle"),
+    ("ledger", "verify"): ("verify", "ledger"),
+    ("ledger",): ("verify", "ledger"),
+    ("pin",): ("contract", "pin"),
+    ("sign",): ("contract", "sign"),
+    ("keygen",): ("key", "new"),
+    ("trust",): ("key", "trust"),
+    ("status",): ("job", "status"),
+    ("wait",): ("job", "wait"),
+    ("cancel",): ("job", "cancel"),
+    ("parse",): ("job", "regrade"),
+    ("export",): ("job", "export"),
+    ("cleanup",): ("job", "cleanup"),
+    ("submit",): ("cluster", "submit"),
+    ("render",): ("cluster", "render"),
+    ("stage",): ("cluster", "stage"),
+    ("fetch",): ("cache", "fetch"),
+}
+"""The earlier, flat spellings (first words of a command line) -> the grouped ones; scripts
+written for them keep working. ``verify X`` is ``verify contract X`` unless X is one of
+``verify``'s own actions (or -h/--help); ``ledger`` alone is ``verify ledger`` (its ``--help``
+as before)."""
 
 COMMANDS = frozenset(_TABLE)
 """The top-level commands (a test keeps this in step with build_parser)."""
@@ -118,39 +187,111 @@ DESCRIPTION = (
 
 EXAMPLES = (
     "\nexamples:\n"
-    "  runner keygen --out issuer                    # issuer.key (0600) + issuer.pub\n"
-    "  runner trust issuer.pub                       # this host now trusts that issuer\n"
-    "  runner pin task.json --image runner-cpu:local -o pinned.json\n"
-    "  runner sign pinned.json --key issuer.key      # -> pinned.dsse.json\n"
-    "  runner verify pinned.dsse.json                # who signed, expiry, digest\n"
+    "  runner key new --out issuer                   # issuer.key (0600) + issuer.pub\n"
+    "  runner key trust issuer.pub                   # this host now trusts that issuer\n"
+    "  runner contract pin task.json --image runner-cpu:local -o pinned.json\n"
+    "  runner contract sign pinned.json --key issuer.key   # -> pinned.dsse.json\n"
+    "  runner verify contract pinned.dsse.json       # who signed, expiry, digest\n"
     "  runner run pinned.dsse.json                   # progress on stderr, table on stdout\n"
     "  runner run pinned.dsse.json --json            # only the envelope, for machines\n"
+    "  runner job status JOB                         # attempts, budget, container\n"
+    "  runner verify result JOB_FOLDER               # its signed result and files\n"
+    "  runner job --help                             # a group's commands\n"
 )
 
 
-def _module(name: str) -> Any:
-    """The module of command ``name``. (``__import__`` rather than importlib.import_module:
-    the same import, but ``python -X importtime`` sees it.)"""
-    return __import__(f"runner.cli.{_TABLE[name][0]}", fromlist=["register"])
+def _module(module: str) -> Any:
+    """The command module ``module`` under runner/cli/. (``__import__`` rather than
+    importlib.import_module: the same import, but ``python -X importtime`` sees it.)"""
+    return __import__(f"runner.cli.{module}", fromlist=["register"])
 
 
 def load_all() -> None:
     """Import every command's module (``runner serve`` does, so that no command forked from
     it pays for its own)."""
-    for name in _TABLE:
-        _module(name)
+    for module, _ in _TABLE.values():
+        if module is not None:
+            _module(module)
+    for _, actions in _GROUPS.values():
+        for module, _ in actions.values():
+            _module(module)
 
 
-def build_parser(only: str | None = None, *, listing: bool = False) -> argparse.ArgumentParser:
-    """The CLI; with ``only``, just that command's parser (building all of them costs about
-    10 ms of every start-up, mostly argparse's message lookups, and importing every command's
-    module). With ``listing``, every command is only named, with its line of help: enough for
-    ``runner --help`` and for any command line that names no command."""
+def spelled(given: list[str]) -> list[str]:
+    """``given`` in the grouped spelling: the first words of an earlier spelling (see
+    :data:`ALIASES`, longest first) replaced; anything else as it is."""
+    for old in sorted(ALIASES, key=len, reverse=True):
+        if tuple(given[: len(old)]) != old:
+            continue
+        new, rest = ALIASES[old], given[len(old) :]
+        if new[: len(old)] == old and (
+            not rest or rest[0] in _GROUPS[old[0]][1] or rest[0] in ("-h", "--help")
+        ):
+            return given  # the group itself (`verify result X`, `verify --help`)
+        return [*new, *rest]
+    return given
+
+
+def _spellings_of(group: str | None) -> str:
+    """The help's lines of earlier spellings (of one group's commands, or of all)."""
+    pairs = [
+        f"{' '.join(old)} = {' '.join(new)}"
+        for old, new in ALIASES.items()
+        if old != ("ledger",) and (group is None or new[0] == group)  # `ledger verify` says it
+    ]
+    lines, line = [], " "
+    for pair in pairs:
+        if len(line) + len(pair) + 2 > 90:
+            lines.append(line.rstrip(","))
+            line = " "
+        line += f" {pair},"
+    lines.append(line.rstrip(","))
+    return "earlier spellings (still accepted, the same options and exit codes):\n" + "\n".join(
+        lines
+    )
+
+
+def _group(sub: Subparsers, name: str, line: str, *, action: str | None, listing: bool) -> None:
+    """Group ``name`` of :data:`_GROUPS`: every action's parser, or only ``action``'s, or
+    (``listing``) every action only named with its line."""
+    description, actions = _GROUPS[name]
+    group = sub.add_parser(
+        name,
+        help=line,
+        description=description,
+        epilog=_spellings_of(name),
+        formatter_class=_Formatter,
+    )
+    inner = group.add_subparsers(dest=f"{name}_command", required=True, metavar="ACTION")
+    for act, (module, act_line) in actions.items():
+        if listing:
+            inner.add_parser(act, help=act_line)
+        elif action is None or action == act:
+            _module(module).register(inner, act, act_line)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """The help's layout: command names are short, so their lines start at column 18 and
+    mostly fit on one line (argparse's default is 24)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=18)
+
+
+def build_parser(
+    only: str | None = None, *, action: str | None = None, listing: bool = False
+) -> argparse.ArgumentParser:
+    """The CLI; with ``only``, just that top-level command's parser (building all of them costs
+    about 10 ms of every start-up, mostly argparse's message lookups, and importing every
+    command's module), and with ``action`` too, just that command of the group ``only``. With
+    ``listing``, the commands of the last level built (the top level, or the group ``only``)
+    are only named, with their lines of help: enough for ``runner --help``, ``runner job
+    --help``, and any command line that names no command of that level."""
     parser = argparse.ArgumentParser(
         prog="runner",
         description=DESCRIPTION,
-        epilog=EXIT_CODES_HELP + "\n" + HOST_HELP + EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXIT_CODES_HELP + "\n" + HOST_HELP + EXAMPLES + "\n" + _spellings_of(None),
+        formatter_class=_Formatter,
     )
     parser.add_argument(
         "-V",
@@ -172,11 +313,16 @@ def build_parser(only: str | None = None, *, listing: bool = False) -> argparse.
         "stage, attempt, category ($RUNNER_LOG_FORMAT)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (_, line) in _TABLE.items():
-        if listing:
+    for name, (module, line) in _TABLE.items():
+        if name in _GROUPS:
+            line = f"{line}: {' | '.join(_GROUPS[name][1])}"
+        if listing and only is None:
             sub.add_parser(name, help=line)
         elif only is None or only == name:
-            _module(name).register(sub, name, line)
+            if module is None:
+                _group(sub, name, line, action=action, listing=listing)
+            else:
+                _module(module).register(sub, name, line)
     return parser
 
 
@@ -273,11 +419,15 @@ def dispatch(given: list[str]) -> int:
     # pydantic scans every installed package's entry points for its plug-ins on first use
     # (about 20 ms of each start); the runner uses none.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    given = spelled(given)
     command = given[0] if given and given[0] in COMMANDS else None
+    actions = _GROUPS[command][1] if command in _GROUPS else {}
+    action = given[1] if len(given) > 1 and given[1] in actions else None
     # A command line that names no command at all ends in help or a usage error, which the
     # listing alone gives exactly; one that names a command later (`runner --x run`) gets it all.
-    listing = command is None and COMMANDS.isdisjoint(given)
-    args = build_parser(only=command, listing=listing).parse_args(given)
+    # The same for a group's line that names none of its commands (`runner job --help`).
+    listing = (command is None and COMMANDS.isdisjoint(given)) or (bool(actions) and not action)
+    args = build_parser(only=command, action=action, listing=listing).parse_args(given)
     try:
         code: int = args.func(args)
     except RunnerError as exc:

@@ -1,5 +1,5 @@
-"""``runner export`` (a job's run as one archive anyone can verify) and ``runner
-verify-bundle`` (check such an archive anywhere, offline, with no engine)."""
+"""``runner job export`` (a job's run as one archive anyone can verify) and ``runner verify
+bundle`` (check such an archive anywhere, offline, with no engine)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             name,
             help=help,
             description="Write one archive of a job's run (BagIt bag in a tar file), sealed "
-            "with this host's runner key, that `runner verify-bundle` checks anywhere.",
+            "with this host's runner key, that `runner verify bundle` checks anywhere.",
             epilog=EXPORT_EPILOG,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
@@ -100,11 +100,11 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         )
         exp.add_argument("--json", action="store_true")
         exp.set_defaults(func=cmd_export)
-    elif name == "verify-bundle":
+    elif name == "bundle":
         ver = sub.add_parser(
             name,
             help=help,
-            description="Check a bundle from `runner export` offline, with no container "
+            description="Check a bundle from `runner job export` offline, with no container "
             "engine: the seal and every sha256 (naming the first bad file), files stored "
             "beside it, the ledger's hash chain, the contract's and the result's signatures, "
             "and that every value re-parses from the bundled evidence.",
@@ -199,7 +199,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"  beside   data/{b.path} ({b.size:,} bytes): {info['blobs']}/sha256/{b.sha256}")
     for s in done.skipped:
         print(f"  skipped  {s.path}: {s.why}")
-    print(f"check it anywhere: runner verify-bundle {archive} --key {info['runnerKey']}")
+    print(f"check it anywhere: runner verify bundle {archive} --key {info['runnerKey']}")
     return EXIT_SUCCEEDED
 
 

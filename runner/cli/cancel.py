@@ -1,6 +1,6 @@
-"""``runner cancel JOB…``: cancel jobs queued by `runner submit`: scancel (the runner in a
-running job stops its container on Slurm's SIGTERM and records the attempt cancelled), or
-delete a Kubernetes Job and its NetworkPolicy."""
+"""``runner job cancel JOB…``: cancel jobs queued by `runner cluster submit`: scancel (the
+runner in a running job stops its container on Slurm's SIGTERM and records the attempt
+cancelled), or delete a Kubernetes Job and its NetworkPolicy."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 EPILOG = """\
 A pending job leaves the queue; a running one gets SIGTERM: its runner stops the container
 within --stop-grace, records the attempt cancelled (the budget it used stays spent) and writes
-its envelope. `runner wait JOB` then exits 130. A job that has already ended is left as it is.
-A Kubernetes job (`runner submit --to kubernetes`): its Job is deleted with its pods
+its envelope. `runner job wait JOB` then exits 130. A job that has already ended is left as it is.
+A Kubernetes job (`runner cluster submit --to kubernetes`): its Job is deleted with its pods
 (propagationPolicy Foreground), and once the Job is gone, its NetworkPolicy.
 
 exit codes:
@@ -32,20 +32,24 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     p = sub.add_parser(
         name,
         help=help,
-        description="Cancel jobs queued by `runner submit`: scancel, or delete the Job.",
+        description="Cancel jobs queued by `runner cluster submit`: scancel, or delete the Job.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("job", metavar="JOB", nargs="+", help="job id, as `runner submit` printed it")
-    p.add_argument("--state-dir", metavar="DIR", help="the state folder given to `runner submit`")
+    p.add_argument(
+        "job", metavar="JOB", nargs="+", help="job id, as `runner cluster submit` printed it"
+    )
+    p.add_argument(
+        "--state-dir", metavar="DIR", help="the state folder given to `runner cluster submit`"
+    )
     p.add_argument("--json", action="store_true", help="print what was done as a JSON array")
     p.set_defaults(func=cmd_cancel)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from runner.cli.wait import kube_args, where
-    from runner.scheduling import kubeapply
-    from runner.scheduling.slurm_cluster import Cluster
+    from runner.scheduling.kubernetes import apply
+    from runner.scheduling.slurm.cluster import Cluster
 
     state = host.state_dir(args.state_dir).resolve()
     cluster = Cluster()
@@ -53,7 +57,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     done: list[dict[str, Any]] = []
     for job_id, sub in subs.items():
         if sub["to"] == "kubernetes":
-            gone = kubeapply.delete(job_id, **kube_args(sub))
+            gone = apply.delete(job_id, **kube_args(sub))
             name = f"{gone['namespace']}/{gone['name']}"
             done.append({"jobId": job_id, "kubernetesJob": name, "cancelled": not gone["ended"],
                          "deleted": True, "kubernetesState": gone["state"],

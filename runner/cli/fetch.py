@@ -61,6 +61,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         "names it and its ledger has no job.finished) is never removed.",
     )
     actions = cache.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    register(actions, "fetch", "fetch a contract's assets into this host's cache, verified")
     ls = actions.add_parser(
         "ls", help="list the cached assets and inputs: digest, size, ids, last use, users"
     )

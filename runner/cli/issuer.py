@@ -1,5 +1,6 @@
-"""The key and contract commands: ``runner keygen``, ``runner pin`` and ``runner sign`` (the
-issuer's side, runner/app/issuer.py) and ``runner trust`` (the host's side)."""
+"""The key and contract commands: ``runner key new``, ``runner contract pin`` and ``runner
+contract sign`` (the issuer's side, runner/app/issuer.py) and ``runner key trust`` (the
+host's side)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         )
         pin.add_argument("--json", action="store_true")
         pin.set_defaults(func=cmd_pin)
-    elif name == "keygen":
+    elif name == "new":
         keygen = sub.add_parser(
             name,
             help=help,
@@ -137,7 +138,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
     else:
         print(f"key id      {keyid}")
         print(f"private key {private} (mode 0600: keep it secret)")
-        print(f"public key  {public} (give it to hosts: `runner trust {public}`)")
+        print(f"public key  {public} (give it to hosts: `runner key trust {public}`)")
     return EXIT_SUCCEEDED
 
 

@@ -1,5 +1,5 @@
-"""A job after (or while) it runs: ``runner status``, ``runner ledger verify``, ``runner
-cleanup`` and ``runner parse`` (re-grading from stored evidence)."""
+"""A job after (or while) it runs: ``runner job status``, ``runner verify ledger``, ``runner job
+cleanup`` and ``runner job regrade`` (re-grading from stored evidence)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 def register(sub: Subparsers, name: str, help: str) -> None:
-    if name == "parse":
+    if name == "regrade":
         parse = sub.add_parser(
             name,
             help=help,
@@ -57,11 +57,9 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         status.add_argument("--json", action="store_true")
         status.set_defaults(func=cmd_status)
     elif name == "ledger":
-        ledger = sub.add_parser(name, help=help)
-        ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
-        lverify = ledger_sub.add_parser(
-            "verify",
-            help="check the ledger's hash chain, event order and pairing",
+        lverify = sub.add_parser(
+            name,
+            help=help,
             description="Exit 0 when the ledger is intact, 1 naming each broken line otherwise "
             "(a torn last line included). Changes nothing.",
         )
@@ -106,8 +104,9 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             action="append",
             default=[],
             metavar="KEY=VALUE",
-            help="only containers with this label (repeatable; e.g. the one `runner submit` "
-            "puts on a Slurm job's container); networks and egress slots are then left alone",
+            help="only containers with this label (repeatable; e.g. the one `runner cluster "
+            "submit` puts on a Slurm job's container); networks and egress slots are then left "
+            "alone",
         )
         cleanup.add_argument(
             "--stop-grace",
@@ -210,13 +209,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         else None,
         "envelope": str(JobDir(root).envelope) if JobDir(root).envelope.exists() else None,
     }
-    from runner.scheduling.slurm_cluster import (
-        describe,  # the Slurm side, if `runner submit` queued it
+    from runner.scheduling.slurm.cluster import (
+        describe,  # the Slurm side, if `runner cluster submit` queued it
     )
 
     info["slurm"] = describe(root.parent.parent, root.name)
-    from runner.scheduling.kubeplan import (
-        last_submission,  # where `runner submit` sent it (no cluster asked)
+    from runner.scheduling.kubernetes.plan import (
+        last_submission,  # where `runner cluster submit` sent it (no cluster asked)
     )
 
     info["kubernetes"] = last_submission(root.parent.parent, root.name)
@@ -242,7 +241,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if info["kubernetes"]:
         k = info["kubernetes"]
         print(f"kubernetes Job {k['namespace']}/{k['name']} submitted {k['submittedAt']} "
-              "(`runner wait` asks the API server)")  # fmt: skip
+              "(`runner job wait` asks the API server)")  # fmt: skip
     return EXIT_SUCCEEDED
 
 

@@ -1,5 +1,5 @@
-"""``runner render CONTRACT --to kubernetes``: the manifests for a cluster to run one job
-(runner/scheduling/kube.py builds them), after the same checks as `runner run`."""
+"""``runner cluster render CONTRACT --to kubernetes``: the manifests for a cluster to run one job
+(runner/scheduling/kubernetes/render.py builds them), after the same checks as `runner run`."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ runtimeClassName for gVisor where the policy demands runsc; the job folder from 
 /job/input read-only; /tmp and /dev/shm as size-limited memory emptyDirs) and a NetworkPolicy
 that denies all ingress and egress. Output: JSON, which kubectl reads as it reads YAML.
 
-  runner render task.dsse.json --to kubernetes | kubectl apply -f -
-  runner render task.dsse.json --to kubernetes -o manifests/ && kubectl apply -f manifests/
+  runner cluster render task.dsse.json --to kubernetes | kubectl apply -f -
+  runner cluster render task.dsse.json --to kubernetes -o manifests/ && kubectl apply -f manifests/
 
 The job folder (<claim>/jobs/<job id>/input ... as `runner run` lays it out) must be on the
-claim before the Job starts: `runner stage CONTRACT --state-dir <claim as mounted here>` lays
-it out; see README, "Running on a cluster", for what Kubernetes does and
-does not enforce compared with `runner run`.
+claim before the Job starts: `runner cluster stage CONTRACT --state-dir <claim as mounted
+here>` lays it out; see README, "Running on a cluster", for what Kubernetes does and does not
+enforce compared with `runner run`.
 
 exit codes:
   0    rendered
@@ -96,18 +96,18 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from runner.scheduling import kube, kubeplan
+    from runner.scheduling.kubernetes import plan, render
 
     loaded, trust = load_host(args)
-    r = kubeplan.rendered(
+    r = plan.rendered(
         Path(args.contract),
         loaded,
         trust,
         state_dir=host.state_dir(args.state_dir),
         job_id=args.job_id,
         namespace=args.namespace or None,
-        claim=args.claim or kube.DEFAULT_CLAIM,
-        runtime_class=args.runtime_class or kube.DEFAULT_RUNTIME_CLASS,
+        claim=args.claim or render.DEFAULT_CLAIM,
+        runtime_class=args.runtime_class or render.DEFAULT_RUNTIME_CLASS,
     )
     p, manifests, deadline, state = r.plan, r.manifests, r.deadline, r.state
     namespace, claim, runtime_class = r.namespace, r.claim, r.runtime_class
@@ -126,14 +126,14 @@ def cmd_render(args: argparse.Namespace) -> int:
         "gpus": p.limits.gpus if isinstance(p.limits.gpus, int) else 0,
         "gpuFallback": p.gpu_fallback,
         "files": [str(f) for f in files],
-        "notEnforced": list(kube.NOT_ENFORCED),
+        "notEnforced": list(render.NOT_ENFORCED),
     }
     if args.json:
         if not files:
-            info["manifests"] = kube.as_list(manifests)
+            info["manifests"] = render.as_list(manifests)
         print(json.dumps(info, indent=2))
     elif not files:
-        print(json.dumps(kube.as_list(manifests), indent=2))
+        print(json.dumps(render.as_list(manifests), indent=2))
     else:
         print(f"ok: Job and NetworkPolicy {info['name']} for job {p.job_id}")
         for f in files:

@@ -21,7 +21,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         help=help,
         description="Import everything once and listen on a Unix socket "
         "($RUNNER_SERVER, else <config dir>/server.sock; yours alone). While it runs, "
-        "`runner run` and `runner verify` on this host hand their command line, working "
+        "`runner run` and `runner verify contract` on this host hand their command line, working "
         "directory, environment and terminal to it and each runs in a process forked from "
         "it: the same output and exit codes, without the start-up (about 0.3 s a run). "
         "Ctrl-C on a client stops its job; a server running older code is not used. "

@@ -1,4 +1,4 @@
-"""``runner stage CONTRACT``: lay out a job's folder as `runner run` would, and run nothing
+"""``runner cluster stage CONTRACT``: lay out a job's folder as `runner run` would, and run nothing
 (runner/execution/stageonly.py does the work)."""
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ creates a container:
 
 No image is looked at and no engine or cluster is contacted. Run it on a host that mounts the
 cluster's claim (--state-dir at the claim's root), as root so that the pod's user (10001) owns
-the writable folders, then apply the manifests of `runner render --to kubernetes`:
+the writable folders, then apply the manifests of `runner cluster render --to kubernetes`:
 
-  runner stage task.dsse.json --state-dir /mnt/runner-jobs
-  runner render task.dsse.json --to kubernetes --state-dir /mnt/runner-jobs | kubectl apply -f -
+  runner cluster stage task.dsse.json --state-dir /mnt/runner-jobs
+  runner cluster render task.dsse.json --to kubernetes --state-dir /mnt/runner-jobs \\
+    | kubectl apply -f -
 
 `runner run` on the same contract and --state-dir later runs the staged job (it stages again,
 with the same checks).

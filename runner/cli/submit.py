@@ -1,8 +1,8 @@
-"""``runner submit CONTRACT… --to slurm|kubernetes``: verify every contract as `runner run`
+"""``runner cluster submit CONTRACT… --to slurm|kubernetes``: verify every contract as `runner run`
 does, then queue one Slurm job per contract whose batch script runs `runner run` on a node
-(runner/scheduling/slurm.py plans it, runner/scheduling/slurm_cluster.py talks to Slurm), or create
-each contract's
-Kubernetes Job and NetworkPolicy with the official client (runner/scheduling/kubeapply.py)."""
+(runner/scheduling/slurm/batch.py plans it, runner/scheduling/slurm/cluster.py talks to
+Slurm), or create each contract's Kubernetes Job and NetworkPolicy with the official client
+(runner/scheduling/kubernetes/apply.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, host_options, load_hos
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
-    from runner.scheduling.slurm import Request
-    from runner.scheduling.slurm_cluster import Cluster
+    from runner.scheduling.slurm.batch import Request
+    from runner.scheduling.slurm.cluster import Cluster
 
 EPILOG = (
     """\
@@ -41,17 +41,18 @@ requirements: the state folder, the contract and its inputs on storage every nod
 the same paths (a local state folder is refused unless the partition has one node); Docker
 and this runner on the nodes; Slurm's KillWait longer than --stop-grace + 5 s.
 
-  runner submit task.dsse.json --to slurm --state-dir /shared/runner
-  runner wait <job id> --state-dir /shared/runner
+  runner cluster submit task.dsse.json --to slurm --state-dir /shared/runner
+  runner job wait <job id> --state-dir /shared/runner
 
-Kubernetes (--to kubernetes): each contract is rendered as `runner render --to kubernetes`
-renders it and created on the cluster of --kubeconfig/--context (the NetworkPolicy first).
-Its job folder must be on the claim, laid out by `runner stage` under --state-dir (a host
-that mounts the claim). `runner wait` and `runner cancel` then follow the Job; no ledger event
-and no envelope are written for a cluster's run.
+Kubernetes (--to kubernetes): each contract is rendered as `runner cluster render --to
+kubernetes` renders it and created on the cluster of --kubeconfig/--context (the
+NetworkPolicy first). Its job folder must be on the claim, laid out by `runner cluster stage`
+under --state-dir (a host that mounts the claim). `runner job wait` and `runner job cancel`
+then follow the Job; no ledger event and no envelope are written for a cluster's run.
 
-  runner stage task.dsse.json --state-dir /mnt/runner-jobs
-  runner submit task.dsse.json --to kubernetes --state-dir /mnt/runner-jobs --namespace repro
+  runner cluster stage task.dsse.json --state-dir /mnt/runner-jobs
+  runner cluster submit task.dsse.json --to kubernetes --state-dir /mnt/runner-jobs \\
+    --namespace repro
 
 exit codes:
   0    every job was queued
@@ -168,7 +169,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def _kubernetes(args: argparse.Namespace) -> int:
     """Render every contract (refusing before anything is created), then create each."""
-    from runner.scheduling import kube, kubeapply, kubeplan
+    from runner.scheduling.kubernetes import apply, plan, render
 
     loaded, trust = load_host(args)
     state = host.state_dir(args.state_dir).resolve()
@@ -176,21 +177,21 @@ def _kubernetes(args: argparse.Namespace) -> int:
         "namespace": args.namespace,
         "state_dir": state,
         "job_id": args.job_id,
-        "claim": args.claim or kube.DEFAULT_CLAIM,
-        "runtime_class": args.runtime_class or kube.DEFAULT_RUNTIME_CLASS,
+        "claim": args.claim or render.DEFAULT_CLAIM,
+        "runtime_class": args.runtime_class or render.DEFAULT_RUNTIME_CLASS,
         "context": args.context,
         "kubeconfig": Path(args.kubeconfig).resolve() if args.kubeconfig else None,
         "dry_run": args.dry_run,
     }
     contracts = [Path(c).resolve() for c in args.contract]
     for c in contracts:  # every refusal first: nothing is created unless all pass
-        kubeapply.submit(c, loaded, trust, **kw, apply=False)
+        apply.submit(c, loaded, trust, **kw, apply=False)
     done = []
     for c in contracts:
-        got = kubeapply.submit(c, loaded, trust, **kw)
+        got = apply.submit(c, loaded, trust, **kw)
         got["kubeconfig"] = str(kw["kubeconfig"]) if kw["kubeconfig"] else None
         if not args.dry_run:
-            kubeplan.record_submission(state, got)
+            plan.record_submission(state, got)
         done.append(got)
         if not args.json:
             what = ", ".join(f"{a['kind']} {a['action']}" for a in got["applied"])
@@ -201,22 +202,22 @@ def _kubernetes(args: argparse.Namespace) -> int:
 
 
 def _slurm(args: argparse.Namespace) -> int:
-    from runner.scheduling import slurm
-    from runner.scheduling.slurm_cluster import Cluster
+    from runner.scheduling.slurm import batch
+    from runner.scheduling.slurm.cluster import Cluster
 
     if args.time is not None and args.time < 1:
         usage(f"--time wants whole minutes of at least 1, got {args.time}")
-    partition = slurm.check_name("--partition", args.partition) if args.partition else None
-    account = slurm.check_name("--account", args.account) if args.account else None
+    partition = batch.check_name("--partition", args.partition) if args.partition else None
+    account = batch.check_name("--account", args.account) if args.account else None
     loaded, trust = load_host(args)
     state = host.state_dir(args.state_dir).resolve()
     cluster = Cluster()
-    slurm.check_grace(args.stop_grace, cluster.kill_wait())
-    kind = slurm.fs_type(state, _mountinfo())
-    note = slurm.check_state_dir(state, cluster.partition_nodes(partition), kind)
+    batch.check_grace(args.stop_grace, cluster.kill_wait())
+    kind = batch.fs_type(state, _mountinfo())
+    note = batch.check_state_dir(state, cluster.partition_nodes(partition), kind)
     offered = cluster.gpu_types(partition)
     requests = [
-        slurm.prepare(
+        batch.prepare(
             Path(c).resolve(),
             loaded.policy,
             trust,
@@ -230,18 +231,18 @@ def _slurm(args: argparse.Namespace) -> int:
     ]
     _refuse_repeats(requests, state, cluster)
     run_args = _run_args(args)
-    scripts = [slurm.write_batch(r, state, sys.executable, run_args) for r in requests]
+    scripts = [batch.write_batch(r, state, sys.executable, run_args) for r in requests]
     for r, script in zip(requests, scripts, strict=True):
-        folder = slurm.record_dir(state, r.jobId)
-        options = slurm.sbatch_args(r, folder=folder, partition=partition, account=account)
+        folder = batch.record_dir(state, r.jobId)
+        options = batch.sbatch_args(r, folder=folder, partition=partition, account=account)
         cluster.sbatch(options, script, test_only=True)
     queued: list[dict[str, Any]] = []
     for r, script in zip(requests, scripts, strict=True):
-        folder = slurm.record_dir(state, r.jobId)
-        options = slurm.sbatch_args(r, folder=folder, partition=partition, account=account)
+        folder = batch.record_dir(state, r.jobId)
+        options = batch.sbatch_args(r, folder=folder, partition=partition, account=account)
         slurm_job = cluster.sbatch(options, script)
         extra = {"partition": partition, "account": account, "script": str(script)}
-        entry = slurm.record(state, r, slurm_job, extra)
+        entry = batch.record(state, r, slurm_job, extra)
         queued.append({**entry, "log": str(folder / f"slurm-{slurm_job}.out")})
         if not args.json:
             print(
@@ -259,7 +260,7 @@ def _slurm(args: argparse.Namespace) -> int:
 def _refuse_repeats(requests: list[Request], state: Path, cluster: Cluster) -> None:
     """Refuse a job id given twice, and one whose earlier Slurm job has not ended."""
     from runner.core.errors import JobBusy
-    from runner.scheduling import slurm
+    from runner.scheduling.slurm import batch
 
     seen: set[str] = set()
     for r in requests:
@@ -269,7 +270,7 @@ def _refuse_repeats(requests: list[Request], state: Path, cluster: Cluster) -> N
                 hint="give each contract its own job id",
             )
         seen.add(r.jobId)
-        earlier = slurm.last_submission(state, r.jobId)
+        earlier = batch.last_submission(state, r.jobId)
         if earlier is None:
             continue
         info = cluster.job(str(earlier["slurmJobId"]))
@@ -277,7 +278,7 @@ def _refuse_repeats(requests: list[Request], state: Path, cluster: Cluster) -> N
             raise JobBusy(
                 f"job {r.jobId} is already queued as Slurm job {earlier['slurmJobId']} "
                 f"({info.state})",
-                hint=f"`runner wait {r.jobId}` or `runner cancel {r.jobId}` first",
+                hint=f"`runner job wait {r.jobId}` or `runner job cancel {r.jobId}` first",
             )
 
 

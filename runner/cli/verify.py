@@ -1,5 +1,5 @@
-"""``runner verify`` (a contract, against this host) and ``runner verify-result`` (a signed
-result statement, and its files)."""
+"""``runner verify contract`` (a contract, against this host) and ``runner verify result`` (a
+signed result statement, and its files)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def register(sub: Subparsers, name: str, help: str) -> None:
-    if name == "verify":
+    if name == "contract":
         verify = sub.add_parser(
             name,
             help=help,
@@ -42,7 +42,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         verify.add_argument("--json", action="store_true", help="print the findings as JSON")
         host_options(verify)
         verify.set_defaults(func=cmd_verify)
-    elif name == "verify-result":
+    elif name == "result":
         vres = sub.add_parser(
             name,
             help=help,
@@ -73,7 +73,7 @@ VERIFY_RESULT_EPILOG = """\
 keys: with neither --key nor --result-keys, the keys this host trusts for its own results:
 its runner key (<config>/runner-key/runner.pub, or the policy's resultSigningKey) and
 <config>/trusted-runner-keys; the output says which key verified. An auditor elsewhere names
-the producing host's runner.pub: --key runner.pub (or `runner trust runner.pub
+the producing host's runner.pub: --key runner.pub (or `runner key trust runner.pub
 --result-keys` once). --trusted-keys names issuer (contract signer) keys on every command,
 never result signers: here it is refused (exit 2).
 

@@ -1,5 +1,5 @@
-"""``runner wait JOB…``: wait for jobs queued by `runner submit` to end, and exit as `runner
-run` would have for their envelopes."""
+"""``runner job wait JOB…``: wait for jobs queued by `runner cluster submit` to end, and exit
+as `runner run` would have for their envelopes."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from runner.cli._common import EXIT_INFRASTRUCTURE, batch_exit, usage
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
-    from runner.scheduling.slurm_cluster import Cluster, Ended
+    from runner.scheduling.slurm.cluster import Cluster, Ended
 
 SLURM_END_GRACE_SECONDS = 30
-"""How long `runner wait` waits for a Slurm job to end once its ledger says finished."""
+"""How long `runner job wait` waits for a Slurm job to end once its ledger says finished."""
 FAILED_POLLS = 10
-"""Looks in a row that may fail (Slurm or the API server not answering) before `runner wait`
+"""Looks in a row that may fail (Slurm or the API server not answering) before `runner job wait`
 gives up with that failure."""
 
 EPILOG = """\
@@ -35,9 +35,9 @@ exit codes (several jobs: the first of 130, 4, 3, 1, 0 that any job ended in):
   3    refused on the node (policy, the allocation, the contract)
   4    infrastructure, no envelope, or --timeout passed first
   5    no such job submitted from this state folder
-  130  cancelled (runner cancel, scancel, or Slurm's time limit)
+  130  cancelled (runner job cancel, scancel, or Slurm's time limit)
 
-  runner wait toy-checkpoint-evaluation-2e188735eb89 --state-dir /shared/runner
+  runner job wait toy-checkpoint-evaluation-2e188735eb89 --state-dir /shared/runner
 """
 
 
@@ -45,13 +45,17 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     p = sub.add_parser(
         name,
         help=help,
-        description="Wait until each job queued by `runner submit` has ended; print a line per\n"
-        "job as it ends (with --json, one JSON array at the end).",
+        description="Wait until each job queued by `runner cluster submit` has ended; print a\n"
+        "line per job as it ends (with --json, one JSON array at the end).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("job", metavar="JOB", nargs="+", help="job id, as `runner submit` printed it")
-    p.add_argument("--state-dir", metavar="DIR", help="the state folder given to `runner submit`")
+    p.add_argument(
+        "job", metavar="JOB", nargs="+", help="job id, as `runner cluster submit` printed it"
+    )
+    p.add_argument(
+        "--state-dir", metavar="DIR", help="the state folder given to `runner cluster submit`"
+    )
     p.add_argument(
         "--timeout", type=float, metavar="S", help="give up after S seconds (default: never)"
     )
@@ -63,7 +67,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 
 
 def outcome(end: Ended) -> dict[str, Any]:
-    """One job's end as `runner wait --json` prints it."""
+    """One job's end as `runner job wait --json` prints it."""
     env = end.envelope
     if env is not None:
         failure = env.get("failure") or {}
@@ -96,10 +100,10 @@ def outcome(end: Ended) -> dict[str, Any]:
 def where(state: Path, job_id: str) -> dict[str, Any]:
     """The job's latest submission from ``state``: Slurm's or Kubernetes' (the later one), or
     job_not_found."""
-    from runner.scheduling import kubeplan
-    from runner.scheduling.slurm import last_submission, submission_of
+    from runner.scheduling.kubernetes import plan
+    from runner.scheduling.slurm.batch import last_submission, submission_of
 
-    kube = kubeplan.last_submission(state, job_id)
+    kube = plan.last_submission(state, job_id)
     slurm = last_submission(state, job_id)
     if kube is not None and (slurm is None or kube["submittedAt"] >= slurm["submittedAt"]):
         return kube
@@ -117,7 +121,7 @@ def kube_args(sub: dict[str, Any]) -> dict[str, Any]:
 
 
 def kube_outcome(st: dict[str, Any]) -> dict[str, Any]:
-    """A Kubernetes Job's end as `runner wait --json` prints it: the API server's word."""
+    """A Kubernetes Job's end as `runner job wait --json` prints it: the API server's word."""
     said = f"{st['reason'] or st['state']}: {st['message'] or 'no message'}"
     category, status = {
         "complete": (None, "succeeded"),
@@ -137,7 +141,7 @@ def kube_outcome(st: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_wait(args: argparse.Namespace) -> int:
     from runner.core.errors import InfrastructureError
-    from runner.scheduling.slurm_cluster import Cluster
+    from runner.scheduling.slurm.cluster import Cluster
 
     if args.poll <= 0 or (args.timeout is not None and args.timeout < 0):
         usage("--poll wants seconds above 0, --timeout seconds of at least 0")
@@ -186,14 +190,14 @@ def _poll(
     finished_at: dict[str, float],
 ) -> None:
     """One look at every job still waited for; those that ended move from pending to ends."""
-    from runner.scheduling import kubeapply
-    from runner.scheduling.slurm_cluster import check_end
+    from runner.scheduling.kubernetes import apply
+    from runner.scheduling.slurm.cluster import check_end
 
     slurm_ids = [str(subs[j]["slurmJobId"]) for j in pending if subs[j]["to"] == "slurm"]
     active = cluster.active(slurm_ids) if slurm_ids else {}  # one squeue for all of them
     for job_id in list(pending):
         if subs[job_id]["to"] == "kubernetes":
-            st = kubeapply.status(job_id, **kube_args(subs[job_id]))
+            st = apply.status(job_id, **kube_args(subs[job_id]))
             if not st["ended"]:
                 continue
             pending.remove(job_id)

@@ -1,4 +1,4 @@
 """The runner's own ground floor: errors and their categories, logging, safe file access, file
-locks, host identity, safe archives, bounded JSON, secret redaction. Imports nothing else of the
-runner.
+locks, host identity, safe archives, bounded JSON, fields of untrusted JSON, secret redaction.
+Imports nothing else of the runner.
 """

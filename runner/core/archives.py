@@ -22,8 +22,8 @@ only by this module, from scratch:
   plus room for headers, :func:`stream_cap`), and no single header may ask for more than
   ``MAX_HEADER`` bytes (a pax header that declares gigabytes would be read into memory).
 
-``runner verify-bundle`` (:mod:`runner.results.bundle.verify`) reads bundles through the same
-:func:`open_tar`, :func:`member_parts` and :class:`Writer`.
+``runner verify-bundle`` (:mod:`runner.results.bundle.fixity`) reads bundles through the same
+:func:`open_tar`, :func:`check_tar_member` and :class:`Writer`.
 
 Files are created with ``O_EXCL | O_NOFOLLOW`` below folders this module made (each fsynced
 when written), then every file is made read-only (0444) and every folder 0555, every folder is
@@ -68,6 +68,15 @@ class UnsafeArchive(Exception):
     """The archive holds something this module refuses; the message names the member."""
 
 
+class RefusedKind(UnsafeArchive):
+    """A member of a kind this module never writes: a link (``link``), or a device, FIFO or
+    other special file."""
+
+    def __init__(self, message: str, *, link: bool) -> None:
+        super().__init__(message)
+        self.link = link
+
+
 def member_parts(raw: str, *, strict: bool = True) -> list[str]:
     """The components of a member's name (``.`` and empty ones dropped) when it is one this
     module writes: relative, no ``..`` or NUL, within ``MAX_COMPONENT`` and ``MAX_PATH``;
@@ -90,6 +99,23 @@ def member_parts(raw: str, *, strict: bool = True) -> list[str]:
             f"longer than {MAX_COMPONENT}"
         )
     return parts
+
+
+def check_tar_member(m: tarfile.TarInfo, *, strict: bool = True) -> list[str]:
+    """The components of a tar member's name (as :func:`member_parts`) when it is a member
+    this module writes: a regular file or a folder (else :class:`RefusedKind`), whose name
+    :func:`member_parts` allows (``strict`` or not). Reads only the header: the one check of a
+    tar member, whether it is then unpacked (:func:`unpack`) or only scanned."""
+    if m.issym() or m.islnk():
+        raise RefusedKind(f"member {m.name!r} is a link ({m.linkname!r}); links are refused",
+                          link=True)  # fmt: skip
+    if not (m.isreg() or m.isdir()):
+        raise RefusedKind(
+            f"member {m.name!r} is a device, FIFO or other special file; only regular files "
+            "and folders are unpacked",
+            link=False,
+        )
+    return member_parts(m.name, strict=strict)
 
 
 def stream_cap(max_bytes: int, max_files: int) -> int:
@@ -283,23 +309,15 @@ def _tar_members(archive: Path, w: Writer) -> None:
             open_tar(f, max_bytes=w.max_bytes, max_files=w.max_files) as tar,
         ):
             for m in tar:
+                check_tar_member(m, strict=w.strict)
                 if m.isdir():
                     w.folder(m.name)
-                elif m.isreg():
-                    src = tar.extractfile(m)
-                    if src is None:  # pragma: no cover - isreg() members always have data
-                        raise UnsafeArchive(f"member {m.name!r} has no data")
-                    with src:
-                        w.file(m.name, src, m.size, m.mode)
-                elif m.issym() or m.islnk():
-                    raise UnsafeArchive(
-                        f"member {m.name!r} is a link ({m.linkname!r}); links are refused"
-                    )
-                else:
-                    raise UnsafeArchive(
-                        f"member {m.name!r} is a device, FIFO or other special file; only "
-                        "regular files and folders are unpacked"
-                    )
+                    continue
+                src = tar.extractfile(m)
+                if src is None:  # pragma: no cover - isreg() members always have data
+                    raise UnsafeArchive(f"member {m.name!r} has no data")
+                with src:
+                    w.file(m.name, src, m.size, m.mode)
     except (tarfile.TarError, EOFError, zlib.error, lzma.LZMAError) as exc:
         raise UnsafeArchive(f"not a readable tar archive: {exc}") from None
     except RecursionError:  # tarfile follows a chain of pax headers by recursion

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.agents import adapters as agents
-from runner.backends.base import Backend, ContainerState, DeviceEdits, Mount
+from runner.backends.base import Backend, ContainerSpec, ContainerState, DeviceEdits, Mount
 from runner.backends.types import EgressPlan
 from runner.caches import inputcache
 from runner.contract import VerifiedContract
@@ -220,14 +220,74 @@ def _decided(job: staging.JobDir, n: int) -> Allocation | None:
 def _new(job: Job, known: Known) -> AttemptResult:
     """Check the budget, acquire the image (and an agent's runtime), stage, hand out GPUs,
     then create, start and watch a container."""
-    p, ledger, progress, opts = job.plan, job.ledger, job.progress, job.options
-    st = ledger.state
+    p, opts = job.plan, job.options
+    st = job.ledger.state
     consumed = st.consumed
     n = len(st.attempts) + 1
     # An earlier attempt's image and GPUs are not this one's; an agent's usage so far is.
     known = replace(known, image=None, gpus=(), agent_usage=agent_run.usage_record(p, st))
-    since = time.monotonic()
-    secrets: dict[str, str] = {}
+    secrets = _may_start(job, known, n)
+    known, got, brought = _image(job, known)
+    known, files, prompt = _stage(job, known, n, consumed)
+    size = sum(f.size for f in files)
+    job.progress.stage("stage", f"{len(files)} input files ({size:,} bytes) in {job.dir.root}")
+    name = container.container_name(job.dir.root, p.job_id, n)
+    with stage("image", known):
+        _check_runtime(job)
+        gpu_ids, given, fallback, devices = _allocate_gpus(job, name)
+    known = replace(known, gpus=given, gpu_fallback=fallback or known.gpu_fallback)
+    known = _decide(job, known, n, consumed)
+    deadline = container.backstop(job.limit - consumed, opts.stop_grace_seconds)
+    argv = (
+        p.agent.argv(*agent_run.left(p.agent, st)) if p.agent is not None else p.argv
+    )  # an agent's: with what is left of its turns and budget
+    with stage("container", known):
+        redactor = agent_run.redactor(p, secrets)  # the proxy never logs them either
+        eg = _egress_lease(job, p.egress, name, redactor) if p.egress else None
+    try:
+        spec = container.spec(
+            p, job.dir, got[0].info.id, n, gpu_ids, deadline,
+            network=eg.network_mode if eg else None, argv=argv, secrets=secrets,
+            assets=job.assets, devices=devices,
+        )  # fmt: skip
+        if eg is not None:  # the slot is busy while the job's container exists
+            spec = replace(spec, labels={**spec.labels, **eg.job_labels()})
+        if brought is not None and p.agent is not None:
+            spec = brought.apply(spec, p.agent.adapter.env)
+        starting = {
+            "attempt": n,
+            "containerName": spec.name,
+            "host": hostid.identity(),
+            "leaseSeconds": opts.lease_seconds,
+            "engineDeadlineSeconds": deadline.after_seconds,
+            "image": got[1].model_dump(mode="json"),
+            "gpus": [g.model_dump(mode="json") for g in given],
+            **({"egress": eg.as_json()} if eg else {}),
+            **({"agentArgv": list(argv)} if p.agent is not None else {}),
+            # salted digests, never a value: a reattach knows whether it can still redact
+            **({"secretDigests": redactor.digests()} if secrets else {}),
+            **({"agentRuntime": brought.record()} if brought is not None else {}),
+            **(
+                {"agentPrompt": agents.prompt_record(p.agent, prompt)} if p.agent and prompt else {}
+            ),
+        }
+        job.ledger.append(f"attempt-{n}.starting", "attempt.starting", starting)
+    except BaseException:
+        if eg is not None:  # not recorded: nothing will end its lease but this
+            egress.release(eg)
+        raise
+    guards = guards_for(p, job.dir, st, n, eg)
+    outcome = _start(job, known, spec, n, consumed, guards, eg, redactor)
+    outcome = agent_run.ended(_disk_at_end(outcome, guards), guards.agent)
+    agent_run.settle(p, job.dir, n, secrets)
+    return AttemptResult(outcome, known, guards, n, redactor)
+
+
+def _may_start(job: Job, known: Known, n: int) -> dict[str, str]:
+    """Refuse a new attempt the contract's expiry, the budget or an agent's limits forbid
+    (after closing the egress a crashed attempt left); an agent's secrets, read now."""
+    p, ledger, st = job.plan, job.ledger, job.ledger.state
+    consumed = st.consumed
     with stage("stage", known):
         if st.attempts and st.attempts[-1].starting.get("egress"):  # what a crash left
             last = st.attempts[-1].number
@@ -243,13 +303,20 @@ def _new(job: Job, known: Known) -> AttemptResult:
             )
         agent_run.refuse_spent(p, st)
         if p.agent is not None:  # read now, handed to the engine only
-            secrets = agents.secret_values(p.agent.adapter)
-    # The image before the inputs: a pin this host cannot resolve (an agent's runtime image
-    # too) is refused before anything is staged.
-    since_image = time.monotonic()
+            return agents.secret_values(p.agent.adapter)
+    return {}
+
+
+def _image(
+    job: Job, known: Known
+) -> tuple[Known, tuple[images.Acquired, ImageRecord], agentimage.Brought | None]:
+    """The image before the inputs: a pin this host cannot resolve (an agent's runtime image
+    too) is refused before anything is staged. Then an agent's runtime, brought in."""
+    p, opts, progress = job.plan, job.options, job.progress
+    since = time.monotonic()
     with stage("image", known):
         got = _acquire(job)
-    known = replace(known, image=got[1]).timed("image", since_image)
+    known = replace(known, image=got[1]).timed("image", since)
     info = got[0].info
     names = ", ".join(info.repo_tags) or "untagged"
     progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")
@@ -266,6 +333,15 @@ def _new(job: Job, known: Known) -> AttemptResult:
     elif p.agent is not None:
         progress.stage("agent", f"commands run in {info.id[:19]}… (the {p.agent.runtime} "
                        "adapter's image, runIn adapter-image)")  # fmt: skip
+    return known, got, brought
+
+
+def _stage(
+    job: Job, known: Known, n: int, consumed: float
+) -> tuple[Known, list[staging.StagedFile], bytes | None]:
+    """Stage the inputs (the self-report's schema and the host's prompt among them), the
+    working copy and the writable folders; the last attempt's streams move to its record."""
+    p, opts = job.plan, job.options
     since = time.monotonic()
     with stage("stage", known):
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
@@ -283,65 +359,35 @@ def _new(job: Job, known: Known) -> AttemptResult:
         uid, gid = (int(x) for x in p.user.split(":"))
         staging.prepare_writable(job.dir, uid, gid, streams)
         job.dir.write_budget(Budget(job.limit, consumed))
-    known = known.timed("stage", since)
-    size = sum(f.size for f in files)
-    progress.stage("stage", f"{len(files)} input files ({size:,} bytes) in {job.dir.root}")
-    name = container.container_name(job.dir.root, p.job_id, n)
-    with stage("image", known):
-        _check_runtime(job)
-        gpu_ids, given, fallback, devices = _allocate_gpus(job, name)
-    known = replace(known, gpus=given, gpu_fallback=fallback or known.gpu_fallback)
+    return known.timed("stage", since), files, prompt
+
+
+def _decide(job: Job, known: Known, n: int, consumed: float) -> Known:
+    """The compute decision (GPUs given, limits, budget, an agent's limits left), staged as
+    an input the job reads."""
+    p, st = job.plan, job.ledger.state
     agent_limits = agent_run.limits(p.agent, st) if p.agent is not None else None
-    decided = envelope.allocation(
-        p, n, given, known.gpu_fallback, Budget(job.limit, consumed).as_json(), agent_limits
-    )
+    budget = Budget(job.limit, consumed).as_json()
+    decided = envelope.allocation(p, n, known.gpus, known.gpu_fallback, budget, agent_limits)
     with stage("stage", known):
         decision = (decided.model_dump_json(indent=2) + "\n").encode()
         layout.add_input(job.dir, "compute-decision.json", decision)
-    known = replace(known, allocation=decided)
-    deadline = container.backstop(job.limit - consumed, opts.stop_grace_seconds)
-    argv = (
-        p.agent.argv(*agent_run.left(p.agent, st)) if p.agent is not None else p.argv
-    )  # an agent's: with what is left of its turns and budget
-    with stage("container", known):
-        redactor = agent_run.redactor(p, secrets)  # the proxy never logs them either
-        eg = _egress_lease(job, p.egress, name, redactor) if p.egress else None
-    try:
-        spec = container.spec(
-            p, job.dir, info.id, n, gpu_ids, deadline, network=eg.network_mode if eg else None,
-            argv=argv, secrets=secrets, assets=job.assets, devices=devices,
-        )  # fmt: skip
-        if eg is not None:  # the slot is busy while the job's container exists
-            spec = replace(spec, labels={**spec.labels, **eg.job_labels()})
-        if brought is not None and p.agent is not None:
-            spec = brought.apply(spec, p.agent.adapter.env)
-        ledger.append(
-            f"attempt-{n}.starting",
-            "attempt.starting",
-            {
-                "attempt": n,
-                "containerName": spec.name,
-                "host": hostid.identity(),
-                "leaseSeconds": opts.lease_seconds,
-                "engineDeadlineSeconds": deadline.after_seconds,
-                "image": got[1].model_dump(mode="json"),
-                "gpus": [g.model_dump(mode="json") for g in given],
-                **({"egress": eg.as_json()} if eg else {}),
-                **({"agentArgv": list(argv)} if p.agent is not None else {}),
-                # salted digests, never a value: a reattach knows whether it can still redact
-                **({"secretDigests": redactor.digests()} if secrets else {}),
-                **({"agentRuntime": brought.record()} if brought is not None else {}),
-                **(
-                    {"agentPrompt": agents.prompt_record(p.agent, prompt)}
-                    if p.agent and prompt
-                    else {}
-                ),
-            },
-        )
-    except BaseException:
-        if eg is not None:  # not recorded: nothing will end its lease but this
-            egress.release(eg)
-        raise
+    return replace(known, allocation=decided)
+
+
+def _start(
+    job: Job,
+    known: Known,
+    spec: ContainerSpec,
+    n: int,
+    consumed: float,
+    guards: quotas.Guards,
+    eg: egress.Egress | None,
+    redactor: redaction.Redactor,
+) -> Outcome:
+    """Create, start and watch the attempt's container; one that never started is recorded
+    as finished (its egress taken down) and its cause raised."""
+    p, ledger = job.plan, job.ledger
 
     def created(container_id: str) -> None:
         data = {"attempt": n, "containerId": container_id}
@@ -354,21 +400,19 @@ def _new(job: Job, known: Known) -> AttemptResult:
             attempt=n,
         )
 
-    progress.stage("container", f"attempt {n}: {spec.name}")
-    guards = guards_for(p, job.dir, st, n, eg)
+    job.progress.stage("container", f"attempt {n}: {spec.name}")
     with stage("container", known):
         w = _watch(job, n, consumed, 0.0, guards)
         try:
-            outcome = container.run_attempt(
-                job.backend, spec, w, job.dir.attempt_record(n), progress, created
+            return container.run_attempt(
+                job.backend, spec, w, job.dir.attempt_record(n), job.progress, created
             )
         except BaseException as exc:
             if guards.agent is not None:  # its followers end with the attempt
                 guards.agent.close()
             if not isinstance(exc, container.NotStarted):
                 raise
-            failed = exc
-            cause = failed.cause
+            cause = exc.cause
             category = (
                 errors.Category.CANCELLED
                 if isinstance(cause, KeyboardInterrupt)
@@ -391,9 +435,6 @@ def _new(job: Job, known: Known) -> AttemptResult:
                 gone = replace(known, egress=down)
                 raise Stopped("container", cause, gone) from None
             raise cause from None
-    outcome = agent_run.ended(_disk_at_end(outcome, guards), guards.agent)
-    agent_run.settle(p, job.dir, n, secrets)
-    return AttemptResult(outcome, known, guards, n, redactor)
 
 
 def _disk_at_end(outcome: container.Outcome, guards: quotas.Guards) -> container.Outcome:

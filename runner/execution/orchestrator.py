@@ -55,10 +55,10 @@ from runner.models.envelope import (
     Status,
 )
 from runner.planning import plan, policy
+from runner.planning.allocation import check_allocation
 from runner.planning.plan import ExecutionPlan
 from runner.results import attest
 from runner.results.envelope import build
-from runner.scheduling import slurm
 from runner.staging import jobdir as staging
 from runner.state.ledger import Ledger, LedgerCorrupt, read_state
 
@@ -151,7 +151,7 @@ def _run(
             labels=opts.labels,
             overrides=opts.overrides,
         )
-        slurm.check_allocation(p.limits, os.environ)  # under Slurm: caps within the allocation
+        check_allocation(p.limits, os.environ)  # under Slurm: caps within the allocation
     known = replace(known, plan=p, gpu_fallback=p.gpu_fallback)
     with stage("plan", known):
         backend = backend or backends.default(opts.policy.policy.engine)

@@ -1,6 +1,8 @@
-"""Helpers for the agent-planned runs: the example's contract written with a prompt of the
-test's own, a host policy with one adapter, the scripted model server as a container on an
-internal network of the test's own, and a search for a secret in every file a run leaves."""
+"""Helpers for the agent-planned runs: the scripted model server as a container on an
+internal network of the test's own, the claude image with this checkout's wrapper, and a
+search for a secret in every file a run leaves. The example's contract, the one-adapter host
+policy and the agent images' argv live in :mod:`runner.testing.agents` (the benchmark uses
+them too) and are re-exported here."""
 
 from __future__ import annotations
 
@@ -13,88 +15,44 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runner import backends
-from runner.contract import with_digest
 from runner.egress import slots as egress
-from tests.support.jobs import IMAGE, ROOT, SESSION_ID, SESSION_LABEL, docker
+from runner.testing import IMAGE, docker, image_id_of
+from runner.testing.agents import (
+    CLAUDE_ARGV,
+    CLAUDE_RUNTIME,
+    EXAMPLE,
+    SCRIPTED_ARGV,
+    SCRIPTED_RUNTIME,
+    agent_contract,
+    agent_policy,
+)
+from tests.support.jobs import ROOT, SESSION_ID, SESSION_LABEL
 
-EXAMPLE = ROOT / "examples" / "agent-evaluation"
+__all__ = [
+    "CLAUDE_ARGV",
+    "CLAUDE_RUNTIME",
+    "EXAMPLE",
+    "MODEL_SERVER",
+    "SCRIPTED_ARGV",
+    "SCRIPTED_RUNTIME",
+    "ModelServer",
+    "agent_contract",
+    "agent_policy",
+    "claude_image_with_this_wrapper",
+    "files_holding",
+    "image_id_of",
+    "members_holding",
+    "model_server",
+    "transcript_events",
+]
+
 MODEL_SERVER = ROOT / "tests" / "support" / "model_server.py"
-
-SCRIPTED_ARGV: list[Any] = [
-    "python3",
-    "/opt/runner-agent/agent.py",
-    "--prompt",
-    "{prompt}",
-    ["--max-turns", "{maxTurns}"],
-    ["--max-budget-usd", "{maxBudgetUsd}"],
-    ["--model", "{model}"],
-]
-
-SCRIPTED_RUNTIME: dict[str, Any] = {"runtimePaths": ["/opt/runner-agent/agent.py"]}
-"""The scripted runtime's files in its image (brought into the contract's, which needs
-python3: the argv's first word)."""
-
-CLAUDE_RUNTIME: dict[str, Any] = {
-    "runtimePaths": ["/usr/local/bin/claude", "/usr/local/bin/run-claude"],
-    "runtimeRequires": ["bash"],
-}
-"""Claude Code's files in runner-agent-claude (the native binary and its wrapper); its Bash
-tool needs bash in the contract's image."""
-
-CLAUDE_ARGV: list[Any] = [
-    "/opt/runner-agent/run-claude",
-    "{prompt}",
-    "--output-format",
-    "stream-json",
-    "--verbose",
-    ["--max-turns", "{maxTurns}"],
-    ["--max-budget-usd", "{maxBudgetUsd}"],
-    ["--model", "{model}"],
-    ["--effort", "{effort}"],
-    "--allowedTools",
-    "Bash,Read,Write",
-    "--no-session-persistence",
-]
-
-
-def agent_contract(
-    folder: Path,
-    *,
-    runtime: str = "scripted",
-    prompt: str | None = None,
-    agent: dict[str, Any] | None = None,
-    change: Callable[[dict[str, Any]], None] | None = None,
-    image: str | None = None,
-) -> Path:
-    """The example's agent_planned contract in ``folder`` with its inputs, for ``runtime``,
-    its prompt ``prompt`` (default: the example's scripted prompt) and ``agent`` fields; its
-    environment.image ``image`` (default: runner-cpu:local's image id, a pin)."""
-    data = json.loads((EXAMPLE / "task.scripted.json").read_text())
-    data["environment"]["image"] = image or image_id_of(IMAGE)
-    shutil.copytree(EXAMPLE / "repository", folder / "repository", dirs_exist_ok=True)
-    shutil.copy(EXAMPLE / "paper.md", folder / "paper.md")
-    text = prompt if prompt is not None else (EXAMPLE / "prompt.scripted.md").read_text()
-    (folder / "prompt.md").write_text(text)
-    data["agent"] = {"runtime": runtime, "promptPath": "prompt.md", **(agent or {})}
-    if change is not None:
-        change(data)
-    data.pop("contractDigest", None)
-    path = folder / "task.json"
-    path.write_text(json.dumps(with_digest(data), indent=2))
-    return path
-
-
-def image_id_of(tag: str) -> str:
-    """The local image id of ``tag`` (the engine's answer; the test fails without it)."""
-    out = docker("image", "inspect", "--format", "{{.Id}}", tag)
-    assert out.returncode == 0, f"{tag} is missing: run scripts/setup.sh ({out.stderr.strip()})"
-    return out.stdout.strip()
 
 
 def claude_image_with_this_wrapper(image: str) -> str:
@@ -120,19 +78,6 @@ def claude_image_with_this_wrapper(image: str) -> str:
         built = docker("build", "--network", "none", "-q", "-t", tag, context)
         assert built.returncode == 0, built.stderr
     return image_id_of(tag)
-
-
-def agent_policy(
-    folder: Path, runtime: str, image: str, *, egress: dict[str, Any] | None = None, **adapter: Any
-) -> Path:
-    """A host policy offering one agent runtime, pinned to the image id ``image`` (and, with
-    ``egress``, the policy's egress grant: the allowlist proxy's upstream network)."""
-    path = folder / "policy.json"
-    policy: dict[str, Any] = {"agents": {runtime: {"image": image, **adapter}}}
-    if egress is not None:
-        policy["egress"] = egress
-    path.write_text(json.dumps(policy, indent=2))
-    return path
 
 
 def files_holding(root: Path, needle: bytes) -> list[str]:

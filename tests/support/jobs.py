@@ -1,6 +1,7 @@
-"""Helpers for tests (and the benchmark) that run jobs: the toy contract, written and pinned
-as a test needs it, the real engine, and `runner run` in this test session (its containers
-carry the session's label, so a test never touches another's).
+"""Helpers for tests that run jobs: the toy contract pinned as a test needs it, and `runner
+run` in this test session (its containers carry the session's label, so a test never touches
+another's). The contract writer and the docker CLI helper live in :mod:`runner.testing` (the
+benchmark uses them too); ``tests.support`` re-exports them.
 
 Tests import these from ``tests.support``; ``conftest.py`` holds only fixtures.
 """
@@ -9,12 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,17 +21,12 @@ from typing import Any
 import pytest
 
 from runner.contract import with_digest
+from runner.testing import TOY, docker, toy_data
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-TOY = ROOT / "examples" / "toy-evaluation"
 SEED = ROOT / "tests" / "fixtures" / "seed-task.json"
-IMAGE = "runner-cpu:local"
 SESSION_LABEL = "runner-tests.session"
 SESSION_ID = uuid.uuid4().hex
-
-
-def docker(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
 
 
 def session_containers() -> list[str]:
@@ -43,44 +37,6 @@ def session_containers() -> list[str]:
 
     egress.reap(backends.default(), idle_seconds=0.0, labels={SESSION_LABEL: SESSION_ID})
     return docker("ps", "-aq", "--filter", f"label={SESSION_LABEL}={SESSION_ID}").stdout.split()
-
-
-def toy_data() -> dict[str, Any]:
-    return json.loads((TOY / "task.json").read_text())
-
-
-def write_contract(
-    folder: Path,
-    image: str,
-    *,
-    command: list[str] | None = None,
-    environment: dict[str, Any] | None = None,
-    protocol: dict[str, Any] | None = None,
-    measurements: list[dict[str, Any]] | None = None,
-    with_inputs: bool = True,
-    change: Callable[[dict[str, Any]], None] | None = None,
-) -> Path:
-    """A contract in ``folder`` based on the toy one, pinned to ``image`` and re-digested;
-    ``change`` edits the contract's data last."""
-    data = toy_data()
-    if with_inputs:
-        copy_toy_inputs(folder)
-    else:
-        data.pop("paper")
-        data.pop("repository")
-    data["environment"]["image"] = image
-    data["environment"].update(environment or {})
-    if command is not None:
-        data["protocol"]["command"] = command
-        data["protocol"]["requiredCommandFragments"] = []
-    data["protocol"].update(protocol or {})
-    if measurements is not None:
-        data["measurements"] = measurements
-    if change is not None:
-        change(data)
-    path = folder / "task.json"
-    path.write_text(json.dumps(with_digest(data), indent=2))
-    return path
 
 
 def run_cli(
@@ -183,33 +139,8 @@ def run_job(
     return proc.returncode, envelope, proc.stderr
 
 
-def json_measurement(
-    path: str, pointer: str = "/accuracy", mid: str = "m", metric: str = "accuracy"
-) -> dict[str, Any]:
-    """A measurement read by json.scalar from ``path`` (relative to /job/output)."""
-    return {
-        "measurementId": mid,
-        "metric": metric,
-        "unit": "fraction",
-        "parser": {
-            "id": "json.scalar",
-            "version": "1",
-            "evidencePath": path,
-            "config": {"pointer": pointer},
-        },
-    }
-
-
 FAKE_IMAGE_ID = "sha256:" + "ab" * 32
 """An image id no engine has: for contracts that are only verified, signed or planned."""
-
-
-def copy_toy_inputs(folder: Path) -> Path:
-    """The toy's paper and repository, copied into ``folder`` (for a contract written there
-    that `runner sign` binds to them); ``folder``."""
-    shutil.copytree(TOY / "repository", folder / "repository", dirs_exist_ok=True)
-    shutil.copy(TOY / "paper.md", folder / "paper.md")
-    return folder
 
 
 def toy_input_digests() -> dict[str, str]:

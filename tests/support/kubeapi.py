@@ -1,7 +1,6 @@
-"""A stand-in for a Kubernetes API server, for tests of runner/scheduling/kubeapply.py: a small
-HTTP server
-on 127.0.0.1 that speaks just enough of the API for the official Python client to create, read
-and dry-run Jobs and NetworkPolicies, and records every request it is sent.
+"""A stand-in for a Kubernetes API server, for tests of runner/scheduling/kubernetes/apply.py:
+a small HTTP server on 127.0.0.1 that speaks just enough of the API for the official Python
+client to create, read and dry-run Jobs and NetworkPolicies, and records every request it is sent.
 
 It is not a cluster and checks nothing a real API server checks (no schema, no admission, no
 scheduling): it stores what it is sent, answers 409 for a name taken, 404 for a name not

@@ -13,7 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from runner.core.errors import InfrastructureError, PolicyViolation
-from runner.scheduling.slurm import last_submission, offered_gpu_types, record_dir, submission_of
+from runner.scheduling.slurm.batch import (
+    last_submission,
+    offered_gpu_types,
+    record_dir,
+    submission_of,
+)
 
 COMMAND_TIMEOUT_SECONDS = 60
 ACTIVE_STATES = frozenset(

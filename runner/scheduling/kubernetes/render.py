@@ -32,6 +32,7 @@ import re
 from typing import Any
 
 from runner.contract import VerifiedContract
+from runner.core import untrusted
 from runner.core.errors import InfrastructureError, PolicyViolation
 from runner.planning.plan import ExecutionPlan
 from runner.state.ledger import LedgerState
@@ -165,17 +166,22 @@ def _resources(plan: ExecutionPlan) -> dict[str, str]:
     return out
 
 
-def render(
-    plan: ExecutionPlan,
-    *,
-    deadline: int,
-    namespace: str | None = None,
-    claim: str = DEFAULT_CLAIM,
-    runtime_class: str = DEFAULT_RUNTIME_CLASS,
-    attempt: int = 1,
-) -> list[Manifest]:
-    """The Job and its NetworkPolicy for ``plan``, checked with :func:`check_rules`."""
-    name = object_name(plan.job_id)
+MOUNTS = (
+    ("/job/input", "input", True),
+    ("/job/output", "output", False),
+    ("/job/workspace", "workspace", False),
+    ("/job/runtime-cache", "runtime-cache", False),
+    ("/job/runtime-venv", "runtime-venv", False),
+    ("/job/assets", "assets", True),
+    ("/job/execution", "execution", True),
+)
+"""Where the job folder's parts are mounted in the pod (path, folder under ``jobs/<id>/``,
+read-only), as `runner run` mounts them."""
+
+
+def _metadata(plan: ExecutionPlan, namespace: str | None) -> dict[str, Any]:
+    """The Job's (and NetworkPolicy's) name, the runner's labels and annotations, the
+    namespace when given."""
     labels = {
         **MANAGED_BY,
         JOB_LABEL: job_label(plan.job_id),
@@ -185,34 +191,39 @@ def render(
         f"{PREFIX}/job-id": plan.job_id,
         f"{PREFIX}/contract-digest": plan.contract_digest,
     }
-    meta: dict[str, Any] = {"name": name, "labels": labels, "annotations": annotations}
+    meta: dict[str, Any] = {
+        "name": object_name(plan.job_id),
+        "labels": labels,
+        "annotations": annotations,
+    }
     if namespace is not None:
         meta["namespace"] = namespace
-    uid, gid = _user(plan)
-    lim = plan.limits
+    return meta
+
+
+def _environment(plan: ExecutionPlan, attempt: int) -> list[dict[str, str]]:
+    """The plan's environment, the attempt's number, and no GPU for a job without one."""
     env = {**plan.environment, "RUNNER_ATTEMPT": str(attempt)}
-    if lim.gpus == "none":
+    if plan.limits.gpus == "none":
         # As `runner run`: a GPU-aware runtime exposes no device even if the image asks.
         env["NVIDIA_VISIBLE_DEVICES"] = "void"
-    base = f"jobs/{plan.job_id}"
-    mounts = [
-        ("/job/input", "input", True),
-        ("/job/output", "output", False),
-        ("/job/workspace", "workspace", False),
-        ("/job/runtime-cache", "runtime-cache", False),
-        ("/job/runtime-venv", "runtime-venv", False),
-        ("/job/assets", "assets", True),
-        ("/job/execution", "execution", True),
-    ]
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _container(plan: ExecutionPlan, attempt: int) -> dict[str, Any]:
+    """The pod's one container: the job's image, entrypoint, argv, environment and caps,
+    unprivileged, with the job folder's parts and the memory-backed /tmp and /dev/shm."""
+    uid, gid = _user(plan)
     resources = _resources(plan)
-    container: dict[str, Any] = {
+    base = f"jobs/{plan.job_id}"
+    return {
         "name": "job",
         "image": plan.image.reference,
         "imagePullPolicy": "IfNotPresent",
         "command": plan.entrypoint,
         "args": list(plan.argv),
         "workingDir": plan.working_dir,
-        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "env": _environment(plan, attempt),
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "securityContext": {
             "runAsNonRoot": True,
@@ -227,12 +238,21 @@ def render(
         "volumeMounts": [
             *(
                 {"name": "job-folder", "mountPath": at, "subPath": f"{base}/{sub}", "readOnly": ro}
-                for at, sub, ro in mounts
+                for at, sub, ro in MOUNTS
             ),
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - the pod's own emptyDir
             {"name": "shm", "mountPath": "/dev/shm"},  # noqa: S108 - likewise
         ],
     }
+
+
+def _pod(
+    plan: ExecutionPlan, container: dict[str, Any], claim: str, runtime_class: str
+) -> dict[str, Any]:
+    """The pod spec: never restarted, no service-account token, no host namespaces, the job
+    folder from ``claim``, gVisor's RuntimeClass when the plan runs under runsc."""
+    uid, gid = _user(plan)
+    lim = plan.limits
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -259,7 +279,13 @@ def render(
     }
     if lim.runtime == "runsc":
         pod["runtimeClassName"] = runtime_class
-    job: Manifest = {
+    return pod
+
+
+def _job(meta: dict[str, Any], pod: dict[str, Any], deadline: int) -> Manifest:
+    """The Job: one pod, no retry, ``activeDeadlineSeconds`` the budget left; its pods carry
+    its labels and annotations."""
+    return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": meta,
@@ -269,15 +295,23 @@ def render(
             "parallelism": 1,
             "activeDeadlineSeconds": deadline,
             "template": {
-                "metadata": {"labels": dict(labels), "annotations": dict(annotations)},
+                "metadata": {
+                    "labels": dict(meta["labels"]),
+                    "annotations": dict(meta["annotations"]),
+                },
                 "spec": pod,
             },
         },
     }
-    policy: Manifest = {
+
+
+def _network_policy(meta: dict[str, Any]) -> Manifest:
+    """The Job's pods' NetworkPolicy: nothing in, nothing out."""
+    labels = meta["labels"]
+    return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {**meta, "labels": dict(labels), "annotations": dict(annotations)},
+        "metadata": {**meta, "labels": dict(labels), "annotations": dict(meta["annotations"])},
         "spec": {
             # No rules under both types: nothing in, nothing out (DNS included).
             "podSelector": {"matchLabels": {JOB_LABEL: labels[JOB_LABEL]}},
@@ -286,7 +320,21 @@ def render(
             "egress": [],
         },
     }
-    manifests = [job, policy]
+
+
+def render(
+    plan: ExecutionPlan,
+    *,
+    deadline: int,
+    namespace: str | None = None,
+    claim: str = DEFAULT_CLAIM,
+    runtime_class: str = DEFAULT_RUNTIME_CLASS,
+    attempt: int = 1,
+) -> list[Manifest]:
+    """The Job and its NetworkPolicy for ``plan``, checked with :func:`check_rules`."""
+    meta = _metadata(plan, namespace)
+    pod = _pod(plan, _container(plan, attempt), claim, runtime_class)
+    manifests = [_job(meta, pod, deadline), _network_policy(meta)]
     broken = check_rules(manifests)
     if broken:  # the renderer's own bug; never hand such manifests out
         raise InfrastructureError(
@@ -303,35 +351,15 @@ def as_list(manifests: list[Manifest]) -> Manifest:
 # --------------------------------------------------------------------------- the rules
 
 
-def _get(data: Any, *keys: str | int) -> Any:
-    for key in keys:
-        if isinstance(key, int):
-            if not isinstance(data, list) or key >= len(data):
-                return None
-        elif not isinstance(data, dict):
-            return None
-        data = data[key] if isinstance(key, int) else data.get(key)
-    return data
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    """``value`` when it is a mapping, else an empty one (rules read hostile shapes too)."""
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
-    name = _get(c, "name")
+    name = untrusted.at(c, "name")
     at = f"container {name!r}"
     out: list[str] = []
-    image = _get(c, "image")
+    image = untrusted.at(c, "image")
     if not isinstance(image, str) or not _DIGEST_REF.fullmatch(image):
         out.append(f"{at}: image {image!r} is not pinned by digest (name@sha256:<64 hex>)")
-    sc = _dict(_get(c, "securityContext"))
-    psc = _dict(_get(pod, "securityContext"))
+    sc = untrusted.mapping(untrusted.at(c, "securityContext"))
+    psc = untrusted.mapping(untrusted.at(pod, "securityContext"))
     if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
         out.append(f"{at}: runAsNonRoot is not true")
     if sc.get("runAsUser", psc.get("runAsUser")) == 0:
@@ -342,14 +370,16 @@ def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
         out.append(f"{at}: allowPrivilegeEscalation is not false")
     if sc.get("privileged") is True:
         out.append(f"{at}: privileged")
-    caps = _dict(sc.get("capabilities"))
+    caps = untrusted.mapping(sc.get("capabilities"))
     if caps.get("drop") != ["ALL"] or caps.get("add"):
         out.append(f"{at}: capabilities are not drop [ALL] with none added")
-    seccomp = _get(sc, "seccompProfile", "type") or _get(psc, "seccompProfile", "type")
+    seccomp = untrusted.at(sc, "seccompProfile", "type") or untrusted.at(
+        psc, "seccompProfile", "type"
+    )
     if seccomp != "RuntimeDefault":
         out.append(f"{at}: seccompProfile is not RuntimeDefault")
-    requests = _dict(_get(c, "resources", "requests"))
-    limits = _dict(_get(c, "resources", "limits"))
+    requests = untrusted.mapping(untrusted.at(c, "resources", "requests"))
+    limits = untrusted.mapping(untrusted.at(c, "resources", "limits"))
     for key in ("cpu", "memory"):
         if key not in limits or requests.get(key) != limits.get(key):
             out.append(f"{at}: {key} requests {requests.get(key)!r} != limits {limits.get(key)!r}")
@@ -357,7 +387,7 @@ def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
         out.append(f"{at}: nvidia.com/gpu requests != limits")
     mounts = {
         m["mountPath"]: m
-        for m in _list(_get(c, "volumeMounts"))
+        for m in untrusted.array(untrusted.at(c, "volumeMounts"))
         if isinstance(m, dict) and isinstance(m.get("mountPath"), str)
     }
     for path in ("/job/input", "/job/execution", "/job/assets"):
@@ -366,9 +396,11 @@ def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
     if "/job/input" not in mounts:
         out.append(f"{at}: /job/input is not mounted")
     tmp = mounts.get("/tmp")  # noqa: S108 - a path in the pod
-    tmp_name = _get(tmp, "name")
+    tmp_name = untrusted.at(tmp, "name")
     size = (
-        _get(volumes.get(tmp_name), "emptyDir", "sizeLimit") if isinstance(tmp_name, str) else None
+        untrusted.at(volumes.get(tmp_name), "emptyDir", "sizeLimit")
+        if isinstance(tmp_name, str)
+        else None
     )
     if tmp is None or not size:
         out.append(f"{at}: /tmp is not a size-limited emptyDir")
@@ -377,13 +409,13 @@ def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
 
 def _job_rules(job: Manifest) -> list[str]:
     out: list[str] = []
-    spec = _dict(_get(job, "spec"))
+    spec = untrusted.mapping(untrusted.at(job, "spec"))
     if spec.get("backoffLimit") != 0:
         out.append(f"Job: backoffLimit is {spec.get('backoffLimit')!r}, not 0")
     deadline = spec.get("activeDeadlineSeconds")
     if not isinstance(deadline, int) or isinstance(deadline, bool) or deadline < 1:
         out.append(f"Job: activeDeadlineSeconds is {deadline!r}, not a positive integer")
-    pod = _dict(_get(spec, "template", "spec"))
+    pod = untrusted.mapping(untrusted.at(spec, "template", "spec"))
     if pod.get("restartPolicy") != "Never":
         out.append("Job: restartPolicy is not Never")
     if pod.get("automountServiceAccountToken") is not False:
@@ -393,19 +425,22 @@ def _job_rules(job: Manifest) -> list[str]:
             out.append(f"Job: {key} is set")
     volumes = {
         v["name"]: v
-        for v in _list(pod.get("volumes"))
+        for v in untrusted.array(pod.get("volumes"))
         if isinstance(v, dict) and isinstance(v.get("name"), str)
     }
     for v in volumes.values():
         if "hostPath" in v:
             out.append(f"Job: volume {v.get('name')!r} is a hostPath")
-    containers = [*_list(pod.get("initContainers")), *_list(pod.get("containers"))]
+    containers = [
+        *untrusted.array(pod.get("initContainers")),
+        *untrusted.array(pod.get("containers")),
+    ]
     if not containers:
         out.append("Job: no container")
     for c in containers:
         out.extend(_container_rules(c, pod, volumes))
-    labels = _dict(_get(job, "metadata", "labels"))
-    pod_labels = _dict(_get(spec, "template", "metadata", "labels"))
+    labels = untrusted.mapping(untrusted.at(job, "metadata", "labels"))
+    pod_labels = untrusted.mapping(untrusted.at(spec, "template", "metadata", "labels"))
     for key in (JOB_LABEL, CONTRACT_LABEL):
         if not labels.get(key) or pod_labels.get(key) != labels.get(key):
             out.append(f"Job: label {key} is missing on the Job or its pods")
@@ -414,16 +449,18 @@ def _job_rules(job: Manifest) -> list[str]:
 
 def _policy_rules(policy: Manifest, job: Manifest | None) -> list[str]:
     out: list[str] = []
-    spec = _dict(_get(policy, "spec"))
-    if "Egress" not in _list(spec.get("policyTypes")):
+    spec = untrusted.mapping(untrusted.at(policy, "spec"))
+    if "Egress" not in untrusted.array(spec.get("policyTypes")):
         out.append("NetworkPolicy: Egress is not among its policyTypes")
     if spec.get("egress"):
         out.append("NetworkPolicy: it allows some egress")
-    selector = _dict(_get(spec, "podSelector", "matchLabels"))
-    pod_labels = _dict(_get(job, "spec", "template", "metadata", "labels"))
+    selector = untrusted.mapping(untrusted.at(spec, "podSelector", "matchLabels"))
+    pod_labels = untrusted.mapping(untrusted.at(job, "spec", "template", "metadata", "labels"))
     if not selector or any(pod_labels.get(k) != v for k, v in selector.items()):
         out.append("NetworkPolicy: its podSelector does not select the Job's pods")
-    elif _get(policy, "metadata", "namespace") != _get(job, "metadata", "namespace"):
+    elif untrusted.at(policy, "metadata", "namespace") != untrusted.at(
+        job, "metadata", "namespace"
+    ):
         out.append("NetworkPolicy: not in the Job's namespace")
     return out
 

@@ -1,27 +1,28 @@
 """A contract's Kubernetes manifests, checked as `runner run` checks the contract: what
-`runner render --to kubernetes` prints and what :func:`runner.scheduling.kubeapply.submit` applies.
+`runner render --to kubernetes` prints and what
+:func:`runner.scheduling.kubernetes.apply.submit` applies.
 
 Reads the contract and the job's ledger (for the budget left); renders with the pure
-:mod:`runner.scheduling.kube`; contacts no cluster.
+:mod:`runner.scheduling.kubernetes.render`; contacts no cluster.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner.contract import Trust, load_contract
-from runner.core.errors import PolicyViolation
-from runner.planning import plan, policy
+from runner.contract import Trust
+from runner.core.errors import InfrastructureError, PolicyViolation
 from runner.planning.plan import ExecutionPlan
 from runner.planning.policy import LoadedPolicy
-from runner.scheduling import kube
-from runner.scheduling.kube import Manifest
+from runner.scheduling import submissions
+from runner.scheduling.kubernetes import render
+from runner.scheduling.kubernetes.render import Manifest
+from runner.scheduling.planned import planned
 from runner.staging.jobdir import StateDir
-from runner.state.ledger import LedgerState, read_state
+from runner.state.ledger import LedgerState
 
 
 @dataclass(frozen=True)
@@ -50,29 +51,23 @@ def rendered(
     state_dir: Path,
     job_id: str | None = None,
     namespace: str | None = None,
-    claim: str = kube.DEFAULT_CLAIM,
-    runtime_class: str = kube.DEFAULT_RUNTIME_CLASS,
+    claim: str = render.DEFAULT_CLAIM,
+    runtime_class: str = render.DEFAULT_RUNTIME_CLASS,
 ) -> Rendered:
     """Check the contract and the policy as `runner run` does, plan the job as `runner run`
     as root plans it (user 10001), and render its manifests with the budget its ledger under
     ``state_dir`` leaves (else the contract's whole budget)."""
     if namespace is not None:
-        kube.check_name("--namespace", namespace)
-    kube.check_name("--claim", claim, subdomain=True)
-    kube.check_name("--runtime-class", runtime_class, subdomain=True)
-    contract = load_contract(contract_path, trust)
-    rules = loaded.policy
-    jid = plan.job_id_for(contract, job_id, allow_override=rules.allowJobIdOverride)
-    ledger_path = StateDir(state_dir).job(jid).ledger
-    state = read_state(ledger_path) if ledger_path.is_file() else None
-    accepted = state.accepted if state is not None else None
-    resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
-    plan.check_mode(contract, rules)
-    policy.check(contract, rules, datetime.now(UTC), check_times=not resuming)
-    p = plan.build(contract, rules, job_id=jid, host_uid=0, host_gid=0)
-    kube.refuse_unsupported(contract, p)
-    deadline = kube.deadline_seconds(p, state)
-    manifests = kube.render(
+        render.check_name("--namespace", namespace)
+    render.check_name("--claim", claim, subdomain=True)
+    render.check_name("--runtime-class", runtime_class, subdomain=True)
+    got = planned(
+        contract_path, loaded.policy, trust, state_dir, job_id=job_id, host_uid=0, host_gid=0
+    )
+    contract, p, state = got.contract, got.plan, got.state
+    render.refuse_unsupported(contract, p)
+    deadline = render.deadline_seconds(p, state)
+    manifests = render.render(
         p,
         deadline=deadline,
         namespace=namespace,
@@ -101,7 +96,7 @@ def check_staged(r: Rendered, state_dir: Path) -> None:
 
 def record_dir(state_dir: Path, job_id: str) -> Path:
     """``<state>/kubernetes/<job id>``: where `runner submit --to kubernetes` records it."""
-    return state_dir / "kubernetes" / job_id
+    return submissions.folder(state_dir, "kubernetes", job_id)
 
 
 def record_submission(state_dir: Path, submitted: dict[str, Any]) -> dict[str, Any]:
@@ -114,21 +109,13 @@ def record_submission(state_dir: Path, submitted: dict[str, Any]) -> dict[str, A
         "kubeconfig": submitted.get("kubeconfig"),
         "objects": [(a.get("kind"), a.get("action")) for a in submitted.get("applied", [])],
     }
-    folder = record_dir(state_dir, str(submitted["jobId"]))
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / "submissions.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, separators=(",", ":")) + "\n")
-    return entry
+    return submissions.append(state_dir, "kubernetes", str(submitted["jobId"]), entry)
 
 
 def last_submission(state_dir: Path, job_id: str) -> dict[str, Any] | None:
     """The job's latest Kubernetes submission from ``state_dir``, or None."""
-    if "/" in job_id or job_id in {"", ".", ".."}:
-        return None
-    path = record_dir(state_dir, job_id) / "submissions.jsonl"
-    try:
-        lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-        data = json.loads(lines[-1]) if lines else None
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("to") == "kubernetes" else None
+    data = submissions.latest(state_dir, "kubernetes", job_id)
+    if data is not None and data.get("to") != "kubernetes":
+        path = record_dir(state_dir, job_id) / submissions.FILE
+        raise InfrastructureError(f"{path}: its last line is not a Kubernetes submission")
+    return data

@@ -11,38 +11,37 @@ node keeps every guarantee (ledger, caps, evidence). What this module adds:
   (a marker written at submit) and the contract bytes that were verified, then ``exec``s
   `runner run`, so that Slurm's SIGTERM (scancel, time limit) reaches the runner, which stops
   its container and records the attempt ``cancelled`` (the budget continues on requeue);
-- :func:`check_allocation` is called by the orchestrator under Slurm (``SLURM_JOB_ID`` set):
-  a plan whose caps exceed the job's allocation is refused;
-- :mod:`runner.scheduling.slurm_cluster` runs the Slurm commands and reads a job's state back.
+- under Slurm (``SLURM_JOB_ID`` set) the orchestrator refuses a plan whose caps exceed the
+  job's allocation (:func:`runner.planning.allocation.check_allocation`: execution does not
+  import scheduling);
+- :mod:`runner.scheduling.slurm.cluster` runs the Slurm commands and reads a job's state back.
 
-Submissions are recorded, append-only, in ``<state>/slurm/<job id>/submissions.jsonl``.
+Submissions are recorded, append-only, in ``<state>/slurm/<job id>/submissions.jsonl``
+(:mod:`runner.scheduling.submissions`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 import secrets
 import shlex
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from runner.backends.types import Limits
 from runner.contract import Trust, VerifiedContract
-from runner.contract.models import JOB_ID_PATTERN
 from runner.core.errors import (
     InfrastructureError,
     JobNotFound,
     PolicyViolation,
 )
-from runner.planning import plan, policy
 from runner.planning.plan import ExecutionPlan
 from runner.planning.policy import HostPolicy
+from runner.scheduling import submissions
+from runner.scheduling.planned import planned
 from runner.state.ledger import LedgerState
 
 SETUP_ALLOWANCE_SECONDS = 60
@@ -182,25 +181,17 @@ def prepare(
     """Verify the contract at ``path`` and this host's policy exactly as `runner run` does
     (signature, digest, schema, mode, policy; validity times unless the job was accepted
     already), plan it, and read the budget left from its ledger: the job's :class:`Request`."""
-    from runner.contract import load_contract
     from runner.contract.load import MAX_CONTRACT_BYTES
     from runner.core.safefs import read_named
-    from runner.staging.jobdir import StateDir
-    from runner.state.ledger import read_state
 
-    contract = load_contract(path, trust)
-    raw = read_named(path, MAX_CONTRACT_BYTES)
-    chosen = plan.job_id_for(contract, job_id, allow_override=rules.allowJobIdOverride)
-    ledger_path = StateDir(state).job(chosen).ledger
-    ledger = read_state(ledger_path) if ledger_path.is_file() else None
-    accepted = ledger.accepted if ledger is not None else None
-    resuming = accepted is not None and accepted.get("contractDigest") == contract.digest
-    plan.check_mode(contract, rules)
-    policy.check(contract, rules, datetime.now(UTC), check_times=not resuming)
-    built = plan.build(contract, rules, job_id=chosen, host_uid=os.getuid(), host_gid=os.getgid())
-    return request_for(
-        path, raw, contract, built, ledger, stop_grace=stop_grace, ceiling=ceiling, offered=offered
+    got = planned(
+        path, rules, trust, state, job_id=job_id, host_uid=os.getuid(), host_gid=os.getgid()
     )
+    raw = read_named(path, MAX_CONTRACT_BYTES)
+    return request_for(
+        path, raw, got.contract, got.plan, got.state,
+        stop_grace=stop_grace, ceiling=ceiling, offered=offered,
+    )  # fmt: skip
 
 
 def check_grace(stop_grace: float, kill_wait: int) -> None:
@@ -260,54 +251,12 @@ def check_state_dir(state: Path, nodes: int, kind: str) -> str | None:
     )
 
 
-def check_allocation(limits: Limits, env: Mapping[str, str]) -> None:
-    """Under Slurm (``SLURM_JOB_ID`` set), refuse a plan whose CPU, memory or GPU cap exceeds
-    the job's allocation on this node. Memory is checked when Slurm says it
-    (``SLURM_MEM_PER_NODE``, else ``SLURM_MEM_PER_CPU`` times the CPUs)."""
-    if not env.get("SLURM_JOB_ID"):
-        return
-    hint = "submit with `runner submit --to slurm`, which asks Slurm for the plan's caps"
-    cpus = _int(env.get("SLURM_CPUS_ON_NODE"))
-    if cpus is not None and limits.cpus > cpus:
-        raise PolicyViolation(
-            f"the plan's CPU cap ({limits.cpus:g}) exceeds the Slurm job's allocation "
-            f"(SLURM_CPUS_ON_NODE={cpus})",
-            hint=hint,
-        )
-    mem = _int(env.get("SLURM_MEM_PER_NODE"))
-    per_cpu = _int(env.get("SLURM_MEM_PER_CPU"))
-    if mem is None and per_cpu is not None and cpus is not None:
-        mem = per_cpu * cpus
-    cap_mib = limits.memory_bytes / 2**20
-    if mem is not None and cap_mib > mem:
-        raise PolicyViolation(
-            f"the plan's memory cap ({cap_mib:g} MiB) exceeds the Slurm job's allocation "
-            f"({mem} MiB)",
-            hint=hint,
-        )
-    if isinstance(limits.gpus, int) and limits.gpus > 0:
-        have = _int(env.get("SLURM_GPUS_ON_NODE")) or 0
-        if limits.gpus > have:
-            raise PolicyViolation(
-                f"the plan's GPU count ({limits.gpus}) exceeds the Slurm job's allocation "
-                f"(SLURM_GPUS_ON_NODE={have})",
-                hint=hint,
-            )
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text else None
-    except ValueError:
-        return None
-
-
 # --------------------------------------------------------------------------- the batch job
 
 
 def record_dir(state: Path, job_id: str) -> Path:
     """``<state>/slurm/<job id>``: the job's submissions, batch scripts, logs, envelopes."""
-    return state / "slurm" / job_id
+    return submissions.folder(state, "slurm", job_id)
 
 
 def batch_script(
@@ -390,31 +339,21 @@ def write_batch(request: Request, state: Path, python: str, run_args: list[str])
 
 
 def record(state: Path, request: Request, slurm_job: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """Append one submission to ``submissions.jsonl``; the line's data."""
+    """Append one submission to the job's ``submissions.jsonl``; the line's data."""
     entry = {
         "slurmJobId": slurm_job,
         **asdict(request),
         "submittedAt": datetime.now(UTC).isoformat(timespec="seconds"),
         **extra,
     }
-    with (record_dir(state, request.jobId) / "submissions.jsonl").open("a") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
-    return entry
+    return submissions.append(state, "slurm", request.jobId, entry)
 
 
 def last_submission(state: Path, job_id: str) -> dict[str, Any] | None:
     """The job's latest submission, or None when it was never submitted."""
-    if not re.fullmatch(JOB_ID_PATTERN, job_id):
-        return None
-    path = record_dir(state, job_id) / "submissions.jsonl"
-    if not path.is_file():
-        return None
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    try:
-        data = json.loads(lines[-1]) if lines else None
-    except json.JSONDecodeError as exc:
-        raise InfrastructureError(f"{path}: its last line is not JSON ({exc})") from None
-    if not isinstance(data, dict) or not str(data.get("slurmJobId", "")).isdigit():
+    data = submissions.latest(state, "slurm", job_id)
+    if data is not None and not str(data.get("slurmJobId", "")).isdigit():
+        path = record_dir(state, job_id) / submissions.FILE
         raise InfrastructureError(f"{path}: its last line names no Slurm job id")
     return data
 

@@ -1,18 +1,18 @@
 """Long on purpose: one client's whole conversation with the API server (create, read back,
 delete) and the checks around each answer stay together.
 
-Kubernetes, applied: the manifests of :mod:`runner.scheduling.kube` created on a cluster with the
-official Python client (``kubernetes`` on PyPI, the ``[kubernetes]`` extra, imported only
-inside the functions that talk to a cluster), and the Job's end read back.
+Kubernetes, applied: the manifests of :mod:`runner.scheduling.kubernetes.render` created on a
+cluster with the official Python client (``kubernetes`` on PyPI, the ``[kubernetes]`` extra,
+imported only inside the functions that talk to a cluster), and the Job's end read back.
 
 The functions `runner submit --to kubernetes`, `runner wait` and `runner cancel` call::
 
     submit(contract_path, loaded, trust, *, namespace, state_dir, job_id=None,
            claim=..., runtime_class=..., context=None, kubeconfig=None, dry_run=False,
            apply=True, require_staged=True) -> dict
-        runner.scheduling.kubeplan.rendered() (the checks of `runner run`, the plan, the budget
-        from the
-        ledger, the manifests: what `runner render --to kubernetes` prints), then apply()
+        runner.scheduling.kubernetes.plan.rendered() (the checks of `runner run`, the plan,
+        the budget from the ledger, the manifests: what `runner render --to kubernetes`
+        prints), then apply()
         unless ``apply`` is False; refuses (policy_violation) a job folder under
         ``state_dir`` that `runner stage` did not lay out for this contract
     apply(manifests, *, namespace, context=None, kubeconfig=None, dry_run=False) -> list[dict]
@@ -21,15 +21,14 @@ The functions `runner submit --to kubernetes`, `runner wait` and `runner cancel`
          poll_seconds=2.0, on_status=None) -> dict
     delete(job_id, *, namespace, context=None, kubeconfig=None) -> dict
 
-:func:`apply` sends nothing that breaks :func:`runner.scheduling.kube.check_rules`, and sends the
-bytes
-that were checked: the client's serialization of each object is compared with the manifest
-first. The NetworkPolicy is created before the Job, so the Job's pod never runs without it.
-Both objects are read first: one that exists with this job's labels and contract digest is
-reported (``exists``), not created again; one that exists with another contract's, or that
-the runner did not make, is refused (``policy_violation``) before anything is created. With
-``dry_run`` each create is sent with ``dryRun=All``: the API server checks it (admission
-included) and stores nothing.
+:func:`apply` sends nothing that breaks :func:`runner.scheduling.kubernetes.render.check_rules`,
+and sends the bytes that were checked: the client's serialization of each object is compared
+with the manifest first. The NetworkPolicy is created before the Job, so the Job's pod never
+runs without it. Both objects are read first: one that exists with this job's labels and
+contract digest is reported (``exists``), not created again; one that exists with another
+contract's, or that the runner did not make, is refused (``policy_violation``) before
+anything is created. With ``dry_run`` each create is sent with ``dryRun=All``: the API
+server checks it (admission included) and stores nothing.
 
 :func:`status` and :func:`wait` read the Job's conditions: ``Complete`` is ``complete``;
 ``Failed`` is ``deadline_exceeded`` with reason DeadlineExceeded (activeDeadlineSeconds, the
@@ -52,11 +51,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.contract import Trust
+from runner.core import untrusted
 from runner.core.errors import HostConfigError, InfrastructureError, JobNotFound, PolicyViolation
 from runner.planning.policy import LoadedPolicy
-from runner.scheduling import kube
-from runner.scheduling.kube import Manifest
-from runner.scheduling.kubeplan import check_staged, rendered
+from runner.scheduling.kubernetes import render
+from runner.scheduling.kubernetes.plan import check_staged, rendered
+from runner.scheduling.kubernetes.render import Manifest
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -73,17 +73,17 @@ def submit(
     namespace: str,
     state_dir: Path,
     job_id: str | None = None,
-    claim: str = kube.DEFAULT_CLAIM,
-    runtime_class: str = kube.DEFAULT_RUNTIME_CLASS,
+    claim: str = render.DEFAULT_CLAIM,
+    runtime_class: str = render.DEFAULT_RUNTIME_CLASS,
     context: str | None = None,
     kubeconfig: Path | None = None,
     dry_run: bool = False,
     apply: bool = True,
     require_staged: bool = True,
 ) -> dict[str, Any]:
-    """Render the contract's job (:func:`runner.scheduling.kubeplan.rendered`) and, with ``apply``,
-    create it on the cluster (:func:`apply`). What was rendered and what the API server
-    answered, as JSON."""
+    """Render the contract's job (:func:`runner.scheduling.kubernetes.plan.rendered`) and,
+    with ``apply``, create it on the cluster (:func:`apply`). What was rendered and what the
+    API server answered, as JSON."""
     r = rendered(
         contract_path, loaded, trust, state_dir=state_dir, job_id=job_id,
         namespace=namespace, claim=claim, runtime_class=runtime_class,
@@ -109,8 +109,8 @@ def submit(
         "activeDeadlineSeconds": r.deadline,
         "budgetFrom": "ledger" if r.state is not None and r.state.accepted else "contract",
         "applied": applied,
-        "manifests": kube.as_list(r.manifests),
-        "notEnforced": list(kube.NOT_ENFORCED),
+        "manifests": render.as_list(r.manifests),
+        "notEnforced": list(render.NOT_ENFORCED),
         "recorded": "nothing: no ledger event and no envelope are written for a cluster's run",
     }
 
@@ -240,30 +240,23 @@ class _Refused(InfrastructureError):
         self.status = status
 
 
-def _at(obj: Any, *keys: str) -> Any:
-    """``obj[k1][k2]...`` of an API server's answer (hostile shapes: None where none)."""
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj
-
-
-def _obj(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
 def _meta(obj: Any, *keys: str) -> Any:
-    return _at(obj, "metadata", *keys)
+    """``obj.metadata[k1]...`` of an API server's answer (hostile shapes: None where none)."""
+    return untrusted.at(obj, "metadata", *keys)
 
 
 def _digest_of(obj: Any) -> Any:
     """The full contract digest an object's annotation names (None without one)."""
-    return _obj(_meta(obj, "annotations")).get(f"{kube.PREFIX}/contract-digest")
+    return untrusted.mapping(_meta(obj, "annotations")).get(f"{render.PREFIX}/contract-digest")
 
 
 def _same_job(found: Any, want: Manifest) -> bool:
     """The object found has this job's labels and contract digest (the runner made it)."""
-    mine, theirs = _obj(_meta(want, "labels")), _obj(_meta(found, "labels"))
-    keys = [*kube.MANAGED_BY, kube.JOB_LABEL, kube.CONTRACT_LABEL]
+    mine, theirs = (
+        untrusted.mapping(_meta(want, "labels")),
+        untrusted.mapping(_meta(found, "labels")),
+    )
+    keys = [*render.MANAGED_BY, render.JOB_LABEL, render.CONTRACT_LABEL]
     same = all(theirs.get(k) == mine.get(k) for k in keys)
     return same and _digest_of(found) == _digest_of(want)
 
@@ -280,8 +273,8 @@ def apply(
     the same job and contract is reported, one of another contract (or not the runner's)
     refuses the whole apply before anything is created. One entry per object: kind, name,
     namespace, action (``created``, ``exists``, ``dry-run``), uid."""
-    kube.check_name("--namespace", namespace)
-    broken = kube.check_rules(manifests)
+    render.check_name("--namespace", namespace)
+    broken = render.check_rules(manifests)
     if broken:
         raise PolicyViolation(
             "the manifests break the runner's rules: " + "; ".join(broken[:5]),
@@ -377,10 +370,10 @@ def _create(
 
 
 def _conditions(job: Any) -> list[dict[str, Any]]:
-    found = _at(job, "status", "conditions")
+    found = untrusted.at(job, "status", "conditions")
     return [
         {k: c.get(k) for k in ("type", "status", "reason", "message", "lastTransitionTime")}
-        for c in (found if isinstance(found, list) else [])
+        for c in untrusted.array(found)
         if isinstance(c, dict)
     ]
 
@@ -396,7 +389,7 @@ def state_of(job: Any) -> tuple[str, str | None, str | None]:
         if c["type"] == "Failed":
             ended = "deadline_exceeded" if c["reason"] == "DeadlineExceeded" else "failed"
             return ended, c["reason"], c["message"]
-    active = _at(job, "status", "active")
+    active = untrusted.at(job, "status", "active")
     return ("running" if isinstance(active, int) and active > 0 else "pending"), None, None
 
 
@@ -412,8 +405,8 @@ def status(
 ) -> dict[str, Any]:
     """The Job of ``job_id`` as the API server reports it; refuses a Job of that name that
     the runner did not make for this job id."""
-    kube.check_name("--namespace", namespace)
-    name = kube.object_name(job_id)
+    render.check_name("--namespace", namespace)
+    name = render.object_name(job_id)
     client = _client(context, kubeconfig)
     try:
         job = _read(client, "Job", name, namespace)
@@ -424,16 +417,16 @@ def status(
             f"no Job {namespace}/{name} (job {job_id}) on the cluster",
             hint="check --namespace and --context, or submit it",
         )
-    labels = _obj(_meta(job, "labels"))
-    if labels.get(kube.JOB_LABEL) != kube.job_label(job_id) or any(
-        labels.get(k) != v for k, v in kube.MANAGED_BY.items()
+    labels = untrusted.mapping(_meta(job, "labels"))
+    if labels.get(render.JOB_LABEL) != render.job_label(job_id) or any(
+        labels.get(k) != v for k, v in render.MANAGED_BY.items()
     ):
         raise PolicyViolation(
             f"Job {namespace}/{name} is not the runner's Job of job {job_id}",
             hint="check --namespace and --context",
         )
     state, reason, message = state_of(job)
-    st = _obj(job.get("status"))
+    st = untrusted.mapping(job.get("status"))
     return {
         "jobId": job_id,
         "name": name,
@@ -487,10 +480,10 @@ def delete(
             time.sleep(0.5)
         else:
             policy = _read(client, "NetworkPolicy", name, namespace)
-            labels = _obj(_meta(policy, "labels")) if policy is not None else {}
+            labels = untrusted.mapping(_meta(policy, "labels")) if policy is not None else {}
             if policy is None:
                 done = "absent"
-            elif labels.get(kube.JOB_LABEL) != kube.job_label(job_id):
+            elif labels.get(render.JOB_LABEL) != render.job_label(job_id):
                 done = "kept: not this job's"
             else:
                 policies = _api(client, "NetworkPolicy")

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""In-process measurements for scripts/benchmark.py, each in its own interpreter so that its
-peak RSS is its own.
+"""In-process measurements for the benchmark (scripts/benchmark.py), each in its own
+interpreter so that its peak RSS is its own.
 
-    bench_inproc.py stage CONTRACT JOB_DIR   time runner.staging.jobdir.stage_inputs
-    bench_inproc.py parse LOG PATTERN         time regex.scalar (occurrence last) on LOG
-    bench_inproc.py fetch CONTRACT STATE_DIR  time runner.caches.assets.fetch of the contract's
+    inproc.py stage CONTRACT JOB_DIR   time runner.staging.jobdir.stage_inputs
+    inproc.py parse LOG PATTERN         time regex.scalar (occurrence last) on LOG
+    inproc.py fetch CONTRACT STATE_DIR  time runner.caches.assets.fetch of the contract's
     first
                                               asset (from a loopback server) into a new cache
-    bench_inproc.py stagecache CONTRACT STATE_DIR
+    inproc.py stagecache CONTRACT STATE_DIR
                                               time a job's whole staging (inputs through the
                                               input cache, assets, working copy) twice on one
                                               new state folder: the first job, then the second

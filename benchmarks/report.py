@@ -1,0 +1,138 @@
+"""The report: the figures' table, notes and profiles as markdown, and the rows as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from benchmarks._support import (
+    GIB,
+    MIB,
+    Row,
+    X,
+    spread,
+)
+
+
+def table(rows: list[Row]) -> list[str]:
+    out = [
+        "| figure | baseline | runner | ratio runner/baseline | target | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = f"{r.ratio:.2f}{X}"
+        if r.paired:
+            ratio += f" [{r.paired['min']:.2f} to {r.paired['max']:.2f}]"
+        if "differenceSeconds" in r.extra:
+            ratio += f", +{r.extra['differenceSeconds']:.3f} s"
+        if "speedup" in r.extra:
+            ratio += f" ({r.extra['speedup']:.2f}{X} faster)"
+        if "runnerPeakRssBytes" in r.extra and r.key != "staging":
+            ratio += f", RSS {r.extra['runnerPeakRssBytes'] / MIB:.0f} MB"
+        out.append(
+            f"| {r.figure} | {spread(r.baseline, r.unit)} | {spread(r.runner, r.unit)} | "
+            f"{ratio} | {r.target} | {'yes' if r.met else '**no**'} |"
+        )
+    return out
+
+
+def markdown(report: dict[str, Any], rows: list[Row]) -> str:
+    m = report["machine"]
+    lines = [
+        "# Runner benchmark",
+        "",
+        f"`{report['command']}`, {report['startedAt']}, took {report['durationSeconds']:.0f} s "
+        f"(mode: {report['mode']}).",
+        "",
+        f"Machine: {m['cpus']} cores ({m['cpuModel']}), {m['memoryBytes'] / GIB:.1f} GiB memory, "
+        f"kernel {m['kernel']}, {m['os']}; Docker {m['dockerServerVersion']} "
+        f"({m['storageDriver']}, cgroup v{m['cgroupVersion']}); Python {m['python']}; "
+        f"runner {m['runnerCommit']} ({len(m['runnerUncommitted'])} uncommitted files under "
+        f"runner/). Load average at start {m['loadAverageAtStart'][0]:.2f}, "
+        f"at end {report['loadAverageAtEnd'][0]:.2f}; the engine is shared with other users.",
+        "",
+        "Medians with [min to max] over the interleaved repeats; the ratio is runner / baseline "
+        "of the medians (throughput for the concurrent jobs, time otherwise), with the range of "
+        "the per-pair ratios.",
+        "",
+        *table(rows),
+        "",
+    ]
+    for e in report["errors"]:
+        lines.append(f"- **{e['figure']} failed**: {e['error']}")
+    lines += ["## Notes", ""]
+    for r in rows:
+        for n in r.notes:
+            lines.append(f"- {r.figure}: {n}")
+    box = report.get("boxCheck")
+    if box:
+        lines.append(
+            "- same box: `docker inspect` of a runner-started container and of the baseline's "
+            + ("agree on " + ", ".join(box["runner"]) if box["same"] else
+               f"DIFFER: {json.dumps(box['differences'])}")
+        )  # fmt: skip
+    imp = report.get("importProfile")
+    if imp:
+        lines += [
+            "",
+            "## Where `runner --help` spends its start-up",
+            "",
+            f"`python -X importtime -m runner --help`: {imp['modules']} modules, "
+            f"{imp['totalImportSeconds']:.3f} s of imports in all (importtime inflates them "
+            "somewhat):",
+            "",
+            *import_lines(imp, 10, with_self=True),
+        ]
+    prof = report.get("runProfile")
+    if prof:
+        imp = prof["imports"]
+        lines += [
+            "",
+            "## Where one toy `runner run` spends its time",
+            "",
+            f"`{prof['command']}` under pyinstrument (wall clock, 1 ms samples; library "
+            "frames folded):",
+            "",
+            "```",
+            *prof["pyinstrument"],
+            "```",
+            "",
+            f"Its imports (`-X importtime`): {imp['modules']} modules, "
+            f"{imp['totalImportSeconds']:.3f} s in all (inflated by importtime):",
+            "",
+            *import_lines(imp, 12, with_self=False),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def import_lines(imp: dict[str, Any], top: int, *, with_self: bool) -> list[str]:
+    """An import profile as markdown bullets: by package, (by module,) imported by runner.*."""
+
+    def ms(items: list[dict[str, Any]], name: str, key: str) -> str:
+        return ", ".join(f"{x[name]} {x[key] * 1000:.0f} ms" for x in items[:top])
+
+    lines = ["- by package (own time, summed): " + ms(imp["byPackage"], "package", "selfSeconds")]
+    if with_self:
+        lines.append("- modules by own time: " + ms(imp["bySelf"], "module", "selfSeconds"))
+    lines.append(
+        "- third-party imports made by `runner.*` (cumulative): "
+        + ms(imp["importedByRunner"], "module", "cumulativeSeconds")
+    )
+    return lines
+
+
+def row_json(r: Row) -> dict[str, Any]:
+    return {
+        "key": r.key,
+        "figure": r.figure,
+        "unit": r.unit,
+        "baselineName": r.baseline_name,
+        "baseline": r.baseline,
+        "runner": r.runner,
+        "ratio": r.ratio,
+        "pairedRatio": r.paired,
+        "target": r.target,
+        "met": r.met,
+        "extra": r.extra,
+        "notes": r.notes,
+    }

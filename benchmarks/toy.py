@@ -1,0 +1,212 @@
+"""The toy evaluation: its contract pinned and run once (the warm-up that reads the caps the
+runner applied), the same-box check, and `runner run` against `docker run --rm` of the same
+job, in-process and with `runner serve` running."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import time
+from typing import Any
+
+from benchmarks._support import (
+    Bench,
+    Row,
+    X,
+    interleave,
+    ratio_rows,
+    served,
+    sh,
+    summary,
+)
+from runner.staging.jobdir import StateDir
+from runner.testing import IMAGE, TOY
+
+
+def setup_toy(b: Bench) -> None:
+    """Pin the toy contract, run it once through the runner (warm-up), read the caps it
+    applied from the envelope, and keep its staged job folder for the baseline's mounts."""
+    folder = b.s.tmp / "toy"
+    folder.mkdir()
+    shutil.copytree(TOY / "repository", folder / "repository")
+    shutil.copy(TOY / "paper.md", folder / "paper.md")
+    b.toy = folder / "task.json"
+    subprocess.run(
+        [*b.runner, "pin", str(TOY / "task.json"), "--image", IMAGE, "-o", str(b.toy)],
+        env=b.s.env,
+        capture_output=True,
+        check=True,
+    )
+    b.state = b.s.tmp / "state"
+    _, envelope, _, job_id = b.runner_job(b.toy, "warm")
+    b.limits = envelope["limits"]
+    b.image_id = envelope["image"]["id"]
+    b.toy_job = StateDir(b.state).job(job_id).root
+
+
+BOX_KEYS = (
+    "Memory",
+    "MemorySwap",
+    "NanoCpus",
+    "ShmSize",
+    "PidsLimit",
+    "Tmpfs",
+    "CapDrop",
+    "CapAdd",
+    "SecurityOpt",
+    "Init",
+    "ReadonlyRootfs",
+    "NetworkMode",
+    "LogConfig",
+    "Privileged",
+)
+
+
+def _box(inspect: dict[str, Any]) -> dict[str, Any]:
+    hc = inspect["HostConfig"]
+    box = {k: hc.get(k) for k in BOX_KEYS}
+    box["User"] = inspect["Config"]["User"]
+    box["WorkingDir"] = inspect["Config"]["WorkingDir"]
+    box["Image"] = inspect["Image"]
+    box["Mounts"] = sorted((m["Destination"], m["RW"], m["Type"]) for m in inspect["Mounts"])
+    return box
+
+
+def _inspect_role(b: Bench, role: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ids = sh("docker", "ps", "-q", "--filter", f"label=bench={b.s.id}", "--filter",
+                 f"label=bench.role={role}").split()  # fmt: skip
+        if ids:
+            data: list[dict[str, Any]] = json.loads(sh("docker", "inspect", ids[0]))
+            return data[0]
+        time.sleep(0.1)
+    raise RuntimeError(f"no running {role} container appeared within {timeout:.0f} s")
+
+
+def box_check(b: Bench) -> dict[str, Any]:
+    """``docker inspect`` a runner-started container and a baseline one, both running
+    ``sleep``: the caps must be the same box."""
+    contract = b.contract(b.s.tmp / "boxcheck", command=["sleep", "4"], measurements=[
+        {"measurementId": "toy-accuracy", "metric": "accuracy", "unit": "fraction",
+         "parser": {"id": "json.scalar", "version": "1", "evidencePath": "done.json",
+                    "config": {"pointer": "/ok"}}}
+    ])  # fmt: skip
+    job_id = b.job_id("box")
+    argv = b.run_argv(contract, job_id)
+    argv[argv.index("bench.role=runner")] = "bench.role=box-runner"
+    proc = b.s.spawn(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        runner_box = _box(_inspect_role(b, "box-runner"))
+    finally:
+        b.s.reap(proc)
+    out, ws = b.s.tmp / "box-out", b.s.tmp / "box-ws"
+    b.writable(out, ws)
+    cid = sh(*b.docker_argv(b.baseline_mounts(out, ws), ["sleep", "4"], "box-baseline", True))
+    base_box = _box(json.loads(sh("docker", "inspect", cid))[0])
+    subprocess.run(["docker", "rm", "-f", cid], capture_output=True, check=False)
+    diffs = {
+        k: {"runner": runner_box[k], "baseline": base_box.get(k)}
+        for k in runner_box
+        if runner_box[k] != base_box.get(k)
+    }
+    return {"same": not diffs, "differences": diffs, "runner": runner_box}
+
+
+def fig_toy(b: Bench, reps: int) -> Row:
+    command = json.loads(b.toy.read_text())["protocol"]["command"]
+    evidence: list[str] = []
+
+    parts: dict[str, list[float]] = {}
+
+    def runner() -> float:
+        seconds, envelope, _, job_id = b.runner_job(b.toy, "toy")
+        log = StateDir(b.state).job(job_id).output / "logs" / "evaluation.log"
+        evidence.append(log.read_text())
+        t = envelope["timings"]
+        split = {
+            "beforeRunnerClock": seconds - t["totalSeconds"],
+            "stage": t["stageSeconds"],
+            "image": t["imageSeconds"],
+            "container": t["runSeconds"],
+            "otherInRunner": t["totalSeconds"] - t["stageSeconds"] - t["imageSeconds"]
+            - t["runSeconds"],
+        }  # fmt: skip
+        for k, v in split.items():
+            parts.setdefault(k, []).append(v)
+        return seconds
+
+    def baseline() -> float:
+        return toy_baseline(b, command, evidence)
+
+    baseline()  # warm-up (the runner's was setup_toy)
+    xs, ys = interleave(reps, runner, baseline)
+    notes = []
+    if len(set(evidence)) != 1:
+        notes.append("WARNING: runner and baseline evidence differ")
+    med = {k: statistics.median(v) for k, v in parts.items()}
+    notes.append(
+        "where the runner's wall time goes (medians, from the envelope's `timings`): "
+        f"{med['beforeRunnerClock']:.3f} s before the runner's clock starts (interpreter, "
+        f"imports, CLI), staging {med['stage']:.3f} s, image check {med['image']:.3f} s, "
+        f"container {med['container']:.3f} s, the rest inside the runner "
+        f"{med['otherInRunner']:.3f} s (engine calls, ledger fsyncs, parse, envelope)"
+    )
+    row = toy_row("toy evaluation, whole `runner run` wall time", "toy", xs, ys, notes)
+    row.extra["runnerBreakdownMedianSeconds"] = med
+    return row
+
+
+def toy_baseline(b: Bench, command: list[str], evidence: list[str] | None = None) -> float:
+    """One `docker run --rm` of the toy job with the runner's caps; its wall seconds."""
+    i = b.job_id("toy-docker")
+    out, ws = b.s.tmp / "toy-docker" / i / "output", b.s.tmp / "toy-docker" / i / "ws"
+    b.writable(out / "logs", ws)
+    log = out / "logs" / "evaluation.log"
+    seconds, _ = b.docker_job(b.docker_argv(b.baseline_mounts(out, ws), command), log)
+    if evidence is not None:
+        evidence.append(log.read_text())
+    return seconds
+
+
+def toy_row(figure: str, key: str, xs: list[float], ys: list[float], notes: list[str]) -> Row:
+    ratio = statistics.median(xs) / statistics.median(ys)
+    return Row(
+        figure,
+        key,
+        "s",
+        "`docker run --rm`, same image id, command, mounts and caps, stdout `> file`",
+        summary(ys),
+        summary(xs),
+        ratio,
+        f"≤ 1.25{X}",
+        ratio <= 1.25,
+        ratio_rows(xs, ys),
+        notes=notes,
+    )
+
+
+def fig_toy_served(b: Bench, reps: int) -> Row:
+    """The toy run again, with a `runner serve` running that `runner run` hands it to."""
+    command = json.loads(b.toy.read_text())["protocol"]["command"]
+    with served(b, "toy-server") as (env, count):
+
+        def runner() -> float:
+            return b.runner_job(b.toy, "toy-served", env=env)[0]
+
+        runner()  # warm-up: the server's first fork
+        xs, ys = interleave(reps, runner, lambda: toy_baseline(b, command))
+        handed = count()
+    if handed < len(xs) + 1:
+        raise RuntimeError(f"only {handed} of {len(xs) + 1} runs went through the server")
+    return toy_row(
+        "toy evaluation, whole `runner run` wall time, with `runner serve` running",
+        "toyServed",
+        xs,
+        ys,
+        [f"{handed} runs went through the server (its log counts them); the client is "
+         "`runner run` itself, which hands its command line, directory, environment and "
+         "terminal to a fork of the server"],
+    )  # fmt: skip

@@ -1,0 +1,58 @@
+"""What a cluster scheduler allocated to this job, read from the job's environment, and the
+refusal of a plan whose caps exceed it.
+
+Under Slurm (``SLURM_JOB_ID`` set) the node's share of the job is in ``SLURM_CPUS_ON_NODE``,
+``SLURM_MEM_PER_NODE`` (else ``SLURM_MEM_PER_CPU`` times the CPUs) and
+``SLURM_GPUS_ON_NODE``. The plan stage of `runner run` checks its caps against them
+(:func:`check_allocation`), so a plan is bounded by the host's grant as it is by the host's
+policy. Nothing here talks to Slurm (``runner.scheduling.slurm`` submits the job from above).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from runner.backends.types import Limits
+from runner.core.errors import PolicyViolation
+
+
+def check_allocation(limits: Limits, env: Mapping[str, str]) -> None:
+    """Under Slurm (``SLURM_JOB_ID`` set), refuse a plan whose CPU, memory or GPU cap exceeds
+    the job's allocation on this node. Memory is checked when Slurm says it
+    (``SLURM_MEM_PER_NODE``, else ``SLURM_MEM_PER_CPU`` times the CPUs)."""
+    if not env.get("SLURM_JOB_ID"):
+        return
+    hint = "submit with `runner submit --to slurm`, which asks Slurm for the plan's caps"
+    cpus = _int(env.get("SLURM_CPUS_ON_NODE"))
+    if cpus is not None and limits.cpus > cpus:
+        raise PolicyViolation(
+            f"the plan's CPU cap ({limits.cpus:g}) exceeds the Slurm job's allocation "
+            f"(SLURM_CPUS_ON_NODE={cpus})",
+            hint=hint,
+        )
+    mem = _int(env.get("SLURM_MEM_PER_NODE"))
+    per_cpu = _int(env.get("SLURM_MEM_PER_CPU"))
+    if mem is None and per_cpu is not None and cpus is not None:
+        mem = per_cpu * cpus
+    cap_mib = limits.memory_bytes / 2**20
+    if mem is not None and cap_mib > mem:
+        raise PolicyViolation(
+            f"the plan's memory cap ({cap_mib:g} MiB) exceeds the Slurm job's allocation "
+            f"({mem} MiB)",
+            hint=hint,
+        )
+    if isinstance(limits.gpus, int) and limits.gpus > 0:
+        have = _int(env.get("SLURM_GPUS_ON_NODE")) or 0
+        if limits.gpus > have:
+            raise PolicyViolation(
+                f"the plan's GPU count ({limits.gpus}) exceeds the Slurm job's allocation "
+                f"(SLURM_GPUS_ON_NODE={have})",
+                hint=hint,
+            )
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None

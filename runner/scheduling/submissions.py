@@ -1,0 +1,63 @@
+"""Where `runner submit` records the jobs it sent to a cluster, for `runner wait`, `runner
+cancel` and `runner status` to find them again: ``<state>/<cluster>/<job id>/submissions.jsonl``
+(``cluster``: ``slurm`` or ``kubernetes``), one JSON object a line, appended once per
+submission; the last line is the job's latest submission.
+
+What a line holds is each cluster's (a Slurm job id and the sbatch request; a Kubernetes
+namespace, context and names); this module owns the folder, the file, appending a line and
+reading the last one back. Lines are ``json.dumps(entry, sort_keys=True)``; any JSON object a
+line is read, so records written before (Kubernetes' were compact, in insertion order) are
+read as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from runner.contract.models import JOB_ID_PATTERN
+from runner.core import jsondepth
+from runner.core.errors import InfrastructureError
+
+Cluster = Literal["slurm", "kubernetes"]
+FILE = "submissions.jsonl"
+
+
+def folder(state: Path, cluster: Cluster, job_id: str) -> Path:
+    """``<state>/<cluster>/<job id>``: the job's submissions (and, for Slurm, its batch
+    scripts, logs and envelopes)."""
+    return state / cluster / job_id
+
+
+def append(state: Path, cluster: Cluster, job_id: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Append ``entry`` as one line to the job's ``submissions.jsonl`` (its folder made when
+    missing); ``entry``."""
+    where = folder(state, cluster, job_id)
+    where.mkdir(parents=True, exist_ok=True)
+    with (where / FILE).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(entry, sort_keys=True) + "\n")
+    return entry
+
+
+def latest(state: Path, cluster: Cluster, job_id: str) -> dict[str, Any] | None:
+    """The job's latest submission to ``cluster``: None when it was never submitted there (no
+    file, or one without a line; or ``job_id`` is no job id, a path say); a last line that is
+    not a JSON object is an infrastructure error naming the file."""
+    if not re.fullmatch(JOB_ID_PATTERN, job_id):
+        return None
+    path = folder(state, cluster, job_id) / FILE
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+        lines = [line for line in text.splitlines() if line.strip()]
+        if not lines:
+            return None
+        data = jsondepth.loads(lines[-1])
+    except ValueError as exc:  # not UTF-8, not JSON, or nested too deep
+        raise InfrastructureError(f"{path}: its last line is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InfrastructureError(f"{path}: its last line is not a JSON object")
+    return data
