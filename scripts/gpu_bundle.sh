@@ -91,9 +91,11 @@ log "image: docker save $IMAGE ($(cat "$OUT/image-id")) | xz"
 docker save "$IMAGE" | xz -9 -T0 >"$OUT/gpu-smoke-image.tar.xz"
 
 # -- the runner's dependencies for CPython 3.12 --------------------------------------------------
+# The dependencies and the [gpu] extra (nvidia-ml-py: the GPU host's check asks NVML).
 mapfile -t deps < <("$PYTHON" -c '
 import sys, tomllib
-print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(project["dependencies"] + project["optional-dependencies"]["gpu"]))
 ' "$ROOT/pyproject.toml")
 log "python: ${#deps[@]} dependencies as cp312 manylinux wheels"
 # Binary wheels for CPython 3.12 where they exist; a project published only as an sdist (pure

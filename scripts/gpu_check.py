@@ -63,7 +63,9 @@ def main() -> int:
     if not found:
         problems.append("no GPU detected by NVML nor nvidia-smi")
     if nvml is None:
-        problems.append("NVML gave no answer (is nvidia-ml-py installed?)")
+        problems.append(
+            "NVML gave no answer (is its binding installed? pip install 'reproduction-runner[gpu]')"
+        )
     if smi is None:
         problems.append("nvidia-smi gave no answer")
     problems += _problems_of(nvml or [], "nvml") + _problems_of(smi or [], "nvidia-smi")

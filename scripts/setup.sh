@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare everything the runner's tests need, idempotently:
 #   1. a running Docker engine (installs docker.io and starts dockerd when needed),
-#   2. a Python venv at .venv with the project installed in editable mode ('.[dev]'),
+#   2. a Python venv at .venv: requirements/dev.lock (every dependency and extra, pinned with
+#      hashes; scripts/lock.sh writes it), then the project in editable mode without deps,
 #   3. the base image runner-base:bookworm (built offline with debootstrap) or
 #      $RUNNER_BASE_IMAGE when set (a pinned public base, pulled if missing),
 #   4. the job image runner-cpu:local, built with no network,
@@ -35,6 +36,7 @@ PROXY_TAG="runner-proxy:local"
 PROXY_DEBS="$ROOT/images/proxy/debs"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.runner-install-stamp"
+LOCK="$ROOT/requirements/dev.lock"
 DOCKERD_LOG="${RUNNER_DOCKERD_LOG:-/var/log/runner-dockerd.log}"
 DOCKERD_WAIT="${RUNNER_DOCKERD_WAIT:-60}"
 
@@ -137,21 +139,26 @@ ensure_venv() {
   fi
 
   local want have=""
-  # The stamp covers this script's install line too: changing how we install reinstalls.
-  want="$( (cat pyproject.toml; echo "editable_mode=compat") | sha256sum | cut -d' ' -f1)"
+  # The stamp covers the lock and this script's install lines too: changing either reinstalls.
+  want="$( (cat pyproject.toml "$LOCK"; echo "lock-1 no-deps editable_mode=compat") | sha256sum | cut -d' ' -f1)"
   [ -r "$STAMP" ] && have="$(cat "$STAMP")"
   if [ "$want" = "$have" ]; then
-    log "venv: '.[dev]' already installed for this pyproject.toml (${want:0:12})"
+    log "venv: requirements/dev.lock and the tree already installed for this pyproject.toml (${want:0:12})"
     return 0
   fi
-  log "venv: pip install -e '.[dev]'"
   rm -f "$STAMP"
+  # Exactly the locked versions, each checked against its hashes; a lock that does not match
+  # pyproject.toml fails tests/test_lock.py (scripts/lock.sh rewrites it).
+  log "venv: pip install --require-hashes -r requirements/dev.lock"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q --require-hashes -r "$LOCK" \
+    || die "venv: pip install --require-hashes -r requirements/dev.lock failed"
   # compat: the editable install is one path in a .pth file. The default import-hook finder
   # costs every Python start in this venv about 10 ms (pathlib, importlib.util, re), which
   # `runner run` handed to `runner serve` would otherwise pay on each call.
-  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q -e '.[dev]' \
+  log "venv: pip install --no-deps -e ."
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q --no-deps -e . \
     --config-settings editable_mode=compat \
-    || die "venv: pip install -e '.[dev]' failed"
+    || die "venv: pip install --no-deps -e . failed"
   printf '%s\n' "$want" >"$STAMP"
 }
 
@@ -160,19 +167,20 @@ ensure_venv() {
 WHEELHOUSE="$ROOT/.wheelhouse"
 ensure_wheelhouse() {
   local want have=""
-  want="$( (cat pyproject.toml; echo "wheelhouse-1") | sha256sum | cut -d' ' -f1)"
+  want="$( (cat pyproject.toml "$LOCK"; echo "wheelhouse-2") | sha256sum | cut -d' ' -f1)"
   [ -r "$WHEELHOUSE/.stamp" ] && have="$(cat "$WHEELHOUSE/.stamp")"
   if [ "$want" = "$have" ]; then
     log "wheelhouse: reusing $WHEELHOUSE"
     return 0
   fi
-  log "wheelhouse: the dependencies' wheels and the build tools, for the wheel smoke test"
+  log "wheelhouse: the locked dependencies' wheels and the build tools, for the wheel smoke test"
+  rm -rf "$WHEELHOUSE" # only the locked versions: an older pyproject's wheels would win offline
   mkdir -p "$WHEELHOUSE"
-  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip wheel -q -w "$WHEELHOUSE" . \
-    || die "wheelhouse: pip wheel . failed"
+  # The lock's versions (hash-checked), so the offline installs resolve to what .venv has.
+  PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip wheel -q --require-hashes \
+    -r "$LOCK" -w "$WHEELHOUSE" || die "wheelhouse: pip wheel -r requirements/dev.lock failed"
   PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip download -q -d "$WHEELHOUSE" \
     'setuptools>=77' wheel || die "wheelhouse: could not fetch setuptools and wheel"
-  rm -f "$WHEELHOUSE"/reproduction_runner-*.whl # the test builds the tree's own
   printf '%s\n' "$want" >"$WHEELHOUSE/.stamp"
 }
 

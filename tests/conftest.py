@@ -11,16 +11,17 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support import IMAGE, SESSION_ID, SESSION_LABEL, docker
+from tests.support.hostenv import HOST_VARIABLES
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_host_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Tests never read the developer's own policy or trusted keys: an empty config dir, and
-    no host switches from the environment."""
+    none of the runner's host variables from the environment. Only the runner's own are
+    cleared: a CI service's ``RUNNER_TEMP`` or ``RUNNER_OS`` stays."""
     saved = dict(os.environ)
-    for name in list(os.environ):
-        if name.startswith("RUNNER_"):
-            del os.environ[name]
+    for name in HOST_VARIABLES:
+        os.environ.pop(name, None)
     os.environ["RUNNER_CONFIG_DIR"] = str(tmp_path_factory.mktemp("runner-config"))
     yield
     os.environ.clear()

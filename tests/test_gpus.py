@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +104,40 @@ def test_nvidia_smi_output_is_read() -> None:
         "550.54.15",
     )
     assert gpu.memory_bytes == 81559 * 1024**2
+
+
+def test_without_nvml_binding_the_refusal_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NVML's binding is the [gpu] extra: on a host without it (``import pynvml`` fails, as
+    where it is not installed) detection still asks nvidia-smi, and a GPU job's refusal names
+    the extra to install; with the binding present the message does not."""
+    assert gpus.nvml_binding_installed()  # the dev extra installs it
+    allocator = Allocator(tmp_path, lambda holder: True)
+    with pytest.raises(GpuUnavailable) as present:
+        allocator.allocate(1, [], _owner("a"))
+    assert "[gpu]" not in str(present.value)
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml: ImportError
+    assert not gpus.nvml_binding_installed()
+    assert HostDetector._nvml() is None  # so nvidia-smi is asked next
+    with pytest.raises(GpuUnavailable, match="has none") as missing:
+        allocator.allocate(1, [], _owner("a"))
+    assert "pip install 'reproduction-runner[gpu]'" in missing.value.message
+
+
+def test_without_nvml_binding_nvidia_smi_still_finds_the_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback: with no binding, a real ``nvidia-smi`` executable on PATH (a script here
+    that prints what the real one prints) is what detection reports."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, GPU-abc, NVIDIA H100 80GB HBM3, 81559, 550.54.15'\n")
+    smi.chmod(0o755)
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    (gpu,) = HostDetector().detect()
+    assert (gpu.uuid, gpu.driver_version) == ("GPU-abc", "550.54.15")
 
 
 def test_this_machine_has_no_gpu() -> None:

@@ -108,7 +108,7 @@ def cmd_gpu_ls(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return EXIT_SUCCEEDED
     if not found:
-        print("no GPU (neither NVML nor nvidia-smi reports one)")
+        print(f"no GPU ({gpus.none_found()})")
     for g in found:
         held = holders.get(g.uuid, {}).get("jobDir")
         print(f"{g.index}  {g.model}  {g.uuid}  {g.memory_bytes / 1024**3:.0f} GiB  "

@@ -455,7 +455,9 @@ def generate(
     seen from ``root``), ``LD_LIBRARY_PATH``. Raises GpuUnavailable when libcuda or
     libnvidia-ml for ``driver_version`` is not found."""
     if not gpus:
-        raise GpuUnavailable("no GPU to write a CDI spec for (NVML and nvidia-smi found none)",
+        from runner.gpu.gpus import none_found
+
+        raise GpuUnavailable(f"no GPU to write a CDI spec for ({none_found()})",
                              hint="run it on a host with NVIDIA GPUs and their driver")  # fmt: skip
     libraries = driver_libraries(parse_ldcache(ldcache), driver_version, root, search_dirs)
     have = {PurePosixPath(target).name for _, target in libraries}

@@ -1,15 +1,17 @@
 """GPUs: what the host has, and handing each job its own devices.
 
-Detection asks NVML (the ``nvidia-ml-py`` binding), else ``nvidia-smi``; with neither the host
-has no GPUs. Allocation writes one lock file per device (``<lock dir>/<uuid>.json``) naming the
-job that holds it, under a host-wide allocation lock, so concurrent runners never hand the same
-device to two jobs. A device's lock outlives a crashed runner while the job's container still
-runs; it is reclaimed only when neither the holder's runner nor its container is alive.
+Detection asks NVML (the ``nvidia-ml-py`` binding, the ``[gpu]`` extra), else ``nvidia-smi``;
+with neither the host has no GPUs, and a GPU job's refusal says what to install. Allocation
+writes one lock file per device (``<lock dir>/<uuid>.json``) naming the job that holds it, under
+a host-wide allocation lock, so concurrent runners never hand the same device to two jobs. A
+device's lock outlives a crashed runner while the job's container still runs; it is reclaimed
+only when neither the holder's runner nor its container is alive.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -104,6 +106,23 @@ class HostDetector:
         return parse_smi(proc.stdout)
 
 
+GPU_EXTRA = "pip install 'reproduction-runner[gpu]'"
+"""How to install NVML's Python binding (``nvidia-ml-py``): the distribution's ``gpu`` extra."""
+
+
+def nvml_binding_installed() -> bool:
+    """Whether NVML's Python binding (``pynvml``, from ``nvidia-ml-py``) can be imported."""
+    return importlib.util.find_spec("pynvml") is not None
+
+
+def none_found() -> str:
+    """Why detection found no GPU: with NVML's binding missing, that and how to install it
+    (nvidia-smi, the fallback, found none either)."""
+    if nvml_binding_installed():
+        return "neither NVML nor nvidia-smi reports one"
+    return f"nvidia-smi reports none and NVML's Python binding is not installed: {GPU_EXTRA}"
+
+
 def _text(value: object) -> str:
     """NVML strings: ``str`` from nvidia-ml-py, ``bytes`` from older pynvml releases."""
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -187,7 +206,7 @@ class Allocator:
         GpuUnavailable when the host does not have that many free."""
         if not host:
             raise GpuUnavailable(
-                "the contract asks for GPUs and this host has none (no NVML, no nvidia-smi)",
+                f"the contract asks for GPUs and this host has none ({none_found()})",
                 hint="run it on a GPU host, or issue it with computeRequirement."
                 "cpuFallbackAllowed true if a CPU run is acceptable",
             )
