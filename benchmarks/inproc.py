@@ -110,10 +110,11 @@ def stagecache(contract_path: Path, state_root: Path) -> dict[str, Any]:
     from runner.parsers import registry
     from runner.planning.policy import AssetGrant
     from runner.staging import jobdir as staging
+    from runner.state.jobdir import StateDir
 
     registry.catalog()
     contract = load_contract(contract_path)
-    state = staging.StateDir(state_root)
+    state = StateDir(state_root)
     inputs = inputcache.InputCache.of_state(state.root)
     cache = assets.AssetCache.of_state(state.root)
     grant = AssetGrant(fetchOnRun=True)  # the asset is a file beside the contract

@@ -22,7 +22,7 @@ from benchmarks._support import (
     summary,
     timed_command,
 )
-from runner.staging.jobdir import StateDir
+from runner.state.jobdir import StateDir
 
 
 def fig_staging(b: Bench, reps: int, size: int) -> Row:

@@ -18,7 +18,7 @@ from benchmarks._support import (
     size_text,
     summary,
 )
-from runner.staging.jobdir import StateDir
+from runner.state.jobdir import StateDir
 
 LINE = "epoch 0003 step 0012345 loss=0.482913 lr=3.0e-04 grad_norm=1.2345 tput=812.4 samples/s"
 

@@ -21,7 +21,7 @@ from benchmarks._support import (
     sh,
     summary,
 )
-from runner.staging.jobdir import StateDir
+from runner.state.jobdir import StateDir
 from runner.testing import IMAGE, TOY
 
 

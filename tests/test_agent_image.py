@@ -640,7 +640,8 @@ def test_no_contract_input_may_take_a_name_the_runner_writes(tmp_path: Path) -> 
     from runner.agents import adapters as agents
     from runner.core.errors import ContractError
     from runner.staging import jobdir as staging
-    from runner.staging.jobdir import InputRules, JobDir
+    from runner.staging.jobdir import InputRules
+    from runner.state.jobdir import JobDir
 
     assert agents.HOST_PROMPT_NAME in staging.RUNNER_INPUTS
     for name in ("agent-prompt.md", "compute-decision.json", "result.schema.json"):

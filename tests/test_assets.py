@@ -26,7 +26,8 @@ from runner.contract.load import Trust
 from runner.contract.models import Asset
 from runner.core.errors import AssetDigestMismatch, AssetUnavailable, ContractError
 from runner.planning.policy import AssetGrant
-from runner.staging.jobdir import StateDir, prepare
+from runner.staging.jobdir import prepare
+from runner.state.jobdir import StateDir
 from tests.support import FAKE_IMAGE_ID, ROOT, run_cli, write_contract
 from tests.support.asset_server import AssetServer, Served, asset_server
 

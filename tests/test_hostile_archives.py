@@ -22,7 +22,7 @@ from runner.contract.models import Asset
 from runner.core import archives
 from runner.core.errors import AssetUnavailable
 from runner.planning.policy import AssetGrant
-from runner.staging.jobdir import StateDir
+from runner.state.jobdir import StateDir
 
 pytestmark = pytest.mark.hostile
 

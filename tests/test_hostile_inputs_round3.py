@@ -26,7 +26,7 @@ from runner.core.errors import PolicyViolation
 from runner.execution import layout
 from runner.results.bundle import export
 from runner.staging import jobdir as staging
-from runner.staging.jobdir import StateDir
+from runner.state.jobdir import StateDir
 from tests.support import (
     json_measurement,
     run_job,

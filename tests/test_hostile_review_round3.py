@@ -474,7 +474,7 @@ def test_a_cached_file_changed_before_the_working_copy_is_refused(tmp_path: Path
     from runner.core.errors import InputDigestMismatch
     from runner.execution import layout
     from runner.staging import jobdir as staging
-    from runner.staging.jobdir import StateDir
+    from runner.state.jobdir import StateDir
     from tests.test_hostile_inputs_round3 import _swap, _value_contract
 
     contract = load_contract(_value_contract(tmp_path / "c", "sha256:" + "ab" * 32))

@@ -24,7 +24,8 @@ from runner.contract import VerifiedContract, load_contract
 from runner.core.errors import ContractError, InputDigestMismatch, PolicyViolation
 from runner.execution import layout
 from runner.staging import jobdir as staging
-from runner.staging.jobdir import InputRules, StateDir
+from runner.staging.jobdir import InputRules
+from runner.state.jobdir import JobDir, StateDir
 from tests.support import IMAGE, run_cli, write_contract
 
 PAPER, REPO = "$.paper.path", "$.repository.path"
@@ -39,7 +40,7 @@ def _pinned(folder: Path) -> VerifiedContract:
 
 def _stage(
     state: StateDir, job_id: str, contract: VerifiedContract, rules: InputRules | None = None
-) -> tuple[staging.JobDir, inputcache.Staged]:
+) -> tuple[JobDir, inputcache.Staged]:
     job = staging.prepare(state.job(job_id).root)
     done = inputcache.Staged([], [], [])
     via = inputcache.stager(InputCache.of_state(state.root), job, done=done)

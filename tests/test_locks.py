@@ -18,7 +18,7 @@ import pytest
 from runner.core import locks
 from runner.core.errors import JobBusy
 from runner.execution.sweeper import runner_alive
-from runner.staging.jobdir import JobDir
+from runner.state.jobdir import JobDir
 
 HOLD = """
 import fcntl, sys

@@ -15,6 +15,7 @@ import pytest
 
 from runner.contract import with_digest
 from runner.staging import jobdir as staging
+from runner.state.jobdir import JobDir
 from tests.support import (
     FAKE_IMAGE_ID,
     run_cli,
@@ -61,7 +62,7 @@ def test_stage_lays_out_the_job_folder_with_no_engine(tmp_path: Path) -> None:
     code, info, err = stage(contract, tmp_path / "state")
     assert code == 0, err
     assert {"jobId", "jobDir", "files", "bytes"} <= set(info)
-    job = staging.JobDir(Path(info["jobDir"]))
+    job = JobDir(Path(info["jobDir"]))
     assert job.root == tmp_path / "state" / "jobs" / info["jobId"]
     manifest = json.loads((job.execution / "input-manifest.json").read_text())
     listed = {f["path"]: f for f in manifest["files"]}

@@ -330,7 +330,7 @@ def test_cleanup_removes_a_taken_over_attempts_container_even_while_a_runner_hol
     removes attempt 1's container: its attempt has ended in the ledger, whoever holds the job
     now; a review found it kept as "a runner is watching it"."""
     from runner.execution import sweeper
-    from runner.staging.jobdir import JobDir
+    from runner.state.jobdir import JobDir
 
     fake.jobs = FakeJob(seconds=INF, work=_writes())
     contract = _contract(tmp_path, _image(fake), timeoutMinutes=1)

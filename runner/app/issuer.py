@@ -143,7 +143,7 @@ def bind_inputs(
 def _write_listings(beside: Path, listings: dict[str, str]) -> Path | None:
     """``<stem>.inputs.json`` beside the contract ``beside`` (None: no folder input)."""
     from runner.staging import inputs
-    from runner.staging.jobdir import atomic_write
+    from runner.state.jobdir import atomic_write
 
     if not listings:
         return None

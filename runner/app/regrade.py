@@ -29,6 +29,7 @@ from runner.models.envelope import Failure, Regrade, ResultEnvelope
 from runner.parsers import registry
 from runner.results import attest
 from runner.staging import jobdir as staging
+from runner.state.jobdir import JobDir, atomic_write
 
 
 class EvidenceChanged(RefusedError):
@@ -57,7 +58,7 @@ def regrade(
 ) -> ResultEnvelope:
     """Re-read the job's evidence into a new envelope revision (under the job's lock);
     ``agent_adapters``: the host policy's, whose secrets an agent's job is redacted of."""
-    job = staging.JobDir(job_root)
+    job = JobDir(job_root)
     with job.locked():
         return _regrade(
             job,
@@ -80,7 +81,7 @@ def _redactor(contract: VerifiedContract, adapters: Mapping[str, AgentAdapter]) 
 
 
 def _regrade(
-    job: staging.JobDir,
+    job: JobDir,
     *,
     latest: bool,
     max_bytes: int,
@@ -185,7 +186,7 @@ def _regrade(
         new = agent_run.withhold(redact, job, new.model_copy(update={"warnings": kept}))
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
     job.envelope.replace(job.record / f"result-{stamp}.json")
-    staging.atomic_write(job.envelope, (new.model_dump_json(indent=2) + "\n").encode())
+    atomic_write(job.envelope, (new.model_dump_json(indent=2) + "\n").encode())
     if result_key is not None:
         attest.sign_result(new, job.root, result_key)
     return new

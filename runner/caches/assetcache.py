@@ -30,7 +30,7 @@ from runner.caches import inputcache
 from runner.caches.assets import AssetCache, used_by
 from runner.caches.inputcache import InputCache
 from runner.core import archives
-from runner.staging.jobdir import JobDir, StateDir
+from runner.state.jobdir import JobDir, StateDir
 from runner.state.ledger import LedgerCorrupt, read_state
 
 _HEX = re.compile(r"^[0-9a-f]{64}$")

@@ -58,7 +58,7 @@ from runner.contract.models import Asset
 from runner.core import archives, safefs
 from runner.core.errors import AssetDigestMismatch, AssetUnavailable, PolicyViolation
 from runner.planning.policy import AssetGrant
-from runner.staging.jobdir import JobDir, atomic_write, write_json
+from runner.state.jobdir import JobDir, atomic_write, write_json
 
 RECORD = "assets.json"
 STAGE_LOCK_WAIT = 2 * 3600.0

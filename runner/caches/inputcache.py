@@ -74,7 +74,8 @@ from runner.caches import store
 from runner.caches.store import Store
 from runner.core import archives, log, safefs
 from runner.staging import inputs
-from runner.staging.jobdir import JobDir, StagedFile, StagedInput, Stager, write_json
+from runner.staging.jobdir import StagedFile, StagedInput, Stager
+from runner.state.jobdir import JobDir, write_json
 
 RECORD = "inputs.json"
 _HEX = re.compile(r"^[0-9a-f]{64}$")

@@ -162,7 +162,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def _cache(args: argparse.Namespace) -> tuple[Any, Any]:
     from runner.app import host
     from runner.caches.assets import AssetCache
-    from runner.staging.jobdir import StateDir
+    from runner.state.jobdir import StateDir
 
     state = StateDir(host.state_dir(args.state_dir))
     return AssetCache.of_state(state.root), state

@@ -20,7 +20,7 @@ from runner.cli._common import (
     usage,
 )
 from runner.core.errors import JobNotFound, RefusedError
-from runner.staging.jobdir import JobDir, StateDir
+from runner.state.jobdir import JobDir, StateDir
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers

@@ -147,7 +147,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def _write(manifests: list[dict[str, Any]], output: str) -> list[Path]:
     """Write each manifest as ``<kind, lower case>.json`` in the folder ``output`` (none for
     ``-``); a file there is replaced as a whole, a link in its place never followed."""
-    from runner.staging.jobdir import atomic_write
+    from runner.state.jobdir import atomic_write
 
     if output == "-":
         return []

@@ -45,7 +45,7 @@ from runner.models.envelope import (
 )
 from runner.planning.plan import ExecutionPlan
 from runner.results.bundle import output_files
-from runner.staging.jobdir import JobDir, write_json
+from runner.state.jobdir import JobDir, write_json
 from runner.state.ledger import Ledger, LedgerState, read_state
 
 LIMITS = {"agent.maxTurns": "turns", "agent.maxBudgetUsd": "USD"}

@@ -42,6 +42,7 @@ from runner.planning import policy
 from runner.planning.plan import ExecutionPlan
 from runner.results import envelope
 from runner.staging import jobdir as staging
+from runner.state.jobdir import JobDir
 from runner.state.ledger import Budget, Ledger, LedgerState
 
 FINAL = {"succeeded", *errors.FINAL}
@@ -74,7 +75,7 @@ class Job:
 
     contract: VerifiedContract
     plan: ExecutionPlan
-    dir: staging.JobDir
+    dir: JobDir
     backend: Backend
     options: RunOptions
     ledger: Ledger
@@ -96,7 +97,7 @@ def run(job: Job, known: Known) -> AttemptResult:
 
 def guards_for(
     p: ExecutionPlan,
-    job: staging.JobDir,
+    job: JobDir,
     state: LedgerState | None = None,
     n: int = 0,
     eg: egress.Egress | None = None,
@@ -208,7 +209,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         return AttemptResult(outcome, known, guards, n)
 
 
-def _decided(job: staging.JobDir, n: int) -> Allocation | None:
+def _decided(job: JobDir, n: int) -> Allocation | None:
     """Attempt ``n``'s compute decision, read back from input/ (written before it started)."""
     try:
         decided = Allocation.model_validate_json((job.input / "compute-decision.json").read_bytes())
@@ -480,7 +481,7 @@ def _egress_lease(
 def egress_down(
     backend: Backend,
     ledger: Ledger,
-    job: staging.JobDir,
+    job: JobDir,
     n: int,
     redactor: redaction.Redactor = redaction.NONE,
 ) -> EgressRecord | None:

@@ -35,7 +35,7 @@ from runner.core.errors import (
     RunnerError,
 )
 from runner.planning.plan import ExecutionPlan
-from runner.staging import jobdir as staging
+from runner.state.jobdir import JobDir, write_json
 from runner.state.ledger import Attempt, parse_time
 
 
@@ -99,7 +99,7 @@ def backstop(budget_left: float, grace: float) -> Backstop:
 
 def spec(
     p: ExecutionPlan,
-    job: staging.JobDir,
+    job: JobDir,
     image_id: str,
     attempt: int,
     gpu_ids: tuple[str, ...] = (),
@@ -363,7 +363,7 @@ def finish(
         backend.kill(container_id)
         state = backend.state(container_id)
     record_dir.mkdir(parents=True, exist_ok=True)
-    staging.write_json(record_dir / "container-state.json", state.raw)
+    write_json(record_dir / "container-state.json", state.raw)
     # The engine's log is a convenience; the job's own logs are in output/.
     with contextlib.suppress(InfrastructureError):
         backend.save_logs(container_id, record_dir / "engine.log", log_max_bytes)

@@ -17,7 +17,8 @@ from runner.core.errors import InputDigestMismatch, PolicyViolation
 from runner.execution import quotas
 from runner.staging import inputs
 from runner.staging import jobdir as staging
-from runner.staging.jobdir import JobDir, StagedFile, atomic_write, record_added_input, write_json
+from runner.staging.jobdir import StagedFile, record_added_input
+from runner.state.jobdir import JobDir, atomic_write, write_json
 
 
 def working_copy(job: JobDir, contract: VerifiedContract, disk_quota: int) -> bool:

@@ -9,7 +9,8 @@ from runner.contract import Trust
 from runner.gpu import gpus
 from runner.planning import policy
 from runner.planning.policy import LoadedPolicy
-from runner.staging.jobdir import InputRules, StateDir
+from runner.staging.jobdir import InputRules
+from runner.state.jobdir import StateDir
 
 
 def _default_policy() -> LoadedPolicy:

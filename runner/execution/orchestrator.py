@@ -60,6 +60,7 @@ from runner.planning.plan import ExecutionPlan
 from runner.results import attest
 from runner.results.envelope import build
 from runner.staging import jobdir as staging
+from runner.state.jobdir import JobDir, atomic_write
 from runner.state.ledger import Ledger, LedgerCorrupt, read_state
 
 __all__ = ["RunOptions", "run"]
@@ -167,7 +168,7 @@ def _run(
 def _locked(
     contract: VerifiedContract,
     p: ExecutionPlan,
-    job: staging.JobDir,
+    job: JobDir,
     backend: Backend,
     opts: RunOptions,
     progress: Progress,
@@ -228,7 +229,7 @@ def _locked(
 
 
 def _assets(
-    contract: VerifiedContract, job: staging.JobDir, opts: RunOptions, progress: Progress
+    contract: VerifiedContract, job: JobDir, opts: RunOptions, progress: Progress
 ) -> tuple[Mount, ...]:
     """The contract's assets from the cache (fetched first where the policy allows)."""
 
@@ -241,7 +242,7 @@ def _assets(
 
 
 def _admit(
-    ledger: Ledger, contract: VerifiedContract, p: ExecutionPlan, job: staging.JobDir,
+    ledger: Ledger, contract: VerifiedContract, p: ExecutionPlan, job: JobDir,
     opts: RunOptions,
 ) -> float:  # fmt: skip
     """Accept the job in its ledger (or check it is this contract's); its budget in seconds."""
@@ -282,7 +283,7 @@ def _record_end(
     got: attempt.AttemptResult,
     ledger: Ledger,
     p: ExecutionPlan,
-    job: staging.JobDir,
+    job: JobDir,
     backend: Backend,
     limit: float,
 ) -> tuple[Failure | None, BudgetRecord]:
@@ -340,7 +341,7 @@ def _read_evidence(
     got: attempt.AttemptResult,
     contract: VerifiedContract,
     p: ExecutionPlan,
-    job: staging.JobDir,
+    job: JobDir,
     opts: RunOptions,
     clock: Clock,
     known: Known,
@@ -434,7 +435,7 @@ def _tail(output: Path, rel: str, limit: int = 300) -> str:
     return " | ".join(text.splitlines()[-3:])[-limit:]
 
 
-def _archive_envelope(job: staging.JobDir) -> None:
+def _archive_envelope(job: JobDir) -> None:
     """Keep an earlier attempt's envelope under record/ before a new one is written."""
     if job.envelope.exists():
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
@@ -501,8 +502,8 @@ def ended_early(failure: Failure) -> ResultEnvelope:
     return _envelope(Known(), RunOptions(state_dir=Path(".")), Clock.start(), failure)
 
 
-def write_envelope(job: staging.JobDir, envelope: ResultEnvelope) -> None:
-    staging.atomic_write(job.envelope, (envelope.model_dump_json(indent=2) + "\n").encode())
+def write_envelope(job: JobDir, envelope: ResultEnvelope) -> None:
+    atomic_write(job.envelope, (envelope.model_dump_json(indent=2) + "\n").encode())
 
 
 def failure_exit_family(envelope: ResultEnvelope) -> str:

@@ -19,7 +19,8 @@ from typing import Any
 
 from runner.core import safefs
 from runner.models.envelope import AttemptRecord, RecordFile
-from runner.staging.jobdir import JobDir, sha256_under, write_json
+from runner.staging.jobdir import sha256_under
+from runner.state.jobdir import JobDir, write_json
 from runner.state.ledger import LedgerState
 
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from runner.execution.container import Outcome, Progress
     from runner.models.envelope import ResultEnvelope
     from runner.planning.plan import ExecutionPlan
-    from runner.staging.jobdir import JobDir
+    from runner.state.jobdir import JobDir
 
 
 def now_iso() -> str:

@@ -32,8 +32,8 @@ from runner.core import locks
 from runner.core.errors import ContainerVanished, JobBusy, JobFenced, RunnerError
 from runner.egress import slots as egress
 from runner.execution import container
-from runner.staging.jobdir import JobDir, StateDir
 from runner.state import ledger
+from runner.state.jobdir import JobDir, StateDir
 
 STILL_RUNS = "its ledger says it still runs; `runner run` on the job reattaches to it"
 

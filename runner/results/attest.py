@@ -186,7 +186,7 @@ def provenance(envelope: ResultEnvelope, envelope_bytes: bytes) -> dict[str, Any
 def sign_result(envelope: ResultEnvelope, job_root: Path, key_path: Path) -> Path:
     """Write ``<job>/result.envelope.intoto.json`` and ``<job>/result.intoto.json`` (the
     provenance of ``<job>/result.json`` as it is on disk); return the latter's path."""
-    from runner.staging.jobdir import atomic_write
+    from runner.state.jobdir import atomic_write
 
     private = signing.load_private_key(runner_key(key_path))
     written = (job_root / ENVELOPE_FILE).read_bytes()

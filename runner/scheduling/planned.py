@@ -18,7 +18,7 @@ from runner.contract import Trust, VerifiedContract, load_contract
 from runner.planning import plan, policy
 from runner.planning.plan import ExecutionPlan
 from runner.planning.policy import HostPolicy
-from runner.staging.jobdir import StateDir
+from runner.state.jobdir import StateDir
 from runner.state.ledger import LedgerState, read_state
 
 

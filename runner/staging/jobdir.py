@@ -4,23 +4,8 @@ inputs into ``input/``, to hash them for the issuer (:func:`hash_input`), and to
 ``input/`` after the job (:func:`recheck_inputs`) — and splitting it would mean three walkers
 to keep equally careful.
 
-The job directory: where a job's inputs, outputs and records live on the host.
-
-Layout of ``<state>/jobs/<job id>/``::
-
-    input/          the contract's inputs (paper, repository), task.json, parser-catalog.json,
-                    result.schema.json, compute-decision.json; mounted read-only
-    output/         the job's evidence, stdout and stderr; mounted read-write
-    workspace/      the job's working copy of the repository and its scratch; read-write
-    runtime-cache/  caches the job keeps across its attempts; read-write
-    runtime-venv/   the job's own Python environment, kept across attempts; read-write
-    assets/         datasets and checkpoints; mounted read-only
-    execution/      runner-owned files the job may read (runtime-budget.json, input-manifest.json);
-                    mounted read-only
-    record/         runner-owned, never mounted: the ledger, the lock, earlier envelopes and
-                    attempts/<n>/ (each attempt's container state, engine log, output manifest
-                    and, once a later attempt starts, its stdout and stderr)
-    result.json     the result envelope, written last and atomically
+The job folder itself (its layout, :class:`JobDir`, :class:`StateDir`, atomic writes) is
+:mod:`runner.state.jobdir`'s.
 """
 
 from __future__ import annotations
@@ -31,119 +16,18 @@ import json
 import os
 import shutil
 import stat
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from runner.contract import VerifiedContract
-from runner.core import locks, safefs
-from runner.core.errors import ContractError, JobBusy, PolicyViolation, RefusedError
+from runner.core import safefs
+from runner.core.errors import ContractError, PolicyViolation, RefusedError
 from runner.staging import inputs
-from runner.state.ledger import Budget
+from runner.state.jobdir import JobDir, atomic_write, write_json
 
 CHUNK = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class JobDir:
-    root: Path
-
-    @property
-    def input(self) -> Path:
-        return self.root / "input"
-
-    @property
-    def output(self) -> Path:
-        return self.root / "output"
-
-    @property
-    def workspace(self) -> Path:
-        return self.root / "workspace"
-
-    @property
-    def execution(self) -> Path:
-        return self.root / "execution"
-
-    @property
-    def runtime_cache(self) -> Path:
-        return self.root / "runtime-cache"
-
-    @property
-    def runtime_venv(self) -> Path:
-        return self.root / "runtime-venv"
-
-    @property
-    def assets(self) -> Path:
-        return self.root / "assets"
-
-    @property
-    def writable(self) -> tuple[Path, ...]:
-        """The folders the job writes, all counted in its disk quota."""
-        return (self.output, self.workspace, self.runtime_cache, self.runtime_venv)
-
-    def attempt_record(self, n: int) -> Path:
-        """``record/attempts/<n>/``: what the runner kept of attempt ``n``."""
-        return self.record / "attempts" / str(n)
-
-    @property
-    def record(self) -> Path:
-        return self.root / "record"
-
-    @property
-    def envelope(self) -> Path:
-        return self.root / "result.json"
-
-    @property
-    def budget_file(self) -> Path:
-        """``execution/runtime-budget.json``: what the job reads of its budget."""
-        return self.execution / "runtime-budget.json"
-
-    def write_budget(self, budget: Budget) -> None:
-        """Write runtime-budget.json (atomically; the job reads it read-only)."""
-        write_json(self.budget_file, {"schemaVersion": "1.0", **budget.as_json()})
-
-    @property
-    def ledger(self) -> Path:
-        """``record/ledger.jsonl``: the job's budget ledger."""
-        return self.record / "ledger.jsonl"
-
-    @property
-    def lock(self) -> Path:
-        """``record/lock``: held (``flock``) by the one runner running the job."""
-        return self.record / "lock"
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """One runner per job directory at a time: a second is refused, never run beside it."""
-        # Onlookers (runner cleanup, the GPU allocator) probe the lock for an instant:
-        # wait out such a probe rather than mistake it for another runner.
-        with locks.flocked(self.lock, timeout=2.0, poll=0.1, parents=False) as got:
-            if not got:
-                raise JobBusy(
-                    f"job {self.root.name} is being run by another runner on this host right now",
-                    hint="wait for it to finish, or give this run another --job-id",
-                )
-            yield
-
-
-@dataclass(frozen=True)
-class StateDir:
-    """The runner's state folder: ``jobs/<job id>/`` and ``gpu-locks/``."""
-
-    root: Path
-
-    @property
-    def jobs(self) -> Path:
-        return self.root / "jobs"
-
-    def job(self, job_id: str) -> JobDir:
-        return JobDir(self.jobs / job_id)
-
-    @property
-    def gpu_locks(self) -> Path:
-        return self.root / "gpu-locks"
 
 
 @dataclass(frozen=True)
@@ -171,25 +55,6 @@ class StagedInput:
     files: list[StagedFile]
     executable: bool = False
     """A single file its owner may execute."""
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: Path, value: Any) -> None:
-    atomic_write(path, (json.dumps(value, indent=2, sort_keys=False) + "\n").encode())
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,2 @@
-"""What survives a restart: the cumulative, hash-chained runtime-budget ledger."""
+"""What survives a restart: the job folder (its layout, lock and budget file) and the
+cumulative, hash-chained runtime-budget ledger."""

@@ -60,7 +60,7 @@ from runner.results.bundle import (
     representable,
     stem,
 )
-from runner.staging import jobdir as staging
+from runner.state.jobdir import JobDir
 from runner.trust import signing
 
 CHUNK = 1024 * 1024
@@ -129,7 +129,7 @@ def export(
     files over ``inline_max`` bytes go to ``<archive>.blobs/sha256/<hex>``. The bag is sealed
     with the private key at ``runner_key``; ``issuer_keys`` whose ids the envelope records as
     the contract's signers are carried (as information, never trusted) for auditors."""
-    job = staging.JobDir(job_root)
+    job = JobDir(job_root)
     if not job.envelope.is_file():
         raise BundleInvalid(
             f"{job_root} has no result.json: there is no run to export",
@@ -141,7 +141,7 @@ def export(
 
 
 def _export(
-    job: staging.JobDir,
+    job: JobDir,
     archive: Path,
     private: Ed25519PrivateKey,
     issuer_keys: list[signing.TrustedKey],
@@ -205,7 +205,7 @@ def _export(
 
 
 def _plan(
-    job: staging.JobDir, envelope: ResultEnvelope, with_inputs: bool
+    job: JobDir, envelope: ResultEnvelope, with_inputs: bool
 ) -> tuple[list[_Item], list[Skipped]]:
     """What to bundle (paths relative to the job folder), and what is left out already."""
     items: dict[str, _Item] = {}
@@ -241,7 +241,7 @@ WITHHELD = "record/withheld.json"
 """The run's list of output files that hold an agent's secret (``agent_run.withhold``)."""
 
 
-def _withheld(job: staging.JobDir) -> dict[str, str]:
+def _withheld(job: JobDir) -> dict[str, str]:
     """``{path: why}`` of the files the run withheld from export; a list that cannot be read
     stops the export (what it names must never leave)."""
     try:

@@ -21,7 +21,7 @@ from runner.scheduling import submissions
 from runner.scheduling.kubernetes import render
 from runner.scheduling.kubernetes.render import Manifest
 from runner.scheduling.planned import planned
-from runner.staging.jobdir import StateDir
+from runner.state.jobdir import StateDir
 from runner.state.ledger import LedgerState
 
 

@@ -201,7 +201,7 @@ def check_end(
     job's result.json), else the Slurm job's end with the envelope its batch wrote (None when
     the runner wrote none). ``queued`` (:meth:`Cluster.active`, asked once for many jobs)
     spares the questions to Slurm about a job that still runs and has no result yet."""
-    from runner.staging.jobdir import StateDir
+    from runner.state.jobdir import StateDir
     from runner.state.ledger import read_state
 
     sub = submission_of(state, job_id)
