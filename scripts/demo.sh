@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's first command: set everything up if needed, then run the toy evaluation
-# through `runner run` and print its result envelope (accuracy 0.819).
+# The README's first command: set up what the toy needs (the engine, the venv and its image),
+# then run the toy evaluation through `runner run` and print its result envelope (accuracy
+# 0.819). The test command (scripts/test.sh) sets up everything else.
 #
 #   scripts/demo.sh
 #
@@ -15,7 +16,7 @@ cd "$ROOT"
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
 
-bash "$ROOT/scripts/setup.sh"
+bash "$ROOT/scripts/setup.sh" --demo  # the engine, the venv and the toy's image; nothing else
 
 RUNNER="$ROOT/.venv/bin/runner"
 PY="$ROOT/.venv/bin/python"
@@ -29,16 +30,16 @@ ISSUER="$CONFIG/issuer/local-issuer" # the demo's own issuer key, made on first 
 
 if [ ! -f "$ISSUER.key" ]; then
   log "demo: first use: generating a local issuer key ($ISSUER.key, mode 0600)"
-  "$RUNNER" keygen --out "$ISSUER" >&2
+  "$RUNNER" key new --out "$ISSUER" >&2
 fi
 log "demo: trusting the local issuer on this host"
-"$RUNNER" trust "$ISSUER.pub" >&2
+"$RUNNER" key trust "$ISSUER.pub" >&2
 
 log "demo: pinning runner-cpu:local into the toy contract (issuer side)"
-"$RUNNER" pin "$TOY/task.json" --image runner-cpu:local -o "$PINNED" >&2
+"$RUNNER" contract pin "$TOY/task.json" --image runner-cpu:local -o "$PINNED" >&2
 
 log "demo: signing it for job $JOB_ID (valid for 1 hour)"
-"$RUNNER" sign "$PINNED" --key "$ISSUER.key" --expires-in 1h --job-id "$JOB_ID" -o "$SIGNED" >&2
+"$RUNNER" contract sign "$PINNED" --key "$ISSUER.key" --expires-in 1h --job-id "$JOB_ID" -o "$SIGNED" >&2
 
 log "demo: runner run $SIGNED --state-dir $STATE"
 rc=0
@@ -61,5 +62,5 @@ PY
 
 BUNDLE="$(mktemp -d)/$JOB_ID.bag.tar.gz"
 log "demo: runner export $JOB_ID -o $BUNDLE, then runner verify-bundle $BUNDLE"
-"$RUNNER" export "$JOB_ID" --state-dir "$STATE" -o "$BUNDLE" >&2
-"$RUNNER" verify-bundle "$BUNDLE"
+"$RUNNER" job export "$JOB_ID" --state-dir "$STATE" -o "$BUNDLE" >&2
+"$RUNNER" verify bundle "$BUNDLE"

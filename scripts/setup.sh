@@ -16,6 +16,8 @@
 #      (Python, on the base's python3) and Debian's busybox-static (downloaded on the host with
 #      apt-get download).
 # Safe to run many times; reruns are fast (stamp file, existing images, layer cache).
+#   scripts/setup.sh          everything the test command needs (1-7, Podman and Slurm)
+#   scripts/setup.sh --demo   only what the toy run needs (1-4, without the agent images)
 #
 # Environment:
 #   RUNNER_BASE_IMAGE     use this base instead of building runner-base:bookworm offline
@@ -432,6 +434,15 @@ start=$SECONDS
 ensure_engine
 # python3 edits /etc/docker/daemon.json in the gVisor step, before the venv step needs it too.
 command -v python3 >/dev/null 2>&1 || apt_install python3
+if [ "${1:-}" = "--demo" ]; then
+  # What the toy run needs (scripts/demo.sh): the engine, the venv, the base and the job image.
+  # The test command sets up the rest (gVisor, the registry, Podman, Slurm, the other images).
+  ensure_venv
+  ensure_base
+  build_job_image
+  log "done (demo set-up) in $((SECONDS - start))s; $JOB_TAG is $(docker image inspect --format '{{.Id}}' "$JOB_TAG")"
+  exit 0
+fi
 ensure_gvisor
 ensure_test_tools
 ensure_venv
