@@ -24,7 +24,7 @@ PY_VERSION="3.12"
 LIMIT_MIB=56 # 64 MiB carried in all, minus the tree (about 2 MiB) and some room
 PYTHON="${PYTHON:-}"
 if [ -z "$PYTHON" ]; then
-  for candidate in "$ROOT/.venv/bin/python" /work/main/.venv/bin/python python3; do
+  for candidate in "$ROOT/.venv/bin/python" python3; do
     if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -m pip --version >/dev/null 2>&1; then
       PYTHON="$candidate"
       break
