@@ -373,8 +373,8 @@ def test_redact_scrubs_a_value_across_chunks_and_follows_no_link(tmp_path: Path)
     assert data == head + b"[redacted: K]\nmore [redacted: K]"
 
 
-def test_the_readmes_adapter_example_is_a_valid_policy() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_manuals_adapter_example_is_a_valid_policy() -> None:
+    text = (ROOT / "docs" / "how-to" / "agent-runs.md").read_text()
     start = text.index('{"agents": {\n  "claude-code"')
     block = text[start : text.index("```", start)]
     data = json.loads(

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from runner.app import schemas
 from runner.cli import COMMANDS, build_parser
 from runner.core import envvars
 from runner.planning import plan
@@ -151,3 +152,14 @@ def test_the_reader_finds_each_form_of_read() -> None:
         "env_flag('E')\nother.get('F')\nenv.get('jobId')\nadapter.env.get('PATH')\nenv['G'] = '1'\n"
     )
     assert _environ_reads(tree) == {"A", "B", "C", "D", "E"}
+
+
+def test_the_readmes_exit_code_table_is_the_generated_one() -> None:
+    """The README keeps one generated block, the exit codes: it is current, and a stale copy is
+    rewritten to it by runner.app.schemas (what `python -m runner.app.schemas` does)."""
+    text = (ROOT / "README.md").read_text()
+    assert "<!-- exit-codes:begin -->" in text and "<!-- exit-codes:end -->" in text
+    assert schemas.readme_with_blocks(text) == text
+    stale = text.replace("| 2 | the command line was wrong |", "| 2 | wrong |")
+    assert stale != text
+    assert schemas.readme_with_blocks(stale) == text

@@ -151,7 +151,8 @@ class AgentAdapter(BaseModel):
     argv: list[TemplateItem] = Field(
         min_length=1,
         description="The argv that starts the runtime. Strings may name placeholders "
-        "({prompt}, {task}, {model}, {effort}, {maxTurns}, {maxBudgetUsd}, ...; README). A "
+        "({prompt}, {task}, {model}, {effort}, {maxTurns}, {maxBudgetUsd}, ...; "
+        "docs/how-to/agent-runs.md). A "
         "string whose placeholder has no value refuses the contract; a list is a group of "
         "elements dropped together when one of its placeholders has no value (an option and "
         'its value: ["--model", "{model}"]).',

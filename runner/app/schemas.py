@@ -1,7 +1,9 @@
-"""Generate the JSON Schemas in ``contracts/`` from the pydantic models, and the README's
-generated tables: the parser catalog from the parser registry, the envelope's fields from its
-model, the exit codes and failure categories from the category table (``runner.core.errors``),
-the result.json flag codes from ``runner.evidence.selfreport.FLAGS``.
+"""Generate the JSON Schemas in ``contracts/`` from the pydantic models, and the generated
+tables: the parser catalog from the parser registry, the envelope's fields from its model, the
+exit codes and failure categories from the category table (``runner.core.errors``), the
+result.json flag codes from ``runner.evidence.selfreport.FLAGS``. The documentation site's
+reference pages carry them all (``scripts/gen_docs.py`` writes them with these renderers); the
+README carries the blocks whose markers it has (the exit codes), and those are rewritten here.
 
 ``python -m runner.app.schemas`` rewrites them; ``python -m runner.app.schemas --check`` exits 1
 when a
@@ -218,8 +220,8 @@ def main(argv: list[str]) -> int:
     wanted = readme_with_blocks(readme)
     if check and wanted != readme:
         stale.append(
-            "README.md generated blocks (parser catalog, envelope and contract fields, exit "
-            "codes, categories, result.json flags)"
+            "README.md generated blocks (those it carries of: parser catalog, envelope and "
+            "contract fields, exit codes, categories, result.json flags)"
         )
     elif not check and wanted != readme:
         README.write_text(wanted)

@@ -30,7 +30,7 @@ that denies all ingress and egress. Output: JSON, which kubectl reads as it read
 
 The job folder (<claim>/jobs/<job id>/input ... as `runner run` lays it out) must be on the
 claim before the Job starts: `runner cluster stage CONTRACT --state-dir <claim as mounted
-here>` lays it out; see README, "Running on a cluster", for what Kubernetes does and does not
+here>` lays it out; see docs/how-to/kubernetes.md for what Kubernetes does and does not
 enforce compared with `runner run`.
 
 exit codes:

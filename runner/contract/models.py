@@ -67,10 +67,10 @@ class Research(_Open):
 
 
 _DIGEST_DOC = (
-    "Runner addition. The content digest of what path names, filled in by `runner pin` or "
-    "`runner sign`: for a file the SHA-256 of its bytes, for a folder the SHA-256 of its "
-    "runner-tree-v1 listing (README, 'Inputs bound to the contract'). The staged input must "
-    "hash to it, or nothing runs (input_digest_mismatch)."
+    "Runner addition. The content digest of what path names, filled in by `runner contract "
+    "pin` or `runner contract sign`: for a file the SHA-256 of its bytes, for a folder the "
+    "SHA-256 of its runner-tree-v1 listing (docs/concepts/contract.md, 'Inputs bound to the "
+    "contract'). The staged input must hash to it, or nothing runs (input_digest_mismatch)."
 )
 
 

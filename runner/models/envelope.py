@@ -84,7 +84,8 @@ class FileRef(_Model):
 
 class AgentResultFlag(_Model):
     """One disagreement the runner found between the job's result.json and the contract, the
-    job's files or the runner's own verdict (codes: README, "The job's result.json")."""
+    job's files or the runner's own verdict (codes: docs/concepts/evidence.md, "The job's
+    result.json")."""
 
     code: str = Field(description="Stable, machine-readable: what disagrees.")
     path: str = Field(description="JSON path in result.json of the entry concerned, e.g. $.x.")

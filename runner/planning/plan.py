@@ -347,8 +347,8 @@ def _egress(
                 f"$.agent.runtime: the {agent.runtime} adapter reaches "
                 f"{', '.join(agent.adapter.allow)}, and this host's policy has no egress "
                 "(no upstream network for the allowlist proxy)",
-                hint='give the policy "egress": {"upstreamNetwork": ...} (see README, Egress '
-                "allowlist), or remove allow from the adapter",
+                hint='give the policy "egress": {"upstreamNetwork": ...} (see the manual, '
+                "docs/how-to/egress.md), or remove allow from the adapter",
             )
     if agent is not None and agent.adapter.network and not agent.adapter.allow and allow:
         raise PolicyViolation(

@@ -175,7 +175,7 @@ class HostPolicy(BaseModel):
         default="auto",
         description="The container engine jobs run on. auto: Docker when DOCKER_HOST is set "
         "or its socket exists, else Podman when CONTAINER_HOST is set or its socket for this "
-        "user exists. Podman refuses a job whose caps it cannot enforce (README, 'Podman').",
+        "user exists. Podman refuses a job whose caps it cannot enforce (docs/how-to/podman.md).",
     )
     isolation: Literal["runc", "runsc"] = Field(
         default="runc",
@@ -224,7 +224,7 @@ class HostPolicy(BaseModel):
     assets: AssetGrant = Field(
         default_factory=AssetGrant,
         description="Contracts' assets: the hosts they may be fetched from, the cache's size "
-        "limit, and whether `runner run` fetches what is missing (README, 'Assets').",
+        "limit, and whether `runner run` fetches what is missing (docs/how-to/assets.md).",
     )
     registryRetrySeconds: float = Field(
         default=120, gt=0, description="How long transient registry failures are retried."
@@ -232,7 +232,7 @@ class HostPolicy(BaseModel):
     agents: dict[str, AgentAdapter] = Field(
         default_factory=dict,
         description="The agent runtimes this host runs for agent_planned contracts, by the "
-        "name a contract gives as agent.runtime (README, 'Agent-planned runs'). None: "
+        "name a contract gives as agent.runtime (docs/how-to/agent-runs.md). None: "
         "agent_planned contracts are refused.",
     )
 
