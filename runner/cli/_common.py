@@ -40,11 +40,12 @@ exit codes:
        (also a 'partial' result, where some measurements were read)
   2    the command line was wrong
   3    refused before anything ran: invalid contract, bad or missing signature, policy
-       violation, ambiguous protocol, image digest mismatch; (export, verify-bundle) a
+       violation, ambiguous protocol, image digest mismatch; (job export, verify bundle) a
        bundle that cannot be made or does not verify
   4    infrastructure: the engine is unreachable, the image is not here, no GPU to give,
        the host's policy or keys are broken, the runner failed
-  5    no such job: the job id or folder given (status, parse, ledger, export) is not here
+  5    no such job: the job id or folder given (job status|regrade|export, verify ledger)
+       is not here
   (a job that already finished prints its stored envelope and exits with its code)
   130  interrupted (Ctrl-C or SIGTERM); the container was stopped and an envelope written
 """
@@ -148,8 +149,8 @@ signed result. ``--trusted-keys`` always names issuer (contract signer) keys."""
 
 
 def result_key_options(p: argparse.ArgumentParser) -> None:
-    """--key and --result-keys: the runner keys trusted to sign results (verify-result,
-    verify-bundle)."""
+    """--key and --result-keys: the runner keys trusted to sign results (verify result,
+    verify bundle)."""
     p.add_argument(
         "--key",
         action="append",

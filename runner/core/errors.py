@@ -18,7 +18,7 @@ failure ``category`` that ends up in the result envelope, whether a retry could 
     │   ├── AssetDigestMismatch      asset_digest_mismatch: an asset's bytes are not the ones bound
     │   ├── JobAlreadyFinished       the job id already ran to an end on this host
     │   └── BundleInvalid            bundle_invalid: a bundle that cannot be made, or that does
-    │                                not verify (runner export, runner verify-bundle)
+    │                                not verify (runner job export, runner verify bundle)
     ├── JobNotFound                  job_not_found: no such job id or job folder here     (exit 5)
     ├── ResourceExhausted            resource_exhausted: the budget or an agent's is spent (exit 1)
     ├── ImageUnavailable             image_unavailable: the pinned image is not here      (exit 4)
@@ -58,12 +58,12 @@ class Family(Enum):
                  "and an envelope written")  # fmt: skip
     INFRASTRUCTURE = (4, "infrastructure: the runner, the engine or the host failed; the job is "
                       "not to blame")  # fmt: skip
-    REFUSED = (3, "refused before anything ran (for `runner export` and `runner "
-               "verify-bundle`: a bundle that cannot be made, or that does not "
+    REFUSED = (3, "refused before anything ran (for `runner job export` and `runner "
+               "verify bundle`: a bundle that cannot be made, or that does not "
                "verify; `input_digest_mismatch` also after a job whose input/ changed "
                "while it ran)")  # fmt: skip
-    NOT_FOUND = (5, "no such job: the job id or folder given to status, parse, ledger, "
-                 "export ... is not on this host")  # fmt: skip
+    NOT_FOUND = (5, "no such job: the job id or folder given to job status, job regrade, "
+                 "verify ledger, job export ... is not on this host")  # fmt: skip
     JOB_FAILED = (1, "the job ran and failed (also `partial`), or its budget was already spent")
     SUCCEEDED = (0, "the job succeeded: it exited 0 and every measurement was read")
 
@@ -189,8 +189,8 @@ _TABLE: dict[Category, _Row] = {
         "the runner got Ctrl-C or SIGTERM and stopped the job; running it again continues "
         "the budget"),
     Category.BUNDLE_INVALID: _Row(_F.REFUSED, False, False,
-        "not a job's failure: a bundle (`runner export`) that cannot be made, or that does not "
-        "verify (`runner verify-bundle`): a changed, missing or extra file, a broken ledger, "
+        "not a job's failure: a bundle (`runner job export`) that cannot be made, or that does "
+        "not verify (`runner verify bundle`): a changed, missing or extra file, a broken ledger, "
         "values that do not re-parse"),
     Category.JOB_NOT_FOUND: _Row(_F.NOT_FOUND, False, False,
         "not a job's failure: the job id (under the state folder) or job folder a command "
