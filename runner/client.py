@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import NoReturn
 
+__all__ = ["main", "served"]
+
 SERVED = frozenset({"run", "verify"})
 """The first words of the commands a client hands to a server: ``run`` and ``verify contract``
 (also spelled ``verify CONTRACT``); the others start fast on their own."""

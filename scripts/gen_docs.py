@@ -25,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from runner.app import schemas  # noqa: E402 - after the checkout is on the path
-from runner.cli import build_parser  # noqa: E402
-from runner.cli._common import EXIT_CODES_HELP, HOST_HELP  # noqa: E402
+from runner.cli import EXIT_CODES_HELP, HOST_HELP, build_parser  # noqa: E402
 from runner.core import envvars  # noqa: E402
 from runner.evidence import selfreport  # noqa: E402
 from runner.planning.policy import HostPolicy  # noqa: E402

@@ -33,6 +33,18 @@ from runner.contract import VerifiedContract
 from runner.core import safefs
 from runner.core.errors import HostConfigError, PolicyViolation, ProtocolAmbiguous
 
+__all__ = [
+    "HOST_PROMPT_NAME",
+    "AgentAdapter",
+    "AgentPlan",
+    "TemplateItem",
+    "plan_for",
+    "prompt_bytes",
+    "prompt_record",
+    "render",
+    "secret_values",
+]
+
 PLACEHOLDERS = {
     "prompt": "the prompt file in the container (/job/input/<agent.promptPath>, or "
     "/job/input/agent-prompt.md: the host's)",

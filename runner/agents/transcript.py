@@ -55,6 +55,21 @@ from typing import Any, TypeGuard
 from runner.backends.base import Backend, LogFollow
 from runner.core import safefs
 
+__all__ = [
+    "CAPTURE",
+    "LINE_MAX",
+    "LONG_LINE",
+    "MAX_IDS",
+    "TAMPERED",
+    "AgentGuard",
+    "Capture",
+    "Meter",
+    "Prices",
+    "ProxyCount",
+    "Reader",
+    "Usage",
+]
+
 LINE_MAX = 16 * 1024 * 1024
 """The longest line of an agent's stdout read; a longer one fails the guard closed."""
 MAX_VALUES = 100_000

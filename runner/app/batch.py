@@ -32,6 +32,8 @@ from runner.core.errors import Category
 from runner.execution import orchestrator
 from runner.models.envelope import Failure
 
+__all__ = ["run_many"]
+
 
 def _warm_up(options: orchestrator.RunOptions, warm_up: Callable[[], None]) -> None:
     """Warm this process for forking (``warm_up``: runner.app.warmup.warm_up, as the CLI gives

@@ -44,6 +44,21 @@ if TYPE_CHECKING:
     from runner.contract import Trust
     from runner.planning.policy import LoadedPolicy
 
+__all__ = [
+    "cdi_dirs",
+    "code_fingerprint",
+    "config_dir",
+    "gpu_lock_dir",
+    "install_signal_handlers",
+    "load",
+    "policy_path",
+    "result_key_path",
+    "socket_path",
+    "state_dir",
+    "trusted_keys_dir",
+    "trusted_runner_keys_dir",
+]
+
 
 def gpu_lock_dir() -> Path | None:
     """``$RUNNER_GPU_LOCK_DIR``, else None: the host-wide default (``/run/lock/runner-gpus``)."""

@@ -19,6 +19,8 @@ from runner.core import units
 from runner.core.errors import ContractError, ImageUnavailable, RefusedError
 from runner.core.units import BadDuration as BadDuration  # raised by sign, caught by the CLI
 
+__all__ = ["BadDuration", "keygen", "parse_duration", "pin", "sign"]
+
 
 @dataclass(frozen=True)
 class KeyPair:

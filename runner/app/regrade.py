@@ -31,6 +31,8 @@ from runner.results import attest
 from runner.staging import jobdir as staging
 from runner.state.jobdir import JobDir, atomic_write
 
+__all__ = ["EvidenceChanged", "regrade"]
+
 
 class EvidenceChanged(RefusedError):
     """The stored evidence no longer hashes to what the envelope recorded."""

@@ -27,6 +27,19 @@ from runner.models.selfreport import json_schema as selfreport_schema
 from runner.planning.policy import HostPolicy
 from runner.state.ledger import LedgerEvent
 
+__all__ = [
+    "CONTRACTS",
+    "categories_markdown",
+    "contract_fields_markdown",
+    "envelope_fields_markdown",
+    "exit_codes_markdown",
+    "main",
+    "model_fields_markdown",
+    "parser_catalog_markdown",
+    "render",
+    "schemas",
+]
+
 CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 README = CONTRACTS.parent / "README.md"
 

@@ -38,6 +38,8 @@ from types import FrameType
 from runner.app.host import code_fingerprint
 from runner.app.warmup import warm_up
 
+__all__ = ["serve"]
+
 _MAX_REQUEST = 1 << 20
 """The largest request (command line, directory, environment) a server reads."""
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 
+__all__ = ["warm_up"]
+
 
 def warm_up() -> None:
     """Import everything a command imports, even lazily, and ask the engine what does not

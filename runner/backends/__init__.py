@@ -2,7 +2,7 @@
 
 ``types`` holds the values the layers above plan with (limits, image info), ``base`` the
 :class:`Backend` protocol and the container's values (spec, state), and each engine is one
-module behind it (``docker``, the only one that talks to Docker; ``podman``, Docker's requests
+module behind it (``docker``, through which every run talks to Docker; ``podman``, Docker's requests
 sent to Podman's API socket, refusing the caps it would drop, which ``podmancaps`` decides;
 ``fake``, in memory, for tests). Nothing in this package imports a module above it, and
 importing the package imports none of its modules: ``runner verify`` plans with ``types`` and
@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from runner.backends.base import Backend
+
+__all__ = ["default", "detect"]
 
 Engine = Literal["docker", "podman", "auto"]
 _DOCKER_SOCKET = "/var/run/docker.sock"

@@ -1,6 +1,9 @@
 """The container seam: the small interface the runner needs from a container engine.
 
-``runner.backends.docker`` is the real one and the only module that imports ``docker``. Every
+``runner.backends.docker`` is the real one (``podman`` sends its requests to Podman). The docker
+SDK is imported there, for image transfers, and in two places outside this package: the
+credential lookup of ``runner.images.registry`` (the SDK's reading of the docker config) and
+``runner --version`` in ``runner.cli`` (the SDK's version and the engine's). Every
 method raises only :class:`~runner.core.errors.RunnerError` subclasses: ``EngineUnavailable`` when
 the engine cannot be reached or fails, ``ContainerVanished`` when the container is gone.
 """

@@ -1,4 +1,5 @@
-"""The Docker engine backend: the only module that talks to Docker.
+"""The Docker engine backend: every container and image of a run goes through it (only
+``runner --version``, in ``runner.cli``, asks the engine something else: its version).
 
 Two transports, one module. Container work (create, start, wait, inspect, logs, remove, list)
 goes over the Engine API with the standard library's ``http.client`` on the engine's socket:
@@ -52,6 +53,8 @@ from runner.core.errors import (
 
 if TYPE_CHECKING:
     import docker
+
+__all__ = ["DockerBackend"]
 
 _MAX_API = (1, 45)
 """The newest Engine API version the requests below were written against."""

@@ -38,6 +38,8 @@ from runner.backends.base import (
 from runner.backends.types import ImageInfo, Limits, PathStat
 from runner.core.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 
+__all__ = ["FakeBackend", "FakeJob"]
+
 
 @dataclass(frozen=True)
 class FakeJob:

@@ -69,6 +69,8 @@ from runner.core.errors import (
     PolicyViolation,
 )
 
+__all__ = ["PodmanBackend", "default_url", "socket_path"]
+
 ROOTFUL_SOCKET = "/run/podman/podman.sock"
 _LIBPOD = "/v4.0.0/libpod"
 """Podman's own API (4.0 and later answer at this prefix)."""

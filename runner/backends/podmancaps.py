@@ -14,6 +14,8 @@ from runner.backends.types import GIB, Limits
 from runner.core import untrusted
 from runner.core.errors import PolicyViolation
 
+__all__ = ["PodmanHost", "refusal", "unenforceable"]
+
 
 @dataclass(frozen=True)
 class PodmanHost:

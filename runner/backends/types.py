@@ -13,6 +13,21 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+__all__ = [
+    "GIB",
+    "HOST_PORT_PATTERN",
+    "MIB",
+    "DeviceEdits",
+    "DeviceNode",
+    "EgressPlan",
+    "GpuInjection",
+    "HostPort",
+    "ImageInfo",
+    "Limits",
+    "PathStat",
+    "loopback_registry",
+]
+
 GIB = 1024**3
 MIB = 1024**2
 

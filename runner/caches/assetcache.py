@@ -33,6 +33,8 @@ from runner.core import archives
 from runner.state.jobdir import JobDir, StateDir
 from runner.state.ledger import LedgerCorrupt, read_state
 
+__all__ = ["entries", "in_use", "prune"]
+
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 
 

@@ -60,6 +60,8 @@ from runner.core.errors import AssetDigestMismatch, AssetUnavailable, PolicyViol
 from runner.planning.policy import AssetGrant
 from runner.state.jobdir import JobDir, atomic_write, write_json
 
+__all__ = ["AssetCache", "Fetched", "fetch", "stage", "used_by"]
+
 RECORD = "assets.json"
 STAGE_LOCK_WAIT = 2 * 3600.0
 """Seconds a job waits on another runner's fetch of one of its assets before it gives up

@@ -40,6 +40,18 @@ from runner.contract.models import Asset
 from runner.core import safefs
 from runner.planning.policy import AssetGrant
 
+__all__ = [
+    "Download",
+    "OnBytes",
+    "SourceFailed",
+    "Transient",
+    "WrongBytes",
+    "http",
+    "local",
+    "redacted",
+    "retrying",
+]
+
 CHUNK = 1024 * 1024
 MAX_REDIRECTS = 5
 CONNECT_TIMEOUT = 10.0

@@ -77,6 +77,8 @@ from runner.staging import inputs
 from runner.staging.jobdir import StagedFile, StagedInput, Stager
 from runner.state.jobdir import JobDir, write_json
 
+__all__ = ["InputCache", "Staged", "stager", "stamp", "used_by", "verify", "verify_used"]
+
 RECORD = "inputs.json"
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")

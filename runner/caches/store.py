@@ -23,6 +23,8 @@ from typing import ClassVar, Self
 
 from runner.core import locks
 
+__all__ = ["Store", "now"]
+
 
 def now() -> str:
     """This moment as the meta files record it (UTC, ISO 8601, seconds)."""

@@ -1,4 +1,6 @@
-"""The command line: the only place that prints or chooses exit codes.
+"""The command line: the only place that prints a command's answer or chooses its exit code.
+(``runner.client`` and ``runner.app.server``, which hand a command to a running server, print
+only about that hand-off; ``python -m runner.app.schemas`` is a maintainer's tool.)
 
 The commands are grouped by what they act on (``runner verify contract``, ``runner job
 status``, ``runner cluster submit``, ``runner cache ls``); ``runner run`` stays a verb of its
@@ -57,6 +59,17 @@ from runner.core.errors import RunnerError
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
+
+__all__ = [
+    "ALIASES",
+    "COMMANDS",
+    "EXIT_CODES_HELP",
+    "HOST_HELP",
+    "build_parser",
+    "dispatch",
+    "load_all",
+    "spelled",
+]
 
 _TABLE: dict[str, tuple[str | None, str]] = {
     "run": ("run", "run a contract's job in a container and write its envelope"),

@@ -1,9 +1,9 @@
 """What the commands share: exit codes and the failure-family mapping, help texts, the host
 options, usage errors, progress for people and the result summary.
 
-Exit codes come from the category table (:mod:`runner.core.errors`), imported only when a command
-ends: ``runner --help`` does not pay for it. The ``EXIT_*`` constants and the help text agree
-with that table (a test checks them).
+Exit codes come from the category table (:mod:`runner.core.errors`, which ``runner.cli`` imports
+at start-up for :func:`~runner.cli.dispatch`'s ``except RunnerError``). The ``EXIT_*``
+constants and the help text agree with that table (a test checks them).
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from runner.results.bundle.verify import Keys
     from runner.trust.signing import TrustedKey
 
+__all__ = ["register"]
+
 MiB = 1024 * 1024
 
 EXPORT_EPILOG = """\

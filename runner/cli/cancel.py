@@ -14,6 +14,8 @@ from runner.cli._common import EXIT_SUCCEEDED
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
 
+__all__ = ["register"]
+
 EPILOG = """\
 A pending job leaves the queue; a running one gets SIGTERM: its runner stops the container
 within --stop-grace, records the attempt cancelled (the budget it used stays spent) and writes

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from runner.cli._common import Subparsers
     from runner.execution import agentimage
 
+__all__ = ["register"]
+
 _STATE_HELP = "the state folder (default: $RUNNER_STATE_DIR, else the user's state dir)"
 
 

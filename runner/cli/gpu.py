@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from runner.cli._common import Subparsers
     from runner.gpu.gpus import Gpu
 
+__all__ = ["register"]
+
 _CDI_HELP = """\
 Write a CDI spec (kind nvidia.com/gpu) for this host's GPUs, the way `nvidia-ctk cdi
 generate` would but without hooks: one device per GPU by index and by UUID, plus `all`; the

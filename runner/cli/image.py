@@ -12,6 +12,8 @@ from runner.cli._common import EXIT_SUCCEEDED
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
 
+__all__ = ["register"]
+
 
 def register(sub: Subparsers, name: str, help: str) -> None:
     image = sub.add_parser(name, help=help)

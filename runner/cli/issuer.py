@@ -16,6 +16,8 @@ from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, usage
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
 
+__all__ = ["register"]
+
 
 def register(sub: Subparsers, name: str, help: str) -> None:
     if name == "pin":

@@ -25,6 +25,8 @@ from runner.state.jobdir import JobDir, StateDir
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
 
+__all__ = ["_job_root", "register"]
+
 
 def register(sub: Subparsers, name: str, help: str) -> None:
     if name == "regrade":

@@ -15,6 +15,8 @@ from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, host_options, load_hos
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
 
+__all__ = ["register"]
+
 EPILOG = (
     """\
 what is rendered: a batch/v1 Job (backoffLimit 0; activeDeadlineSeconds from the budget left

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from runner.execution import orchestrator
     from runner.planning.policy import LoadedPolicy
 
+__all__ = ["register"]
+
 
 def register(sub: Subparsers, name: str, help: str) -> None:
     run = sub.add_parser(

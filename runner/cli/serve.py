@@ -14,6 +14,8 @@ from runner.cli._common import usage
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
 
+__all__ = ["register"]
+
 
 def register(sub: Subparsers, name: str, help: str) -> None:
     serve = sub.add_parser(

@@ -16,6 +16,8 @@ from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, host_options, load_hos
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
 
+__all__ = ["register"]
+
 EPILOG = (
     """\
 what is laid out under <state>/jobs/<job id>/, exactly as `runner run` lays it out before it

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from runner.scheduling.slurm.batch import Request
     from runner.scheduling.slurm.cluster import Cluster
 
+__all__ = ["register"]
+
 EPILOG = (
     """\
 what each job gets (one sbatch per contract):

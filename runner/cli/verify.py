@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from runner.cli._common import Subparsers
     from runner.planning.plan import ExecutionPlan
 
+__all__ = ["register"]
+
 
 def register(sub: Subparsers, name: str, help: str) -> None:
     if name == "contract":

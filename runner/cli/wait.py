@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from runner.cli._common import Subparsers
     from runner.scheduling.slurm.cluster import Cluster, Ended
 
+__all__ = ["kube_args", "register", "where"]
+
 SLURM_END_GRACE_SECONDS = 30
 """How long `runner job wait` waits for a Slurm job to end once its ledger says finished."""
 FAILED_POLLS = 10

@@ -11,6 +11,8 @@ from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag
 
 from runner.contract.base import Sha256, _no_control, _Open, _relative_path, _Strict
 
+__all__ = ["Asset", "AssetEntry", "CarriedAsset"]
+
 ASSET_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 ASSET_FIELDS = frozenset({"sources", "sha256", "size", "path", "unpack"})
 """An asset naming any of these is one the runner fetches (every one then checked)."""

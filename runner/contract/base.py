@@ -8,6 +8,17 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+__all__ = [
+    "SHA256_PATTERN",
+    "ContainerPath",
+    "RelativePath",
+    "Sha256",
+    "_Open",
+    "_Strict",
+    "_no_control",
+    "_relative_path",
+]
+
 SHA256_PATTERN = r"^sha256:[0-9a-f]{64}$"
 
 

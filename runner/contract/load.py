@@ -25,6 +25,21 @@ from runner.core.safefs import UnsafePath, read_named
 if TYPE_CHECKING:
     from runner.trust.signing import TrustedKey
 
+__all__ = [
+    "MAX_CONTRACT_BYTES",
+    "SignatureInfo",
+    "Trust",
+    "VerifiedContract",
+    "canonical_digest",
+    "is_envelope",
+    "json_path",
+    "load_contract",
+    "parse_json",
+    "validation_error",
+    "verify_data",
+    "with_digest",
+]
+
 
 def is_envelope(data: dict[str, Any]) -> bool:
     """Whether parsed JSON looks like a DSSE envelope rather than a bare contract."""

@@ -48,6 +48,7 @@ __all__ = [
     "Asset",
     "CarriedAsset",
     "ContainerPath",
+    "ExecutionContract",
     "RelativePath",
     "Sha256",
 ]

@@ -2,3 +2,5 @@
 locks, host identity, safe archives, bounded JSON, fields of untrusted JSON, secret redaction.
 Imports nothing else of the runner.
 """
+
+__all__: list[str] = []

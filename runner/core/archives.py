@@ -48,6 +48,20 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
+__all__ = [
+    "RefusedKind",
+    "UnsafeArchive",
+    "Writer",
+    "check_tar_member",
+    "open_tar",
+    "remove_stale",
+    "remove_tree",
+    "sync_folders",
+    "tree_bytes",
+    "unpack",
+    "unpack_tars",
+]
+
 CHUNK = 1024 * 1024
 MAX_DEPTH = 64
 """Most components in a member's name (a deep name makes a folder per component)."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["READ", "SET_IN_JOB", "EnvVar"]
+
 
 @dataclass(frozen=True)
 class EnvVar:

@@ -49,6 +49,41 @@ from __future__ import annotations
 
 from enum import Enum, StrEnum
 
+__all__ = [
+    "FINAL",
+    "REFUSALS",
+    "AssetDigestMismatch",
+    "AssetUnavailable",
+    "BundleInvalid",
+    "Category",
+    "ContainerVanished",
+    "ContractError",
+    "DigestMismatch",
+    "EngineUnavailable",
+    "EvidenceError",
+    "EvidenceParseError",
+    "Family",
+    "GpuUnavailable",
+    "HostConfigError",
+    "ImageDigestMismatch",
+    "ImageUnavailable",
+    "InfrastructureError",
+    "InputDigestMismatch",
+    "JobAlreadyFinished",
+    "JobBusy",
+    "JobFenced",
+    "JobNotFound",
+    "MissingEvidence",
+    "PolicyViolation",
+    "ProtocolAmbiguous",
+    "RefusedError",
+    "ResourceExhausted",
+    "RunnerError",
+    "SignatureInvalid",
+    "exit_family",
+    "family_of",
+]
+
 
 class Family(Enum):
     """How a run ended, as its exit code says. In precedence order: a batch exits with the

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+__all__ = ["elsewhere", "identity", "name"]
+
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 

@@ -19,6 +19,8 @@ import re
 from itertools import accumulate, count
 from typing import Any
 
+__all__ = ["CONTRACT_DEPTH", "MAX_DEPTH", "TooDeep", "loads", "too_deep"]
+
 CONTRACT_DEPTH = 64
 """How deeply a contract or a host policy may nest arrays and objects, the outermost counted
 as 1: far more than any needs (a parser config included), far under any recursion limit."""

@@ -16,6 +16,17 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+__all__ = [
+    "acquire",
+    "flocked",
+    "is_held",
+    "open_lock_file",
+    "open_own_lock_file",
+    "release",
+    "share",
+    "try_lock",
+]
+
 Opener = Callable[[Path], int]
 """Opens (creating) a lock file for reading and writing; returns its descriptor."""
 

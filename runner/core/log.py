@@ -15,6 +15,8 @@ import sys
 import time
 from typing import Any
 
+__all__ = ["FORMATS", "LEVELS", "LOGGER", "configure", "event"]
+
 LOGGER = logging.getLogger("runner")
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")

@@ -44,6 +44,8 @@ from typing import Any, BinaryIO
 
 from runner.core import safefs
 
+__all__ = ["NONE", "REDACTED", "Redactor", "base64_cores"]
+
 REDACTED = "[redacted: {name}]"
 """What a secret's value, in any of its forms, becomes."""
 MIN_ENCODED = 8

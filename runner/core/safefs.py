@@ -25,6 +25,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+__all__ = [
+    "DIR_FLAGS",
+    "UnsafePath",
+    "copy_sparse",
+    "kind",
+    "lstat_under",
+    "makedirs_under",
+    "open_at",
+    "open_folder_at",
+    "open_regular",
+    "open_under",
+    "parent_fd",
+    "parts",
+    "read_named",
+    "readlink_at",
+]
+
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 

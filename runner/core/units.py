@@ -16,6 +16,15 @@ import math
 import re
 from datetime import timedelta
 
+__all__ = [
+    "DURATION_FORMS",
+    "BadDuration",
+    "BadSize",
+    "parse_bytes",
+    "parse_duration",
+    "parse_seconds",
+]
+
 DURATION_FORMS = "a number of seconds, or a number and s, m, h, d or w (e.g. 90s, 30m, 24h or 7d)"
 SIZE_FORMS = "a number of bytes, or a number and K, M, G or T (1024-based; e.g. 1000, 512M, 2G)"
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["array", "at", "mapping"]
+
 
 def at(data: Any, *keys: str | int) -> Any:
     """``data[k1][k2]...``: a ``str`` key steps into an object, an ``int`` into an array (from

@@ -19,6 +19,8 @@ from typing import Any
 
 from runner.models.envelope import EgressConnection
 
+__all__ = ["read_log"]
+
 TARGET_MAX = 600
 """The proxy logs at most this much of a target; the envelope keeps no more."""
 _OUTCOMES = {"refused", "connected", "unreachable"}

@@ -67,6 +67,21 @@ from runner.core.redaction import NONE, Redactor
 from runner.egress.proxylog import read_log
 from runner.models.envelope import EgressRecord
 
+__all__ = [
+    "HOLDER_LIMITS",
+    "LOCK",
+    "ROLE",
+    "SLOT",
+    "STATE",
+    "Egress",
+    "down",
+    "lease",
+    "pool_dir",
+    "proxy_rules",
+    "reap",
+    "release",
+]
+
 ROLE = "org.runner.role"
 """Label naming what an egress resource is: egress-network, egress-proxy, egress-netns."""
 POOL = "org.runner.egress-pool"

@@ -23,6 +23,15 @@ from runner.models.envelope import (
 from runner.parsers import registry
 from runner.staging.jobdir import job_file_problem, sha256_under
 
+__all__ = [
+    "NOT_GIVEN",
+    "NotConfirmed",
+    "confirm_values",
+    "hash_logs",
+    "read_measurements",
+    "reparse",
+]
+
 
 def _read_one(
     output: Path,

@@ -30,6 +30,8 @@ from runner.models.envelope import AgentResultFlag, AgentResultRecord, FileRef
 from runner.models.selfreport import ContractResult, Preflight, ShortResult, validate
 from runner.staging.jobdir import job_file_problem, sha256_under
 
+__all__ = ["FLAGS", "MAX_FLAGS", "flags_markdown", "read", "warning"]
+
 RESULT_FILE = "result.json"
 
 MAX_LISTED = 1000

@@ -48,6 +48,28 @@ from runner.results.bundle import output_files
 from runner.state.jobdir import JobDir, write_json
 from runner.state.ledger import Ledger, LedgerState, read_state
 
+__all__ = [
+    "WITHHELD",
+    "agent_record",
+    "checked",
+    "ended",
+    "guard",
+    "ledger_state",
+    "left",
+    "limits",
+    "lost",
+    "no_model_use",
+    "recorded",
+    "records",
+    "redact_records",
+    "redacted",
+    "redactor",
+    "refuse_spent",
+    "settle",
+    "usage_record",
+    "withhold",
+]
+
 LIMITS = {"agent.maxTurns": "turns", "agent.maxBudgetUsd": "USD"}
 STOPS = {*LIMITS, transcript.TAMPERED}
 """Why an attempt's agent was stopped, as the ledger's agent.usage records it."""

@@ -54,6 +54,28 @@ from runner.images.pins import Acquired, ImagePin, normalize_arch
 from runner.models.envelope import ImageRecord
 from runner.planning.plan import ExecutionPlan
 
+__all__ = [
+    "IN_USE_LABEL",
+    "MAX_SEARCH",
+    "Brought",
+    "Needs",
+    "Pruned",
+    "bring",
+    "cache_root",
+    "check_fits",
+    "describe",
+    "ensure",
+    "fits_root",
+    "host_arch",
+    "locks",
+    "needs_of",
+    "prune",
+    "release",
+    "search_path",
+    "users",
+    "verify",
+]
+
 MOUNT = "/opt/runner-agent"
 """Where the runtime's files are in the contract's container (read-only)."""
 

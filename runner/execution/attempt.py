@@ -45,6 +45,8 @@ from runner.staging import jobdir as staging
 from runner.state.jobdir import JobDir
 from runner.state.ledger import Budget, Ledger, LedgerState
 
+__all__ = ["FINAL", "NO_NEW_ATTEMPT", "AttemptResult", "Job", "egress_down", "run"]
+
 FINAL = {"succeeded", *errors.FINAL}
 """Attempt classifications that end the job; after the others (cancelled, interrupted,
 infrastructure) the same contract may simply be run again and continues the budget."""

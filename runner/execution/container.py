@@ -38,6 +38,21 @@ from runner.planning.plan import ExecutionPlan
 from runner.state.jobdir import JobDir, write_json
 from runner.state.ledger import Attempt, parse_time
 
+__all__ = [
+    "NotStarted",
+    "Outcome",
+    "Progress",
+    "Watch",
+    "Watched",
+    "backstop",
+    "container_name",
+    "finish",
+    "recover",
+    "run_attempt",
+    "spec",
+    "watch",
+]
+
 
 class Progress(Protocol):
     """What the orchestrator tells whoever watches (the CLI draws it for people)."""

@@ -20,6 +20,8 @@ from runner.staging import jobdir as staging
 from runner.staging.jobdir import StagedFile, record_added_input
 from runner.state.jobdir import JobDir, atomic_write, write_json
 
+__all__ = ["add_input", "working_copy"]
+
 
 def working_copy(job: JobDir, contract: VerifiedContract, disk_quota: int) -> bool:
     """Give the job a writable copy of the staged repository at ``workspace/repository``

@@ -12,6 +12,8 @@ from runner.planning.policy import LoadedPolicy
 from runner.staging.jobdir import InputRules
 from runner.state.jobdir import StateDir
 
+__all__ = ["RunOptions"]
+
 
 def _default_policy() -> LoadedPolicy:
     return policy.load(None)

@@ -63,7 +63,7 @@ from runner.staging import jobdir as staging
 from runner.state.jobdir import JobDir, atomic_write
 from runner.state.ledger import Ledger, LedgerCorrupt, read_state
 
-__all__ = ["RunOptions", "run"]
+__all__ = ["RunOptions", "as_json", "ended_early", "failure_exit_family", "refused", "run"]
 
 
 def run(

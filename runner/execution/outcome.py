@@ -15,6 +15,8 @@ from runner.core.errors import Category
 from runner.execution.container import Outcome
 from runner.models.envelope import Failure
 
+__all__ = ["classify", "inputs_changed"]
+
 
 @dataclass(frozen=True)
 class _Rule:

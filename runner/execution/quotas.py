@@ -31,6 +31,8 @@ from typing import BinaryIO
 from runner.agents import transcript
 from runner.core import safefs
 
+__all__ = ["DiskMeter", "Guards", "LogCap", "allocated_bytes"]
+
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 _BLOCK = 4096

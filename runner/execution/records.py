@@ -23,6 +23,8 @@ from runner.staging.jobdir import sha256_under
 from runner.state.jobdir import JobDir, write_json
 from runner.state.ledger import LedgerState
 
+__all__ = ["attempt_records", "output_manifest", "rotate_streams", "writers"]
+
 
 def rotate_streams(job: JobDir, previous: int, stream_paths: list[str]) -> list[str]:
     """Before a new attempt writes its stdout and stderr, move the ones attempt ``previous``

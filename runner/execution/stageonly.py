@@ -35,6 +35,8 @@ from runner.results import envelope
 from runner.staging import jobdir as staging
 from runner.state.ledger import Budget, Ledger, read_state
 
+__all__ = ["stage"]
+
 NO_NEW_ATTEMPT = "; a job accepted before then is not staged again under an expired contract"
 
 

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from runner.planning.plan import ExecutionPlan
     from runner.state.jobdir import JobDir
 
+__all__ = ["Clock", "Known", "Logged", "Silent", "Stopped", "log_end", "now_iso", "stage"]
+
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")

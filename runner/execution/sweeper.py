@@ -35,6 +35,8 @@ from runner.execution import container
 from runner.state import ledger
 from runner.state.jobdir import JobDir, StateDir
 
+__all__ = ["runner_alive", "sweep"]
+
 STILL_RUNS = "its ledger says it still runs; `runner run` on the job reattaches to it"
 
 

@@ -18,6 +18,8 @@ from runner.core.errors import JobBusy, JobFenced
 from runner.execution.container import Progress
 from runner.state.ledger import Attempt, Ledger
 
+__all__ = ["close"]
+
 
 def close(
     ledger: Ledger, last: Attempt, other: str, default_lease: float, job_id: str, progress: Progress

@@ -51,6 +51,25 @@ if TYPE_CHECKING:
     from runner.backends.base import Backend
     from runner.gpu.gpus import Gpu
 
+__all__ = [
+    "KIND",
+    "MAX_SPEC_BYTES",
+    "SPEC_DIRS",
+    "Spec",
+    "apply",
+    "check",
+    "dump",
+    "find",
+    "generate",
+    "host_ldcache",
+    "inject",
+    "names_for",
+    "parse",
+    "parse_ldcache",
+    "registry",
+    "required_version",
+]
+
 SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 """Where specs are read from, lowest priority first (the CDI default)."""
 KIND = "nvidia.com/gpu"

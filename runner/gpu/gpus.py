@@ -25,6 +25,17 @@ from typing import Any, Literal, Protocol
 from runner.core import locks
 from runner.core.errors import GpuUnavailable
 
+__all__ = [
+    "HOST_LOCK_DIR",
+    "Allocator",
+    "Detector",
+    "Gpu",
+    "HostDetector",
+    "none_found",
+    "nvml_binding_installed",
+    "parse_smi",
+]
+
 
 @dataclass(frozen=True)
 class Gpu:

@@ -20,6 +20,20 @@ from runner.core.errors import ImageDigestMismatch, ImageUnavailable, PolicyViol
 if TYPE_CHECKING:
     from runner.backends.base import Backend
 
+__all__ = [
+    "Acquired",
+    "ImagePin",
+    "ImageUnavailable",
+    "PullSettings",
+    "acquire",
+    "bundle_image_ids",
+    "load_bundle",
+    "normalize_arch",
+    "parse_pin",
+    "registry_of",
+    "repository_of",
+]
+
 _ID = re.compile(r"^sha256:[0-9a-f]{64}$")
 _DIGEST_REF = re.compile(r"^(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._/:-]*(?::[A-Za-z0-9_.-]+)?$")

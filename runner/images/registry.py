@@ -32,6 +32,19 @@ from tenacity import (
 from runner.backends.types import loopback_registry
 from runner.core.errors import ImageUnavailable
 
+__all__ = [
+    "Credentials",
+    "TransientRegistryError",
+    "auth_of",
+    "credentials_for",
+    "docker_config_path",
+    "find_credentials",
+    "is_insecure",
+    "parse_reference",
+    "probe",
+    "probe_once",
+]
+
 MANIFEST_TYPES = ", ".join(
     [
         "application/vnd.oci.image.index.v1+json",

@@ -17,6 +17,43 @@ from pydantic import BaseModel, ConfigDict, Field
 from runner.backends.types import GpuInjection
 from runner.core.errors import Category
 
+__all__ = [
+    "AgentLimits",
+    "AgentPromptRecord",
+    "AgentRecord",
+    "AgentResultFlag",
+    "AgentResultRecord",
+    "AgentRuntimeRecord",
+    "AgentUsageAttempt",
+    "AgentUsageRecord",
+    "Allocation",
+    "AppliedLimits",
+    "AttemptRecord",
+    "BudgetRecord",
+    "ContainerRecord",
+    "DiskRecord",
+    "EgressConnection",
+    "EgressRecord",
+    "EvidenceRef",
+    "Failure",
+    "FileRef",
+    "GpuRecord",
+    "ImageRecord",
+    "InputRecord",
+    "Material",
+    "MeasurementError",
+    "MeasurementResult",
+    "ParserRef",
+    "PolicyRecord",
+    "RecordFile",
+    "Regrade",
+    "ResultEnvelope",
+    "SignatureRecord",
+    "Stage",
+    "Status",
+    "Timings",
+]
+
 Status = Literal["succeeded", "failed", "partial"]
 Stage = Literal["contract", "policy", "plan", "stage", "image", "container", "parsers", "envelope"]
 

@@ -24,6 +24,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
+__all__ = ["ContractResult", "Preflight", "ShortResult", "json_schema", "schema_bytes", "validate"]
+
 _PATH = "Relative to /job/output, a file there (or a folder, not hashed)."
 
 

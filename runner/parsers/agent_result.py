@@ -23,6 +23,8 @@ from runner.core.errors import EvidenceParseError
 from runner.parsers._json import POINTER_SCHEMA, Container, find_in_stream
 from runner.parsers._values import from_json, show, type_schema
 
+__all__ = ["AgentResult"]
+
 STATUSES = ("completed", "partial", "failed")
 _VERSION = re.compile(r"2\.[0-9]+")
 

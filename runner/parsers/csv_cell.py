@@ -24,6 +24,8 @@ from runner.core.errors import EvidenceParseError
 from runner.parsers._lines import MAX_LINE_BYTES, iter_raw_lines
 from runner.parsers._values import from_text, show, type_schema
 
+__all__ = ["CsvCell"]
+
 MAX_RECORD_CHARS = MAX_LINE_BYTES
 
 

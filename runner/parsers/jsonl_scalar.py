@@ -30,6 +30,8 @@ from runner.parsers._json import (
 from runner.parsers._lines import iter_lines
 from runner.parsers._values import from_json, type_schema
 
+__all__ = ["JsonlScalar"]
+
 
 def _clip(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[: limit - 3] + "...")

@@ -38,6 +38,8 @@ from xml.parsers import expat
 from runner.core import safefs
 from runner.core.errors import EvidenceParseError
 
+__all__ = ["JunitSummary", "summarize"]
+
 FIELDS = ("tests", "failures", "errors", "skipped")
 MAX_DEPTH = 256
 MAX_TOKEN_BYTES = 1024 * 1024

@@ -25,6 +25,8 @@ from runner.parsers._lines import iter_line_batches, line_numbers
 from runner.parsers._values import from_text, type_schema
 from runner.parsers.registry import ConfigError
 
+__all__ = ["RegexScalar", "required_literal"]
+
 
 def compile_config(config: dict[str, Any]) -> tuple[re.Pattern[str], int | str]:
     """The compiled pattern and the group, or ConfigError naming the field that is wrong."""

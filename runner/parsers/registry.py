@@ -18,6 +18,18 @@ import jsonschema_rs
 
 from runner.core.errors import ContractError
 
+__all__ = [
+    "ConfigError",
+    "available",
+    "broken",
+    "catalog",
+    "check_binding",
+    "compiled_validator",
+    "get",
+    "record_broken",
+    "register",
+]
+
 
 class ConfigError(ValueError):
     """A config the schema accepts but the parser cannot use; ``field`` names the culprit."""

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from runner.backends.types import Limits
 from runner.core.errors import PolicyViolation
 
+__all__ = ["check_allocation"]
+
 
 def check_allocation(limits: Limits, env: Mapping[str, str]) -> None:
     """Under Slurm (``SLURM_JOB_ID`` set), refuse a plan whose CPU, memory or GPU cap exceeds

@@ -20,6 +20,16 @@ from runner.core.errors import PolicyViolation, ProtocolAmbiguous
 from runner.images.pins import ImagePin, parse_pin
 from runner.planning.policy import HostPolicy, egress_granted, gpus_over_policy, isolation
 
+__all__ = [
+    "ExecutionPlan",
+    "build",
+    "check_command",
+    "check_mode",
+    "default_job_id",
+    "job_id_for",
+    "tightened",
+]
+
 OVERRIDABLE = ("cpus", "memoryGb", "shmGb", "pidsLimit", "timeoutMinutes", "tmpfsMb")
 """Limits the host operator may tighten from the command line (``--limit KEY=VALUE``)."""
 

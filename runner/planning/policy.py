@@ -27,6 +27,20 @@ from runner.contract import VerifiedContract
 from runner.core.errors import ContractError, HostConfigError, PolicyViolation, SignatureInvalid
 from runner.images.pins import registry_of
 
+__all__ = [
+    "AssetGrant",
+    "HostPolicy",
+    "LoadedPolicy",
+    "check",
+    "cpu_fallback_allowed",
+    "egress_granted",
+    "gpus_over_policy",
+    "isolation",
+    "load",
+    "refuse_expired",
+    "with_switches",
+]
+
 
 def _both_runtimes() -> list[Literal["runc", "runsc"]]:
     return ["runc", "runsc"]

@@ -42,6 +42,10 @@ from runner.core.errors import SignatureInvalid
 from runner.models.envelope import ResultEnvelope
 from runner.trust import signing
 
+__all__ = ["BUILD_TYPE", "ENVELOPE_FILE", "ENVELOPE_PREDICATE_TYPE", "ENVELOPE_STATEMENT_FILE",
+           "PAYLOAD_TYPE", "PROVENANCE_TYPE", "STATEMENT_FILE", "STATEMENT_TYPE", "runner_key",
+           "sign_result", "signed_files", "verify_result"]  # fmt: skip
+
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 PROVENANCE_TYPE = "https://slsa.dev/provenance/v1"

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from runner.execution.container import Outcome
     from runner.planning.plan import ExecutionPlan
 
+__all__ = ["allocation", "build"]
+
 
 def allocation(
     p: ExecutionPlan,

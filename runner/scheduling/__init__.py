@@ -4,3 +4,5 @@ imports nothing of execution). ``slurm/``: the batch job and the Slurm commands;
 (``planned``: the contract checked and planned as `runner run` does; ``submissions``: the
 records of ``<state>/<cluster>/<job id>/``).
 """
+
+__all__: list[str] = []

@@ -21,6 +21,8 @@ from runner.planning.policy import HostPolicy
 from runner.state.jobdir import StateDir
 from runner.state.ledger import LedgerState, read_state
 
+__all__ = ["planned"]
+
 
 @dataclass(frozen=True)
 class Planned:

@@ -21,6 +21,8 @@ from runner.contract.models import JOB_ID_PATTERN
 from runner.core import jsondepth
 from runner.core.errors import InfrastructureError
 
+__all__ = ["FILE", "append", "folder", "latest"]
+
 Cluster = Literal["slurm", "kubernetes"]
 FILE = "submissions.jsonl"
 

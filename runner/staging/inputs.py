@@ -47,6 +47,25 @@ from typing import Literal
 from runner.core import jsondepth, safefs
 from runner.core.errors import InputDigestMismatch
 
+__all__ = [
+    "FORMAT",
+    "MAX_LISTINGS_BYTES",
+    "Entry",
+    "Kind",
+    "check_commit",
+    "digest_of",
+    "first_difference",
+    "listing",
+    "listings_document",
+    "listings_name",
+    "looks_like_commit",
+    "mismatch",
+    "name_problem",
+    "parse_listing",
+    "read_listing",
+    "tree_digest",
+]
+
 FORMAT = "runner-tree-v1"
 LISTINGS_SUFFIX = ".inputs.json"
 MAX_LISTINGS_BYTES = 512 * 1024 * 1024

@@ -27,6 +27,22 @@ from runner.core.errors import ContractError, PolicyViolation, RefusedError
 from runner.staging import inputs
 from runner.state.jobdir import JobDir, atomic_write, write_json
 
+__all__ = [
+    "InputRules",
+    "StagedFile",
+    "StagedInput",
+    "Stager",
+    "hash_input",
+    "job_file_problem",
+    "prepare",
+    "prepare_writable",
+    "recheck_inputs",
+    "record_added_input",
+    "sha256_under",
+    "stage_inputs",
+    "staged_tree",
+]
+
 CHUNK = 1024 * 1024
 
 

@@ -32,6 +32,8 @@ from runner.core import locks
 from runner.core.errors import JobBusy
 from runner.state.ledger import Budget
 
+__all__ = ["JobDir", "StateDir", "atomic_write", "write_json"]
+
 
 @dataclass(frozen=True)
 class JobDir:

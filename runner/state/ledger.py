@@ -50,6 +50,18 @@ from runner.core.errors import (
     ResourceExhausted,
 )
 
+__all__ = [
+    "Attempt",
+    "Budget",
+    "Ledger",
+    "LedgerCorrupt",
+    "LedgerEvent",
+    "LedgerState",
+    "parse_time",
+    "read_state",
+    "verify_file",
+]
+
 EventType = Literal[
     "job.accepted",
     "job.rerun",

@@ -15,6 +15,16 @@ from runner.contract import with_digest
 from runner.testing.contracts import EXAMPLES, IMAGE
 from runner.testing.engine import image_id_of
 
+__all__ = [
+    "CLAUDE_ARGV",
+    "CLAUDE_RUNTIME",
+    "EXAMPLE",
+    "SCRIPTED_ARGV",
+    "SCRIPTED_RUNTIME",
+    "agent_contract",
+    "agent_policy",
+]
+
 EXAMPLE = EXAMPLES / "agent-evaluation"
 
 SCRIPTED_ARGV: list[Any] = [

@@ -11,6 +11,16 @@ from typing import Any
 
 from runner.contract import with_digest
 
+__all__ = [
+    "EXAMPLES",
+    "IMAGE",
+    "TOY",
+    "copy_toy_inputs",
+    "json_measurement",
+    "toy_data",
+    "write_contract",
+]
+
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples"
 """The checkout's examples folder (beside runner/)."""
 TOY = EXAMPLES / "toy-evaluation"

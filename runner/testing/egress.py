@@ -21,6 +21,8 @@ from runner.egress import slots as egress
 from runner.testing.contracts import IMAGE
 from runner.testing.engine import docker
 
+__all__ = ["PORT", "SERVER", "Outside", "left_behind", "outside"]
+
 SERVER = r"""
 import http.server, sys
 role = sys.argv[1]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+__all__ = ["docker", "image_id_of"]
+
 
 def docker(*args: str) -> subprocess.CompletedProcess[str]:
     """``docker ARGS``, its stdout and stderr captured as text."""

@@ -34,6 +34,21 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from runner.core.errors import HostConfigError, RunnerError, SignatureInvalid
 
+__all__ = [
+    "PAYLOAD_TYPE",
+    "TrustedKey",
+    "_b64",
+    "dumps_envelope",
+    "generate_key",
+    "key_id",
+    "load_private_key",
+    "load_public_key",
+    "load_trusted_keys",
+    "pae",
+    "sign",
+    "verify_envelope",
+]
+
 PAYLOAD_TYPE = "application/vnd.citeark.execution-contract+json"
 
 

@@ -39,6 +39,23 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from runner.models.envelope import ResultEnvelope
 
+__all__ = [
+    "BLOB_PREFIX",
+    "FETCH",
+    "INFO_FILE",
+    "INFO_KIND",
+    "MANIFEST",
+    "SEAL_FILE",
+    "SEAL_PREDICATE",
+    "TAGMANIFEST",
+    "blobs_dir",
+    "compressed",
+    "is_archive_name",
+    "output_files",
+    "representable",
+    "stem",
+]
+
 SEAL_FILE = "bundle.intoto.json"
 INFO_FILE = "runner-bundle.json"
 MANIFEST = "manifest-sha256.txt"

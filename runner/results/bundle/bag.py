@@ -20,6 +20,24 @@ from runner.models.envelope import ResultEnvelope
 from runner.state import ledger
 from runner.trust import signing
 
+__all__ = [
+    "CONTRACT",
+    "ENVELOPE",
+    "ENVELOPE_STATEMENT",
+    "INPUT_MANIFEST",
+    "LEDGER",
+    "SIGNED_CONTRACT",
+    "STATEMENT",
+    "Bag",
+    "Check",
+    "Keys",
+    "MiB",
+    "Problem",
+    "Report",
+    "Status",
+    "Stop",
+]
+
 MiB = 1024 * 1024
 ENVELOPE = "data/result.json"
 STATEMENT = "data/result.intoto.json"

@@ -63,6 +63,8 @@ from runner.results.bundle import (
 from runner.state.jobdir import JobDir
 from runner.trust import signing
 
+__all__ = ["export", "quiet_bagit", "seal"]
+
 CHUNK = 1024 * 1024
 MAX_ENVELOPE_BYTES = 64 * 1024 * 1024
 

@@ -24,6 +24,8 @@ from runner.results.bundle import BLOB_PREFIX, INFO_FILE, MANIFEST, SEAL_FILE, T
 from runner.results.bundle.bag import Bag, Check, MiB, Problem, Report, Stop
 from runner.results.bundle.export import quiet_bagit
 
+__all__ = ["FixityChecks", "extract", "sha256_file"]
+
 CHUNK = MiB
 END_MAX = MiB
 """What may follow a tar's last member: its end blocks and record padding (10 KiB by default)."""

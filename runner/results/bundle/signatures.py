@@ -28,6 +28,8 @@ from runner.results.bundle.bag import (
 from runner.results.bundle.fixity import sha256_file
 from runner.trust import signing
 
+__all__ = ["SignatureChecks"]
+
 
 def _carried(info: dict[str, Any], role: str) -> list[signing.TrustedKey]:
     """The public keys runner-bundle.json carries for ``role``: to tell damage from an

@@ -2,3 +2,5 @@
 pure), a contract checked and planned as `runner run` does and rendered (``plan``), and the
 manifests applied with the official client, the Job's end read back (``apply``).
 """
+
+__all__: list[str] = []

@@ -61,6 +61,8 @@ from runner.scheduling.kubernetes.render import Manifest
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
+__all__ = ["apply", "delete", "status", "submit", "wait"]
+
 ORDER = ("NetworkPolicy", "Job")
 """The order objects are created in: the pod's NetworkPolicy exists before the pod can."""
 

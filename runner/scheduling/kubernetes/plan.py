@@ -24,6 +24,8 @@ from runner.scheduling.planned import planned
 from runner.state.jobdir import StateDir
 from runner.state.ledger import LedgerState
 
+__all__ = ["Rendered", "check_staged", "last_submission", "record_submission", "rendered"]
+
 
 @dataclass(frozen=True)
 class Rendered:

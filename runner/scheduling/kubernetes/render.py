@@ -37,6 +37,12 @@ from runner.core.errors import InfrastructureError, PolicyViolation
 from runner.planning.plan import ExecutionPlan
 from runner.state.ledger import LedgerState
 
+__all__ = [
+    "CONTRACT_LABEL", "DEFAULT_CLAIM", "DEFAULT_RUNTIME_CLASS", "JOB_LABEL", "MANAGED_BY",
+    "NOT_ENFORCED", "PREFIX", "Manifest", "as_list", "check_name", "check_rules",
+    "deadline_seconds", "job_label", "object_name", "refuse_unsupported", "render",
+]  # fmt: skip
+
 Manifest = dict[str, Any]
 
 PREFIX = "reproduction-runner"

@@ -2,3 +2,5 @@
 node (``batch``: its request, script and options, pure), and the Slurm commands that submit
 it and read its state back (``cluster``).
 """
+
+__all__: list[str] = []

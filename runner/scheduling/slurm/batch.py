@@ -44,6 +44,24 @@ from runner.scheduling import submissions
 from runner.scheduling.planned import planned
 from runner.state.ledger import LedgerState
 
+__all__ = [
+    "Request",
+    "batch_script",
+    "check_grace",
+    "check_name",
+    "check_state_dir",
+    "fs_type",
+    "last_submission",
+    "offered_gpu_types",
+    "prepare",
+    "record",
+    "record_dir",
+    "sbatch_args",
+    "submission_of",
+    "time_minutes",
+    "write_batch",
+]
+
 SETUP_ALLOWANCE_SECONDS = 60
 """Added to a job's time limit for what `runner run` does before and after the container's
 budget starts: verification, staging, the image check, parsing and the envelope."""

@@ -20,6 +20,8 @@ from runner.scheduling.slurm.batch import (
     submission_of,
 )
 
+__all__ = ["Cluster", "Ended", "check_end", "describe", "parse_fields"]
+
 COMMAND_TIMEOUT_SECONDS = 60
 ACTIVE_STATES = frozenset(
     {
