@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import timedelta
+from fractions import Fraction
 
 DURATION_FORMS = "a number of seconds, or a number and s, m, h, d or w (e.g. 90s, 30m, 24h or 7d)"
 SIZE_FORMS = "a number of bytes, or a number and K, M, G or T (1024-based; e.g. 1000, 512M, 2G)"
@@ -56,4 +57,6 @@ def parse_bytes(text: str) -> int:
     if match is None:
         raise BadSize(f"not a size: {text!r}; a size is {SIZE_FORMS}")
     scale = 1024 ** " kmgt".index(match.group(2) or " ")
-    return int(float(match.group(1)) * scale)
+    # Exact (a Fraction, not a float): a long number of digits is that many bytes, never a
+    # float's infinity (an OverflowError) or a neighbour of it rounded.
+    return int(Fraction(match.group(1)) * scale)

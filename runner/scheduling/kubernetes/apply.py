@@ -390,7 +390,8 @@ def state_of(job: Any) -> tuple[str, str | None, str | None]:
             ended = "deadline_exceeded" if c["reason"] == "DeadlineExceeded" else "failed"
             return ended, c["reason"], c["message"]
     active = untrusted.at(job, "status", "active")
-    return ("running" if isinstance(active, int) and active > 0 else "pending"), None, None
+    running = type(active) is int and active > 0  # not a bool: JSON's true is no count
+    return ("running" if running else "pending"), None, None
 
 
 ENDED = frozenset({"complete", "failed", "deadline_exceeded"})
