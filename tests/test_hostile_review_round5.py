@@ -225,3 +225,44 @@ def test_a_backoff_limit_that_is_not_the_integer_0_breaks_the_rules(odd: object)
     assert any("backoffLimit" in r for r in render.check_rules([job]))
     job = {"kind": "Job", "spec": {"backoffLimit": 0}}
     assert not any("backoffLimit" in r for r in render.check_rules([job]))
+
+
+# -- images: a pull the registry keeps failing -------------------------------------------------
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def stage(self, name: str, detail: str) -> None:
+        self.lines.append(detail)
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        pass
+
+
+def test_a_pull_the_registry_keeps_failing_is_image_unavailable_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the third failed pull (the registry answering 5xx each time) the retry let the
+    registry module's TransientRegistryError (a plain Exception, no RunnerError) out of the
+    run: a crash, not `image_unavailable` (retryable)."""
+    from runner.core.errors import ImageUnavailable, RunnerError
+    from runner.images import pins, registry
+    from runner.testing import FakeBackend
+
+    def failing(*_: object, **__: object) -> None:
+        raise registry.TransientRegistryError("registry.example answered 503: down")
+
+    monkeypatch.setattr(registry, "probe", lambda *_, **__: 1)
+    monkeypatch.setattr(registry, "probe_once", failing)
+    backend = FakeBackend()  # nothing pullable: every pull fails
+    digest = "sha256:" + "a" * 64
+    pin = pins.ImagePin(f"registry.example/x@{digest}", "registry.example/x", digest, None)
+    progress = _Progress()
+    settings = pins.PullSettings(docker_config=tmp_path / "none.json")
+    with pytest.raises(RunnerError) as exc:
+        pins._pull(backend, pin, settings, progress)
+    assert isinstance(exc.value, ImageUnavailable) and exc.value.retryable
+    assert "503" in str(exc.value)
+    assert sum("retrying" in line for line in progress.lines) == 2  # three tries
