@@ -266,3 +266,57 @@ def test_a_pull_the_registry_keeps_failing_is_image_unavailable_not_a_crash(
     assert isinstance(exc.value, ImageUnavailable) and exc.value.retryable
     assert "503" in str(exc.value)
     assert sum("retrying" in line for line in progress.lines) == 2  # three tries
+
+
+# -- the submission store --------------------------------------------------------------------
+
+
+def test_a_submission_record_that_is_a_link_is_neither_read_nor_appended_through(
+    tmp_path: Path,
+) -> None:
+    """latest() read whatever a link at submissions.jsonl named (is_file and read_text follow
+    it) and append() wrote through it."""
+    from runner.core.errors import InfrastructureError
+    from runner.scheduling import submissions
+
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text('{"slurmJobId": "1"}\n')
+    where = submissions.folder(tmp_path / "state", "slurm", "job-1")
+    where.mkdir(parents=True)
+    (where / submissions.FILE).symlink_to(elsewhere)
+    with pytest.raises(InfrastructureError, match="link"):
+        submissions.latest(tmp_path / "state", "slurm", "job-1")
+    with pytest.raises(InfrastructureError):
+        submissions.append(tmp_path / "state", "slurm", "job-1", {"slurmJobId": "2"})
+    assert elsewhere.read_text() == '{"slurmJobId": "1"}\n'
+
+
+def test_a_submission_record_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    from runner.core.errors import InfrastructureError
+    from runner.scheduling import submissions
+
+    where = submissions.folder(tmp_path, "kubernetes", "job-1")
+    where.mkdir(parents=True)
+    os.mkfifo(where / submissions.FILE)
+    with pytest.raises(InfrastructureError, match="FIFO"):
+        submissions.latest(tmp_path, "kubernetes", "job-1")
+
+
+def test_only_the_end_of_a_long_submission_record_is_read(tmp_path: Path) -> None:
+    """The whole file was read into memory for its last line."""
+    from runner.core.errors import InfrastructureError
+    from runner.scheduling import submissions
+
+    where = submissions.folder(tmp_path, "slurm", "job-1")
+    where.mkdir(parents=True)
+    path = where / submissions.FILE
+    line = '{"slurmJobId": "1", "pad": "' + "x" * 1000 + '"}\n'
+    path.write_text(line * 3000)  # 3 MB
+    submissions.append(tmp_path, "slurm", "job-1", {"slurmJobId": "42"})
+    assert submissions.latest(tmp_path, "slurm", "job-1") == {"slurmJobId": "42"}
+    assert submissions.latest(tmp_path, "slurm", "../job-1") is None  # no job id: no path
+    path.write_text("x" * (submissions.MAX_LINE + 10))
+    with pytest.raises(InfrastructureError, match="over"):
+        submissions.latest(tmp_path, "slurm", "job-1")
+    path.write_text("\n\n")
+    assert submissions.latest(tmp_path, "slurm", "job-1") is None
