@@ -320,3 +320,22 @@ def test_only_the_end_of_a_long_submission_record_is_read(tmp_path: Path) -> Non
         submissions.latest(tmp_path, "slurm", "job-1")
     path.write_text("\n\n")
     assert submissions.latest(tmp_path, "slurm", "job-1") is None
+
+
+@pytest.mark.parametrize("uid", [None, "", ["u"], {"a": 1}, 7])
+def test_a_job_the_api_server_gives_no_uid_is_not_deleted_without_a_precondition(
+    uid: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """delete() sent V1Preconditions(uid=None) for a Job whose answer had no uid (or a list):
+    no precondition at all, so whatever Job held the name by then was deleted."""
+    from runner.core.errors import InfrastructureError
+
+    status = {"jobId": "job-1", "name": "runner-job-1", "namespace": "ns", "uid": uid}
+    monkeypatch.setattr(apply, "status", lambda *_, **__: status)
+
+    def no_client(*_: object) -> object:
+        raise AssertionError("a client was made: the DELETE was about to be sent")
+
+    monkeypatch.setattr(apply, "_client", no_client)
+    with pytest.raises(InfrastructureError, match="no uid"):
+        apply.delete("job-1", namespace="ns")

@@ -465,11 +465,20 @@ def delete(
     from kubernetes import client as k8s
 
     before = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig)
+    uid = before["uid"]
+    if not isinstance(uid, str) or not uid:
+        # Without it the precondition is no precondition: whatever Job holds the name by
+        # the time the DELETE arrives would go.
+        raise InfrastructureError(
+            f"the API server's Job {namespace}/{before['name']} has no uid ({uid!r}); "
+            "nothing was deleted",
+            hint="check --namespace and --context, and the API server",
+        )
     name, client = before["name"], _client(context, kubeconfig)
     done = "kept: the Job was not gone in time"
     try:
         body = k8s.V1DeleteOptions(
-            propagation_policy="Foreground", preconditions=k8s.V1Preconditions(uid=before["uid"])
+            propagation_policy="Foreground", preconditions=k8s.V1Preconditions(uid=uid)
         )
         jobs = _api(client, "Job")
         _call(client, f"DELETE Job {namespace}/{name}", jobs.delete_namespaced_job, name,
