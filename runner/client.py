@@ -18,13 +18,6 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "served"]
 
-SERVED = frozenset({"run", "verify"})
-"""The first words of the commands a client hands to a server: ``run`` and ``verify contract``
-(also spelled ``verify CONTRACT``); the others start fast on their own."""
-
-NOT_SERVED = frozenset({"result", "bundle", "ledger"})
-"""The actions of ``verify`` that are not ``verify contract``: run in this process."""
-
 
 def try_client(path: str, argv: list[str]) -> int | None:
     """Hand ``argv`` to the server at ``path``; its exit code, or None to run it here."""
@@ -91,10 +84,13 @@ def try_client(path: str, argv: list[str]) -> int | None:
 
 
 def served(given: list[str]) -> bool:
-    """Whether the command line ``given`` is one a client hands to a server."""
-    if not given or given[0] not in SERVED:
-        return False
-    return given[0] == "run" or len(given) == 1 or given[1] not in NOT_SERVED
+    """Whether the command line ``given`` is one a client hands to a server: one that starts
+    with ``run`` or ``verify`` (one that starts with a logging option runs here, as before)
+    and that the server runs (:func:`runner.app.host.served`)."""
+    from runner.app.host import SERVED
+    from runner.app.host import served as served_there
+
+    return bool(given) and given[0] in SERVED and served_there(given)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

@@ -98,8 +98,11 @@ def test_a_pull_the_registry_failed_is_tried_again(host: str, tmp_path: Path) ->
 
 
 def test_after_three_tries_the_registrys_error(host: str, tmp_path: Path) -> None:
-    with pytest.raises(registry.TransientRegistryError, match="answered 503"):
+    # As a refusal (image_unavailable, retryable), not the registry module's retry signal
+    # (a plain Exception, which crashed the run).
+    with pytest.raises(ImageUnavailable, match="answered 503") as exc:
         _pull(host, [200, 503, 503, 503], 3, tmp_path)
+    assert exc.value.retryable and isinstance(exc.value.__cause__, registry.TransientRegistryError)
     assert _Scripted.heads == 4
 
 

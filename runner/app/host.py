@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from runner.planning.policy import LoadedPolicy
 
 __all__ = [
+    "SERVED",
     "cdi_dirs",
     "code_fingerprint",
     "config_dir",
@@ -53,7 +54,9 @@ __all__ = [
     "load",
     "policy_path",
     "result_key_path",
+    "served",
     "socket_path",
+    "split_logging_options",
     "state_dir",
     "trusted_keys_dir",
     "trusted_runner_keys_dir",
@@ -172,6 +175,48 @@ def load(
     )
     folder = trusted_keys_dir(trusted_keys)
     return loaded, Trust(folder=folder, threshold=loaded.policy.signatureThreshold)
+
+
+LOGGING_OPTIONS = ("--log-level", "--log-format")
+"""The options every command takes anywhere before ``--`` (``--log-level X`` or ``=X``)."""
+
+
+def split_logging_options(given: list[str]) -> tuple[dict[str, str | None], list[str]]:
+    """The :data:`LOGGING_OPTIONS` ``given`` names before ``--`` (each named one's value, the
+    last given; None when nothing follows it) and the rest of the command line, as the CLI
+    reads it."""
+    chosen: dict[str, str | None] = {}
+    rest: list[str] = []
+    it = iter(given)
+    for arg in it:
+        if arg == "--":
+            rest.append(arg)
+            rest.extend(it)
+            break
+        name, eq, value = arg.partition("=")
+        if name in LOGGING_OPTIONS:
+            chosen[name] = value if eq else next(it, None)
+        else:
+            rest.append(arg)
+    return chosen, rest
+
+
+SERVED = frozenset({"run", "verify"})
+"""The first words of the commands a server runs: ``run`` and ``verify contract`` (also
+spelled ``verify CONTRACT``); the others start fast on their own."""
+
+NOT_SERVED = frozenset({"result", "bundle", "ledger", "-h", "--help"})
+"""What may follow ``verify`` that makes it other than ``verify contract``."""
+
+
+def served(given: list[str]) -> bool:
+    """Whether the command line ``given`` is ``runner run`` or ``runner verify contract`` as
+    the CLI reads it (the logging options, wherever they are, dropped first): the commands a
+    client hands to a server, and the only ones a server runs for its clients."""
+    _, rest = split_logging_options(given)
+    if not rest or rest[0] not in SERVED:
+        return False
+    return rest[0] == "run" or len(rest) == 1 or rest[1] not in NOT_SERVED
 
 
 def socket_path() -> str | None:

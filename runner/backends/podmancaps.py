@@ -40,7 +40,7 @@ class PodmanHost:
         controllers = host.get("cgroupControllers")
         v2 = str(host.get("cgroupVersion", "")) in ("v2", "2")
         return PodmanHost(
-            rootless=bool(security.get("rootless", True)),
+            rootless=security.get("rootless") is not False,  # rootful only when it says so
             cgroup_version="v2" if v2 else "v1",
             controllers=frozenset(str(c) for c in controllers)
             if isinstance(controllers, list)

@@ -393,24 +393,15 @@ def _print_version(as_json: bool) -> int:
 def _logging_options(given: list[str]) -> list[str]:
     """Take ``--log-level`` and ``--log-format`` from anywhere before ``--`` (else
     ``$RUNNER_LOG_LEVEL``, ``$RUNNER_LOG_FORMAT``), set the log up, and return the rest."""
+    from runner.app.host import split_logging_options
     from runner.core import log
 
+    named, rest = split_logging_options(given)
     chosen: dict[str, str | None] = {
         "--log-level": os.environ.get("RUNNER_LOG_LEVEL"),
         "--log-format": os.environ.get("RUNNER_LOG_FORMAT"),
+        **named,
     }
-    rest: list[str] = []
-    it = iter(given)
-    for arg in it:
-        if arg == "--":
-            rest.append(arg)
-            rest.extend(it)
-            break
-        name, eq, value = arg.partition("=")
-        if name in chosen:
-            chosen[name] = value if eq else next(it, None)
-        else:
-            rest.append(arg)
     for name, allowed in (("--log-level", log.LEVELS), ("--log-format", log.FORMATS)):
         given_value = chosen[name]
         if given_value is not None and given_value.lower() not in allowed:

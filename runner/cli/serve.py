@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner.app import host
-from runner.cli._common import usage
+from runner.cli._common import EXIT_USAGE, usage
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from runner.cli._common import Subparsers
 
 __all__ = ["register"]
@@ -26,6 +28,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         "`runner run` and `runner verify contract` on this host hand their command line, working "
         "directory, environment and terminal to it and each runs in a process forked from "
         "it: the same output and exit codes, without the start-up (about 0.3 s a run). "
+        "It runs no other command a client sends (a usage error, exit 2). "
         "Ctrl-C on a client stops its job; a server running older code is not used. "
         "RUNNER_SERVER=off keeps commands in their own process.",
     )
@@ -56,4 +59,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"runner serve: {line}", file=sys.stderr, flush=True)
 
     load_all()  # every command's module, as the server's warm-up does the rest of the runner
-    return server.serve(path, dispatch, announce)
+    return server.serve(path, served_only(dispatch), announce)
+
+
+def served_only(dispatch: Callable[[list[str]], int]) -> Callable[[list[str]], int]:
+    """``dispatch`` for the server's clients: only ``runner run`` and ``runner verify
+    contract`` (:func:`runner.app.host.served`, what a client hands over) are run; any other
+    command line a client sends is refused with a usage error (exit 2), never run."""
+
+    def run_served(argv: list[str]) -> int:
+        if not host.served(argv):
+            print(
+                "runner serve: a client may hand over only `runner run` and `runner verify "
+                f"contract`; refused: runner {' '.join(argv)}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        return dispatch(argv)
+
+    return run_served

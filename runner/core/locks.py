@@ -12,6 +12,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -104,14 +105,29 @@ def try_lock(path: Path, *, opener: Opener = open_lock_file) -> int | None:
 def is_held(path: Path) -> bool:
     """Whether someone holds the lock of ``path`` right now (a missing file: no one). The probe
     takes the lock for an instant when it is free: a holder that tries once may be refused
-    meanwhile, so holders wait out a moment's refusal."""
-    if not path.exists():
+    meanwhile, so holders wait out a moment's refusal.
+
+    The path may come from someone else (a holder's record in a shared folder names it), so
+    the probe creates nothing and never opens through a link or anything but a regular file:
+    a link there, a FIFO or a device is no one's lock (the runner's own locks are regular
+    files, a link found where one belongs replaced first by :func:`open_own_lock_file`). A
+    file this user may not read is taken as held: what cannot be seen is not reclaimed."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
         return False
-    fd = try_lock(path)
-    if fd is None:
-        return True
-    release(fd)
-    return False
+    except OSError as exc:
+        return exc.errno != errno.ELOOP
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        if not acquire(fd, wait=False):
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

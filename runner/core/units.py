@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import re
 from datetime import timedelta
+from fractions import Fraction
 
 __all__ = [
     "DURATION_FORMS",
@@ -65,4 +66,6 @@ def parse_bytes(text: str) -> int:
     if match is None:
         raise BadSize(f"not a size: {text!r}; a size is {SIZE_FORMS}")
     scale = 1024 ** " kmgt".index(match.group(2) or " ")
-    return int(float(match.group(1)) * scale)
+    # Exact (a Fraction, not a float): a long number of digits is that many bytes, never a
+    # float's infinity (an OverflowError) or a neighbour of it rounded.
+    return int(Fraction(match.group(1)) * scale)

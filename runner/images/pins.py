@@ -244,14 +244,24 @@ def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Pul
     def retrying(_: tenacity.RetryCallState) -> None:
         progress.stage("registry", f"{ref.registry} failed during the pull; retrying")
 
-    # Three tries, 2 s then 4 s apart; after the third the registry's error itself.
-    tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(registry.TransientRegistryError),
-        stop=tenacity.stop_after_attempt(3),
-        wait=tenacity.wait_incrementing(start=2, increment=2),
-        before_sleep=retrying,
-        reraise=True,
-    )(pull_once)
+    # Three tries, 2 s then 4 s apart; after the third the registry's error, as the refusal
+    # it is (TransientRegistryError is the registry module's signal to retry, no RunnerError:
+    # let through, it was a crash of the run rather than image_unavailable, retryable).
+    try:
+        tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(registry.TransientRegistryError),
+            stop=tenacity.stop_after_attempt(3),
+            wait=tenacity.wait_incrementing(start=2, increment=2),
+            before_sleep=retrying,
+            reraise=True,
+        )(pull_once)
+    except registry.TransientRegistryError as exc:
+        error = ImageUnavailable(
+            f"pulling {ref.pull_name} failed three times, the registry failing too: {exc}",
+            hint="the registry or the network to it is down; run again later",
+        )
+        error.retryable = True
+        raise error from exc
 
 
 def acquire(

@@ -13,18 +13,23 @@ read as they are.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 from runner.contract.models import JOB_ID_PATTERN
-from runner.core import jsondepth
+from runner.core import jsondepth, safefs
 from runner.core.errors import InfrastructureError
 
 __all__ = ["FILE", "append", "folder", "latest"]
 
 Cluster = Literal["slurm", "kubernetes"]
 FILE = "submissions.jsonl"
+
+MAX_LINE = 1 << 20
+"""The most bytes read from the end of the file for its last line (a line is a few hundred
+bytes); a file of many submissions is never read whole."""
 
 
 def folder(state: Path, cluster: Cluster, job_id: str) -> Path:
@@ -38,7 +43,12 @@ def append(state: Path, cluster: Cluster, job_id: str, entry: dict[str, Any]) ->
     missing); ``entry``."""
     where = folder(state, cluster, job_id)
     where.mkdir(parents=True, exist_ok=True)
-    with (where / FILE).open("a", encoding="utf-8") as f:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(where / FILE, flags, 0o666)  # never appended through a link
+    except OSError as exc:
+        raise InfrastructureError(f"{where / FILE}: cannot record the submission ({exc})") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(json.dumps(entry, sort_keys=True) + "\n")
     return entry
 
@@ -50,14 +60,26 @@ def latest(state: Path, cluster: Cluster, job_id: str) -> dict[str, Any] | None:
     if not re.fullmatch(JOB_ID_PATTERN, job_id):
         return None
     path = folder(state, cluster, job_id) / FILE
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        text = path.read_text(encoding="utf-8")
-        lines = [line for line in text.splitlines() if line.strip()]
-        if not lines:
-            return None
-        data = jsondepth.loads(lines[-1])
+        with safefs.open_regular(path) as f:  # not through a link, no FIFO or device
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - MAX_LINE))
+            tail = f.read(MAX_LINE)
+    except safefs.UnsafePath as exc:
+        raise InfrastructureError(f"{path}: {exc.problem}; the runner writes a file") from None
+    except OSError as exc:
+        raise InfrastructureError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    lines = [line for line in tail.splitlines() if line.strip()]
+    if size > MAX_LINE and lines:
+        lines = lines[1:]  # the first may be a line's end only
+    if not lines:
+        if size > MAX_LINE:
+            raise InfrastructureError(f"{path}: its last line is over {MAX_LINE:,} bytes")
+        return None
+    try:
+        data = jsondepth.loads(lines[-1].decode("utf-8"))
     except ValueError as exc:  # not UTF-8, not JSON, or nested too deep
         raise InfrastructureError(f"{path}: its last line is not JSON ({exc})") from None
     if not isinstance(data, dict):

@@ -392,7 +392,8 @@ def state_of(job: Any) -> tuple[str, str | None, str | None]:
             ended = "deadline_exceeded" if c["reason"] == "DeadlineExceeded" else "failed"
             return ended, c["reason"], c["message"]
     active = untrusted.at(job, "status", "active")
-    return ("running" if isinstance(active, int) and active > 0 else "pending"), None, None
+    running = type(active) is int and active > 0  # not a bool: JSON's true is no count
+    return ("running" if running else "pending"), None, None
 
 
 ENDED = frozenset({"complete", "failed", "deadline_exceeded"})
@@ -466,11 +467,20 @@ def delete(
     from kubernetes import client as k8s
 
     before = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig)
+    uid = before["uid"]
+    if not isinstance(uid, str) or not uid:
+        # Without it the precondition is no precondition: whatever Job holds the name by
+        # the time the DELETE arrives would go.
+        raise InfrastructureError(
+            f"the API server's Job {namespace}/{before['name']} has no uid ({uid!r}); "
+            "nothing was deleted",
+            hint="check --namespace and --context, and the API server",
+        )
     name, client = before["name"], _client(context, kubeconfig)
     done = "kept: the Job was not gone in time"
     try:
         body = k8s.V1DeleteOptions(
-            propagation_policy="Foreground", preconditions=k8s.V1Preconditions(uid=before["uid"])
+            propagation_policy="Foreground", preconditions=k8s.V1Preconditions(uid=uid)
         )
         jobs = _api(client, "Job")
         _call(client, f"DELETE Job {namespace}/{name}", jobs.delete_namespaced_job, name,

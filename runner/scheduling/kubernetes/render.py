@@ -416,7 +416,8 @@ def _container_rules(c: Any, pod: Any, volumes: dict[str, Any]) -> list[str]:
 def _job_rules(job: Manifest) -> list[str]:
     out: list[str] = []
     spec = untrusted.mapping(untrusted.at(job, "spec"))
-    if spec.get("backoffLimit") != 0:
+    backoff = spec.get("backoffLimit")
+    if type(backoff) is not int or backoff != 0:  # JSON's false (or 0.0) is not the integer 0
         out.append(f"Job: backoffLimit is {spec.get('backoffLimit')!r}, not 0")
     deadline = spec.get("activeDeadlineSeconds")
     if not isinstance(deadline, int) or isinstance(deadline, bool) or deadline < 1:
