@@ -39,7 +39,7 @@ def _run(
     contract = agent_contract(
         tmp_path,
         runtime="claude-code",
-        prompt=(Path(__file__).parent.parent / "examples/agent-evaluation/prompt.md").read_text(),
+        prompt=(Path(__file__).parents[2] / "examples/agent-evaluation/prompt.md").read_text(),
         agent={"model": "claude-sonnet-4-5", "effort": "low", **agent},
         change=lambda d: d["environment"].update(memoryGb=2, timeoutMinutes=5),
     )

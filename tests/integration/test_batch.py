@@ -125,7 +125,8 @@ def test_a_job_process_killed_outright_still_gets_an_envelope(
 ) -> None:
     """A child killed with SIGKILL says nothing: the batch answers `infrastructure` for it,
     naming the signal, and the other job's result stands. Its container is left running, as
-    after any runner crash, for the next run of that job to recover (tests/test_restarts.py)."""
+    after any runner crash, for the next run of that job to recover
+    (tests/integration/test_restarts.py)."""
     sleeper = _contract(tmp_path, "sleep", image_id, "batch-sleeper", command=SLEEP)
     toy = _contract(tmp_path, "toy", image_id)
     state = tmp_path / "state"

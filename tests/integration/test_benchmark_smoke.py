@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.docker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_benchmark_smoke_runs(image_id: str, tmp_path: Path) -> None:

@@ -170,7 +170,7 @@ def test_native_cdi_asks_the_engine_by_name(image_id: str) -> None:
     from runner.backends.types import DeviceEdits
     from runner.core.errors import GpuUnavailable
     from tests.support import docker
-    from tests.test_engine_api import _spec
+    from tests.unit.test_engine_api import _spec
 
     backend = DockerBackend()
     assert backend.cdi_native() is False

@@ -1,7 +1,7 @@
 """The egress proxy program itself (``images/proxy/egress-proxy``), run as a process on
 loopback with test hosts of its own (no engine): what it lets through, what it refuses, that
 the bytes of a tunnel arrive whole, and that its log reads back into the envelope's records.
-The same program in its image, between containers, is tested in tests/test_egress.py.
+The same program in its image, between containers, is tested in tests/unit/test_egress.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 from runner.egress.proxylog import read_log
 
-PROXY = Path(__file__).parents[1] / "images" / "proxy" / "egress-proxy"
+PROXY = Path(__file__).parents[2] / "images" / "proxy" / "egress-proxy"
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -20,7 +20,7 @@ from runner.planning import policy
 from tests.support import ROOT, SESSION_ID, SESSION_LABEL, docker
 
 IMAGE = "runner-gpu-smoke:local"
-FIXTURES = Path(__file__).parent / "fixtures" / "cdi"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "cdi"
 H200 = Gpu(0, "GPU-5c8f3a21-7d4e-9b06-e1f2-3a4b5c6d7e8f", "NVIDIA H200", 150754820096, "580.95.05")
 
 

@@ -300,7 +300,7 @@ def test_a_failed_download_names_each_sources_answer_in_its_hint(tmp_path: Path)
     its answer."""
     from runner.caches.assets import AssetCache, fetch
     from runner.core.errors import AssetUnavailable
-    from tests.test_hostile_asset_sources import _asset, _grant
+    from tests.unit.test_hostile_asset_sources import _asset, _grant
 
     with pytest.raises(AssetUnavailable) as raised:
         fetch(_asset("missing/blob.bin"), tmp_path, AssetCache(tmp_path / "c"), _grant())

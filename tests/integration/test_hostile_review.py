@@ -1,7 +1,7 @@
 """Regression tests for the holes a security review found working as a hostile contract author
 or a hostile job (issue 12). Each test reproduces one hole against the real engine and asserts
 that it stays closed. With HOSTILE_REPORT_FILE set, each case is recorded for
-scripts/hostile_report.py like the cases of tests/test_hostile.py.
+scripts/hostile_report.py like the cases of tests/integration/test_hostile.py.
 """
 
 from __future__ import annotations

@@ -470,7 +470,7 @@ def test_gpu_types_and_grace() -> None:
 def test_benchmark_script_runs(cluster: Cluster, tmp_path: Path) -> None:
     """`scripts/bench_slurm.py --jobs 2` measures all three sides, every job succeeding, and
     writes its report where told."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "batch.md"
     script = root / "scripts" / "bench_slurm.py"
     done = subprocess.run(

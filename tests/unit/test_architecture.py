@@ -16,7 +16,7 @@ from typing import Any
 import grimp
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent / "runner"
+ROOT = Path(__file__).resolve().parents[2] / "runner"
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:

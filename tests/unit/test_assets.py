@@ -1,6 +1,7 @@
 """Assets fetched on the host (issue 16): the contract's asset fields, the host policy's
 grant, downloads from a loopback server (Range resumes, retries, wrong bytes, 4xx, one
-download for two runners), the cache's listing and prune. Containers: tests/test_assets_docker.py.
+download for two runners), the cache's listing and prune. Containers:
+tests/integration/test_assets_docker.py.
 """
 
 from __future__ import annotations

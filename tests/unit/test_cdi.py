@@ -20,7 +20,7 @@ from runner.gpu import cdi
 from runner.gpu.gpus import Gpu
 from tests.support.jobs import run_cli
 
-FIXTURES = Path(__file__).parent / "fixtures" / "cdi"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "cdi"
 LDCACHE = (FIXTURES / "ldconfig-h200.txt").read_text()
 REPORT = json.loads((FIXTURES / "nvml-h200.json").read_text())
 H200 = [Gpu(**g) for g in REPORT["gpus"]]

@@ -3,8 +3,8 @@ policy grants, through the runner's proxy, and nothing else; every request is re
 
 The first part needs no engine: pairs, policy and plan, the proxy's rules, and the stage's
 life (up, down, a crashed runner, the sweeper) against the in-memory fake (the proxy program
-itself, and its log read back, are tested in tests/test_egress_proxy.py). The second runs
-real jobs against an "outside" the test makes itself (tests/support/egress.py): an internal
+itself, and its log read back, are tested in tests/integration/test_egress_proxy.py). The second
+runs real jobs against an "outside" the test makes itself (tests/support/egress.py): an internal
 network with HTTP test hosts on it, named in the host policy as the proxy's upstream. No test
 traffic goes anywhere else.
 """

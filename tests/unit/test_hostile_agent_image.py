@@ -27,7 +27,7 @@ from runner.planning.policy import HostPolicy
 from runner.state.ledger import Ledger, LedgerState
 from tests.support import SEED, SESSION_ID, SESSION_LABEL, run_job, session_containers
 from tests.support.agents import CLAUDE_ARGV, CLAUDE_RUNTIME, agent_contract
-from tests.test_agent_image import (
+from tests.unit.test_agent_image import (
     GLIBC_IMAGE,
     _build,
     _elf,

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from runner.core import jsondepth
 from runner.core.errors import ImageUnavailable
 from runner.trust import signing
+from tests.integration.test_restarts import BEAT, repeated_kills
 from tests.support import run_cli, write_contract
 from tests.support.budget import check_bound
-from tests.test_restarts import BEAT, repeated_kills
 
 NO_IMAGE = "sha256:" + "0" * 64
 """Verifying a contract needs no image: any pinned digest will do."""

@@ -4,8 +4,8 @@ names issuer keys on every command; result signers are ``--result-keys``) and
 header lines RFC 9112 says to refuse; ``runner cleanup`` acting on one state folder only.
 
 The verify-result and cleanup cases use the real engine (a toy run, real egress slots); the
-proxy's cases run the proxy program itself on loopback, as tests/test_egress_proxy.py does,
-with its fixture.
+proxy's cases run the proxy program itself on loopback, as
+tests/integration/test_egress_proxy.py does, with its fixture.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from runner.egress.proxylog import read_log
 from runner.execution import sweeper
 from runner.models.envelope import ParserRef, ResultEnvelope
 from runner.results import attest
+from tests.integration.test_egress_proxy import Proxy, proxy  # noqa: F401 - the proxy fixture
 from tests.support import SESSION_ID, SESSION_LABEL, docker, run_cli, run_job, write_contract
 from tests.support.egress import outside
-from tests.test_egress import PLAN, _fake
-from tests.test_egress_proxy import Proxy, proxy  # noqa: F401 - the proxy fixture
+from tests.unit.test_egress import PLAN, _fake
 
 SESSION = {SESSION_LABEL: SESSION_ID}
 

@@ -17,11 +17,11 @@ import pytest
 
 from runner.agents import transcript
 from runner.core.redaction import REDACTED, Redactor
+from tests.integration.test_hostile_agent_guard import _answers, _policy, _short
 from tests.support import docker, run_job, session_containers
 from tests.support.agents import agent_contract, model_server
 from tests.support.hostile import record
-from tests.test_hostile_agent_guard import _answers, _policy, _short
-from tests.test_hostile_secrets import KEY, holding
+from tests.unit.test_hostile_secrets import KEY, holding
 
 MARK = REDACTED.format(name="API_KEY")
 
@@ -95,7 +95,7 @@ for i in range(8):  # the model's host: each at least one turn
 
 def _small_log_proxy_image() -> str:
     """The checkout's proxy with a 2 KiB cap on each lease's log (built once, offline)."""
-    from tests.test_hostile_secrets import _checkout_proxy_image
+    from tests.unit.test_hostile_secrets import _checkout_proxy_image
 
     base = _checkout_proxy_image()
     tag = base + "-log2k"
@@ -232,7 +232,7 @@ def test_a_stray_percent_cr_in_the_engine_log_does_not_carry_the_key_out(
     from tests.support import run_cli
     from tests.support.agents import SCRIPTED_ARGV, SCRIPTED_RUNTIME, agent_policy
     from tests.support.jobs import SESSION_ID, SESSION_LABEL
-    from tests.test_hostile_secrets import _files, _members
+    from tests.unit.test_hostile_secrets import _files, _members
 
     (tmp_path / "repository").mkdir()
     (tmp_path / "repository" / "stray.py").write_text(_STRAY)
@@ -285,7 +285,7 @@ def test_a_reattach_that_cannot_know_the_secret_keeps_and_exports_none_of_it(
     from runner.planning.plan import default_job_id
     from tests.support import run_cli, start_job
     from tests.support.agents import SCRIPTED_ARGV, SCRIPTED_RUNTIME, agent_policy
-    from tests.test_hostile_secrets import _files
+    from tests.unit.test_hostile_secrets import _files
 
     prompt = "repeat: echo key=$API_KEY\npause: 0.3\n"
     contract = agent_contract(tmp_path, prompt=prompt, agent={"maxTurns": 12}, change=_short)
@@ -475,7 +475,7 @@ def test_a_cached_file_changed_before_the_working_copy_is_refused(tmp_path: Path
     from runner.execution import layout
     from runner.staging import jobdir as staging
     from runner.staging.jobdir import StateDir
-    from tests.test_hostile_inputs_round3 import _swap, _value_contract
+    from tests.integration.test_hostile_inputs_round3 import _swap, _value_contract
 
     contract = load_contract(_value_contract(tmp_path / "c", "sha256:" + "ab" * 32))
     state = StateDir(tmp_path / "state")
@@ -518,7 +518,7 @@ def test_an_unreadable_listing_of_the_staged_inputs_fails_the_check_closed(
     be shown to be what the contract binds, so no value is a result)."""
     from runner.contract import load_contract
     from runner.staging import jobdir as staging
-    from tests.test_hostile_inputs_round3 import _value_contract
+    from tests.integration.test_hostile_inputs_round3 import _value_contract
 
     contract = load_contract(_value_contract(tmp_path / "c", "sha256:" + "ab" * 32))
     job = staging.prepare(tmp_path / "job")
@@ -546,8 +546,8 @@ def test_a_listing_removed_while_the_job_runs_ends_it_input_digest_mismatch(
     """A local user removes record/input-tree.json while the job runs. Before: the check of
     input/ after the job was skipped (inputsUnchanged null) and the run succeeded. Now it is
     input_digest_mismatch, exit 3, the reason naming the file."""
+    from tests.integration.test_hostile_inputs_round3 import _value_contract
     from tests.support import start_job, wait_running
-    from tests.test_hostile_inputs_round3 import _value_contract
 
     contract = _value_contract(tmp_path / "c", image_id, pause="6")
     state = tmp_path / "state"

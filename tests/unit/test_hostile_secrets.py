@@ -435,7 +435,7 @@ def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
     from runner.execution import orchestrator
     from runner.planning import policy
     from runner.planning.policy import HostPolicy
-    from tests.test_agents import SCRIPTED, _contract
+    from tests.unit.test_agents import SCRIPTED, _contract
 
     monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", KEY)
     fake = FakeBackend()

@@ -2,7 +2,7 @@
 ``<state>/cache/inputs`` into ``input/`` without reading their source; entries are read-only,
 checked on the way, re-hashed by ``runner cache verify``, listed and pruned with the assets
 (never while a job that has not ended uses them). Real files throughout; the containers' side
-(a job cannot reach a cached byte) is in tests/test_hostile_inputcache.py, on the real
+(a job cannot reach a cached byte) is in tests/integration/test_hostile_inputcache.py, on the real
 engine."""
 
 from __future__ import annotations

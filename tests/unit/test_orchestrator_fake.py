@@ -31,7 +31,7 @@ from runner.planning import policy
 from runner.state.ledger import read_state
 from tests.support import TOY
 
-FIXTURES = Path(__file__).parent / "fixtures" / "engine-states"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "engine-states"
 INF = float("inf")
 
 

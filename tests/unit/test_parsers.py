@@ -14,7 +14,7 @@ from runner.core.errors import ContractError, EvidenceParseError
 from runner.parsers import registry
 from runner.parsers.json_scalar import resolve_pointer
 
-FIXTURES = Path(__file__).parent / "fixtures" / "parsers"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "parsers"
 PARSER = registry.get("json.scalar", "1")
 AGENT = registry.get("agent.result", "1")
 SHIPPED = [

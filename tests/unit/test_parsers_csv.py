@@ -10,7 +10,7 @@ import pytest
 from runner.core.errors import EvidenceParseError
 from runner.parsers import registry
 
-FIXTURES = Path(__file__).parent / "fixtures" / "parsers"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "parsers"
 CSV = registry.get("csv.cell", "1")
 RESULTS = FIXTURES / "results.csv"
 

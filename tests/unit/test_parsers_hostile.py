@@ -30,7 +30,7 @@ from runner.parsers.jsonl_scalar import _shown
 
 MIB = 1024 * 1024
 CAP = MAX_TOKEN_BYTES
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 JSON = registry.get("json.scalar", "1")
 JSONL = registry.get("jsonl.scalar", "1")
 JUNIT = registry.get("junit.summary", "1")
@@ -378,7 +378,7 @@ def test_integers_ijson_cannot_convert_never_reach_it(tmp_path: Path) -> None:
         text=True,
         timeout=120,
         check=False,
-        cwd=Path(__file__).parent.parent,
+        cwd=Path(__file__).parents[2],
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith(

@@ -10,7 +10,7 @@ from runner.core.errors import EvidenceParseError
 from runner.parsers import registry
 from runner.parsers.junit_summary import summarize
 
-FIXTURES = Path(__file__).parent / "fixtures" / "parsers"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "parsers"
 JUNIT = registry.get("junit.summary", "1")
 
 

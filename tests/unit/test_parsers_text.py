@@ -13,7 +13,7 @@ from runner.parsers import registry
 from runner.parsers._lines import MAX_LINE_BYTES, iter_lines
 from runner.parsers._values import from_text
 
-FIXTURES = Path(__file__).parent / "fixtures" / "parsers"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "parsers"
 REGEX = registry.get("regex.scalar", "1")
 JSONL = registry.get("jsonl.scalar", "1")
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-import tests.test_hostile as hostile
-import tests.test_images as image_tests
-import tests.test_restarts as restarts
+import tests.integration.test_hostile as hostile
+import tests.integration.test_images as image_tests
+import tests.integration.test_restarts as restarts
 from runner import backends
 from runner.backends import podman
 from runner.backends.base import ContainerSpec

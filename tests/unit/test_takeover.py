@@ -20,7 +20,7 @@ from runner.core import hostid
 from runner.core.errors import JobFenced
 from runner.state.ledger import Ledger, read_state
 from tests.support import SESSION_ID, SESSION_LABEL, docker, run_cli, start_job, write_contract
-from tests.test_orchestrator_fake import (
+from tests.unit.test_orchestrator_fake import (
     INF,
     _category,
     _contract,
@@ -32,7 +32,7 @@ from tests.test_orchestrator_fake import (
     _run,
     _writes,
 )
-from tests.test_orchestrator_fake import fake as fake
+from tests.unit.test_orchestrator_fake import fake as fake
 
 LEASE = 0.4
 
