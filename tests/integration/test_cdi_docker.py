@@ -169,8 +169,8 @@ def test_native_cdi_asks_the_engine_by_name(image_id: str) -> None:
     from runner.backends.docker import DockerBackend
     from runner.backends.types import DeviceEdits
     from runner.core.errors import GpuUnavailable
+    from tests.integration.test_engine_api import _spec
     from tests.support import docker
-    from tests.unit.test_engine_api import _spec
 
     backend = DockerBackend()
     assert backend.cdi_native() is False

@@ -9,6 +9,8 @@ Code's --max-turns); the ledger's ``agent.usage`` had ``requests: null`` where t
 had the proxy's count. Now the guard reads the runner's own capture of the container's stdout
 (outside every folder the job can reach), floors turns by the egress proxy's count of model
 requests, live, and fails closed when a transcript it read vanishes or is replaced.
+
+The tests that need no engine are in tests/unit/test_hostile_agent_guard.py.
 """
 
 from __future__ import annotations
@@ -192,34 +194,6 @@ def test_a_runner_killed_while_the_agent_runs_reattaches_to_its_stream(
     assert not session_containers()
 
 
-# --- item 2, fail closed: the meter on a file that is replaced ------------------------------------
-
-
-def test_a_transcript_that_vanishes_shrinks_or_becomes_a_link_fails_closed(tmp_path: Path) -> None:
-    """A transcript file the meter has read that vanishes, shrinks, or is replaced by another
-    file or a link stops the agent (agent.transcript), keeping the turns it had read."""
-    line = (json.dumps({"type": "assistant", "message": {"id": "a"}}) + "\n").encode()
-    other = line.replace(b'"a"', b'"b"')
-    tampers = {
-        "vanished": lambda p: p.unlink(),
-        "shrank": lambda p: p.write_bytes(b""),
-        "replaced": lambda p: (p.unlink(), p.write_bytes(other * 3)),
-        "rewritten": lambda p: p.write_bytes(other * 3),
-        "link": lambda p: (p.unlink(), p.symlink_to("/dev/null")),
-    }
-    for name, tamper in tampers.items():
-        root = tmp_path / name
-        root.mkdir()
-        path = root / "t.jsonl"
-        path.write_bytes(line)
-        meter = transcript.Meter(root, "t.jsonl")
-        assert meter.poll().over(5, None) is None
-        tamper(path)
-        usage = meter.poll()
-        assert usage.turns == 1 and usage.tampered, name
-        assert usage.over(5, None) == transcript.TAMPERED, name
-
-
 # --- item 3: the reader's memory ----------------------------------------------------------------
 
 _MEASURE = textwrap.dedent(
@@ -289,22 +263,3 @@ def test_the_readers_memory_stays_bounded_whatever_the_transcript_holds(tmp_path
     assert got["streamed"] < 100 * MIB, got
     assert got["total"] < 100 * MIB, got
     assert got["tampered"], got
-
-
-# --- item 12: a broken download's hint carries the answers ---------------------------------------
-
-
-def test_a_failed_download_names_each_sources_answer_in_its_hint(tmp_path: Path) -> None:
-    """Before: the hint said "its answer is listed above", pointing at nothing where the hint is
-    shown on its own (the envelope, --json). Now message and hint both carry each source with
-    its answer."""
-    from runner.caches.assets import AssetCache, fetch
-    from runner.core.errors import AssetUnavailable
-    from tests.unit.test_hostile_asset_sources import _asset, _grant
-
-    with pytest.raises(AssetUnavailable) as raised:
-        fetch(_asset("missing/blob.bin"), tmp_path, AssetCache(tmp_path / "c"), _grant())
-    err = raised.value
-    assert "missing/blob.bin" in err.message
-    assert "listed above" not in (err.hint or "")
-    assert "1 source(s) tried" in (err.hint or "") and "missing/blob.bin" in (err.hint or "")

@@ -1,4 +1,6 @@
-"""The runner's log: off by default, text or JSON lines on stderr when asked (issue 18)."""
+"""The runner's log: off by default, text or JSON lines on stderr when asked (issue 18).
+
+The tests that need no engine are in tests/unit/test_logging.py."""
 
 from __future__ import annotations
 
@@ -46,11 +48,3 @@ def test_a_refusal_is_logged_with_its_category(tmp_path: Path, image_id: str) ->
     events = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
     refused = [e for e in events if e.get("category") == "signature_invalid"]
     assert refused and refused[0]["level"] == "warning"
-
-
-def test_a_bad_log_option_is_a_usage_error() -> None:
-    proc = run_cli("--log-level", "loud", "parsers")
-    assert proc.returncode == 2 and "--log-level wants one of" in proc.stderr
-    proc = run_cli("parsers", "--log-format=xml")
-    assert proc.returncode == 2 and "--log-format wants one of" in proc.stderr
-    assert run_cli("--log-level=debug", "parsers").returncode == 0

@@ -1,7 +1,9 @@
 """`runner stage CONTRACT`: the job folder laid out as `runner run` lays it out before it
 creates a container, with no engine at all (DOCKER_HOST points nowhere), inputs checked
 against the digests the contract binds, hostile inputs refused, and then `runner run` on the
-same job folder runs the staged job (the real engine)."""
+same job folder runs the staged job (the real engine).
+
+The tests that need the engine are in tests/integration/test_stage.py."""
 
 from __future__ import annotations
 
@@ -11,14 +13,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from runner.contract import with_digest
 from runner.staging import jobdir as staging
 from tests.support import (
     FAKE_IMAGE_ID,
     run_cli,
-    run_job,
     toy_input_digests,
     write_contract,
 )
@@ -164,25 +163,6 @@ def test_a_job_id_of_another_contract_is_refused(tmp_path: Path) -> None:
     code, refused, _ = stage(second, tmp_path / "state", *extra)
     assert code == 3 and "belongs to another contract" in refused["error"]
     assert (Path(info["jobDir"]) / "record" / "ledger.jsonl").read_bytes() == before
-
-
-@pytest.mark.docker
-def test_runner_run_runs_the_staged_job(tmp_path: Path, image_id: str) -> None:
-    """Staged with no engine, then `runner run` on the same contract and state folder runs
-    it (the real engine): succeeded, attempt 1, the ledger accepted it once; staging it
-    again after it finished is refused."""
-    contract = bound_contract(tmp_path, image_id)
-    code, info, err = stage(contract, tmp_path / "state")
-    assert code == 0, err
-    code, envelope, err = run_job(contract, tmp_path / "state")
-    assert code == 0, err
-    assert envelope["status"] == "succeeded" and envelope["jobDir"] == info["jobDir"]
-    assert [m["value"] for m in envelope["measurements"]] == [0.819]
-    events = ledger_events(Path(info["jobDir"]))
-    assert events.count("job.accepted") == 1 and events[-1] == "job.finished"
-    assert envelope["budget"]["attempts"] == 1
-    code, refused, _ = stage(contract, tmp_path / "state")
-    assert code == 3 and "already finished" in refused["error"]
 
 
 def test_an_unsigned_contract_needs_the_switch(tmp_path: Path) -> None:
