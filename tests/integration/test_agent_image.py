@@ -401,6 +401,7 @@ def test_the_scripted_runtime_runs_in_the_contracts_image_and_is_extracted_once(
     assert not session_containers()
 
 
+@pytest.mark.docker  # `runner cache verify` lists the engine's containers
 def test_cache_verify_rehashes_the_agent_runtimes(tmp_path: Path) -> None:
     """An edit that keeps size, mode, inode and mtime (not ctime: the cheap check an attempt
     makes sees it too); `runner cache verify` re-hashes the runtime's files, names the file

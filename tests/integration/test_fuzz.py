@@ -20,6 +20,8 @@ from runner.contract import with_digest
 from runner.core.errors import ContractError
 from tests.support import TOY, run_cli
 
+pytestmark = pytest.mark.slow  # hypothesis examples, each one a verify run
+
 IMAGE_ID = "sha256:" + "ab" * 32
 CLEAN_EXITS = {0, 2, 3, 4}
 CATEGORY_LINE = re.compile(r"^runner: [a-z_]+: ", re.MULTILINE)

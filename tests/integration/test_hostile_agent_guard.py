@@ -244,6 +244,7 @@ _MEASURE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 400+ MB of transcript through the reader in a fresh process
 def test_the_readers_memory_stays_bounded_whatever_the_transcript_holds(tmp_path: Path) -> None:
     """Before: 900 MB of distinct 1 MB message ids drove the runner to 948 MB RSS. A fresh
     process feeds 400+ MB of distinct long and short ids through the reader and a

@@ -15,6 +15,8 @@ import pytest
 
 from runner.parsers import registry
 
+pytestmark = pytest.mark.slow  # 1 GiB inputs written and parsed
+
 GIB = 1024 * 1024 * 1024
 MIB = 1024 * 1024
 LIMIT = 200 * MIB  # the bound the parsers promise

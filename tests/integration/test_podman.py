@@ -306,6 +306,8 @@ def rootless_dir() -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.docker
+@pytest.mark.podman
 def test_rootless_podman_refuses_caps_it_cannot_enforce(rootless_dir: Path, image_id: str) -> None:
     """`runner run` as an unprivileged user, the policy choosing Podman, the user's own
     rootless API service: on cgroup v1 exit 3, policy_violation naming the memory cap, and
@@ -369,6 +371,7 @@ def test_rootless_podman_refuses_caps_it_cannot_enforce(rootless_dir: Path, imag
         service.wait(timeout=30)
 
 
+@pytest.mark.podman
 def test_rootless_podman_create_checks_the_container_it_made(rootless_dir: Path) -> None:
     """The second line: should the first check ever be skipped, ``create`` reads the created
     container back; rootless Podman on cgroup v1 made it without the caps, so it is removed
@@ -437,6 +440,8 @@ except PolicyViolation as exc:
         _podman("rmi", "-f", f"{name}:1", user=TEST_USER, env=user_env)
 
 
+@pytest.mark.docker
+@pytest.mark.podman
 def test_podman_containers_carry_the_caps_and_labels(rootful: PodmanBackend, image_id: str) -> None:
     """What rootful Podman was given is what it holds: the caps, the labels, no network, a
     read-only root; and a container removed twice is not an error."""

@@ -9,10 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from runner._version import DISTRIBUTION, __version__
 from tests.support import ROOT, TOY
 
 WHEELHOUSE = ROOT / ".wheelhouse"
+
+pytestmark = pytest.mark.slow  # builds the wheel and installs it into a fresh venv
 
 
 def _run(*argv: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
