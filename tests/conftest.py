@@ -87,12 +87,17 @@ def _podman_problem() -> str | None:
 _PROBES = {"docker": _engine_problem, "slurm": _slurm_problem, "podman": _podman_problem}
 _MISSING = pytest.StashKey[str]()
 """Why a collected test is skipped: the component it is marked for is missing here."""
+_ENGINE_TESTS = pytest.StashKey[bool]()
+"""Whether the session collected a test marked ``docker``."""
+_ENGINE_MISSING = pytest.StashKey[bool]()
+"""Whether its ``docker`` tests are skipped: the engine or its job image is missing (not CI)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Locally (CI unset), the tests of a missing component are skipped, and one line per
     component says why. Under CI nothing is skipped: their fixtures fail, as they always did.
     Each component is probed once, and only when a collected test needs it."""
+    config.stash[_ENGINE_TESTS] = any(item.get_closest_marker("docker") for item in items)
     if _under_ci():
         return
     problems: dict[str, str | None] = {}
@@ -108,6 +113,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.stash[_MISSING] = f"{marker}: {reason}"
                 skipped[marker] = skipped.get(marker, 0) + 1
                 break
+    config.stash[_ENGINE_MISSING] = problems.get("docker") is not None
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     for marker, count in skipped.items():
         line = f"SKIPPING {count} {marker} tests: {problems[marker]} (under CI=true they fail)"
@@ -175,10 +181,16 @@ def _free_egress_slots(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_containers_left() -> Iterator[None]:
-    """After the session, no container of this test session may remain."""
+def _no_containers_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After the session, no container of this test session may remain. A session with no
+    engine test (tests/unit alone), or whose engine tests were skipped for want of an engine,
+    has none to look for, and asks no engine."""
     yield
     if shutil.which("docker") is None:
+        return
+    if not request.config.stash.get(_ENGINE_TESTS, True):
+        return
+    if request.config.stash.get(_ENGINE_MISSING, False):
         return
     from runner import backends
     from runner.egress import slots as egress

@@ -48,6 +48,7 @@ from tests.unit.test_podman import (
     _limits,
 )
 
+local_registry = image_tests.local_registry
 pushed = image_tests.pushed
 
 TEST_USER = "runner-rootless"

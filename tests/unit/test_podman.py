@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-import tests.integration.test_images as image_tests
 from runner import backends
 from runner.backends import podman
 from runner.backends.docker import DockerBackend
@@ -37,7 +36,6 @@ from tests.support import (
 )
 
 # The image tests' loopback registry and pushed image, as fixtures of this module too.
-local_registry = image_tests.local_registry
 
 
 def _limits(**changes: Any) -> Limits:
