@@ -7,7 +7,7 @@ Public API::
 (``verify`` returns a ``VerifiedContract``; ``runner.__version__`` is the version.) The
 helpers for code that embeds the runner are in ``runner.testing``. Everything else is private
 and may change: each module's ``__all__`` lists the names other modules of the runner may
-import from it (tests/test_exported_members.py holds them to it). The names are imported on
+import from it (tests/unit/test_exported_members.py holds them to it). The names are imported on
 first use, so that ``runner --help`` and small commands do not pay for the whole package at
 start-up.
 """

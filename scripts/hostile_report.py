@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Run the hostile suite (every tests/test_hostile*.py: tests/test_hostile.py, hostile jobs
-under runc and runsc; tests/test_hostile_review.py and the later rounds' files, the holes each
+"""Run the hostile suite (every tests/*/test_hostile*.py, in tests/unit and tests/integration:
+tests/integration/test_hostile.py, hostile jobs under runc and runsc;
+tests/integration/test_hostile_review.py and the later rounds' files, the holes each
 security review found, as a hostile contract author, job, agent or local user) and publish what
 held: reports/hostile/latest.json and reports/hostile/latest.md.
 
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "reports" / "hostile"
 
 MIB = 1024 * 1024
-SUITE = tuple(sorted((ROOT / "tests").glob("test_hostile*.py")))
+SUITE = tuple(sorted((ROOT / "tests").glob("*/test_hostile*.py")))
 
 
 def _engine() -> dict[str, Any]:

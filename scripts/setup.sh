@@ -150,7 +150,7 @@ ensure_venv() {
   fi
   rm -f "$STAMP"
   # Exactly the locked versions, each checked against its hashes; a lock that does not match
-  # pyproject.toml fails tests/test_lock.py (scripts/lock.sh rewrites it).
+  # pyproject.toml fails tests/unit/test_lock.py (scripts/lock.sh rewrites it).
   log "venv: pip install --require-hashes -r requirements/dev.lock"
   PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install -q --require-hashes -r "$LOCK" \
     || die "venv: pip install --require-hashes -r requirements/dev.lock failed"
@@ -164,7 +164,7 @@ ensure_venv() {
   printf '%s\n' "$want" >"$STAMP"
 }
 
-# The wheel smoke test (tests/test_wheel.py) installs the runner's wheel, without -e, into a
+# The wheel smoke test (tests/integration/test_wheel.py) installs the runner's wheel, without -e, into a
 # fresh venv with no network: its dependencies and build tools come from this folder.
 WHEELHOUSE="$ROOT/.wheelhouse"
 ensure_wheelhouse() {
@@ -186,7 +186,7 @@ ensure_wheelhouse() {
   printf '%s\n' "$want" >"$WHEELHOUSE/.stamp"
 }
 
-# tests/test_hostile_fetch_bundle.py installs the tree, as a user would, into a venv made by the
+# tests/{unit,integration}/test_hostile_fetch_bundle.py installs the tree, as a user would, into a venv made by the
 # distribution's own Python (/usr/bin/python3: Debian 12's 3.11.2, older than the pyenv or
 # other python3 that may come first on PATH) and runs the demo's commands with it.
 ensure_system_python() {
@@ -374,7 +374,7 @@ build_claude_agent() {
 # --------------------------------------------------------------------------- test tools
 # Debian's docker-registry: the tests run a real registry on 127.0.0.1 (they start it
 # themselves; the package's own service is not used). htpasswd (apache2-utils) writes the
-# bcrypt password file of the one that requires basic auth (tests/test_registry_auth.py).
+# bcrypt password file of the one that requires basic auth (tests/integration/test_registry_auth.py).
 ensure_test_tools() {
   if command -v docker-registry >/dev/null 2>&1; then
     log "tools: reusing docker-registry"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command: set up (engine, venv, images), then lint, type-check, check the
-# import layers (pyproject's [tool.importlinter]) and test.
+# import layers (pyproject's [tool.importlinter]) and test: tests/unit first (no engine, quick),
+# then tests/integration (the engine, Slurm, Podman, a registry, the proxy, and the slow tests).
 #   scripts/test.sh [pytest args...]     e.g. scripts/test.sh -k envelope -x
+# Options alone go to both runs; arguments naming tests (a path, a node id) make one run of them.
 # Every check runs even when an earlier one fails; the exit status is non-zero if any failed.
 set -euo pipefail
 
@@ -40,14 +42,35 @@ step "docs build (mkdocs --strict)" env NO_MKDOCS_2_WARNING=1 "$VENV_BIN/mkdocs"
   --quiet --site-dir "$docs_site" || true
 rm -rf "$docs_site"
 
-log "test: pytest $*"
-rc=0
-"$VENV_BIN/python" -m pytest "$@" || rc=$?
-case "$rc" in
-  0) ;;
-  5) failed+=("pytest (exit 5: no tests were collected; a test run that runs nothing is a failure)") ;;
-  *) failed+=("pytest (exit $rc)") ;;
-esac
+# Exit 5 is pytest's "no tests were collected": a test run that runs nothing is a failure. With
+# no arguments each part must run tests; with a filter (-k, -m) one part may hold none of them.
+names_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    -*) ;;
+    *::* | tests | tests/*) names_tests=1 ;;
+  esac
+done
+if [ "$names_tests" -eq 1 ]; then
+  parts=("")
+else
+  parts=(tests/unit tests/integration)
+fi
+ran=0
+empty=()
+for part in "${parts[@]}"; do
+  log "test: pytest ${part:+$part }$*"
+  rc=0
+  "$VENV_BIN/python" -m pytest ${part:+"$part"} "$@" || rc=$?
+  case "$rc" in
+    0) ran=1 ;;
+    5) empty+=("${part:-(the tests named)}") ;;
+    *) ran=1; failed+=("pytest ${part:+$part }(exit $rc)") ;;
+  esac
+done
+if [ "${#empty[@]}" -gt 0 ] && { [ "$#" -eq 0 ] || [ "$ran" -eq 0 ]; }; then
+  failed+=("pytest ${empty[*]} (exit 5: no tests were collected; a test run that runs nothing is a failure)")
+fi
 
 if [ "${#failed[@]}" -gt 0 ]; then
   printf 'FAILED: %s\n' "${failed[@]}" >&2

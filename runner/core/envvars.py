@@ -1,6 +1,6 @@
 """Every environment variable the runner reads on the host, and every one it sets in a job's
 container: the declared list the documentation's reference page is generated from
-(``scripts/gen_docs.py``). ``tests/test_docs.py`` reads the code and fails when it reads a
+(``scripts/gen_docs.py``). ``tests/unit/test_docs.py`` reads the code and fails when it reads a
 variable not listed in :data:`READ` (or one listed there is no longer read), or names a
 ``RUNNER_*`` variable listed nowhere.
 

@@ -2,7 +2,7 @@
 environment, as ``runner/core/envvars.py`` (their one owner, which the documentation's
 reference page is generated from) declares them. The test session clears exactly these, so a
 developer's settings never reach a test, while a CI service's own ``RUNNER_*`` variables
-(``RUNNER_TEMP``, ``RUNNER_OS``, ...) stay. ``tests/test_hostenv.py`` fails when the runner
+(``RUNNER_TEMP``, ``RUNNER_OS``, ...) stay. ``tests/unit/test_hostenv.py`` fails when the runner
 reads one that is not declared.
 
 The variables the runner sets inside a job (``RUNNER_JOB_ID``, ``RUNNER_STDOUT``, ...) are

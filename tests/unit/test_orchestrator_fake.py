@@ -1,0 +1,390 @@
+"""The orchestrator's decisions, driven by the in-memory fake backend (no engine): every failure
+category's classification, the resume table after a runner crash (the container vanished,
+created, exited, still running) and the budget arithmetic across attempts. The same paths run
+against the real engine in test_docker_jobs, test_restarts and the hostile suite; these add
+fast coverage of the logic and replace none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.backends.base import ContainerState
+from runner.backends.fake import FakeBackend, FakeJob
+from runner.backends.types import ImageInfo
+from runner.contract import Trust, with_digest
+from runner.core.errors import Category
+from runner.execution import orchestrator
+from runner.execution.container import Outcome
+from runner.execution.outcome import classify
+from runner.gpu.gpus import Gpu
+from runner.models.envelope import ResultEnvelope
+from runner.planning import policy
+from runner.state.ledger import read_state
+from tests.support import TOY
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "engine-states"
+INF = float("inf")
+
+
+class _Crash(BaseException):
+    """The runner process dying (kill -9): nothing of it runs on, nothing is cleaned up."""
+
+
+class _Progress:
+    """Progress that can interrupt (Ctrl-C) or crash the runner at its first running tick."""
+
+    def __init__(self, on_running: type[BaseException] | None = None) -> None:
+        self.on_running = on_running
+        self.stages: list[tuple[str, str]] = []
+
+    def stage(self, name: str, detail: str) -> None:
+        self.stages.append((name, detail))
+
+    def running(self, elapsed: float, budget: float) -> None:
+        if self.on_running is not None:
+            raise self.on_running()
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        pass
+
+
+class _NoGpus:
+    def detect(self) -> list[Gpu]:
+        return []
+
+
+class _OneGpu:
+    def detect(self) -> list[Gpu]:
+        return [Gpu(0, "GPU-fake-0", "Fake H200", 141 * 1024**3, "580.0")]
+
+
+def _writes(
+    text: str = '{"accuracy": 0.819}\n', rel: str = "logs/evaluation.log"
+) -> Callable[[dict[str, Path]], None]:
+    def work(mounts: dict[str, Path]) -> None:
+        target = mounts["/job/output"] / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+
+    return work
+
+
+Change = Callable[[dict[str, Any]], None]
+
+
+def _contract(folder: Path, info: ImageInfo, change: Change | None = None, **env: Any) -> Path:
+    data: dict[str, Any] = json.loads((TOY / "task.json").read_text())
+    shutil.copytree(TOY / "repository", folder / "repository", dirs_exist_ok=True)
+    shutil.copy(TOY / "paper.md", folder / "paper.md")
+    data["environment"].update({"image": info.id, **env})
+    if change is not None:
+        change(data)
+    path = folder / "task.json"
+    path.write_text(json.dumps(with_digest(data)))
+    return path
+
+
+def _options(tmp_path: Path, **settings: Any) -> orchestrator.RunOptions:
+    fields = {"acceptUnsigned": True, **settings.pop("policy", {})}
+    loaded = policy.LoadedPolicy(policy.HostPolicy(**fields).resolved(), "test")
+    return orchestrator.RunOptions(
+        state_dir=tmp_path / "state",
+        policy=loaded,
+        trust=Trust(keys=[]),
+        tick_seconds=0.01,
+        heartbeat_seconds=0.05,
+        stop_grace_seconds=0.05,
+        gpu_detector=settings.pop("gpu_detector", _NoGpus()),
+        **settings,
+    )
+
+
+def _run(
+    contract: Path,
+    options: orchestrator.RunOptions,
+    fake: FakeBackend,
+    progress: _Progress | None = None,
+) -> dict[str, Any]:
+    envelope = orchestrator.run(contract, options, backend=fake, progress=progress or _Progress())
+    return orchestrator.as_json(envelope)
+
+
+def _category(env: dict[str, Any]) -> str | None:
+    return (env.get("failure") or {}).get("category")
+
+
+@pytest.fixture
+def fake() -> FakeBackend:
+    backend = FakeBackend(jobs=FakeJob(work=_writes()))
+    backend.add_image()
+    return backend
+
+
+def _image(fake: FakeBackend) -> ImageInfo:
+    return next(iter(fake.images.values()))
+
+
+def test_a_run_that_succeeds(tmp_path: Path, fake: FakeBackend) -> None:
+    env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
+    assert env["status"] == "succeeded", env["failure"]
+    assert env["measurements"][0]["value"] == 0.819
+    assert env["budget"]["attempts"] == 1
+    assert fake.containers == {}  # removed once its end was in the ledger
+    ledger = Path(env["jobDir"]) / "record" / "ledger.jsonl"
+    assert read_state(ledger).finished is not None
+
+
+# --------------------------------------------------------------------- classification
+
+
+def _no_fallback(data: dict[str, Any]) -> None:
+    data["computeRequirement"]["cpuFallbackAllowed"] = False
+
+
+def _no_command(data: dict[str, Any]) -> None:
+    del data["protocol"]["command"]
+
+
+def _missing_paper(data: dict[str, Any]) -> None:
+    data["paper"]["path"] = "no-such-paper.md"
+
+
+CASES: list[tuple[str, FakeJob, dict[str, Any], dict[str, Any], Any]] = [
+    # category, the fake job, contract environment, options, contract change
+    ("nonzero_exit", FakeJob(exit_code=3, work=_writes()), {}, {}, None),
+    ("oom", FakeJob(oom_killed=True, work=_writes()), {}, {}, None),
+    ("timeout", FakeJob(seconds=INF), {"timeoutMinutes": 1 / 60}, {}, None),
+    (
+        "disk_quota_exceeded",
+        FakeJob(seconds=INF, work=_writes("x" * (2 << 20), "big.bin")),
+        {"diskGb": 1 / 1024},
+        {},
+        None,
+    ),
+    (
+        "log_limit_exceeded",
+        FakeJob(seconds=INF, work=_writes("y" * 65536)),
+        {"logLimitMb": 1 / 64},
+        {"policy": {"logLimitAction": "stop"}},
+        None,
+    ),
+    ("infrastructure", FakeJob(start_error="OCI runtime create failed: exec"), {}, {}, None),
+    ("missing_evidence", FakeJob(), {}, {}, None),
+    ("parse_error", FakeJob(work=_writes("not json")), {}, {}, None),
+    ("gpu_unavailable", FakeJob(), {"gpu": 1}, {"gpu_detector": _OneGpu()}, _no_fallback),
+    ("image_unavailable", FakeJob(), {"image": "sha256:" + "1" * 64}, {}, None),
+    (
+        "image_digest_mismatch",
+        FakeJob(),
+        {"image": "fake:latest", "imageId": "sha256:" + "0" * 64},
+        {"policy": {"allowUnpinnedImages": True}},
+        None,
+    ),
+    ("policy_violation", FakeJob(), {"cpus": 4}, {"policy": {"maxima": {"cpus": 2}}}, None),
+    ("protocol_ambiguous", FakeJob(), {}, {}, _no_command),
+    ("invalid_contract", FakeJob(), {}, {}, _missing_paper),
+    ("signature_invalid", FakeJob(), {}, {"policy": {"acceptUnsigned": False}}, None),
+]
+
+
+@pytest.mark.parametrize(("category", "job", "env", "settings", "change"), CASES)
+def test_every_failure_category(
+    tmp_path: Path,
+    fake: FakeBackend,
+    category: str,
+    job: FakeJob,
+    env: dict[str, Any],
+    settings: dict[str, Any],
+    change: Callable[[dict[str, Any]], None] | None,
+) -> None:
+    fake.jobs = job
+    contract = _contract(tmp_path, _image(fake), change, **env)
+    envelope = _run(contract, _options(tmp_path, **dict(settings)), fake)
+    assert _category(envelope) == category, envelope["failure"]
+    assert fake.running() == []
+    assert (
+        orchestrator.failure_exit_family(ResultEnvelope.model_validate(envelope))
+        == Category(category).family.label
+    )
+
+
+def test_cancelled_and_resource_exhausted(tmp_path: Path, fake: FakeBackend) -> None:
+    """Ctrl-C stops the job (cancelled); a job whose budget is spent starts nothing
+    (resource_exhausted)."""
+    fake.jobs = FakeJob(seconds=INF)
+    contract = _contract(tmp_path, _image(fake), timeoutMinutes=1 / 60)
+    env = _run(contract, _options(tmp_path), fake, _Progress(on_running=KeyboardInterrupt))
+    assert _category(env) == "cancelled" and env["container"]["stoppedByRunner"]
+    assert _category(_run(contract, _options(tmp_path), fake)) == "timeout"
+    again = _run(contract, _options(tmp_path, rerun=True), fake)
+    assert _category(again) == "resource_exhausted"
+    assert _creates(fake) == 2  # the cancelled attempt and the one that timed out
+
+
+CAPTURED = [
+    ("exited-0.json", None),
+    ("exited-3.json", "nonzero_exit"),
+    ("oom-killed.json", "oom"),
+    ("stopped-killed-137.json", "nonzero_exit"),
+    ("stopped-sigterm-143.json", "nonzero_exit"),
+    ("start-failed.json", "infrastructure"),
+]
+
+
+@pytest.mark.parametrize(("fixture", "category"), CAPTURED)
+def test_classification_of_captured_engine_states(fixture: str, category: str | None) -> None:
+    """States captured from the real engine (`docker inspect`), classified as the runner does
+    when it did not stop the container itself."""
+    raw = json.loads((FIXTURES / fixture).read_text())
+    outcome = Outcome(ContainerState.from_engine(raw), "id", "name", 1.0, False, False)
+    failure = classify(outcome, 60.0)
+    assert (failure.category if failure else None) == category
+
+
+def test_stops_by_the_runner_win_over_the_engine_state() -> None:
+    """A container the runner stopped at the deadline reads 137 or 143 to the engine; the
+    runner knows why it stopped it, and a quota it found broken comes first."""
+    raw = json.loads((FIXTURES / "stopped-sigterm-143.json").read_text())
+    state = ContainerState.from_engine(raw)
+    timed_out = Outcome(state, "id", "name", 9.0, True, False)
+    assert classify(timed_out, 9.0).category == "timeout"  # type: ignore[union-attr]
+    quota = replace(timed_out, stopped_for="disk_quota_exceeded")
+    assert classify(quota, 9.0).category == "disk_quota_exceeded"  # type: ignore[union-attr]
+    cancelled = replace(timed_out, timed_out=False, cancelled=True)
+    assert classify(cancelled, 9.0).category == "cancelled"  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------- the resume table
+
+
+def _crash_mid_run(contract: Path, tmp_path: Path, fake: FakeBackend) -> None:
+    """The runner dies once its container runs: from then on it reaches no engine (its
+    clean-up handlers run in this simulation, but the frozen fake ignores them)."""
+
+    class _Dies(_Progress):
+        def running(self, elapsed: float, budget: float) -> None:
+            fake.frozen = True
+            raise _Crash
+
+    with pytest.raises(_Crash):
+        _run(contract, _options(tmp_path), fake, _Dies())
+    fake.frozen = False
+
+
+def _creates(fake: FakeBackend) -> int:
+    return sum(1 for method, _ in fake.calls if method == "create")
+
+
+def test_resume_still_running_reattaches(tmp_path: Path, fake: FakeBackend) -> None:
+    fake.jobs = FakeJob(seconds=0.5, work=_writes())
+    contract = _contract(tmp_path, _image(fake))
+    _crash_mid_run(contract, tmp_path, fake)
+    assert len(fake.running()) == 1
+    env = _run(contract, _options(tmp_path), fake)
+    assert env["status"] == "succeeded", env["failure"]
+    assert _creates(fake) == 1 and env["budget"]["attempts"] == 1
+
+
+def test_resume_exited_meanwhile_is_recorded_not_rerun(tmp_path: Path, fake: FakeBackend) -> None:
+    fake.jobs = FakeJob(seconds=0.1, exit_code=3, work=_writes())
+    contract = _contract(tmp_path, _image(fake))
+    _crash_mid_run(contract, tmp_path, fake)
+    fake.running()  # let it end
+    time.sleep(0.15)
+    env = _run(contract, _options(tmp_path), fake)
+    assert _category(env) == "nonzero_exit" and env["exitCode"] == 3
+    assert _creates(fake) == 1
+    ledger = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl")
+    assert ledger.attempts[0].finished is not None
+    assert ledger.attempts[0].finished["how"] == "recovered"
+
+
+def test_resume_vanished_starts_attempt_two(tmp_path: Path, fake: FakeBackend) -> None:
+    fake.jobs = FakeJob(seconds=INF, work=_writes())
+    contract = _contract(tmp_path, _image(fake), timeoutMinutes=1 / 30)
+    _crash_mid_run(contract, tmp_path, fake)
+    fake.containers.clear()  # someone removed it
+    fake.jobs = FakeJob(work=_writes())
+    env = _run(contract, _options(tmp_path), fake)
+    assert env["status"] == "succeeded" and env["budget"]["attempts"] == 2
+    ledger = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl")
+    assert ledger.attempts[0].finished is not None
+    assert ledger.attempts[0].finished["how"] == "vanished"
+    assert _creates(fake) == 2
+
+
+def test_resume_created_never_started_is_removed(tmp_path: Path, fake: FakeBackend) -> None:
+    def crash(_: Any) -> None:
+        fake.frozen = True
+        raise _Crash
+
+    fake.fail["start"] = crash  # the runner dies between create and start
+    contract = _contract(tmp_path, _image(fake))
+    with pytest.raises(_Crash):
+        _run(contract, _options(tmp_path), fake)
+    fake.frozen = False
+    (left,) = fake.containers.values()
+    assert left.status == "created"
+    del fake.fail["start"]
+    env = _run(contract, _options(tmp_path), fake)
+    assert env["status"] == "succeeded" and env["budget"]["attempts"] == 2
+    ledger = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl")
+    assert ledger.attempts[0].finished is not None
+    assert ledger.attempts[0].finished["how"] == "never-started"
+
+
+# --------------------------------------------------------------------- budget arithmetic
+
+
+def _budget_file(env: dict[str, Any]) -> dict[str, Any]:
+    path = Path(env["jobDir"]) / "execution" / "runtime-budget.json"
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def test_attempts_add_up_to_one_budget(tmp_path: Path, fake: FakeBackend) -> None:
+    """Two interrupted attempts and a rerun spend one budget; runtime-budget.json and the
+    envelope agree with the ledger."""
+    limit = 1.5
+    fake.jobs = FakeJob(seconds=0.3, work=_writes())
+    contract = _contract(tmp_path, _image(fake), timeoutMinutes=limit / 60)
+    first = _run(contract, _options(tmp_path), fake)
+    assert first["status"] == "succeeded"
+    used_once = first["budget"]["consumedSeconds"]
+    assert 0.3 <= used_once < limit
+    rerun = _run(contract, _options(tmp_path, rerun=True), fake)
+    assert rerun["budget"]["attempts"] == 2
+    assert rerun["budget"]["consumedSeconds"] >= used_once + 0.3
+    budget = _budget_file(rerun)
+    assert budget["limitSeconds"] == limit
+    assert budget["consumedSeconds"] == rerun["budget"]["consumedSeconds"]
+    assert budget["remainingSeconds"] == round(limit - budget["consumedSeconds"], 3)
+    fake.jobs = FakeJob(seconds=INF)
+    last = _run(contract, _options(tmp_path, rerun=True), fake)
+    assert _category(last) == "timeout"
+    assert last["budget"]["consumedSeconds"] <= limit + 0.2  # stopped at the total
+    assert _budget_file(last)["remainingSeconds"] == max(
+        round(limit - last["budget"]["consumedSeconds"], 3), 0.0
+    )
+
+
+def test_a_crash_is_counted_until_now_never_less(tmp_path: Path, fake: FakeBackend) -> None:
+    fake.jobs = FakeJob(seconds=INF)
+    contract = _contract(tmp_path, _image(fake), timeoutMinutes=0.05)
+    _crash_mid_run(contract, tmp_path, fake)
+    time.sleep(0.4)
+    fake.containers.clear()
+    fake.jobs = FakeJob(work=_writes())
+    env = _run(contract, _options(tmp_path), fake)
+    ledger = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl")
+    assert ledger.attempts[0].seconds >= 0.4  # from the last heartbeat until now
+    assert env["budget"]["consumedSeconds"] >= 0.4
