@@ -2,7 +2,10 @@
 
 Long on purpose: copying a runtime out of its image, its cache entry, and the checks that it
 can run in the contract's image (architecture, loader, interpreters) are one decision, read
-top to bottom here.
+top to bottom here. At about 1,000 lines it has outgrown that: the fit check (ELF and ``#!``
+reading, the image lookups, :func:`check_fits`) is the part that stands alone and is the next
+to move into a module of its own (issue 27's follow-up note), with the cache (entry, seal,
+hold, prune, verify) staying here.
 
 An agent_planned contract's ``environment.image`` is the job's image, as for a fixed
 entrypoint: the agent's commands (its Bash tool, the evaluation it runs) run in the paper's
