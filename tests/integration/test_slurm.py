@@ -376,6 +376,7 @@ def test_cancel_stops_a_running_job(cluster: Cluster, image_id: str, tmp_path: P
     code, [end], err = wait(state, "slurm-cancel", timeout=60)
     assert code == 130, err
     assert end["category"] == "cancelled" and end["slurmState"] == "CANCELLED"
+    assert end["status"] == "failed"  # the envelope's word, as for one cancelled queued
     assert end["envelope"]["failure"]["category"] == "cancelled"
     assert job_containers("slurm-cancel") == []
 
@@ -406,7 +407,7 @@ def test_status_shows_a_job_slurm_still_holds_in_its_queue(
         subprocess.run(["scancel", blocker], check=False)
     code, [end], err = wait(state, "slurm-held", timeout=60)
     assert code == 130, err
-    assert end["category"] == "cancelled"
+    assert (end["status"], end["category"]) == ("failed", "cancelled")  # as a running one's
     assert job_containers("slurm-held") == []
 
 
