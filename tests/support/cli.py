@@ -12,9 +12,10 @@ point as ``python -m runner`` does and ending as the interpreter does (the calle
 A fresh interpreter is still started, as before, when the fork could differ from one: the
 request's environment changes what Python reads at its start (``PYTHON*``, the locale's
 ``LANG``/``LC_ALL``/``LC_CTYPE``, ``HOME`` where the user site is on,
-``PYDANTIC_DISABLE_PLUGINS``), or its working directory holds a ``runner`` package of its own
-(``sys.path[0]``); and for good when the zygote cannot be started or dies (said once on
-stderr). ``TESTS_RUNNER_ZYGOTE=off`` keeps every command in a fresh interpreter.
+``PYDANTIC_DISABLE_PLUGINS``), or its working directory would make a fresh one import another
+``runner`` (a package of its own, at ``sys.path[0]``); and for good when the zygote cannot be
+started or dies (said once on stderr). ``TESTS_RUNNER_ZYGOTE=off`` keeps every command in a
+fresh interpreter.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import IO, Any
 __all__ = ["Forked", "popen", "run", "zygote_pid"]
 
 SERVER = Path(__file__).with_name("zygote.py")
-ROOT = SERVER.parent.parent.parent
+ROOT = SERVER.parent.parent.parent.resolve()
 
 _BASE_ENV = dict(os.environ)
 """The test process's environment when this module was imported (before any test changed it):
@@ -83,6 +84,8 @@ class _Zygote:
             raise ZygoteGone(f"it exited at its start ({self.proc.poll()})")
         self.startup = _startup_vars(_BASE_ENV, bool(ready.get("userSite")))
         self.user_site = bool(ready.get("userSite"))
+        self.runner = str(ready.get("runner"))
+        self.runner_elsewhere = ready.get("runnerElsewhere")
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -99,7 +102,12 @@ class _Zygote:
         """Whether a fork runs ``env``/``cwd`` exactly as a fresh interpreter would."""
         if _startup_vars(env, self.user_site) != self.startup:
             return False
-        return Path(cwd).resolve() == ROOT or not (Path(cwd) / "runner").exists()
+        where = Path(cwd).resolve()
+        if where == ROOT:  # the zygote's own folder
+            return True
+        if (where / "runner").exists():  # sys.path[0]: a fresh one imports that runner
+            return (where / "runner" / "__init__.py").resolve() == Path(self.runner).resolve()
+        return self.runner_elsewhere == self.runner
 
     def start(
         self, argv: list[str], env: dict[str, str], cwd: str, stdio: list[int], module: str

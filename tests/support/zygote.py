@@ -64,6 +64,23 @@ def warm() -> None:
     gc.freeze()  # the children share these pages rather than copying them at their first GC
 
 
+def found_elsewhere() -> str | None:
+    """Where a fresh ``python -m runner`` started in a folder without a ``runner`` of its own
+    would import ``runner`` from (the path after ``sys.path[0]``, and any other finder, such as
+    an editable install's)."""
+    saved = sys.path[:]
+    try:
+        sys.path[:] = saved[1:]
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find("runner", None) if find is not None else None
+            if spec is not None:
+                return str(spec.origin)
+        return None
+    finally:
+        sys.path[:] = saved
+
+
 def recv_line(conn: socket.socket) -> Any:
     data = b""
     while not data.endswith(b"\n"):
@@ -179,7 +196,15 @@ def main() -> None:
     # Ctrl-C in the terminal is pytest's to handle; the zygote ends when its socket closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     warm()
-    ctl.send(json.dumps({"ready": True, "userSite": bool(site.ENABLE_USER_SITE)}).encode())
+    import runner
+
+    ready = {
+        "ready": True,
+        "userSite": bool(site.ENABLE_USER_SITE),
+        "runner": runner.__file__,
+        "runnerElsewhere": found_elsewhere(),
+    }
+    ctl.send(json.dumps(ready).encode())
     selector = selectors.DefaultSelector()
     selector.register(ctl, selectors.EVENT_READ, None)
     while True:

@@ -62,6 +62,12 @@ elif what == "sleep":
 """
 
 
+@pytest.fixture(autouse=True)
+def _zygote_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are of the zygote: on even where the session switched it off."""
+    monkeypatch.delenv("TESTS_RUNNER_ZYGOTE", raising=False)
+
+
 @pytest.fixture
 def probe(tmp_path: Path) -> Path:
     (tmp_path / "zprobe.py").write_text(PROBE)
@@ -162,6 +168,16 @@ def test_what_a_fork_could_get_wrong_runs_fresh(probe: Path) -> None:
     env = {**os.environ, "PYTHONPATH": f"{probe}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     pids = json.loads(forked(probe, "pids", env=env).stdout)
     assert pids["ppid"] == os.getpid()
+
+
+def test_a_folder_with_a_runner_of_its_own_runs_fresh(tmp_path: Path) -> None:
+    """``python -m runner`` in a folder holding a ``runner`` package imports that one
+    (``sys.path[0]``): so does run_cli there, in a fresh interpreter."""
+    (tmp_path / "runner").mkdir()
+    (tmp_path / "runner" / "__init__.py").write_text("")
+    (tmp_path / "runner" / "__main__.py").write_text("print('the other runner')\n")
+    done = cli.run(["--version"], env=dict(os.environ), cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (0, "the other runner\n"), done.stderr
 
 
 def test_a_zygote_that_is_gone_is_said_to_be() -> None:
