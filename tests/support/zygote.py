@@ -182,7 +182,7 @@ def child(request: dict[str, Any], stdio: list[int]) -> None:
                     code = 120
     except BaseException as exc:  # noqa: BLE001 - the zygote's own failure, said plainly
         try:
-            os.write(2, f"tests/support/zygote.py: child setup failed: {exc!r}\n".encode())
+            os.write(2, f"tests/support/zygote.py: the fork failed: {exc!r}\n".encode())
         finally:
             os._exit(1)
     if killed_by is not None:
