@@ -214,6 +214,19 @@ def test_runner_commands_forked_say_what_fresh_ones_say(tmp_path: Path, args: li
     assert got.returncode != 0 or got.stdout
 
 
+def test_a_dead_zygote_means_fresh_interpreters_said_once(
+    probe: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dead = cli._Zygote()
+    dead.proc.kill()
+    dead.proc.wait()
+    monkeypatch.setattr(cli, "_zygote", dead)
+    monkeypatch.setattr(cli, "_broken", None)
+    first, second = forked(probe, "pids"), forked(probe, "pids")
+    assert json.loads(first.stdout)["ppid"] == json.loads(second.stdout)["ppid"] == os.getpid()
+    assert capsys.readouterr().err.count("the runner zygote cannot be used") == 1
+
+
 def test_run_cli_reaches_the_runner_through_the_zygote(tmp_path: Path) -> None:
     """The real entry point, forked: exit codes as `runner` chooses them, and the env given."""
     missing = run_cli("job", "status", "nope", env={"RUNNER_STATE_DIR": str(tmp_path / "s")})
