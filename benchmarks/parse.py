@@ -87,8 +87,8 @@ def fig_parse(b: Bench, reps: int, size: int) -> Row:
         summary(ys),
         summary(xs),
         ratio,
-        f"≤ 3{X}; RSS ≤ 100 MB",
-        ratio <= 3 and peak_mb <= 100,
+        f"≤ 1.5{X}; RSS ≤ 100 MB",
+        ratio <= 1.5 and peak_mb <= 100,
         ratio_rows(xs, ys),
         extra={
             "bytes": size,

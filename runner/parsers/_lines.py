@@ -17,6 +17,7 @@ from runner.core.errors import EvidenceParseError
 
 MAX_LINE_BYTES = 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
+_SAMPLE_BYTES = 64 * 1024  # of the first chunk, to choose the byte a literal is sought by
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -93,9 +94,10 @@ def iter_line_batches(
     can tell "nothing here" in one C-level search pays nothing per line there.
 
     ``required``, when given, is bytes that any line the caller wants must contain: a chunk
-    whose complete lines hold none of it is skipped before it is even decoded (one
-    ``bytes.find``; UTF-8 is still checked, by ``isascii`` where it can be, so a bad line is
-    reported wherever it is).
+    whose complete lines hold none of it is skipped before it is even decoded, or copied (a
+    ``memchr`` for the literal's rarest byte, then a ``bytes.find`` only where that byte is;
+    UTF-8 is still checked, by ``isascii`` where it can be, so a bad line is reported
+    wherever it is).
 
     ``skipped``, when given, makes line numbers lazy: the lines of skipped chunks are not
     counted (counting newlines costs more than finding the literal); each skipped stretch is
@@ -105,35 +107,48 @@ def iter_line_batches(
     """
     name = path.name
     lineno = 1  # the number of the next line (leaving out skipped ones, when lazy)
-    offset = 0  # where ``data`` starts in the file (after a byte-order mark)
-    pending = b""
+    offset = 0  # where ``pending`` starts in the file (after a byte-order mark)
+    pending = b""  # the incomplete line after the last line end (a \r at its end, at most)
+    needle = _Needle(required) if required else None
     for chunk in _chunks(path):
-        data = pending + chunk if pending else chunk
+        # ``data`` is ``pending + chunk`` and ``cut`` the end of its complete lines; ``data``
+        # is built only for a chunk read line by line. A skipped chunk is searched where it
+        # lies: a fresh 1 MiB copy for every read costs more than the search itself.
         if universal:
             # A \r at the very end may be half of a \r\n: keep it for the next chunk.
-            limit = len(data) - 1 if data.endswith(b"\r") else len(data)
-            cut = max(data.rfind(b"\n", 0, limit), data.rfind(b"\r", 0, limit)) + 1
+            limit = len(chunk) - 1 if chunk.endswith(b"\r") else len(chunk)
+            newline = chunk.rfind(b"\n", 0, limit)
+            end = max(newline, chunk.rfind(b"\r", newline + 1, limit)) + 1
         else:
-            cut = data.rfind(b"\n") + 1
-        pending = data[cut:]
+            end = chunk.rfind(b"\n") + 1
+        if end:
+            cut, rest = len(pending) + end, chunk[end:]
+        elif universal and pending.endswith(b"\r"):  # a lone \r, now that more follows it
+            cut, rest = len(pending), chunk
+        else:
+            cut, rest = 0, pending + chunk
         start, offset = offset, offset + cut
-        if cut and (
-            (
-                required is not None
-                and data.find(required, 0, cut) < 0
-                and (data.isascii() or _is_utf8(data[:cut]))
-            )
-            or (prefilter is not None and _rejected(data[:cut], universal, prefilter))
-        ):
+        data: bytes | None = None if cut else rest
+        skip = False
+        if cut and needle is not None:
+            skip = not needle.held(pending, chunk, end) and _valid(pending, chunk, cut)
+        if cut and not skip and prefilter is not None:
+            data = pending + chunk
+            skip = _rejected(data[:cut], universal, prefilter)
+        if skip:
             if skipped is None:
-                lineno += _count_lines(data, cut, universal)
+                lineno += _count_lines(pending + chunk if data is None else data, cut, universal)
             elif skipped and skipped[-1][1] == start:
                 skipped[-1] = (skipped[-1][0], start + cut)
             else:
                 skipped.append((start, start + cut))
+            pending = rest
             if len(pending) > MAX_LINE_BYTES + 1:
                 raise _too_long(name, _true_number(path, universal, skipped, lineno))
             continue
+        if data is None:
+            data = pending + chunk if pending else chunk
+        pending = rest
         if universal:
             raw = data[:cut].splitlines()
         else:
@@ -222,6 +237,43 @@ def _rejected(region: bytes, universal: bool, prefilter: Callable[[str], bool]) 
     if universal and "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     return not prefilter(text)
+
+
+class _Needle:
+    """Whether the complete lines of ``pending + chunk`` hold ``required``, told without
+    building that text. The byte of ``required`` rarest at the start of the file is looked
+    for first (one ``memchr``, several times faster than the search for the whole); a chunk
+    without it cannot hold ``required``, and in one with it the search starts just before the
+    first. Which byte it is changes the speed only, never the answer."""
+
+    def __init__(self, required: bytes) -> None:
+        self.required = required
+        self.rare = b""  # chosen from the first chunk
+        self.at = 0  # where ``rare`` first is in ``required``
+
+    def held(self, pending: bytes, chunk: bytes, end: int) -> bool:
+        """Whether ``(pending + chunk)[:len(pending) + end]`` holds ``required``: in
+        ``pending``, in ``chunk[:end]``, or across the seam between them."""
+        required = self.required
+        if not self.rare:
+            sample = min(end, _SAMPLE_BYTES)
+            self.at = min(
+                {required.index(byte) for byte in required},  # each byte's first place
+                key=lambda i: (chunk.count(required[i : i + 1], 0, sample), i),
+            )
+            self.rare = required[self.at : self.at + 1]
+        first = chunk.find(self.rare, 0, end)
+        if first >= 0 and chunk.find(required, max(0, first - self.at), end) >= 0:
+            return True
+        if pending.find(required) >= 0:
+            return True
+        seam = len(required) - 1
+        return seam > 0 and (pending[-seam:] + chunk[: min(end, seam)]).find(required) >= 0
+
+
+def _valid(pending: bytes, chunk: bytes, cut: int) -> bool:
+    """Whether ``(pending + chunk)[:cut]`` is UTF-8 (ASCII where it can tell, without a copy)."""
+    return (pending.isascii() and chunk.isascii()) or _is_utf8((pending + chunk)[:cut])
 
 
 def _is_utf8(region: bytes) -> bool:

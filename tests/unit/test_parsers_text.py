@@ -199,6 +199,121 @@ def test_regex_literal_shortcut_still_refuses_invalid_utf8(tmp_path: Path) -> No
         REGEX.parse(path, {"pattern": r"acc: (\S+)"})
 
 
+def test_regex_literal_search_sees_what_a_plain_search_sees() -> None:
+    """The literal is looked for in the pending line and the new read without joining them:
+    across the seam, before the rare byte it is sought by, after a stray one, and never past
+    the end of the complete lines; whichever of its bytes is sought first."""
+    from runner.parsers._lines import _Needle
+
+    required = b"acc: "
+    texts = [b"acc: 1\n", b"xacc: 1\n:", b":: acc:acc: \n", b"ac\nc: \n", b"acc:\n acc: ", b"a"]
+    for text in texts:
+        for split in range(len(text) + 1):
+            pending, chunk = text[:split], text[split:]
+            for end in range(len(chunk) + 1):
+                expected = (pending + chunk)[: len(pending) + end].find(required) >= 0
+                for at in range(len(required)):
+                    needle = _Needle(required)
+                    needle.at, needle.rare = at, required[at : at + 1]
+                    assert needle.held(pending, chunk, end) == expected, (text, split, end, at)
+                assert _Needle(required).held(pending, chunk, end) == expected
+
+
+def _reference(data: bytes, pattern: str, occurrence: str, cap: int) -> tuple[str, object]:
+    """What regex.scalar must answer, from the whole file at once: ("value", v), or ("error",
+    a part of the message: the line and the reason)."""
+    import re
+
+    data = data.removeprefix(b"\xef\xbb\xbf")
+    found: list[tuple[int, str]] = []
+    for number, raw in enumerate(data.splitlines(), 1):  # bytes: \n, \r\n and \r only
+        if len(raw) > cap:
+            return "error", f"line {number} is longer than"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "error", f"line {number} is not valid UTF-8"
+        found += [(number, m.group(1)) for m in re.finditer(pattern, text)]
+        if occurrence == "first" and found:
+            break
+    if not found:
+        return "error", "found no match"
+    if occurrence == "only" and len(found) != 1:
+        lines = ", ".join(str(n) for n, _ in found[:3]) + (", ..." if len(found) > 3 else "")
+        return "error", f"found {len(found)} (lines {lines})"
+    number, text = found[-1] if occurrence == "last" else found[0]
+    if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+        return "error", f"line {number}: group 1"
+    return "value", int(text)
+
+
+_TRICKY = [
+    b"final accuracy: 1\n",  # the literal in the first read, the seam at every place
+    b"x" * 13 + b"final accuracy: 2\n" + b"y" * 30 + b"\n",  # straddling a read boundary
+    b"final\n" + b"z" * 10 + b"\nfinal accuracy: 3\n",  # its rare byte late in the literal
+    b"final :\n:::: final accuracy: 4\n",  # stray rare bytes before the literal
+    b"a\r\nb" * 9 + b"\r\nfinal accuracy: 5\r\n",  # \r\n split across reads
+    b"a\rb\r\r" * 5 + b"final accuracy: 6\r",  # lone \r, at the end of the file too
+    b"step 1\nfinal accuracy: 7",  # the last line without a line end
+    b"ok\n" + b"x" * 90 + b"\nfinal accuracy: 8\n",  # a line over the cap, no literal in it
+    b"ok\n" + b"x" * 90,  # the last line over the cap
+    b"x" * 40 + b"final accuracy: 9" + b"x" * 40 + b"\n",  # the literal inside a long line
+    b"\xef\xbb\xbf\xc3\xa9t\xc3\xa9\n" * 9 + b"final accuracy: 10\n",  # BOM, non-ASCII skipped
+    b"ok\n" * 9 + b"bad \xff\n" + b"final accuracy: 11\n",  # invalid UTF-8 in a skipped read
+    b"final accuracy: 12\n" + b"\xc3" + b"\n" * 9,  # invalid UTF-8 after the match
+    b"final accuracy: 0.5\n" * 3 + b"final accuracy: 13\n",  # several, one not an integer
+    b"\n" * 30,  # no match at all
+]
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8, 64])
+def test_regex_reader_agrees_with_reading_the_whole_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Small reads and a small cap put every seam, \\r\\n split, over-long and unterminated
+    line at a read boundary: the value, line numbers and refusals are those of reading the
+    whole file at once, with the literal shortcut and without it (then word for word)."""
+    import random
+
+    from runner.parsers import _lines, regex_scalar
+
+    monkeypatch.setattr(_lines, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(_lines, "MAX_LINE_BYTES", 64)
+    rng = random.Random(chunk)  # noqa: S311 - reproducible test data
+    pieces = [b"final accuracy: 3", b"final accuracy: 0.5", b"final ", b"accuracy", b": ", b"x"]
+    pieces += [b"x" * 30, b"\r", b"\n", b"\r\n", b"\xc3\xa9", b"\xff", b"\xc3"]
+    generated = [b"".join(rng.choices(pieces, k=rng.randrange(40))) for _ in range(60)]
+    path = tmp_path / "evidence.log"
+
+    def answer(config: dict[str, Any], shortcut: bool) -> tuple[str, object]:
+        with monkeypatch.context() as patch:
+            if not shortcut:
+                patch.setattr(regex_scalar, "required_literal", lambda pattern: None)
+                patch.setattr(regex_scalar, "_prefilter", lambda pattern: None)
+            try:
+                return "value", REGEX.parse(path, config)
+            except EvidenceParseError as exc:
+                return "error", str(exc)
+
+    reasons = ("longer", "UTF-8", "no match", "lines", "group")  # in the messages
+    kinds: set[str] = set()
+    for data in _TRICKY + generated:
+        path.write_bytes(data)
+        for occurrence in ("first", "last", "only"):
+            config = {"pattern": r"final accuracy: (\S+)", "occurrence": occurrence}
+            config["type"] = "integer"
+            kind, expected = _reference(data, config["pattern"], occurrence, 64)
+            got = answer(config, shortcut=True)
+            assert got == answer(config, shortcut=False), (data, occurrence)
+            assert got[0] == kind, (data, occurrence, got)
+            if kind == "value":
+                assert got[1] == expected, (data, occurrence, got)
+            else:
+                assert str(expected) in str(got[1]), (data, occurrence, got)
+            kinds.add(next((r for r in reasons if r in str(expected)), kind))
+    assert kinds == {"value", *reasons}  # every kind of answer was met
+
+
 def test_regex_counts_every_match_on_a_line(tmp_path: Path) -> None:
     """Several matches on one line each count, in order."""
     path = _write(tmp_path, "acc=0.1 acc=0.2\nacc=0.3 acc=0.4\n")
