@@ -141,8 +141,9 @@ class Row:
     runner: dict[str, Any]
     ratio: float
     """runner / baseline of the medians (time, or throughput for the jobs figure)."""
-    target: str
-    met: bool
+    target: str = ""
+    met: bool = False
+    """Both set from benchmarks/targets.py's table for a figure id it has (``judge``)."""
     paired: dict[str, Any] | None = None
     """runner / baseline per interleaved pair."""
     extra: dict[str, Any] = field(default_factory=dict)

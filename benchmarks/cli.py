@@ -9,7 +9,10 @@ figure, as ``--only`` names it; what they share is in benchmarks/_support.py.
 
 Runner and baseline are measured interleaved (ABBA order) in the same run, so the ratios hold
 on a noisy shared machine even when the absolute times do not. The report goes to
-``benchmarks/results/latest.json`` and ``.md`` (``--out-dir``, ``--name``).
+``benchmarks/results/latest.json`` and ``.md`` (``--out-dir``, ``--name``). Each figure is
+judged against its target (benchmarks/targets.py) and compared with the previous report (the
+one committed at HEAD, else the file there): a ratio more than 10% worse is a regression,
+listed at the top of the report and on stderr.
 
 Only the local engine is used. Every container started here carries the label
 ``bench=<run id>``; they, the child processes and the temporary folder are removed on exit,
@@ -61,6 +64,7 @@ from benchmarks.stagecache import fig_stagecache
 from benchmarks.staging import fig_staging
 from benchmarks.startup import fig_startup
 from benchmarks.stdout import fig_stdout
+from benchmarks.targets import REGRESSION, compare, judge, read_previous, regression_lines
 from benchmarks.toy import (
     box_check,
     fig_toy,
@@ -136,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     if only - set(FIGURES):
         raise SystemExit(f"--only: unknown figure(s) {', '.join(sorted(only - set(FIGURES)))}")
     out_dir = args.out_dir or (None if args.smoke else ROOT / "benchmarks" / "results")
+    # Read before anything is written: the committed report is what the run is compared with.
+    previous, source = (
+        read_previous(out_dir / f"{args.name}.json") if out_dir is not None else (None, "")
+    )
 
     check_local_engine()
     signal.signal(signal.SIGTERM, on_signal)
@@ -183,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress(f"figure {name} FAILED: {exc}")
                 continue
             for r in new:
+                judge(r)
                 progress(f"  {r.figure}: ratio {r.ratio:.2f}, {'met' if r.met else 'NOT met'}")
             rows.extend(new)
         try:  # a failed profile must not cost the figures already measured
@@ -217,6 +226,15 @@ def main(argv: list[str] | None = None) -> int:
             "allMet": bool(rows) and all(r.met for r in rows) and not errors,
         }
     )
+    if previous is not None:
+        report["previous"] = {
+            "source": source,
+            "runId": previous.get("runId"),
+            "mode": previous.get("mode"),
+            "startedAt": previous.get("startedAt"),
+            "runnerCommit": previous.get("machine", {}).get("runnerCommit"),
+        }
+    report["regressions"] = compare(report["figures"], previous)
     md = markdown(report, rows)
     print(md)
     if out_dir is not None:
@@ -224,4 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         (out_dir / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
         (out_dir / f"{args.name}.md").write_text(md)
         progress(f"wrote {out_dir / args.name}.json and .md")
+    if previous is None and out_dir is not None:
+        progress("no previous report to compare with")
+    for line in regression_lines(report["figures"]):
+        progress(f"REGRESSION (over {REGRESSION:.0%} worse than {source}): {line}")
     return 1 if errors else 0

@@ -12,35 +12,54 @@ from benchmarks._support import (
     X,
     spread,
 )
+from benchmarks.targets import REGRESSION, regression_lines
 
 
-def table(rows: list[Row]) -> list[str]:
+def table(rows: list[Row], previous: list[dict[str, Any] | None] | None = None) -> list[str]:
+    """The figures' table; with ``previous`` (per row, as targets.compare gives them), the
+    previous report's ratio and the change from it."""
+    prev = previous if previous is not None else [None] * len(rows)
     out = [
-        "| figure | baseline | runner | ratio runner/baseline | target | met |",
-        "|---|---|---|---|---|---|",
+        "| figure | baseline | runner | ratio runner/baseline | target | met | previous | change |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r, p in zip(rows, prev, strict=True):
         ratio = f"{r.ratio:.2f}{X}"
         if r.paired:
             ratio += f" [{r.paired['min']:.2f} to {r.paired['max']:.2f}]"
         if "differenceSeconds" in r.extra:
-            ratio += f", +{r.extra['differenceSeconds']:.3f} s"
+            ratio += f", {r.extra['differenceSeconds']:+.3f} s"
         if "speedup" in r.extra:
             ratio += f" ({r.extra['speedup']:.2f}{X} faster)"
         if "runnerPeakRssBytes" in r.extra and r.key != "staging":
             ratio += f", RSS {r.extra['runnerPeakRssBytes'] / MIB:.0f} MB"
+        if p is None:
+            before, delta = "", ""
+        else:
+            before = f"{p['ratio']:.2f}{X}"
+            delta = f"{p['change']:+.0%}" + (" **regressed**" if p["regressed"] else "")
         out.append(
             f"| {r.figure} | {spread(r.baseline, r.unit)} | {spread(r.runner, r.unit)} | "
-            f"{ratio} | {r.target} | {'yes' if r.met else '**no**'} |"
+            f"{ratio} | {r.target} | {'yes' if r.met else '**no**'} | {before} | {delta} |"
         )
     return out
 
 
 def markdown(report: dict[str, Any], rows: list[Row]) -> str:
     m = report["machine"]
-    lines = [
-        "# Runner benchmark",
-        "",
+    figures = report.get("figures", [])
+    lines = ["# Runner benchmark", ""]
+    regressed = regression_lines(figures)
+    if regressed:
+        lines += [
+            "## Regressions",
+            "",
+            f"More than {REGRESSION:.0%} worse than the previous report ({previous_text(report)}):",
+            "",
+            *(f"- {line}" for line in regressed),
+            "",
+        ]
+    lines += [
         f"`{report['command']}`, {report['startedAt']}, took {report['durationSeconds']:.0f} s "
         f"(mode: {report['mode']}).",
         "",
@@ -53,9 +72,11 @@ def markdown(report: dict[str, Any], rows: list[Row]) -> str:
         "",
         "Medians with [min to max] over the interleaved repeats; the ratio is runner / baseline "
         "of the medians (throughput for the concurrent jobs, time otherwise), with the range of "
-        "the per-pair ratios.",
+        "the per-pair ratios. Targets: benchmarks/targets.py. Previous and change: the ratio in "
+        f"the previous report ({previous_text(report)}) and the relative change from it; more "
+        f"than {REGRESSION:.0%} worse (time ratio up, throughput ratio down) is a regression.",
         "",
-        *table(rows),
+        *table(rows, [f.get("previous") for f in figures] if len(figures) == len(rows) else None),
         "",
     ]
     for e in report["errors"]:
@@ -103,6 +124,14 @@ def markdown(report: dict[str, Any], rows: list[Row]) -> str:
             *import_lines(imp, 12, with_self=False),
         ]
     return "\n".join(lines) + "\n"
+
+
+def previous_text(report: dict[str, Any]) -> str:
+    """Which report the figures were compared with, in words."""
+    p = report.get("previous")
+    if not p:
+        return "none: smoke mode compares with none" if report.get("mode") == "smoke" else "none"
+    return f"{p['source']}, {p.get('mode', '?')} mode, {p.get('startedAt', '?')}"
 
 
 def import_lines(imp: dict[str, Any], top: int, *, with_self: bool) -> list[str]:

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.targets import TARGETS
 from runner.testing import IMAGE, image_id_of, write_contract
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,6 +206,7 @@ def render(rounds: dict[str, list[tuple[float, int, int]]], limits: dict[str, An
         ok = sum(r[2] for r in rounds[name])
         return seconds, jobs, ok, jobs / seconds
 
+    target = TARGETS["slurm"]
     rs, rj, rok, rt = side("runner")
     ss, sj, sok, st = side("served")
     bs, bj, bok, bt = side("baseline")
@@ -225,7 +227,9 @@ def render(rounds: dict[str, list[tuple[float, int, int]]], limits: dict[str, An
         f"| sbatch --wrap docker run + squeue | {bj} | {bok} | {bs:.1f} | {bt:.3f} |",
         "",
         f"**Throughput ratio (runner / baseline): {rt / bt:.2f}x**; with `runner serve` on the "
-        f"node: {st / bt:.2f}x (target: at least 0.8x).",
+        f"node: {st / bt:.2f}x (target, figure id `slurm` of benchmarks/targets.py: "
+        f"{target.text()}; {'met' if target.met(rt / bt, {}) else 'not met'} by the fresh "
+        "process per job).",
         "",
         "Per round (seconds, jobs, succeeded): "
         + "; ".join(f"{k}: {v}" for k, v in rounds.items()),

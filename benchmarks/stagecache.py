@@ -17,7 +17,6 @@ from benchmarks._support import (
     MIB,
     Bench,
     Row,
-    X,
     big_file,
     fmt,
     make_inputs,
@@ -101,9 +100,7 @@ def fig_stagecache(b: Bench, reps: int, size: int) -> Row:
         summary(ys),
         summary(xs),
         ratio,
-        f"≤ 0.05{X}",
-        ratio <= 0.05,
-        ratio_rows(xs, ys),
+        paired=ratio_rows(xs, ys),
         extra={
             "bytes": 2 * half,
             "secondParts": parts,

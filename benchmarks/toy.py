@@ -14,7 +14,6 @@ from typing import Any
 from benchmarks._support import (
     Bench,
     Row,
-    X,
     interleave,
     ratio_rows,
     served,
@@ -181,9 +180,7 @@ def toy_row(figure: str, key: str, xs: list[float], ys: list[float], notes: list
         summary(ys),
         summary(xs),
         ratio,
-        f"≤ 1.25{X}",
-        ratio <= 1.25,
-        ratio_rows(xs, ys),
+        paired=ratio_rows(xs, ys),
         notes=notes,
     )
 

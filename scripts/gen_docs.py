@@ -6,7 +6,9 @@
 The tables come from their one owner, ``runner.app.schemas`` (the same renderers that write
 the README's generated blocks): the contract's, the host policy's, the envelope's and the
 ledger's fields from their pydantic models, the exit codes and failure categories from the
-category table, the parser catalog from the registry, the result.json flags. The command
+category table, the parser catalog from the registry, the result.json flags. It also
+generates the performance table of docs/development/benchmarks.md (its ``perf`` block) from
+the committed benchmark report, with ``benchmarks.targets``. The command
 pages walk the CLI's argparse parser (``runner.cli.build_parser``), and the environment page
 lists the declared variables (``runner.core.envvars``). A script, not a module of ``runner``:
 it reads the CLI (the top layer) and the models below it alike.
@@ -15,6 +17,7 @@ it reads the CLI (the top layer) and the models below it alike.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -24,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runner.app import schemas  # noqa: E402 - after the checkout is on the path
+from benchmarks import targets  # noqa: E402 - after the checkout is on the path
+from runner.app import schemas  # noqa: E402
 from runner.cli import EXIT_CODES_HELP, HOST_HELP, build_parser  # noqa: E402
 from runner.core import envvars  # noqa: E402
 from runner.evidence import selfreport  # noqa: E402
@@ -282,10 +286,28 @@ def pages() -> dict[str, str]:
     return {name: HEADER + text for name, text in out.items()}
 
 
+BENCHMARKS_PAGE = ROOT / "docs" / "development" / "benchmarks.md"
+
+
+def perf_block() -> tuple[str, str]:
+    """docs/development/benchmarks.md as it is and with its performance table (the
+    ``perf`` block) generated from benchmarks/results/latest.json."""
+    text = BENCHMARKS_PAGE.read_text()
+    report = json.loads(targets.LATEST.read_text())
+    return text, targets.with_perf_block(text, report)
+
+
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     wanted = pages()
+    page, perf = perf_block()
     if check:
+        if perf != page or "<!-- perf:begin -->" not in page:
+            print(
+                "stale performance table in docs/development/benchmarks.md (the perf block, "
+                "from benchmarks/results/latest.json; run `python scripts/gen_docs.py`)"
+            )
+            return 1
         present = {p.name for p in REFERENCE.glob("*.md")} if REFERENCE.is_dir() else set()
         stale = [
             name
@@ -298,6 +320,8 @@ def main(argv: list[str]) -> int:
             print(f"stale docs/reference pages (run `python scripts/gen_docs.py`): {said}")
             return 1
         return 0
+    if perf != page:
+        BENCHMARKS_PAGE.write_text(perf)
     REFERENCE.mkdir(parents=True, exist_ok=True)
     for extra in set(p.name for p in REFERENCE.glob("*.md")) - set(wanted):
         (REFERENCE / extra).unlink()
