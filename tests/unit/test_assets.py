@@ -471,7 +471,9 @@ def test_the_example_contract_fetches_from_the_serve_script(tmp_path: Path) -> N
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), module.make_handler(example / "served"))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         base = f"http://127.0.0.1:{httpd.server_address[1]}"
