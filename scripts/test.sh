@@ -56,12 +56,24 @@ if [ "$names_tests" -eq 1 ]; then
 else
   parts=(tests/unit tests/integration)
 fi
+# Each part on several workers (pytest-xdist; each worker its own session id, label, temporary
+# and state folders). The unit tests are CPU-bound: one worker a core. The integration tests
+# mostly wait on the engine, so they take more workers than cores, a file to a worker
+# (`loadfile`: its module fixtures, a registry or a cluster check, are set up once). A later
+# `-n`/`--dist` in the arguments wins (`scripts/test.sh -n 0` runs each part in one process).
+workers() { # PART
+  case "$1" in
+    tests/unit) echo "-n auto" ;;
+    *) echo "-n ${TEST_INTEGRATION_WORKERS:-4} --dist loadfile" ;;
+  esac
+}
 ran=0
 empty=()
 for part in "${parts[@]}"; do
   log "test: pytest ${part:+$part }$*"
   rc=0
-  "$VENV_BIN/python" -m pytest ${part:+"$part"} "$@" || rc=$?
+  # shellcheck disable=SC2046 # the options are words
+  "$VENV_BIN/python" -m pytest ${part:+"$part"} $(workers "$part") "$@" || rc=$?
   case "$rc" in
     0) ran=1 ;;
     5) empty+=("${part:-(the tests named)}") ;;

@@ -117,11 +117,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 skipped[marker] = skipped.get(marker, 0) + 1
                 break
     config.stash[_ENGINE_MISSING] = problems.get("docker") is not None
+    lines = [
+        f"SKIPPING {count} {marker} tests: {problems[marker]} (under CI=true they fail)"
+        for marker, count in skipped.items()
+    ]
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its controller prints them (see below)
+        workeroutput["runner_skipping"] = lines
+        return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    for marker, count in skipped.items():
-        line = f"SKIPPING {count} {marker} tests: {problems[marker]} (under CI=true they fail)"
+    for line in lines:
         if reporter is not None:
             reporter.write_line(line, yellow=True)
+
+
+_SKIPPING = pytest.StashKey[list[str]]()
+"""Under pytest-xdist, the lines the workers' collection gave (each worker collects all)."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """A worker of ``pytest -n`` ended: keep the lines its collection gave, once."""
+    config: pytest.Config = node.config  # type: ignore[attr-defined]
+    lines = (getattr(node, "workeroutput", None) or {}).get("runner_skipping")
+    if lines and _SKIPPING not in config.stash:
+        config.stash[_SKIPPING] = list(lines)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Under ``pytest -n`` the workers collect, so the skip lines come at the end."""
+    for line in terminalreporter.config.stash.get(_SKIPPING, []):
+        terminalreporter.write_line(line, yellow=True)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from runner.backends.types import DeviceEdits, DeviceNode, ImageInfo, Limits, PathStat
+from runner.backends.types import DeviceEdits, DeviceNode, EngineInfo, ImageInfo, Limits, PathStat
 
 __all__ = [
     "BACKSTOP_SCRIPT",
@@ -247,6 +247,9 @@ class Backend(Protocol):
 
     def architecture(self) -> str:
         """The engine host's architecture as the engine names it (``x86_64``, ``aarch64``)."""
+
+    def engine(self) -> EngineInfo:
+        """Which engine this is and its version (asked with :meth:`architecture`, once)."""
 
     def check_limits(self, limits: Limits) -> None:
         """Refuse (PolicyViolation, naming the cap and why) any cap in ``limits`` the engine

@@ -42,7 +42,7 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
-from runner.backends.types import ImageInfo, Limits, PathStat
+from runner.backends.types import EngineInfo, ImageInfo, Limits, PathStat
 from runner.core.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -99,6 +99,9 @@ class _UnixConnection(http.client.HTTPConnection):
             raise
         self.sock = sock
 
+
+_MAX_VERSION_TEXT = 128
+"""The most of an engine's version or architecture string kept."""
 
 _KNOWN: dict[tuple[str, str], str] = {}
 """(endpoint, fact) -> value, for what an engine does not change while it runs (the API
@@ -369,13 +372,31 @@ class DockerBackend:
         info = self._call("GET", "/info", "asking the engine for its runtimes") or {}
         return sorted((info.get("Runtimes") or {}).keys())
 
-    def architecture(self) -> str:
-        known = _KNOWN.get((self._url, "arch"))
+    def _version_fact(self, fact: str) -> str:
+        """One field of the engine's ``/version`` (``Arch``, ``Version``, ``ApiVersion``), the
+        call asked once per process for all of them; an odd or long value is cut to a short
+        string (the engine's word, never trusted for more than a record)."""
+        key = (self._url, f"version:{fact}")
+        known = _KNOWN.get(key)
         if known is None:
             # /version answers at once; /info walks every container and image first.
-            version = self._call("GET", "/version", "asking the engine about its host") or {}
-            known = _KNOWN[(self._url, "arch")] = str(version.get("Arch", ""))
+            answer = self._call("GET", "/version", "asking the engine about its host") or {}
+            answer = answer if isinstance(answer, dict) else {}
+            for name in ("Arch", "Version", "ApiVersion"):
+                value = answer.get(name)
+                _KNOWN[(self._url, f"version:{name}")] = (
+                    value[:_MAX_VERSION_TEXT] if isinstance(value, str) else ""
+                )
+            known = _KNOWN[key]
         return known
+
+    def architecture(self) -> str:
+        return self._version_fact("Arch")
+
+    def engine(self) -> EngineInfo:
+        return EngineInfo(
+            self.ENGINE.lower(), self._version_fact("Version"), self._version_fact("ApiVersion")
+        )
 
     def check_limits(self, limits: Limits) -> None:
         """Not checked: the runner's Docker hosts run it rootful, where every cap it is given

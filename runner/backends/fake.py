@@ -34,7 +34,7 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
-from runner.backends.types import ImageInfo, Limits, PathStat
+from runner.backends.types import EngineInfo, ImageInfo, Limits, PathStat
 from runner.core import clock
 from runner.core.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 
@@ -211,6 +211,9 @@ class FakeBackend:
 
     def architecture(self) -> str:
         return "x86_64"
+
+    def engine(self) -> EngineInfo:
+        return EngineInfo("fake", "0", "1.41")
 
     def check_limits(self, limits: Limits) -> None:
         """Every cap holds, unless ``fail["check_limits"]`` says otherwise."""

@@ -20,6 +20,7 @@ __all__ = [
     "DeviceEdits",
     "DeviceNode",
     "EgressPlan",
+    "EngineInfo",
     "GpuInjection",
     "HostPort",
     "ImageInfo",
@@ -68,6 +69,16 @@ class Limits:
                 raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
         if self.pids is not None and self.pids < 1:
             raise ValueError(f"Limits.pids must be at least 1 or None, got {self.pids!r}")
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Which container engine a backend talks to: ``docker`` or ``podman`` (``fake`` for the
+    in-memory one), its version and the API version it answers, as it says them."""
+
+    name: str
+    version: str
+    api_version: str
 
 
 @dataclass(frozen=True)

@@ -163,13 +163,58 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
     return EXIT_JOB_FAILED if problems else EXIT_SUCCEEDED
 
 
+def _submitted(state: Path, job_id: str) -> dict[str, Any]:
+    """Where `runner cluster submit` sent the job: its Slurm job and state now, its Kubernetes
+    submission (no cluster asked), each None when it was not sent there."""
+    from runner.scheduling.kubernetes.plan import last_submission
+    from runner.scheduling.slurm.cluster import describe
+
+    return {"slurm": describe(state, job_id), "kubernetes": last_submission(state, job_id)}
+
+
+def _status_queued(args: argparse.Namespace, job_id: str, found: Exception) -> int:
+    """`runner job status` of a job a cluster holds that has not started on a node (no job
+    folder or no ledger yet): the submission and the scheduler's state; else ``found``."""
+    state = host.state_dir(args.state_dir)
+    sides = _submitted(state, job_id) if "/" not in job_id else {}
+    slurm, kube = sides.get("slurm"), sides.get("kubernetes")
+    if slurm is None and kube is None:
+        raise found
+    where = f"Slurm job {slurm['slurmJobId']}: {slurm['state']}" if slurm else "Kubernetes"
+    info: dict[str, Any] = {
+        "job": job_id,
+        "state": f"submitted, not started on a node yet ({where})",
+        "limitSeconds": None,
+        "consumedSeconds": 0.0,
+        "remainingSeconds": None,
+        "attempts": [],
+        "container": None,
+        "envelope": None,
+        **sides,
+    }
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return EXIT_SUCCEEDED
+    print(f"job        {job_id}  ({info['state']})")
+    print("budget     none used yet: the ledger starts when the job starts on its node")
+    if slurm:
+        print(f"slurm      job {slurm['slurmJobId']}  {slurm['state']}  log {slurm['log']}")
+    if kube:
+        print(f"kubernetes {json.dumps(kube)}")
+    return EXIT_SUCCEEDED
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from runner.state.ledger import read_state
 
-    root = _job_root(args)
+    try:
+        root = _job_root(args)
+    except JobNotFound as exc:
+        return _status_queued(args, str(args.job), exc)
     path = JobDir(root).ledger
     if not path.exists():
-        raise RefusedError(f"{path} does not exist: the job never got past its refusal")
+        refused = RefusedError(f"{path} does not exist: the job never got past its refusal")
+        return _status_queued(args, root.name, refused)
     st = read_state(path)  # an onlooker: never repairs or locks a ledger a runner may be writing
     in_flight = st.in_flight
     if st.finished is not None:
@@ -211,16 +256,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         else None,
         "envelope": str(JobDir(root).envelope) if JobDir(root).envelope.exists() else None,
     }
-    from runner.scheduling.slurm.cluster import (
-        describe,  # the Slurm side, if `runner cluster submit` queued it
-    )
-
-    info["slurm"] = describe(root.parent.parent, root.name)
-    from runner.scheduling.kubernetes.plan import (
-        last_submission,  # where `runner cluster submit` sent it (no cluster asked)
-    )
-
-    info["kubernetes"] = last_submission(root.parent.parent, root.name)
+    info.update(_submitted(root.parent.parent, root.name))
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_SUCCEEDED

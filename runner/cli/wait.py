@@ -89,9 +89,9 @@ def outcome(end: Ended) -> dict[str, Any]:
         "jobId": end.job_id,
         "slurmJobId": end.slurm_job,
         "slurmState": end.slurm_state,
-        "status": env.get("status")
-        if env
-        else ("cancelled" if category == "cancelled" else "error"),
+        # The envelope's words, for every end: a job cancelled before its runner wrote an
+        # envelope failed (category cancelled), as one cancelled while it ran.
+        "status": env.get("status") if env else "failed",
         "category": category,
         "reason": reason,
         "log": str(end.log),

@@ -37,7 +37,13 @@ from runner.execution.stages import Known, Stopped, stage
 from runner.gpu import cdi, gpus
 from runner.images import pins as images
 from runner.models import selfreport
-from runner.models.envelope import Allocation, EgressRecord, GpuRecord, ImageRecord
+from runner.models.envelope import (
+    Allocation,
+    EgressRecord,
+    EngineRecord,
+    GpuRecord,
+    ImageRecord,
+)
 from runner.planning import policy
 from runner.planning.plan import ExecutionPlan
 from runner.results import envelope
@@ -119,6 +125,25 @@ def guards_for(
     )
 
 
+def engine_record(backend: Backend) -> EngineRecord:
+    """The engine, as the envelope records it (asked with the image's platform, once)."""
+    info = backend.engine()
+    return EngineRecord(name=info.name, version=info.version, apiVersion=info.api_version)
+
+
+def _engine_of(starting: dict[str, Any], backend: Backend) -> EngineRecord:
+    """The engine an earlier runner recorded for its attempt; for an attempt recorded before
+    engines were, the one this runner reattaches through (the same socket, or it would not
+    find the container)."""
+    recorded = starting.get("engine")
+    if isinstance(recorded, dict):
+        try:
+            return EngineRecord.model_validate(recorded)
+        except ValueError:
+            pass
+    return engine_record(backend)
+
+
 def _resume(job: Job, known: Known) -> AttemptResult | None:
     """Pick up what an earlier runner left: reattach to a running container, record one that
     ended meanwhile, or read back a finished attempt whose envelope was never written. None
@@ -132,6 +157,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
     known = replace(
         known,
         image=ImageRecord.model_validate(last.starting["image"]),
+        engine=_engine_of(last.starting, job.backend),
         gpus=tuple(GpuRecord.model_validate(g) for g in last.starting.get("gpus", [])),
         allocation=_decided(job.dir, n),
     )
@@ -282,6 +308,7 @@ def _run_new(
             "leaseSeconds": opts.lease_seconds,
             "engineDeadlineSeconds": deadline.after_seconds,
             "image": got[1].model_dump(mode="json"),
+            "engine": engine_record(job.backend).model_dump(mode="json"),
             "gpus": [g.model_dump(mode="json") for g in given],
             **({"egress": eg.as_json()} if eg else {}),
             **({"agentArgv": list(argv)} if p.agent is not None else {}),
@@ -337,7 +364,8 @@ def _image(
     since = time.monotonic()
     with stage("image", known):
         got = _acquire(job)
-    known = replace(known, image=got[1]).timed("image", since)
+    known = replace(known, image=got[1], engine=engine_record(job.backend))
+    known = known.timed("image", since)
     info = got[0].info
     names = ", ".join(info.repo_tags) or "untagged"
     progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")

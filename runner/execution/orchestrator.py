@@ -477,6 +477,7 @@ def _envelope(
         plan=known.plan,
         job_dir=known.job.root if known.job else None,
         image=known.image,
+        engine=known.engine,
         outcome=known.outcome,
         gpus=known.gpus,
         gpu_fallback=known.gpu_fallback,

@@ -24,6 +24,7 @@ from runner.models.envelope import (
     Allocation,
     BudgetRecord,
     EgressRecord,
+    EngineRecord,
     GpuRecord,
     ImageRecord,
     Stage,
@@ -66,6 +67,8 @@ class Known:
     plan: ExecutionPlan | None = None
     job: JobDir | None = None
     image: ImageRecord | None = None
+    engine: EngineRecord | None = None
+    """The engine that ran (or runs) the attempt's container."""
     gpus: tuple[GpuRecord, ...] = ()
     gpu_fallback: str | None = None
     """Why a contract asking for GPUs runs on CPU only."""

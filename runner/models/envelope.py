@@ -34,6 +34,7 @@ __all__ = [
     "DiskRecord",
     "EgressConnection",
     "EgressRecord",
+    "EngineRecord",
     "EvidenceRef",
     "Failure",
     "FileRef",
@@ -210,6 +211,14 @@ class Timings(_Model):
     )
     containerStartedAt: str | None = None
     containerFinishedAt: str | None = None
+
+
+class EngineRecord(_Model):
+    """The container engine that ran the job's container, as it names itself."""
+
+    name: str = Field(description="docker or podman.")
+    version: str = Field(description="The engine's version (its /version answer).")
+    apiVersion: str = Field(description="The API version the engine answered with.")
 
 
 class ContainerRecord(_Model):
@@ -534,6 +543,12 @@ class ResultEnvelope(_Model):
         default_factory=list, description="Measurements that could not be read, and why."
     )
     limits: AppliedLimits | None = Field(description="The caps applied to the container.")
+    engine: EngineRecord | None = Field(
+        default=None,
+        description="The engine that ran that attempt's container: docker or podman, its "
+        "version (null: refused before an engine was asked, or an envelope older than this "
+        "record).",
+    )
     container: ContainerRecord | None = Field(
         default=None, description="The container of the attempt that produced this result."
     )

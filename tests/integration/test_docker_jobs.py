@@ -71,6 +71,9 @@ def test_toy_evaluation_end_to_end(tmp_path: Path, image_id: str) -> None:
     code, env, stderr = run_job(pinned, tmp_path / "state2")
     assert code == 0, stderr
     assert env["status"] == "succeeded" and env["failure"] is None and env["exitCode"] == 0
+    server = docker("version", "--format", "{{.Server.Version}} {{.Server.APIVersion}}")
+    version, api = server.stdout.split()
+    assert env["engine"] == {"name": "docker", "version": version, "apiVersion": api}
     (m,) = env["measurements"]
     assert (m["measurementId"], m["metric"], m["unit"], m["value"]) == (
         "toy-accuracy",

@@ -132,6 +132,8 @@ def test_toy_runs_under_rootful_podman(
     assert env["measurements"][0]["value"] == 0.819
     assert env["image"]["id"] == image_id
     assert env["container"]["name"] in _created_since(since)
+    server = _podman("version", "--format", "{{.Version}}").strip()  # local: no Server part
+    assert env["engine"]["name"] == "podman" and env["engine"]["version"] == server
 
 
 @pytest.mark.docker

@@ -376,8 +376,59 @@ def test_cancel_stops_a_running_job(cluster: Cluster, image_id: str, tmp_path: P
     code, [end], err = wait(state, "slurm-cancel", timeout=60)
     assert code == 130, err
     assert end["category"] == "cancelled" and end["slurmState"] == "CANCELLED"
+    assert end["status"] == "failed"  # the envelope's word, as for one cancelled queued
     assert end["envelope"]["failure"]["category"] == "cancelled"
     assert job_containers("slurm-cancel") == []
+
+
+def test_status_shows_a_job_slurm_still_holds_in_its_queue(
+    cluster: Cluster, image_id: str, tmp_path: Path
+) -> None:
+    """`runner job status` of a job still PENDING (the node held whole by another Slurm job):
+    it names the Slurm job and its state, exit 0, where it once said job_not_found;
+    cancelled, it ends cancelled without ever having run."""
+    state = tmp_path / "state"
+    contract = toy(tmp_path / "toy", "slurm-held", image_id)
+    blocker = subprocess.run(
+        ["sbatch", "--parsable", "--exclusive", "--job-name", "runner-test-blocker",
+         "--output", "/dev/null", "--wrap", "sleep 300"], capture_output=True, text=True,
+        check=True,
+    ).stdout.strip().split(";")[0]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while scontrol(blocker)["JobState"] != "RUNNING":
+            assert time.monotonic() < deadline, "the blocking job never started"
+            time.sleep(0.5)
+        proc = submit(state, contract)
+        assert proc.returncode == 0, proc.stderr
+        [queued] = json.loads(proc.stdout)
+        _status_of_a_queued_job(state, queued["slurmJobId"])
+    finally:
+        subprocess.run(["scancel", blocker], check=False)
+    code, [end], err = wait(state, "slurm-held", timeout=60)
+    assert code == 130, err
+    assert (end["status"], end["category"]) == ("failed", "cancelled")  # as a running one's
+    assert job_containers("slurm-held") == []
+
+
+def _status_of_a_queued_job(state: Path, slurm_job: str) -> None:
+    """What `runner job status` says of slurm-held, PENDING; then `runner job cancel` it."""
+    try:
+        assert scontrol(slurm_job)["JobState"] == "PENDING"
+        status = run_cli("job", "status", "slurm-held", "--state-dir", str(state), "--json")
+        assert status.returncode == 0, status.stderr
+        info = json.loads(status.stdout)
+        assert info["slurm"]["slurmJobId"] == slurm_job
+        assert info["slurm"]["state"] == "PENDING" and "PENDING" in info["state"]
+        assert info["attempts"] == [] and info["consumedSeconds"] == 0.0
+        text = run_cli("job", "status", "slurm-held", "--state-dir", str(state))
+        assert text.returncode == 0, text.stderr
+        assert f"Slurm job {slurm_job}: PENDING" in text.stdout
+        unknown = run_cli("job", "status", "slurm-never", "--state-dir", str(state))
+        assert unknown.returncode == 5, unknown.stderr  # still job_not_found when not queued
+    finally:
+        cancel = run_cli("job", "cancel", "slurm-held", "--state-dir", str(state), "--json")
+    assert cancel.returncode == 0, cancel.stderr
 
 
 def test_a_node_that_cannot_see_the_state_folder_fails_clearly(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -22,6 +21,7 @@ import pytest
 
 from runner.contract import with_digest
 from runner.testing import TOY, docker, toy_data
+from tests.support import cli
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SEED = ROOT / "tests" / "fixtures" / "seed-task.json"
@@ -42,15 +42,9 @@ def session_containers() -> list[str]:
 def run_cli(
     *args: str, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "runner", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        check=False,
-    )
+    """``python -m runner ARGS`` with this process's environment and ``env``; run in a fork of
+    the pre-imported zygote (:mod:`tests.support.cli`) wherever that is the same."""
+    return cli.run(list(args), env={**os.environ, **(env or {})}, timeout=timeout)
 
 
 def running_containers(name: str = "") -> list[str]:
@@ -61,7 +55,9 @@ def running_containers(name: str = "") -> list[str]:
     ).stdout.split()  # fmt: skip
 
 
-def wait_running(proc: subprocess.Popen[str], name: str = "", timeout: float = 120) -> None:
+def wait_running(
+    proc: cli.Forked | subprocess.Popen[str], name: str = "", timeout: float = 120
+) -> None:
     """Wait until a container of this session (``name`` fragment) runs; fail if ``proc`` ends
     first or none starts in time."""
     deadline = time.monotonic() + timeout
@@ -72,7 +68,7 @@ def wait_running(proc: subprocess.Popen[str], name: str = "", timeout: float = 1
 
 
 def signal_when_running(
-    proc: subprocess.Popen[str], sig: int, timeout: float = 120
+    proc: cli.Forked | subprocess.Popen[str], sig: int, timeout: float = 120
 ) -> tuple[str, str]:
     """Send ``sig`` to ``proc`` once a container of this session runs; its stdout, stderr."""
     try:
@@ -87,28 +83,22 @@ def signal_when_running(
 
 def start_job(
     contract: Path, state: Path, *extra: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[str]:
-    """`runner run --json --allow-unsigned` with this session's label, in the background."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "runner",
-            "run",
-            str(contract),
-            "--state-dir",
-            str(state),
-            "--json",
-            "--allow-unsigned",
-            "--label",
-            f"{SESSION_LABEL}={SESSION_ID}",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+) -> cli.Forked | subprocess.Popen[str]:
+    """`runner run --json --allow-unsigned` with this session's label, in the background, as
+    ``subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True, env=env)`` (``env``: the whole
+    environment, else this process's); forked from the zygote wherever that is the same."""
+    args = [
+        "run",
+        str(contract),
+        "--state-dir",
+        str(state),
+        "--json",
+        "--allow-unsigned",
+        "--label",
+        f"{SESSION_LABEL}={SESSION_ID}",
+        *extra,
+    ]
+    return cli.popen(args, env=dict(os.environ) if env is None else env)
 
 
 def run_job(

@@ -10,8 +10,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ from runner.core.errors import AssetDigestMismatch, AssetUnavailable, ContractEr
 from runner.planning.policy import AssetGrant
 from runner.staging.jobdir import prepare
 from runner.state.jobdir import StateDir
-from tests.support import FAKE_IMAGE_ID, ROOT, run_cli, write_contract
+from tests.support import FAKE_IMAGE_ID, ROOT, cli, run_cli, write_contract
 from tests.support.asset_server import AssetServer, Served, asset_server
 from tests.support.clock import VirtualClock
 
@@ -277,10 +275,9 @@ def test_two_concurrent_fetches_download_once(tmp_path: Path, server: AssetServe
     path = contract_with(tmp_path, [asset(server.url("blob"))])
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps({"acceptUnsigned": True, "assets": {"allowHosts": ["127.0.0.1"]}}))
-    args = [sys.executable, "-m", "runner", "fetch", str(path), "--policy", str(policy),
-            "--state-dir", str(tmp_path / "state"), "--json"]  # fmt: skip
-    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]  # fmt: skip
+    args = ["fetch", str(path), "--policy", str(policy), "--state-dir", str(tmp_path / "state"),
+            "--json"]  # fmt: skip
+    procs = [cli.popen(args, env=dict(os.environ)) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     reports = [json.loads(o[0]) for o in outs]
@@ -297,8 +294,7 @@ def test_a_killed_fetch_resumes_where_it_stopped(tmp_path: Path, server: AssetSe
     policy.write_text(json.dumps({"acceptUnsigned": True, "assets": {"allowHosts": ["127.0.0.1"]}}))
     state = tmp_path / "state"
     args = ["fetch", str(path), "--policy", str(policy), "--state-dir", str(state), "--json"]
-    proc = subprocess.Popen([sys.executable, "-m", "runner", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)  # fmt: skip
+    proc = cli.popen(args, env=dict(os.environ))
     partial = AssetCache.of_state(state).partial(DIGEST.removeprefix("sha256:"))
     deadline = time.monotonic() + 60
     while not (partial.exists() and partial.stat().st_size > len(BODY) // 3):

@@ -23,6 +23,7 @@ from runner.core import locks, units
 from runner.execution.sweeper import runner_alive
 from runner.scheduling.kubernetes import apply, render
 from runner.state.jobdir import JobDir
+from tests.support import run_cli
 from tests.support.clock import VirtualClock
 
 pytestmark = pytest.mark.hostile
@@ -117,15 +118,8 @@ def test_a_size_is_exact() -> None:
 
 
 def test_cache_prune_with_a_huge_max_bytes_is_no_traceback(tmp_path: Path) -> None:
-    env = {**os.environ, "RUNNER_STATE_DIR": str(tmp_path / "state"), "RUNNER_SERVER": "off"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "runner", "cache", "prune", "--max-bytes", "9" * 400],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    env = {"RUNNER_STATE_DIR": str(tmp_path / "state"), "RUNNER_SERVER": "off"}
+    proc = run_cli("cache", "prune", "--max-bytes", "9" * 400, env=env, timeout=120)
     assert "Traceback" not in proc.stderr and "OverflowError" not in proc.stderr, proc.stderr
 
 

@@ -148,6 +148,9 @@ def test_a_run_that_succeeds(tmp_path: Path, fake: FakeBackend) -> None:
     assert fake.containers == {}  # removed once its end was in the ledger
     ledger = Path(env["jobDir"]) / "record" / "ledger.jsonl"
     assert read_state(ledger).finished is not None
+    engine = {"name": "fake", "version": "0", "apiVersion": "1.41"}
+    assert env["engine"] == engine  # which engine ran it, in the envelope and the ledger
+    assert read_state(ledger).attempts[0].starting["engine"] == engine
 
 
 # --------------------------------------------------------------------- classification
@@ -299,6 +302,7 @@ def test_resume_still_running_reattaches(tmp_path: Path, fake: FakeBackend) -> N
     env = _run(contract, _options(tmp_path), fake)
     assert env["status"] == "succeeded", env["failure"]
     assert _creates(fake) == 1 and env["budget"]["attempts"] == 1
+    assert env["engine"]["name"] == "fake"  # the engine the attempt was recorded with
 
 
 def test_resume_exited_meanwhile_is_recorded_not_rerun(

@@ -5,6 +5,7 @@ is no submission. Real files under tmp_path; no cluster."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,7 @@ def test_damaged_or_foreign_last_lines_are_errors_naming_the_file(tmp_path: Path
         (b"\xff\xfe\n", "not JSON"),
         ("[" * 5000 + "]" * 5000 + "\n", "not JSON"),
         ('{"slurmJobId": "x; rm"}\n', "names no Slurm job id"),
+        ('{"slurmJobId": "\u00b2\u0663"}\n', "names no Slurm job id"),  # digits, not ASCII
     ):
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
         with pytest.raises(InfrastructureError, match=word) as caught:
@@ -83,3 +85,24 @@ def test_a_job_id_that_is_a_path_is_no_submission(tmp_path: Path) -> None:
         assert plan.last_submission(state, bad) is None
         with pytest.raises(JobNotFound, match="never submitted"):
             batch.submission_of(state, bad)
+
+
+def test_an_envelope_read_back_is_a_capped_regular_file(tmp_path: Path) -> None:
+    """The batch's envelope in the state folder is read only as a regular file (not through a
+    link, never a FIFO, which would block) of at most the export's cap."""
+    from runner.scheduling.slurm import cluster
+
+    good = tmp_path / "envelope-1.json"
+    good.write_text('{"status": "succeeded"}')
+    assert cluster._json(good) == {"status": "succeeded"}
+    link = tmp_path / "envelope-2.json"
+    link.symlink_to(good)
+    assert cluster._json(link) is None
+    fifo = tmp_path / "envelope-3.json"
+    os.mkfifo(fifo)
+    assert cluster._json(fifo) is None
+    big = tmp_path / "envelope-4.json"
+    with big.open("wb") as f:
+        f.write(b'{"status": "x", "pad": "')
+        f.truncate(cluster.MAX_ENVELOPE_BYTES + 10)  # sparse: nothing written
+    assert cluster._json(big) is None

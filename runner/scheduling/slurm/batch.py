@@ -370,7 +370,8 @@ def record(state: Path, request: Request, slurm_job: str, extra: dict[str, Any])
 def last_submission(state: Path, job_id: str) -> dict[str, Any] | None:
     """The job's latest submission, or None when it was never submitted."""
     data = submissions.latest(state, "slurm", job_id)
-    if data is not None and not str(data.get("slurmJobId", "")).isdigit():
+    slurm_job = str(data.get("slurmJobId", "")) if data is not None else ""
+    if data is not None and not (slurm_job.isascii() and slurm_job.isdigit()):
         path = record_dir(state, job_id) / submissions.FILE
         raise InfrastructureError(f"{path}: its last line names no Slurm job id")
     return data

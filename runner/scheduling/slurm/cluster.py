@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.core.errors import InfrastructureError, PolicyViolation
+from runner.core.safefs import UnsafePath, open_regular
 from runner.scheduling.slurm.batch import (
     last_submission,
     offered_gpu_types,
@@ -20,7 +21,7 @@ from runner.scheduling.slurm.batch import (
     submission_of,
 )
 
-__all__ = ["Cluster", "Ended", "check_end", "describe", "parse_fields"]
+__all__ = ["MAX_ENVELOPE_BYTES", "Cluster", "Ended", "check_end", "describe", "parse_fields"]
 
 COMMAND_TIMEOUT_SECONDS = 60
 ACTIVE_STATES = frozenset(
@@ -98,7 +99,7 @@ class Cluster:
 
     def kill_wait(self) -> int:
         value = self.config().get("KillWait", "30 sec").split()[0]
-        return int(value) if value.isdigit() else 30
+        return int(value) if value.isascii() and value.isdigit() else 30
 
     def partition_nodes(self, partition: str | None) -> int:
         where = [f"--partition={partition}"] if partition else []
@@ -123,7 +124,7 @@ class Cluster:
         if test_only:
             return ""
         job = done.stdout.strip().split(";")[0]
-        if not job.isdigit():
+        if not (job.isascii() and job.isdigit()):
             raise InfrastructureError(f"sbatch answered no job id: {said}")
         return job
 
@@ -231,11 +232,20 @@ def check_end(
     return Ended(job_id, slurm_job, info.state, _json(folder / f"envelope-{slurm_job}.json"), log)
 
 
+MAX_ENVELOPE_BYTES = 64 * 1024 * 1024
+"""The most of an envelope read back from the state folder (the export's cap too)."""
+
+
 def _json(path: Path) -> dict[str, Any] | None:
-    """A file's JSON object, or None when it is missing, empty or not one."""
+    """A file's JSON object, or None when it is missing, empty, not one, not a regular file
+    (a link, a FIFO) or larger than :data:`MAX_ENVELOPE_BYTES`."""
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        with open_regular(path) as f:
+            raw = f.read(MAX_ENVELOPE_BYTES + 1)
+        if len(raw) > MAX_ENVELOPE_BYTES:
+            return None
+        data = json.loads(raw)
+    except (OSError, ValueError, UnsafePath):
         return None
     return data if isinstance(data, dict) and "status" in data else None
 
