@@ -14,7 +14,9 @@ from typing import NoReturn
 
 import pytest
 
+from runner.core import clock
 from tests.support import IMAGE, SESSION_ID, SESSION_LABEL, docker
+from tests.support.clock import VirtualClock
 from tests.support.hostenv import HOST_VARIABLES
 
 
@@ -154,6 +156,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     reason = item.stash.get(_MISSING, None)
     if reason is not None:
         pytest.skip(reason)
+
+
+@pytest.fixture
+def virtual_clock() -> Iterator[VirtualClock]:
+    """The runner reads time from a clock this test controls (:mod:`tests.support.clock`):
+    its sleeps take no time, and are recorded."""
+    with clock.use(VirtualClock()) as virtual:
+        assert isinstance(virtual, VirtualClock)
+        yield virtual
 
 
 @pytest.fixture(scope="session")

@@ -20,10 +20,9 @@ import itertools
 import os
 import stat
 import tarfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from runner.backends.base import (
     NetworkSummary,
 )
 from runner.backends.types import EngineInfo, ImageInfo, Limits, PathStat
+from runner.core import clock
 from runner.core.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 
 __all__ = ["FakeBackend", "FakeJob"]
@@ -90,7 +90,7 @@ class _Container:
 
     def end(self, code: int) -> None:
         self.status, self.exit_code = "exited", code
-        self.finished_at = datetime.now(UTC)
+        self.finished_at = clock.now()
 
     def state(self) -> ContainerState:
         raw = {
@@ -141,7 +141,7 @@ class FakeBackend:
         return info
 
     def running(self) -> list[str]:
-        now = time.monotonic()
+        now = clock.monotonic()
         for c in self.containers.values():
             c.advance(now)
         return [c.spec.name for c in self.containers.values() if c.status == "running"]
@@ -156,7 +156,7 @@ class FakeBackend:
             raise error
 
     def _get(self, ref: str) -> _Container:
-        now = time.monotonic()
+        now = clock.monotonic()
         for c in list(self.containers.values()):
             if ref in (c.id, c.spec.name):
                 gone = c.job.vanish_after
@@ -237,7 +237,7 @@ class FakeBackend:
         if c.job.start_error is not None:
             c.error, c.exit_code = c.job.start_error, 127
             raise InfrastructureError(f"starting the job container: {c.job.start_error}")
-        c.status, c.started, c.started_at = "running", time.monotonic(), datetime.now(UTC)
+        c.status, c.started, c.started_at = "running", clock.monotonic(), clock.now()
         if c.job.work is not None:
             c.job.work({m.target: m.source for m in c.spec.mounts})
 
@@ -245,11 +245,11 @@ class FakeBackend:
         self._call("wait", container_id)
         c = self._get(container_id)
         if c.status == "running" and c.started is not None:
-            left = c.job.seconds - (time.monotonic() - c.started)
+            left = c.job.seconds - (clock.monotonic() - c.started)
             vanish = c.job.vanish_after
             if vanish is not None:
-                left = min(left, vanish - (time.monotonic() - c.started))
-            time.sleep(max(min(left, timeout), 0.0))
+                left = min(left, vanish - (clock.monotonic() - c.started))
+            clock.sleep(max(min(left, timeout), 0.0))
             c = self._get(container_id)
         return None if c.status == "running" else c.exit_code
 

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 from urllib.parse import urljoin, urlsplit
 
 from runner.contract.models import Asset
-from runner.core import safefs
+from runner.core import clock, safefs
 from runner.planning.policy import AssetGrant
 
 __all__ = [
@@ -483,5 +483,6 @@ def retrying(grant: AssetGrant) -> Any:
         stop=tenacity.stop_after_attempt(grant.retries + 1),
         wait=tenacity.wait_exponential(multiplier=0.25, max=8),
         retry=tenacity.retry_if_exception_type(Transient),
+        sleep=clock.sleep,
         reraise=True,
     )

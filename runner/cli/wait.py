@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.app import host
 from runner.cli._common import EXIT_INFRASTRUCTURE, batch_exit, usage
+from runner.core import clock
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
@@ -152,7 +152,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
     pending = list(dict.fromkeys(args.job))
     subs = {j: where(state, j) for j in pending}
     ends: dict[str, dict[str, Any]] = {}
-    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    deadline = None if args.timeout is None else clock.monotonic() + args.timeout
     finished_at: dict[str, float] = {}
     failed = 0
     while True:
@@ -164,9 +164,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
             if failed > FAILED_POLLS:
                 raise
             print(f"runner: {exc.message} (asking again)", file=sys.stderr)
-        if not pending or (deadline is not None and time.monotonic() >= deadline):
+        if not pending or (deadline is not None and clock.monotonic() >= deadline):
             break
-        time.sleep(args.poll)
+        clock.sleep(args.poll)
     results = [ends[j] for j in dict.fromkeys(args.job) if j in ends]
     if args.json:
         print(json.dumps(results, indent=2))
@@ -212,8 +212,8 @@ def _poll(
             continue
         # Finished in the ledger: give the Slurm job a moment to end too (its runner is
         # exiting), so that the state shown is its last; never wait on it for long.
-        first = finished_at.setdefault(job_id, time.monotonic())
-        if end.slurm_active and time.monotonic() - first < SLURM_END_GRACE_SECONDS:
+        first = finished_at.setdefault(job_id, clock.monotonic())
+        if end.slurm_active and clock.monotonic() - first < SLURM_END_GRACE_SECONDS:
             continue
         pending.remove(job_id)
         ends[job_id] = outcome(end)

@@ -13,9 +13,10 @@ import errno
 import fcntl
 import os
 import stat
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from runner.core import clock
 
 __all__ = [
     "acquire",
@@ -67,15 +68,15 @@ def acquire(fd: int, *, wait: bool = True, timeout: float | None = None, poll: f
     if wait and timeout is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return True
-    deadline = time.monotonic() + (timeout or 0.0)
+    deadline = clock.monotonic() + (timeout or 0.0)
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
-            if not wait or time.monotonic() >= deadline:
+            if not wait or clock.monotonic() >= deadline:
                 return False
-            time.sleep(poll)
+            clock.sleep(poll)
 
 
 def release(fd: int) -> None:

@@ -11,10 +11,9 @@ import contextlib
 import hashlib
 import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
@@ -26,6 +25,7 @@ from runner.backends.base import (
     DeviceEdits,
     Mount,
 )
+from runner.core import clock
 from runner.core.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -191,7 +191,7 @@ class Watch:
     """Called with the attempt's running seconds at each heartbeat, and whether it is the one
     a reattaching runner writes at once (what it charged for the time no runner watched)."""
     as_of: float | None = None
-    """The ``time.monotonic()`` at which ``already`` and ``budget_left`` held (when the
+    """The ``clock.monotonic()`` at which ``already`` and ``budget_left`` held (when the
     container started, or when :func:`recover` charged it); None: when the watch begins. The
     time between is counted, so the deadline is the budget's end, not that plus the gap."""
     guard: Callable[[], str | None] = lambda: None
@@ -217,7 +217,7 @@ class _Lease:
 
     def __init__(self, backend: Backend, container_id: str, lease: float) -> None:
         self.backend, self.container_id, self.lease = backend, container_id, lease
-        self.last_ok = time.monotonic()
+        self.last_ok = clock.monotonic()
         self.fired = self.removed = False
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="runner-lease", daemon=True)
@@ -226,7 +226,7 @@ class _Lease:
 
     def _run(self) -> None:
         while not self._done.wait(min(1.0, self.lease / 10)):
-            if time.monotonic() - self.last_ok > self.lease:
+            if clock.monotonic() - self.last_ok > self.lease:
                 self.fired = True
                 self._remove()
                 return
@@ -285,7 +285,7 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
     stop is asked for at the budget's end, not after a quota walk or a heartbeat write; a
     reattaching runner writes a heartbeat at once, before it stops a job whose budget ran
     out while no runner watched."""
-    start = w.as_of if w.as_of is not None else time.monotonic()
+    start = w.as_of if w.as_of is not None else clock.monotonic()
     origin = start - w.already
     deadline = start + w.budget_left
     next_beat = start + w.heartbeat
@@ -296,15 +296,15 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
 
     def stop_it() -> None:
         nonlocal stop
-        asked = time.monotonic()
+        asked = clock.monotonic()
         try:
             backend.stop(container_id, w.grace)
         finally:
-            stop = Stop(asked - origin, time.monotonic() - asked)
+            stop = Stop(asked - origin, clock.monotonic() - asked)
 
     def beat(reattached: bool = False) -> None:
         try:
-            w.on_beat(time.monotonic() - origin, reattached)
+            w.on_beat(clock.monotonic() - origin, reattached)
         except (RunnerError, OSError):
             # Fenced (another host took the job over), or the ledger cannot be written:
             # this runner can no longer account for the job, so the job stops now.
@@ -313,7 +313,7 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
             raise
         if lease.fired:  # the write came back only after the lease had run out
             raise lease.lost()
-        lease.last_ok = time.monotonic()
+        lease.last_ok = clock.monotonic()
 
     try:
         w.on_start(container_id)
@@ -322,7 +322,7 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
         while True:
             if lease.fired:
                 raise lease.lost()
-            now = time.monotonic()
+            now = clock.monotonic()
             if now >= deadline:
                 if backend.wait(container_id, 0.01) is not None:
                     break  # it ended within the last tick: not a timeout
@@ -335,16 +335,16 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
             wait_for = min(w.tick, deadline - now, max(next_beat - now, 0.01))
             if backend.wait(container_id, wait_for) is not None:
                 break
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 continue  # the budget's end first: no quota walk or heartbeat before the stop
             stopped_for = w.guard()
             if stopped_for is not None:
                 stop_it()
                 break
-            if time.monotonic() >= next_beat:
+            if clock.monotonic() >= next_beat:
                 beat()
-                next_beat = time.monotonic() + w.heartbeat
-            progress.running(w.consumed_before + time.monotonic() - origin, w.limit)
+                next_beat = clock.monotonic() + w.heartbeat
+            progress.running(w.consumed_before + clock.monotonic() - origin, w.limit)
     except KeyboardInterrupt:
         cancelled = True
         stop_it()
@@ -356,7 +356,7 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
         lease.stop()
     if lease.fired:
         raise lease.lost()
-    seconds = round(time.monotonic() - origin, 3)
+    seconds = round(clock.monotonic() - origin, 3)
     return Watched(timed_out, cancelled, seconds, stopped_for, stop)
 
 
@@ -421,9 +421,9 @@ def run_attempt(
         raise NotStarted(exc) from exc
     try:
         on_created(container_id)
-        before = time.monotonic()
+        before = clock.monotonic()
         backend.start(container_id)
-        w = replace(w, as_of=started_at(backend, container_id, before, time.monotonic()))
+        w = replace(w, as_of=started_at(backend, container_id, before, clock.monotonic()))
     except (RunnerError, KeyboardInterrupt) as exc:
         backend.remove(container_id)
         if isinstance(exc, GpuUnavailable) and container.gpu_ids:  # name the devices asked for
@@ -451,8 +451,8 @@ def run_attempt(
 
 
 def started_at(backend: Backend, container_id: str, before: float, after: float) -> float:
-    """When the container started, on this host's ``time.monotonic()`` clock: the engine's
-    ``StartedAt`` of the start this runner asked for between ``before`` and ``after``, kept
+    """When the container started, on this host's monotonic clock (``runner.core.clock``): the
+    engine's ``StartedAt`` of the start this runner asked for between ``before`` and ``after``, kept
     within that call (a remote engine's clock may differ); ``after`` when the engine cannot
     say. Counting from there, no moment the job ran goes uncharged."""
     try:
@@ -461,7 +461,7 @@ def started_at(backend: Backend, container_id: str, before: float, after: float)
         return after
     if when is None:
         return after
-    mono, wall = time.monotonic(), datetime.now(UTC)
+    mono, wall = clock.monotonic(), clock.now()
     return min(max(mono - (wall - when).total_seconds(), before), after)
 
 
@@ -474,7 +474,7 @@ class Found:
     seconds: float
     """The attempt's running time up to now (running) or to its end (exited), never less."""
     at: float
-    """The ``time.monotonic()`` at which ``seconds`` held (for a reattach's deadline)."""
+    """The ``clock.monotonic()`` at which ``seconds`` held (for a reattach's deadline)."""
 
 
 def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> Found:
@@ -483,8 +483,8 @@ def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> 
     Running: it ran from the last heartbeat until now. Exited: until the engine's FinishedAt.
     Gone, or no usable time: until now, so the budget is never under-counted (it may be
     over-counted by the time the runner was away)."""
-    at = time.monotonic()
-    now = now or datetime.now(UTC)
+    at = clock.monotonic()
+    now = now or clock.now()
     since = attempt.last_beat_at or attempt.starting_at
     try:
         state = backend.state(attempt.container_name)

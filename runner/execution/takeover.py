@@ -11,9 +11,7 @@ managing to, and stops at once when it finds the ledger written by someone else.
 
 from __future__ import annotations
 
-import time
-from datetime import UTC, datetime
-
+from runner.core import clock
 from runner.core.errors import JobBusy, JobFenced
 from runner.execution.container import Progress
 from runner.state.ledger import Attempt, Ledger
@@ -34,14 +32,14 @@ def close(
     n = last.number
     lease = float(last.starting.get("leaseSeconds") or default_lease)  # its runner's lease
     evidence = last.last_beat_at or last.started_at or last.starting_at
-    quiet = (datetime.now(UTC) - evidence).total_seconds()
+    quiet = (clock.now() - evidence).total_seconds()
     if quiet < 2 * lease:
         progress.stage(
             "recover",
             f"attempt {n} runs on host {other} (last heartbeat {quiet:.0f} s ago); waiting "
             f"{2 * lease - quiet:.0f} s for its lease to run out",
         )
-        time.sleep(2 * lease - quiet)
+        clock.sleep(2 * lease - quiet)
         try:
             ledger.check_owned()
         except JobFenced:
@@ -50,7 +48,7 @@ def close(
                 "the ledger while this runner waited for its lease to run out",
                 hint="wait for it to end (`runner status` shows it), or cancel it there",
             ) from None
-    since = max((datetime.now(UTC) - evidence).total_seconds(), 0.0)
+    since = max((clock.now() - evidence).total_seconds(), 0.0)
     charged = (last.seconds if last.last_beat_at else 0.0) + min(2 * lease, since)
     progress.stage(
         "recover", f"attempt {n} on host {other} is lost; charged {charged:.1f} s (to its last "

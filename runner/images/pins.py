@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from runner.backends.types import ImageInfo
-from runner.core import jsondepth
+from runner.core import clock, jsondepth
 from runner.core.errors import ImageDigestMismatch, ImageUnavailable, PolicyViolation
 
 if TYPE_CHECKING:
@@ -253,6 +253,7 @@ def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Pul
             stop=tenacity.stop_after_attempt(3),
             wait=tenacity.wait_incrementing(start=2, increment=2),
             before_sleep=retrying,
+            sleep=clock.sleep,
             reraise=True,
         )(pull_once)
     except registry.TransientRegistryError as exc:

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runner.core import jsondepth
+from runner.core import clock, jsondepth
 from runner.core.errors import (
     InfrastructureError,
     JobAlreadyFinished,
@@ -96,7 +96,7 @@ class LedgerCorrupt(InfrastructureError):
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return clock.now().isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def parse_time(text: str | None) -> datetime | None:

@@ -186,7 +186,9 @@ def api_server(token: str | None = None) -> Iterator[ApiServer]:
     state = ApiServer(token=token or uuid.uuid4().hex)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield state

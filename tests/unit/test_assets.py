@@ -29,6 +29,7 @@ from runner.staging.jobdir import prepare
 from runner.state.jobdir import StateDir
 from tests.support import FAKE_IMAGE_ID, ROOT, cli, run_cli, write_contract
 from tests.support.asset_server import AssetServer, Served, asset_server
+from tests.support.clock import VirtualClock
 
 BODY = os.urandom(3 * 1024 * 1024 + 17)
 DIGEST = "sha256:" + hashlib.sha256(BODY).hexdigest()
@@ -194,11 +195,14 @@ def test_a_404_is_a_clear_error_at_once_without_retries(
     assert "'data'" in str(err.value)
 
 
-def test_503_twice_then_200_succeeds(tmp_path: Path, server: AssetServer) -> None:
+def test_503_twice_then_200_succeeds(
+    tmp_path: Path, server: AssetServer, virtual_clock: VirtualClock
+) -> None:
     server.files["blob"] = Served(BODY, fail_first=2)
     got = fetch(model(asset(server.url("blob"))), tmp_path, cache_of(tmp_path), grant())
     assert got.downloaded == len(BODY)
     assert server.gets("blob") == 3
+    assert virtual_clock.sleeps == [0.25, 0.5]  # the exponential backoff between the tries
 
 
 def test_503_past_the_retries_gives_up(tmp_path: Path, server: AssetServer) -> None:
@@ -363,7 +367,9 @@ def test_prune_never_removes_an_asset_a_job_that_has_not_ended_uses(tmp_path: Pa
     assert entries(cache) == []
 
 
-def test_a_job_waits_on_another_runners_fetch_only_so_long(tmp_path: Path) -> None:
+def test_a_job_waits_on_another_runners_fetch_only_so_long(
+    tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
     """Another runner holds the asset's lock (a fetch that does not end): stage gives up after
     its lock timeout with asset_unavailable naming the asset, whether it may fetch or not."""
     (tmp_path / "a.bin").write_bytes(b"a" * 100)
@@ -374,10 +380,10 @@ def test_a_job_waits_on_another_runners_fetch_only_so_long(tmp_path: Path) -> No
     with cache.locked(a["sha256"].removeprefix("sha256:")) as held:
         assert held
         for fetch_on_run in (True, False):
-            since = time.monotonic()
+            since = virtual_clock.elapsed
             with pytest.raises(AssetUnavailable, match="another runner has been fetching it"):
                 stage(job, contract, cache, AssetGrant(fetchOnRun=fetch_on_run), lock_timeout=0.5)
-            assert 0.5 <= time.monotonic() - since < 5
+            assert 0.5 - 1e-9 <= virtual_clock.elapsed - since <= 0.5 + 0.2 + 1e-9  # a poll more
     assert stage(job, contract, cache, AssetGrant(fetchOnRun=True), lock_timeout=0.5)
 
 
@@ -467,7 +473,9 @@ def test_the_example_contract_fetches_from_the_serve_script(tmp_path: Path) -> N
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), module.make_handler(example / "served"))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         base = f"http://127.0.0.1:{httpd.server_address[1]}"

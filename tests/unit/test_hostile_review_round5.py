@@ -24,6 +24,7 @@ from runner.execution.sweeper import runner_alive
 from runner.scheduling.kubernetes import apply, render
 from runner.state.jobdir import JobDir
 from tests.support import run_cli
+from tests.support.clock import VirtualClock
 
 pytestmark = pytest.mark.hostile
 
@@ -245,7 +246,7 @@ class _Progress:
 
 
 def test_a_pull_the_registry_keeps_failing_is_image_unavailable_not_a_crash(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, virtual_clock: VirtualClock
 ) -> None:
     """After the third failed pull (the registry answering 5xx each time) the retry let the
     registry module's TransientRegistryError (a plain Exception, no RunnerError) out of the
@@ -269,6 +270,7 @@ def test_a_pull_the_registry_keeps_failing_is_image_unavailable_not_a_crash(
     assert isinstance(exc.value, ImageUnavailable) and exc.value.retryable
     assert "503" in str(exc.value)
     assert sum("retrying" in line for line in progress.lines) == 2  # three tries
+    assert virtual_clock.sleeps == [2, 4]
 
 
 # -- the submission store --------------------------------------------------------------------

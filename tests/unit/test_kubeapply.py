@@ -30,6 +30,7 @@ from runner.execution import stageonly
 from runner.execution.options import RunOptions
 from runner.scheduling.kubernetes import apply, plan, render
 from tests.support import write_contract
+from tests.support.clock import VirtualClock
 from tests.support.kubeapi import ApiServer, api_server, write_kubeconfig
 
 DIGEST_IMAGE = "registry.example/runner-cpu@sha256:" + "ab" * 32
@@ -325,29 +326,36 @@ def test_status_reads_the_conditions_and_writes_nothing(
         apply.status("no-such-job", namespace=NS, kubeconfig=kubeconfig)
 
 
-def test_wait_polls_until_the_job_ends(tmp_path: Path, server: ApiServer, kubeconfig: Path) -> None:
-    """wait() returns once a condition ends the Job (set 0.5 s later), having seen each
-    state once; with a short timeout it returns the last status, not ended."""
+def test_wait_polls_until_the_job_ends(
+    tmp_path: Path, server: ApiServer, kubeconfig: Path, virtual_clock: VirtualClock
+) -> None:
+    """wait() returns once a condition ends the Job (set during its fifth pause), having seen
+    each state once, one poll after; with a short timeout it returns the last status, not
+    ended, having paused no longer than the timeout."""
     r = rendered(tmp_path)
     apply.apply(r.manifests, namespace=NS, kubeconfig=kubeconfig)
     seen: list[str] = []
-    timer = threading.Timer(
-        0.5, server.set_status, (NS, r.name, _job_status("Failed", "DeadlineExceeded"))
-    )
-    timer.start()
-    try:
-        got = apply.wait(
-            r.plan.job_id, namespace=NS, kubeconfig=kubeconfig, poll_seconds=0.1, timeout=30,
-            on_status=lambda s: seen.append(s["state"]),
-        )  # fmt: skip
-    finally:
-        timer.cancel()
+
+    def ends_at_the_fifth_pause(_: float) -> None:
+        if len(virtual_clock.sleeps) == 5:
+            server.set_status(NS, r.name, _job_status("Failed", "DeadlineExceeded"))
+
+    virtual_clock.on_sleep = ends_at_the_fifth_pause
+    got = apply.wait(
+        r.plan.job_id, namespace=NS, kubeconfig=kubeconfig, poll_seconds=0.1, timeout=30,
+        on_status=lambda s: seen.append(s["state"]),
+    )  # fmt: skip
     assert got["state"] == "deadline_exceeded" and seen == ["pending", "deadline_exceeded"]
+    assert virtual_clock.sleeps == [0.1] * 5
+    virtual_clock.on_sleep = None
     other = rendered(tmp_path / "other", job_id="other-job")
     apply.apply(other.manifests, namespace=NS, kubeconfig=kubeconfig)
+    before = len(virtual_clock.sleeps)
     cut = apply.wait("other-job", namespace=NS, kubeconfig=kubeconfig, poll_seconds=0.05,
                          timeout=0.2)  # fmt: skip
     assert cut["ended"] is False and cut["state"] == "pending"
+    pauses = virtual_clock.sleeps[before:]
+    assert sum(pauses) == pytest.approx(0.2) and max(pauses) <= 0.05 + 1e-9
 
 
 def test_a_job_of_that_name_not_the_runners_is_refused_by_status(

@@ -19,6 +19,7 @@ from runner.core import locks
 from runner.core.errors import JobBusy
 from runner.execution.sweeper import runner_alive
 from runner.state.jobdir import JobDir
+from tests.support.clock import VirtualClock
 
 HOLD = """
 import fcntl, sys
@@ -60,15 +61,17 @@ def held(tmp_path: Path) -> Iterator[Path]:
         _let_go(other)
 
 
-def test_a_lock_another_process_holds_is_held(held: Path) -> None:
+def test_a_lock_another_process_holds_is_held(held: Path, virtual_clock: VirtualClock) -> None:
     assert locks.is_held(held)
     assert locks.try_lock(held) is None
     with locks.flocked(held, wait=False) as got:
         assert not got
-    start = time.monotonic()
+    assert virtual_clock.sleeps == []  # one try, no wait
     with locks.flocked(held, timeout=0.5, poll=0.05) as got:
         assert not got
-    assert 0.5 <= time.monotonic() - start < 5
+    # tried every 0.05 s until the 0.5 s had passed (float sums: 10 or 11 polls)
+    assert set(virtual_clock.sleeps) == {0.05} and len(virtual_clock.sleeps) in (10, 11)
+    assert 0.5 - 1e-9 <= virtual_clock.elapsed <= 0.55 + 1e-9  # the timeout, at most a poll more
 
 
 def test_a_free_lock_is_taken_and_let_go(tmp_path: Path) -> None:
@@ -86,18 +89,26 @@ def test_a_free_lock_is_taken_and_let_go(tmp_path: Path) -> None:
     assert not locks.is_held(path)
 
 
-def test_a_lock_is_waited_for_until_its_holder_lets_go(tmp_path: Path) -> None:
+def test_a_lock_is_waited_for_until_its_holder_lets_go(
+    tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
     path = tmp_path / "x.lock"
     other = _hold(path)
-    threading.Timer(0.5, _let_go, [other]).start()
-    start = time.monotonic()
+    start = time.monotonic()  # the kernel's wait: real time
+    threading.Timer(0.2, _let_go, [other]).start()
     with locks.flocked(path) as got:  # blocking
         assert got
-    assert time.monotonic() - start >= 0.4
+    assert time.monotonic() - start >= 0.2
     other = _hold(path)
-    threading.Timer(0.5, _let_go, [other]).start()
+
+    def let_go_at_the_third_poll(_: float) -> None:
+        if len(virtual_clock.sleeps) == 3:
+            _let_go(other)
+
+    virtual_clock.on_sleep = let_go_at_the_third_poll
     with locks.flocked(path, timeout=10, poll=0.05) as got:  # polling
         assert got
+    assert virtual_clock.sleeps == [0.05] * 3  # taken at the first poll after it let go
     fd = locks.try_lock(path)
     assert fd is not None
     locks.release(fd)
@@ -117,7 +128,7 @@ def test_without_following_links_a_link_is_refused(tmp_path: Path) -> None:
     locks.release(fd)
 
 
-def test_a_job_another_process_runs_is_busy(tmp_path: Path) -> None:
+def test_a_job_another_process_runs_is_busy(tmp_path: Path, virtual_clock: VirtualClock) -> None:
     job = JobDir(tmp_path / "job")
     job.record.mkdir(parents=True)
     assert not runner_alive(job.root)
@@ -128,6 +139,10 @@ def test_a_job_another_process_runs_is_busy(tmp_path: Path) -> None:
             pass
     finally:
         _let_go(other)
+    assert (
+        2.0 - 1e-9 <= virtual_clock.elapsed <= 2.1 + 1e-9
+    )  # an onlooker's probe waited out first: 2 s
+    assert set(virtual_clock.sleeps) == {0.1}
     with job.locked():
         assert runner_alive(job.root)
     assert not runner_alive(job.root)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +29,7 @@ from runner.models.envelope import ResultEnvelope
 from runner.planning import policy
 from runner.state.ledger import read_state
 from tests.support import TOY
+from tests.support.clock import VirtualClock
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "engine-states"
 INF = float("inf")
@@ -120,6 +120,13 @@ def _run(
 
 def _category(env: dict[str, Any]) -> str | None:
     return (env.get("failure") or {}).get("category")
+
+
+@pytest.fixture(autouse=True)
+def _virtual_time(virtual_clock: VirtualClock) -> VirtualClock:
+    """Every case here runs on a virtual clock (``tests.support.clock``): a fake container's
+    seconds, the watch's ticks and heartbeats pass at once, and the ledger's times follow."""
+    return virtual_clock
 
 
 @pytest.fixture
@@ -298,12 +305,14 @@ def test_resume_still_running_reattaches(tmp_path: Path, fake: FakeBackend) -> N
     assert env["engine"]["name"] == "fake"  # the engine the attempt was recorded with
 
 
-def test_resume_exited_meanwhile_is_recorded_not_rerun(tmp_path: Path, fake: FakeBackend) -> None:
+def test_resume_exited_meanwhile_is_recorded_not_rerun(
+    tmp_path: Path, fake: FakeBackend, virtual_clock: VirtualClock
+) -> None:
     fake.jobs = FakeJob(seconds=0.1, exit_code=3, work=_writes())
     contract = _contract(tmp_path, _image(fake))
     _crash_mid_run(contract, tmp_path, fake)
     fake.running()  # let it end
-    time.sleep(0.15)
+    virtual_clock.advance(0.15)
     env = _run(contract, _options(tmp_path), fake)
     assert _category(env) == "nonzero_exit" and env["exitCode"] == 3
     assert _creates(fake) == 1
@@ -381,11 +390,13 @@ def test_attempts_add_up_to_one_budget(tmp_path: Path, fake: FakeBackend) -> Non
     )
 
 
-def test_a_crash_is_counted_until_now_never_less(tmp_path: Path, fake: FakeBackend) -> None:
+def test_a_crash_is_counted_until_now_never_less(
+    tmp_path: Path, fake: FakeBackend, virtual_clock: VirtualClock
+) -> None:
     fake.jobs = FakeJob(seconds=INF)
     contract = _contract(tmp_path, _image(fake), timeoutMinutes=0.05)
     _crash_mid_run(contract, tmp_path, fake)
-    time.sleep(0.4)
+    virtual_clock.advance(0.4)
     fake.containers.clear()
     fake.jobs = FakeJob(work=_writes())
     env = _run(contract, _options(tmp_path), fake)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.server
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +18,7 @@ from runner.backends.fake import FakeBackend
 from runner.backends.types import ImageInfo
 from runner.core.errors import ImageUnavailable
 from runner.images import pins, registry
+from tests.support.clock import VirtualClock
 
 DIGEST = "sha256:" + "a" * 64
 
@@ -54,7 +54,9 @@ class _Progress:
 @pytest.fixture
 def host() -> Iterator[str]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     try:
         yield f"127.0.0.1:{server.server_address[1]}"
     finally:
@@ -88,22 +90,26 @@ def _pull(
 RETRYING = "failed during the pull; retrying"
 
 
-def test_a_pull_the_registry_failed_is_tried_again(host: str, tmp_path: Path) -> None:
-    start = time.monotonic()
+def test_a_pull_the_registry_failed_is_tried_again(
+    host: str, tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
     fake, progress, ref = _pull(host, [200, 503, 503], 2, tmp_path)
     assert [c for c in fake.calls if c[0] == "pull"] == [("pull", ref)] * 3
     assert sum(RETRYING in s for s in progress.stages) == 2
-    assert time.monotonic() - start >= 6  # 2 s, then 4 s
+    assert virtual_clock.sleeps == [2, 4]  # 2 s, then 4 s
     assert _Scripted.heads == 3  # the first probe, then one after each failed pull
 
 
-def test_after_three_tries_the_registrys_error(host: str, tmp_path: Path) -> None:
+def test_after_three_tries_the_registrys_error(
+    host: str, tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
     # As a refusal (image_unavailable, retryable), not the registry module's retry signal
     # (a plain Exception, which crashed the run).
     with pytest.raises(ImageUnavailable, match="answered 503") as exc:
         _pull(host, [200, 503, 503, 503], 3, tmp_path)
     assert exc.value.retryable and isinstance(exc.value.__cause__, registry.TransientRegistryError)
     assert _Scripted.heads == 4
+    assert virtual_clock.sleeps == [2, 4]  # none after the third
 
 
 def test_a_pull_failing_with_the_registry_fine_is_not_tried_again(

@@ -21,6 +21,7 @@ from runner.backends.fake import FakeBackend, FakeJob
 from runner.core import hostid
 from runner.core.errors import JobFenced
 from runner.state.ledger import Ledger, read_state
+from tests.support.clock import VirtualClock
 from tests.unit.test_orchestrator_fake import (
     INF,
     _category,
@@ -74,7 +75,7 @@ def test_every_attempt_records_its_host(tmp_path: Path, fake: FakeBackend) -> No
 
 
 def test_another_hosts_lost_attempt_is_charged_and_the_job_goes_on_here(
-    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch, virtual_clock: VirtualClock
 ) -> None:
     """Host A's runner dies mid-run; host B, past two leases, charges attempt 1 to its last
     heartbeat plus two leases, never asks its own engine about A's container, and runs
@@ -82,16 +83,18 @@ def test_another_hosts_lost_attempt_is_charged_and_the_job_goes_on_here(
     fake.jobs = FakeJob(seconds=INF, work=_writes())
     contract = _contract(tmp_path, _image(fake), timeoutMinutes=1)
     _on(monkeypatch, "node-a")
-    began = time.monotonic()
+    began = virtual_clock.monotonic()
     _crash_mid_run(contract, tmp_path, fake)
-    ran = time.monotonic() - began
+    ran = virtual_clock.monotonic() - began
     left_on_a = [c.spec.name for c in fake.containers.values()]
-    time.sleep(2 * LEASE + 0.1)
+    virtual_clock.advance(2 * LEASE + 0.1)
     _on(monkeypatch, "node-b")
     fake.calls.clear()
     fake.jobs = FakeJob(work=_writes())
+    waited = len(virtual_clock.sleeps)
     env = _run(contract, _options(tmp_path, lease=LEASE), fake)
     assert env["status"] == "succeeded", env["failure"]
+    assert not [s for s in virtual_clock.sleeps[waited:] if s >= LEASE], "no lease wait: two passed"
     assert not [c for c in fake.calls if c[0] == "state" and c[1] in left_on_a]
     st = read_state(_ledger(env))
     lost, second = st.attempts
@@ -106,7 +109,7 @@ def test_another_hosts_lost_attempt_is_charged_and_the_job_goes_on_here(
 
 
 def test_a_host_whose_runner_still_writes_is_not_taken_over(
-    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch, virtual_clock: VirtualClock
 ) -> None:
     """Host B waits for attempt 1's lease to run out; host A's runner writes a heartbeat
     meanwhile, so B refuses (busy) and writes nothing."""
@@ -116,19 +119,23 @@ def test_a_host_whose_runner_still_writes_is_not_taken_over(
     _crash_mid_run(contract, tmp_path, fake)
     path = _the_ledger(tmp_path)
     before = path.read_bytes()
+    (first,) = read_state(path).attempts
+    quiet_since = first.last_beat_at or first.started_at or first.starting_at  # its last word
 
-    def a_still_alive() -> None:
-        time.sleep(LEASE / 2)
+    def a_still_alive(_: float) -> None:
         ledger = Ledger.open(path)  # host A's runner: one more heartbeat of attempt 1
         ledger.append("attempt-1.beat-late", "heartbeat",
                       {"attempt": 1, "attemptSeconds": 0.5, "consumedSeconds": 0.5})  # fmt: skip
 
-    writer = threading.Thread(target=a_still_alive)
-    writer.start()
+    virtual_clock.on_sleep = a_still_alive  # while B waits
+    waited, at_b = len(virtual_clock.sleeps), virtual_clock.now()
     _on(monkeypatch, "node-b")
     progress = _Progress()
     env = _run(contract, _options(tmp_path, lease=LEASE), fake, progress)
-    writer.join()
+    # B's one wait: until two leases had passed since A's last heartbeat
+    (wait,) = virtual_clock.sleeps[waited:]
+    quiet = (at_b - quiet_since).total_seconds()
+    assert 0 < quiet < LEASE and wait == pytest.approx(2 * LEASE - quiet, abs=1e-3)
     assert _category(env) == "infrastructure"
     assert "being run on host node-a" in env["failure"]["reason"]
     assert any("waiting" in detail for _, detail in progress.stages)
@@ -138,13 +145,13 @@ def test_a_host_whose_runner_still_writes_is_not_taken_over(
 
 
 def test_a_spent_budget_ends_the_job_without_a_container(
-    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch, virtual_clock: VirtualClock
 ) -> None:
     fake.jobs = FakeJob(seconds=INF, work=_writes())
     contract = _contract(tmp_path, _image(fake), timeoutMinutes=1 / 60)
     _on(monkeypatch, "node-a")
     _crash_mid_run(contract, tmp_path, fake, lease=0.6)  # charged 1.2 s: the whole budget
-    time.sleep(2 * 0.6 + 0.1)
+    virtual_clock.advance(2 * 0.6 + 0.1)
     _on(monkeypatch, "node-b")
     creates = _creates(fake)
     env = _run(contract, _options(tmp_path, lease=LEASE), fake)
@@ -201,10 +208,12 @@ def test_a_runner_that_cannot_write_a_heartbeat_removes_its_container_at_the_lea
     hung: list[float] = []
 
     def append(self: Ledger, event_id: str, type_: Any, data: dict[str, Any]) -> Any:
-        if type_ == "heartbeat" and not hung:
-            hung.append(time.monotonic())
-            time.sleep(3 * LEASE)
+        if type_ == "heartbeat" and not hung:  # hangs until the container is gone (real time:
+            hung.append(time.monotonic())  # the lease's thread acts while this one waits)
+            while fake.containers and time.monotonic() - hung[0] < 30:
+                time.sleep(0.01)
             assert not fake.containers, "removed while the write still hung"
+            assert time.monotonic() - hung[0] >= LEASE - 0.06, "not before the lease ran out"
         return real(self, event_id, type_, data)
 
     monkeypatch.setattr(Ledger, "append", append)
@@ -229,7 +238,7 @@ def test_an_append_after_someone_elses_is_refused(tmp_path: Path) -> None:
 
 
 def test_cleanup_removes_a_taken_over_attempts_container_even_while_a_runner_holds_the_job(
-    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch, virtual_clock: VirtualClock
 ) -> None:
     """Host A's container outlived its runner; host B took the job over (attempt 1 closed
     host-lost) and holds the job's lock. `runner cleanup` on A (here: the same fake engine)
@@ -243,7 +252,7 @@ def test_cleanup_removes_a_taken_over_attempts_container_even_while_a_runner_hol
     _on(monkeypatch, "node-a")
     _crash_mid_run(contract, tmp_path, fake)
     (left,) = fake.containers.values()
-    time.sleep(2 * LEASE + 0.1)
+    virtual_clock.advance(2 * LEASE + 0.1)
     _on(monkeypatch, "node-b")
     fake.jobs = FakeJob(work=_writes())
     env = _run(contract, _options(tmp_path, lease=LEASE), fake)

@@ -45,13 +45,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.contract import Trust
-from runner.core import untrusted
+from runner.core import clock, untrusted
 from runner.core.errors import HostConfigError, InfrastructureError, JobNotFound, PolicyViolation
 from runner.planning.policy import LoadedPolicy
 from runner.scheduling.kubernetes import render
@@ -485,11 +484,11 @@ def delete(
         jobs = _api(client, "Job")
         _call(client, f"DELETE Job {namespace}/{name}", jobs.delete_namespaced_job, name,
               namespace, body=body)  # fmt: skip
-        deadline = time.monotonic() + gone_within
+        deadline = clock.monotonic() + gone_within
         while _read(client, "Job", name, namespace) is not None:
-            if time.monotonic() >= deadline:
+            if clock.monotonic() >= deadline:
                 break
-            time.sleep(0.5)
+            clock.sleep(0.5)
         else:
             policy = _read(client, "NetworkPolicy", name, namespace)
             labels = untrusted.mapping(_meta(policy, "labels")) if policy is not None else {}
@@ -519,14 +518,14 @@ def wait(
 ) -> dict[str, Any]:
     """Poll :func:`status` until the Job has ended (or ``timeout`` seconds pass: then the last
     status, with ``ended`` false); ``on_status`` sees each one whose state changed."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = None if timeout is None else clock.monotonic() + timeout
     last = None
     while True:
         now = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig)
         if on_status is not None and now["state"] != last:
             on_status(now)
         last = now["state"]
-        if now["ended"] or (deadline is not None and time.monotonic() >= deadline):
+        if now["ended"] or (deadline is not None and clock.monotonic() >= deadline):
             return now
-        pause = poll_seconds if deadline is None else min(poll_seconds, deadline - time.monotonic())
-        time.sleep(max(pause, 0.0))
+        left = None if deadline is None else deadline - clock.monotonic()
+        clock.sleep(max(poll_seconds if left is None else min(poll_seconds, left), 0.0))
