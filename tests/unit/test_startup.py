@@ -98,5 +98,10 @@ def test_verify_contract_imports_only_what_verifying_needs(tmp_path: Path) -> No
         "runner.trust.signing",
         "runner.results",
         "runner.egress",
+        # Only the parser the contract binds (json.scalar) is imported.
+        "runner.parsers.csv_cell",
+        "runner.parsers.junit_summary",
+        "runner.parsers.regex_scalar",
     )
     assert packages(modules, run_only) == []
+    assert "runner.parsers.json_scalar" in modules
