@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from functools import cache
-from importlib import import_module
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -112,7 +111,10 @@ def _built_in(key: tuple[str, str]) -> Parser | None:
         return None
     if key not in _REGISTRY.parsers:
         module, name = where.split(":")
-        _REGISTRY.parsers[key] = getattr(import_module(f"runner.parsers.{module}"), name)()
+        # __import__ rather than importlib.import_module: the same import, but `python -X
+        # importtime` sees it.
+        loaded = __import__(f"runner.parsers.{module}", fromlist=[name])
+        _REGISTRY.parsers[key] = getattr(loaded, name)()
     return _REGISTRY.parsers[key]
 
 
