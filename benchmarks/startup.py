@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,15 @@ def _cpu_and_wall(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, usage.ru_utime + usage.ru_stime
 
 
+def third_party(modules: Iterable[str]) -> list[str]:
+    """The top-level packages among ``modules`` that are neither the standard library's nor
+    the runner's (``org`` is the stdlib ``copy`` module's probe for Jython, which importtime
+    lists although it fails)."""
+    tops = {m.split(".")[0] for m in modules}
+    stdlib = set(sys.stdlib_module_names) | {"org", "_distutils_hack", "sitecustomize"}
+    return sorted(t for t in tops - stdlib - {"runner"} if not t.startswith("_sysconfigdata"))
+
+
 def _imports(argv: list[str], env: dict[str, str], top: int) -> dict[str, Any]:
     """``-X importtime`` of one command: modules, total, the heaviest by cumulative time."""
     import re
@@ -160,11 +170,7 @@ def _imports(argv: list[str], env: dict[str, str], top: int) -> dict[str, Any]:
         "totalSeconds": sum(r[0] for r in rows) / 1e6,
         "byCumulative": [{"module": n, "cumulativeSeconds": c / 1e6, "selfSeconds": s / 1e6}
                          for s, c, n in sorted(rows, key=lambda r: -r[1])[:top]],
-        "thirdParty": sorted(
-            {n.split(".")[0] for _, _, n in rows}
-            - set(sys.stdlib_module_names)
-            - {"runner", "_distutils_hack", "sitecustomize"}
-        ),
+        "thirdParty": third_party(n for _, _, n in rows),
     }  # fmt: skip
 
 
@@ -314,7 +320,8 @@ def startup_markdown(r: dict[str, Any], machine: str) -> str:
                 f"## `{name}`, {which}: {imp['modules']} modules, {imp['totalSeconds']:.3f} s "
                 "of imports (importtime inflates them)",
                 "",
-                "third-party packages imported: " + (", ".join(imp["thirdParty"]) or "none"),
+                "third-party packages imported (or probed, as optional ones are): "
+                + (", ".join(imp["thirdParty"]) or "none"),
                 "",
                 "| module | cumulative | self |",
                 "|---|---|---|",
