@@ -15,6 +15,7 @@ contract that binds ``json.scalar`` imports that one parser and scans no install
 from __future__ import annotations
 
 import copy
+import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -93,6 +94,9 @@ ENTRY_POINT_GROUP = "runner.parsers"
 
 _BROKEN: dict[str, str] = {}
 _loaded_all = False
+_LOADING = threading.RLock()
+"""Held while parsers are loaded: another thread waits for the whole registry, while a
+plug-in that looks a parser up as it loads (the same thread) sees what is loaded so far."""
 
 
 def register(parser: Parser) -> Parser:
@@ -109,19 +113,22 @@ def _built_in(key: tuple[str, str]) -> Parser | None:
     where = BUILT_IN.get(key)
     if where is None:
         return None
-    if key not in _REGISTRY.parsers:
-        module, name = where.split(":")
-        # __import__ rather than importlib.import_module: the same import, but `python -X
-        # importtime` sees it.
-        loaded = __import__(f"runner.parsers.{module}", fromlist=[name])
-        _REGISTRY.parsers[key] = getattr(loaded, name)()
-    return _REGISTRY.parsers[key]
+    with _LOADING:
+        if key not in _REGISTRY.parsers:
+            module, name = where.split(":")
+            # __import__ rather than importlib.import_module: the same import, but `python -X
+            # importtime` sees it.
+            loaded = __import__(f"runner.parsers.{module}", fromlist=[name])
+            _REGISTRY.parsers[key] = getattr(loaded, name)()
+        return _REGISTRY.parsers[key]
 
 
 def _load_all() -> dict[tuple[str, str], Parser]:
     """Every parser: the built-ins, then the plug-ins (once per process)."""
     global _loaded_all
-    if not _loaded_all:
+    with _LOADING:
+        if _loaded_all:
+            return _REGISTRY.parsers
         _loaded_all = True
         for key in BUILT_IN:
             _built_in(key)
