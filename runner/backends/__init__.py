@@ -27,12 +27,12 @@ def detect() -> Literal["docker", "podman"]:
     """The engine ``auto`` means on this host: Docker when ``DOCKER_HOST`` is set or its socket
     exists; else Podman when ``CONTAINER_HOST`` is set or its socket for this user exists;
     else Docker (whose error then says it cannot be reached)."""
-    from runner.backends.podman import default_url, socket_path
-
     if os.environ.get("DOCKER_HOST") or os.path.exists(_DOCKER_SOCKET):
         return "docker"
     if os.environ.get("CONTAINER_HOST"):
         return "podman"
+    from runner.backends.podman import default_url, socket_path
+
     podman_socket = socket_path(default_url())
     return "podman" if podman_socket is not None and podman_socket.exists() else "docker"
 

@@ -54,10 +54,12 @@ from runner.core.errors import (
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["DockerBackend"]
+__all__ = ["MAX_API_VERSION", "DockerBackend"]
 
 _MAX_API = (1, 45)
 """The newest Engine API version the requests below were written against."""
+MAX_API_VERSION = f"{_MAX_API[0]}.{_MAX_API[1]}"
+"""The same, as ``runner --version`` says it."""
 _DEFAULT_SOCKET = "/var/run/docker.sock"
 _NO_TIMEOUT = 30 * 24 * 3600.0
 """A followed log's socket waits this long for the next bytes: in effect, as long as the
@@ -371,6 +373,11 @@ class DockerBackend:
     def runtimes(self) -> list[str]:
         info = self._call("GET", "/info", "asking the engine for its runtimes") or {}
         return sorted((info.get("Runtimes") or {}).keys())
+
+    def version(self) -> dict[str, Any]:
+        """The engine's ``/version`` answer (``Version``, ``ApiVersion``, ``Arch`` ...)."""
+        answer: dict[str, Any] = self._call("GET", "/version", "asking the engine its version")
+        return answer or {}
 
     def _version_fact(self, fact: str) -> str:
         """One field of the engine's ``/version`` (``Arch``, ``Version``, ``ApiVersion``), the

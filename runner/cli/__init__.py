@@ -340,32 +340,33 @@ def build_parser(
 
 
 def version_info(*, engine: bool = True) -> dict[str, Any]:
-    """What ``runner --version`` says: this runner, its Python, and the engine API it speaks
-    (and the engine's, when one answers within a second)."""
+    """What ``runner --version`` says: this runner, its Python, the docker SDK it moves images
+    with, the newest engine API its own requests speak, and the engine's version (when one
+    answers within a second). The engine is asked over the runner's own transport and the
+    SDK's version read from its metadata: importing the SDK (with requests and urllib3) would
+    cost more than the rest of the command."""
     import platform
+    from importlib import metadata
 
     from runner._version import DISTRIBUTION, __version__
+    from runner.backends.docker import MAX_API_VERSION, DockerBackend
 
+    try:
+        sdk: str | None = metadata.version("docker")
+    except metadata.PackageNotFoundError:
+        sdk = None
     info: dict[str, Any] = {
         "runner": __version__,
         "distribution": DISTRIBUTION,
         "python": platform.python_version(),
-        "dockerSdk": None,
-        "engineApiDefault": None,
+        "dockerSdk": sdk,
+        "engineApiDefault": MAX_API_VERSION,
         "engine": None,
     }
     if not engine:
         return info
     try:
-        import docker
-        from docker import constants
-    except ImportError:
-        return info
-    info["dockerSdk"] = docker.__version__
-    info["engineApiDefault"] = constants.DEFAULT_DOCKER_API_VERSION
-    try:
-        client = docker.from_env(timeout=1)
-        v = client.version()
+        v = DockerBackend(timeout=1).version()
         info["engine"] = {"version": v.get("Version"), "apiVersion": v.get("ApiVersion")}
     except Exception as exc:  # noqa: BLE001 - an absent engine is an answer here, not an error
         info["engine"] = {"error": f"not reachable ({type(exc).__name__})"}
@@ -385,7 +386,7 @@ def _print_version(as_json: bool) -> int:
     )
     print(
         f"runner {info['runner']} ({info['distribution']}), Python {info['python']}, "
-        f"docker SDK {info['dockerSdk']} (API {info['engineApiDefault']}), {said}"
+        f"docker SDK {info['dockerSdk']}, engine API up to {info['engineApiDefault']}, {said}"
     )
     return EXIT_SUCCEEDED
 

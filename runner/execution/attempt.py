@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.agents import adapters as agents
 from runner.backends.base import Backend, ContainerSpec, ContainerState, DeviceEdits, Mount
@@ -30,7 +30,7 @@ from runner.contract import VerifiedContract
 from runner.core import errors, hostid, log, redaction
 from runner.core.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
 from runner.egress import slots as egress
-from runner.execution import agent_run, agentimage, container, layout, quotas, records, takeover
+from runner.execution import agent_run, container, layout, quotas, records, takeover
 from runner.execution.container import Outcome, Progress, Watch
 from runner.execution.options import RunOptions
 from runner.execution.stages import Known, Stopped, stage
@@ -50,6 +50,9 @@ from runner.results import envelope
 from runner.staging import jobdir as staging
 from runner.state.jobdir import JobDir
 from runner.state.ledger import Budget, Ledger, LedgerState
+
+if TYPE_CHECKING:
+    from runner.execution import agentimage
 
 __all__ = ["FINAL", "NO_NEW_ATTEMPT", "AttemptResult", "Job", "egress_down", "run"]
 
@@ -260,6 +263,8 @@ def _new(job: Job, known: Known) -> AttemptResult:
         return _run_new(job, known, n, secrets, got, brought)
     finally:  # its container (if any) is over: the runtime's entry is no longer held for it
         if brought is not None:
+            from runner.execution import agentimage
+
             agentimage.release(brought.runtime)
 
 
@@ -369,6 +374,15 @@ def _image(
     info = got[0].info
     names = ", ".join(info.repo_tags) or "untagged"
     progress.stage("image", f"{info.id[:19]}… ({names}; {got[0].source}; {info.size:,} bytes)")
+    if p.agent is None or p.agent_image is None:
+        if p.agent is not None:
+            progress.stage("agent", f"commands run in {info.id[:19]}… (the {p.agent.runtime} "
+                           "adapter's image, runIn adapter-image)")  # fmt: skip
+        return known, got, None
+    # Imported here: only an agent's runtime is brought in (the module is about 20 ms of
+    # every other run's start-up).
+    from runner.execution import agentimage
+
     with stage("image", known):  # an agent's runtime, brought into the contract's image
         # Labelled with the job's folder, so `runner cleanup` finds a copying container a
         # killed runner left (it is never started; removed once no runner watches the job).
@@ -379,9 +393,6 @@ def _image(
     if brought is not None:
         progress.stage("agent", f"commands run in {info.id[:19]}… (the contract's image); "
                        + agentimage.describe(brought))  # fmt: skip
-    elif p.agent is not None:
-        progress.stage("agent", f"commands run in {info.id[:19]}… (the {p.agent.runtime} "
-                       "adapter's image, runIn adapter-image)")  # fmt: skip
     return known, got, brought
 
 

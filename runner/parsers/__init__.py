@@ -17,39 +17,6 @@ point names a parser class (instantiated without arguments) or object with ``id`
 when the parsers are listed or a contract names it, never silently dropped.
 """
 
-from importlib.metadata import entry_points
-
-from runner.parsers import registry
-from runner.parsers.agent_result import AgentResult
-from runner.parsers.csv_cell import CsvCell
-from runner.parsers.json_scalar import JsonScalar
-from runner.parsers.jsonl_scalar import JsonlScalar
-from runner.parsers.junit_summary import JunitSummary
-from runner.parsers.regex_scalar import RegexScalar
-
-for _parser in (
-    JsonScalar(),
-    JsonlScalar(),
-    RegexScalar(),
-    CsvCell(),
-    JunitSummary(),
-    AgentResult(),
-):
-    registry.register(_parser)
-
-ENTRY_POINT_GROUP = "runner.parsers"
-
-
-def _load_plugins() -> None:
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            loaded = point.load()
-            parser = loaded() if isinstance(loaded, type) else loaded
-            registry.register(parser)
-        except Exception as exc:  # noqa: BLE001 - a plug-in's failure is recorded, not fatal
-            registry.record_broken(point.name, f"{point.value}: {type(exc).__name__}: {exc}")
-
-
-_load_plugins()
+from runner.parsers.registry import ENTRY_POINT_GROUP
 
 __all__ = ["ENTRY_POINT_GROUP", "registry"]

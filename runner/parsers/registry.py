@@ -4,11 +4,18 @@ A parser declares a JSON Schema for its config; bindings are checked when the co
 loaded, so a bad binding refuses the job before any container starts. A parser may also have a
 ``check_config(config)`` method for what a schema cannot say (a regular expression compiles,
 the group it names exists); it raises :class:`ConfigError`, which refuses the contract too.
+
+Nothing is imported or scanned when this module is: a built-in parser's module is imported
+when it is first looked up (:data:`BUILT_IN` names it, as an entry point names a plug-in's),
+and the plug-ins' entry points are read only when every parser is wanted (``available``,
+``catalog``, ``broken``) or a binding names one that is not built in. ``runner verify`` of a
+contract that binds ``json.scalar`` imports that one parser and scans no installed package.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -19,6 +26,8 @@ import jsonschema_rs
 from runner.core.errors import ContractError
 
 __all__ = [
+    "BUILT_IN",
+    "ENTRY_POINT_GROUP",
     "ConfigError",
     "available",
     "broken",
@@ -69,17 +78,76 @@ class _Registry:
 
 _REGISTRY = _Registry(parsers={})
 
+BUILT_IN: dict[tuple[str, str], str] = {
+    ("json.scalar", "1"): "json_scalar:JsonScalar",
+    ("jsonl.scalar", "1"): "jsonl_scalar:JsonlScalar",
+    ("regex.scalar", "1"): "regex_scalar:RegexScalar",
+    ("csv.cell", "1"): "csv_cell:CsvCell",
+    ("junit.summary", "1"): "junit_summary:JunitSummary",
+    ("agent.result", "1"): "agent_result:AgentResult",
+}
+"""The built-in parsers: ``(id, version)`` -> ``module:class`` under runner/parsers/, the
+class instantiated without arguments when the parser is first looked up."""
+
+ENTRY_POINT_GROUP = "runner.parsers"
+"""The entry-point group third-party parsers register through."""
+
+_BROKEN: dict[str, str] = {}
+_loaded_all = False
+_LOADING = threading.RLock()
+"""Held while parsers are loaded: another thread waits for the whole registry, while a
+plug-in that looks a parser up as it loads (the same thread) sees what is loaded so far."""
+
 
 def register(parser: Parser) -> Parser:
-    """Add ``parser`` under ``(parser.id, parser.version)``; a second registration is an error."""
+    """Add ``parser`` under ``(parser.id, parser.version)``; a second registration is an error
+    (a built-in's key is taken, whether or not its module is imported yet)."""
     key = (parser.id, parser.version)
-    if key in _REGISTRY.parsers:
+    if key in _REGISTRY.parsers or key in BUILT_IN:
         raise ValueError(f"parser {parser.id} version {parser.version} is already registered")
     _REGISTRY.parsers[key] = parser
     return parser
 
 
-_BROKEN: dict[str, str] = {}
+def _built_in(key: tuple[str, str]) -> Parser | None:
+    where = BUILT_IN.get(key)
+    if where is None:
+        return None
+    with _LOADING:
+        if key not in _REGISTRY.parsers:
+            module, name = where.split(":")
+            # __import__ rather than importlib.import_module: the same import, but `python -X
+            # importtime` sees it.
+            loaded = __import__(f"runner.parsers.{module}", fromlist=[name])
+            _REGISTRY.parsers[key] = getattr(loaded, name)()
+        return _REGISTRY.parsers[key]
+
+
+def _load_all() -> dict[tuple[str, str], Parser]:
+    """Every parser: the built-ins, then the plug-ins (once per process)."""
+    global _loaded_all
+    with _LOADING:
+        if _loaded_all:
+            return _REGISTRY.parsers
+        _loaded_all = True
+        for key in BUILT_IN:
+            _built_in(key)
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                loaded = point.load()
+                register(loaded() if isinstance(loaded, type) else loaded)
+            except Exception as exc:  # noqa: BLE001 - a plug-in's failure is recorded, not fatal
+                record_broken(point.name, f"{point.value}: {type(exc).__name__}: {exc}")
+    return _REGISTRY.parsers
+
+
+def _find(key: tuple[str, str]) -> Parser | None:
+    if key in _REGISTRY.parsers:
+        return _REGISTRY.parsers[key]
+    found = _built_in(key)
+    return found if found is not None else _load_all().get(key)
 
 
 def record_broken(name: str, why: str) -> None:
@@ -88,17 +156,22 @@ def record_broken(name: str, why: str) -> None:
 
 
 def broken() -> dict[str, str]:
+    """The plug-ins that failed to load, by entry-point name."""
+    _load_all()
     return dict(_BROKEN)
 
 
 def available() -> list[tuple[str, str]]:
     """Every registered ``(id, version)``, sorted."""
-    return sorted(_REGISTRY.parsers)
+    return sorted(_load_all())
 
 
 def get(parser_id: str, version: str) -> Parser:
     """The parser registered as ``(parser_id, version)``; KeyError when there is none."""
-    return _REGISTRY.parsers[(parser_id, version)]
+    parser = _find((parser_id, version))
+    if parser is None:
+        raise KeyError((parser_id, version))
+    return parser
 
 
 def catalog() -> list[dict[str, Any]]:
@@ -114,7 +187,7 @@ def catalog() -> list[dict[str, Any]]:
             "description": parser.description,
             "configSchema": copy.deepcopy(parser.config_schema),
         }
-        for parser in (_REGISTRY.parsers[key] for key in available())
+        for parser in (get(*key) for key in available())
     ]
 
 
@@ -126,7 +199,7 @@ def compiled_validator(parser_id: str, version: str) -> jsonschema_rs.Draft20201
     imports in about 0.02 s where ``jsonschema`` (with attrs, referencing and rpds) took about
     0.1 s of every ``runner verify`` and ``runner run``.
     """
-    parser = _REGISTRY.parsers[(parser_id, version)]
+    parser = get(parser_id, version)
     try:
         return jsonschema_rs.Draft202012Validator(parser.config_schema)
     except (jsonschema_rs.ValidationError, ValueError) as exc:
@@ -140,7 +213,8 @@ def compiled_validator(parser_id: str, version: str) -> jsonschema_rs.Draft20201
 def check_binding(binding: _Binding, *, path: str) -> None:
     """Refuse a binding to an unknown parser or with a config its schema rejects."""
     key = (binding.id, binding.version)
-    if key not in _REGISTRY.parsers:
+    parser = _find(key)
+    if parser is None:
         listing = ", ".join(f"{i}@{v}" for i, v in available()) or "none"
         plugins = "".join(f"; plug-in {n} failed to load ({w})" for n, w in _BROKEN.items())
         raise ContractError(
@@ -165,7 +239,7 @@ def check_binding(binding: _Binding, *, path: str) -> None:
             hint=f"the config of {binding.id}@{binding.version} is described by its schema: "
             "`runner parsers` lists it",
         )
-    check = getattr(_REGISTRY.parsers[key], "check_config", None)
+    check = getattr(parser, "check_config", None)
     if check is not None:
         try:
             check(binding.config)

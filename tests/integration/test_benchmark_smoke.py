@@ -50,3 +50,25 @@ def test_benchmark_smoke_runs(image_id: str, tmp_path: Path) -> None:
     ):
         assert figure in proc.stdout + proc.stderr, figure
     assert sorted(results.glob("*")) == before
+
+
+@pytest.mark.slow
+def test_startup_benchmark_compares_with_an_earlier_commit(tmp_path: Path) -> None:
+    """`python -m benchmarks.startup --against HEAD` measures both trees and both baselines
+    and writes its report where it is told (here HEAD against itself: the same modules)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.startup", "--repeats", "1", "--against", "HEAD",
+         "--out-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, check=False, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    import json
+
+    report = json.loads((tmp_path / "startup.json").read_text())
+    rows = {(f["tree"], f["command"]) for f in report["figures"]}
+    assert {("base", "pass"), ("base", "json"), ("now", "verify"), ("before", "verify")} <= rows
+    for name in ("version", "help", "verify"):
+        now, before = report["imports"][f"now:{name}"], report["imports"][f"before:{name}"]
+        assert now["modules"] == before["modules"] > 0
+    assert "| `runner verify contract TOY --allow-unsigned` | before |" in proc.stdout
+    assert (tmp_path / "startup.md").read_text() == proc.stdout.removesuffix("\n")

@@ -13,6 +13,7 @@ import pytest
 from runner.core.errors import ContractError, EvidenceParseError
 from runner.parsers import registry
 from runner.parsers.json_scalar import resolve_pointer
+from tests.support import ROOT
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "parsers"
 PARSER = registry.get("json.scalar", "1")
@@ -300,6 +301,50 @@ def test_third_party_parsers_register_through_entry_points(tmp_path: Path) -> No
     ids = {(p["id"], p["version"]) for p in json.loads(proc.stdout)}
     assert ("lab.const", "3") in ids and ("json.scalar", "1") in ids
     assert "plug-in broken failed to load" in proc.stderr
+
+
+def test_plug_ins_are_read_only_when_a_lookup_needs_them(tmp_path: Path) -> None:
+    """A built-in parser is found without reading any package's entry points (nor importing
+    the other built-ins); listing the parsers, or a binding to one that is not built in, loads
+    the plug-ins."""
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    info = site / "lab_parsers-0.1.dist-info"
+    info.mkdir(parents=True)
+    marker = tmp_path / "imported"
+    (site / "lab_parsers.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "class Const:\n"
+        "    id = 'lab.const'\n"
+        "    version = '3'\n"
+        "    description = 'always 42'\n"
+        "    config_schema = {'type': 'object'}\n"
+        "    def parse(self, evidence, config):\n"
+        "        return 42\n"
+    )
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lab-parsers\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[runner.parsers]\nconst = lab_parsers:Const\n")
+    script = (
+        "import os, sys\n"
+        "from runner.parsers import registry\n"
+        "registry.get('json.scalar', '1')\n"
+        f"print(os.path.exists({str(marker)!r}), 'runner.parsers.csv_cell' in sys.modules)\n"
+        "print(registry.get(sys.argv[1], '3').parse(None, {}))\n"
+        f"print(os.path.exists({str(marker)!r}), 'runner.parsers.csv_cell' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "lab.const"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["False False", "42", "True True"]
 
 
 @pytest.mark.parametrize(

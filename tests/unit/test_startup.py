@@ -1,0 +1,107 @@
+"""Start-up: what a fresh ``runner`` process imports for a command (issue #29). Each command
+line runs in its own interpreter, as a user's would, and the test reads which modules it
+imported by the time it exits: a module-level import of a heavy dependency anywhere on a
+command's path fails here, not silently in the benchmark."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.contract import with_digest
+from tests.support import ROOT, TOY
+
+HEAVY = ("docker", "requests", "urllib3", "cryptography", "kubernetes", "securesystemslib")
+"""Third-party packages no command below needs (the docker SDK moves images only; signing
+keys are read only for a signed contract or result; the cluster clients only to submit)."""
+
+LIGHT_ONLY = (*HEAVY, "pydantic", "pydantic_core", "jsonschema", "runner.contract")
+"""What a command that reads no contract must not import either: ``--help`` and
+``--version`` need neither the models nor the schema checks."""
+
+SCRIPT = """\
+import atexit, json, sys
+out, sys.argv = sys.argv[1], ["runner", *sys.argv[2:]]
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+from runner.client import main
+main()
+"""
+
+
+def imported(tmp_path: Path, *argv: str) -> tuple[int, set[str]]:
+    """The exit code of ``runner ARGV`` in a fresh interpreter, and the modules it imported."""
+    out = tmp_path / "modules.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RUNNER_SERVER": "off",
+        # Nothing answers: `--version` still asks, over the runner's own transport.
+        "DOCKER_HOST": f"unix://{tmp_path / 'no-engine.sock'}",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(out), *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+    modules: list[str] = json.loads(out.read_text())
+    return proc.returncode, set(modules)
+
+
+def packages(modules: set[str], names: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == n or m.startswith(n + ".") for n in names))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--version"],
+        ["--version", "--json"],
+        ["--help"],
+        ["verify", "contract", "--help"],
+        ["run", "--help"],
+        ["job", "--help"],
+    ],
+)
+def test_a_command_that_reads_no_contract_imports_no_models(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    code, modules = imported(tmp_path, *argv)
+    assert code == 0
+    assert packages(modules, LIGHT_ONLY) == []
+    assert "runner.cli" in modules  # the command did run
+
+
+def test_verify_contract_imports_only_what_verifying_needs(tmp_path: Path) -> None:
+    data: dict[str, Any] = json.loads((TOY / "task.json").read_text())
+    data["environment"]["image"] = "sha256:" + "ab" * 32
+    contract = tmp_path / "task.json"
+    contract.write_text(json.dumps(with_digest(data)))
+    code, modules = imported(tmp_path, "verify", "contract", str(contract), "--allow-unsigned")
+    assert code == 0
+    assert "runner.contract.models" in modules and "runner.planning.plan" in modules
+    assert packages(modules, HEAVY) == []
+    # Nor the parts of a run: the engine, the job folder, the agent's runtime, the signing.
+    run_only = (
+        "runner.backends.docker",
+        "runner.backends.podman",
+        "runner.execution",
+        "runner.trust.signing",
+        "runner.results",
+        "runner.egress",
+        # Only the parser the contract binds (json.scalar) is imported.
+        "runner.parsers.csv_cell",
+        "runner.parsers.junit_summary",
+        "runner.parsers.regex_scalar",
+    )
+    assert packages(modules, run_only) == []
+    assert "runner.parsers.json_scalar" in modules
