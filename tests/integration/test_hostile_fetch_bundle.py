@@ -16,8 +16,17 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT, SESSION_ID, SESSION_LABEL, write_contract
+from tests.unit.test_hostile_fetch_bundle import check_bomb_refused
 
 pytestmark = pytest.mark.hostile
+
+
+@pytest.mark.slow
+def test_a_1_gib_bomb_before_bag_info_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """The unit case's bag-info-last bomb at 1 GiB of zeros (a 1 MiB .tar.gz), read through."""
+    check_bomb_refused(tmp_path, 1024, bag_info_first=False)
 
 
 # -- item 14: the README's commands on the distribution's own Python -----------------------

@@ -27,7 +27,7 @@ from tests.support import (
     write_contract,
 )
 from tests.support.hostile import py, record
-from tests.unit.test_hostile_inputs_round3 import (  # noqa: F401  (shared with the pure half; fixtures among them)
+from tests.unit.test_hostile_inputs_round3 import (
     GIB,
     MIB,
     SMALL,
@@ -36,6 +36,9 @@ from tests.unit.test_hostile_inputs_round3 import (  # noqa: F401  (shared with 
     _sparse_repo,
     _swap,
     _value_contract,
+    check_copy_sparse,
+    check_every_copy_stays_sparse,
+    check_export_stays_sparse,
 )
 
 # -- item 4: a cached input swapped under a signed contract ------------------------------------
@@ -193,3 +196,26 @@ def test_a_job_that_writes_past_the_quota_and_exits_at_once_is_disk_quota_exceed
     assert env["failure"]["category"] == "disk_quota_exceeded", env["failure"]
     assert code_ == 1, err
     assert env["disk"]["usedBytes"] > env["disk"]["quotaBytes"]
+
+
+# -- the multi-GiB variants of the quick sparse checks in tests/unit --------------------------
+
+
+@pytest.mark.slow
+def test_copy_sparse_keeps_a_gib_hole_and_hashes_the_whole_file(tmp_path: Path) -> None:
+    """Data, a 1 GiB hole, data, a hole to 2 GiB: holes kept, the whole file hashed."""
+    check_copy_sparse(tmp_path, GIB, GIB - 8000, MIB)
+
+
+@pytest.mark.slow
+def test_every_copy_of_a_3_gib_sparse_input_stays_sparse_without_the_engine(
+    tmp_path: Path,
+) -> None:
+    """Staging, the input cache's copy onto tmpfs and the working copy of a 3 GiB sparse file."""
+    check_every_copy_stays_sparse(tmp_path, SPARSE, SMALL)
+
+
+@pytest.mark.slow
+def test_a_3_gib_sparse_evidence_file_stays_sparse_in_an_export(tmp_path: Path) -> None:
+    """A 3 GiB evidence file (a hole, then 4 KiB of data) stays sparse in an export."""
+    check_export_stays_sparse(tmp_path, SPARSE, SMALL)

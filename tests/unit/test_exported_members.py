@@ -82,8 +82,10 @@ def _uses(source: str, me: str) -> Iterator[tuple[int, str, str]]:
     tree = ast.parse(source)
 
     def scope(node: ast.AST, outer: dict[str, str]) -> Iterator[tuple[int, str, str]]:
-        aliases = {k: v for k, v in outer.items() if k not in _bound(node)}
-        for child in _own_nodes(node):
+        bound = _bound(node)
+        aliases = {k: v for k, v in outer.items() if k not in bound}
+        own = list(_own_nodes(node))
+        for child in own:
             if isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
                 if child.module.split(".")[0] != "runner":
                     continue
@@ -97,7 +99,7 @@ def _uses(source: str, me: str) -> Iterator[tuple[int, str, str]]:
                 for a in child.names:
                     if a.name.split(".")[0] == "runner":
                         aliases[a.asname or "runner"] = a.name if a.asname else "runner"
-        for child in _own_nodes(node):
+        for child in own:
             if isinstance(child, ast.Attribute) and isinstance(child.value, ast.Name):
                 if child.value.id not in aliases:
                     continue
@@ -118,7 +120,9 @@ def _uses(source: str, me: str) -> Iterator[tuple[int, str, str]]:
             ):
                 yield from scope(child, aliases)
 
-    _parents = {id(c): p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
+    # An attribute's parent, where that is an attribute of it (the next link of a dotted
+    # chain): the only parents the chain walk above asks for.
+    _parents = {id(p.value): p for p in ast.walk(tree) if isinstance(p, ast.Attribute)}
     yield from scope(tree, {})
 
 

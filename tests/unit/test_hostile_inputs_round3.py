@@ -36,8 +36,16 @@ from tests.support.hostile import py
 GIB = 1024**3
 MIB = 1024**2
 SPARSE = 3 * GIB
+"""The sparse file of the engine case and the slow variants (tests/integration)."""
 SMALL = 16 * MIB
 """What a copy of the 3 GiB sparse file (4 KiB of data) may take: a little, never gigabytes."""
+UNIT_HOLE = 48 * MIB
+"""The hole of the quick cases here: many copy chunks of it, and a dense copy (or one that
+wrote the hole's zeros) takes fifty times the block bound below, so each still fails if
+holes are read or written; the multi-GiB variants of the same checks are in
+tests/integration/test_hostile_inputs_round3.py (marked slow)."""
+UNIT_BLOCKS = MIB
+"""What a copy of a sparse file of the quick cases (a few KiB of data) may take."""
 
 
 READ_VALUE = r"""
@@ -136,37 +144,54 @@ def test_a_cached_entry_is_rehashed_only_when_it_cannot_be_shown_unchanged(
 # -- item 5: a sparse input and the working copy ----------------------------------------------
 
 
-def test_copy_sparse_keeps_holes_and_hashes_the_whole_file(tmp_path: Path) -> None:
-    """The one copy routine: data, a 1 GiB hole, data, a hole at the end. The copy has the
-    same bytes and size, takes about what the data takes, and the digest is the file's."""
-    src = tmp_path / "src"
+def check_copy_sparse(folder: Path, hole: int, tail_hole: int, blocks: int) -> None:
+    """The one copy routine on a file of data, a ``hole``, data, then a ``tail_hole`` (0: the
+    file ends in data). The copy has the same bytes and size, takes under ``blocks`` bytes,
+    and the digest is the whole file's."""
+    src = folder / "src"
     with src.open("wb") as f:
         f.write(b"head" * 1000)
-        f.seek(GIB, os.SEEK_CUR)
+        f.seek(hole, os.SEEK_CUR)
         f.write(b"tail" * 1000)
-        f.truncate(2 * GIB)
-    dst = tmp_path / "dst"
+        if tail_hole:
+            f.truncate(f.tell() + tail_hole)
+    size = src.stat().st_size
+    dst = folder / "dst"
     fd = os.open(src, os.O_RDONLY)
     out = os.open(dst, os.O_WRONLY | os.O_CREAT, 0o644)
     digest = hashlib.sha256()
     try:
-        assert safefs.copy_sparse(fd, out, os.fstat(fd).st_size, digest) == 2 * GIB
+        assert safefs.copy_sparse(fd, out, os.fstat(fd).st_size, digest) == size
     finally:
         os.close(fd)
         os.close(out)
     st = os.stat(dst)
-    assert st.st_size == 2 * GIB
-    assert st.st_blocks * 512 < MIB, st.st_blocks
+    assert st.st_size == size
+    assert st.st_blocks * 512 < blocks, st.st_blocks
     with src.open("rb") as f:
         assert digest.hexdigest() == hashlib.file_digest(f, "sha256").hexdigest()
     with src.open("rb") as a, dst.open("rb") as b:
         assert a.read(8192) == b.read(8192)
-        a.seek(GIB + 4000)
-        b.seek(GIB + 4000)
+        a.seek(hole + 4000)
+        b.seek(hole + 4000)
         assert a.read(8192) == b.read(8192)
+        a.seek(size - 8192)
+        b.seek(size - 8192)
+        assert a.read() == b.read()
 
 
-def _sparse_repo(folder: Path, image: str, disk_gb: float | None = None) -> Path:
+@pytest.mark.parametrize("tail_hole", [UNIT_HOLE + 12345, 0], ids=["hole-at-end", "data-at-end"])
+def test_copy_sparse_keeps_holes_and_hashes_the_whole_file(tmp_path: Path, tail_hole: int) -> None:
+    """Data, a hole, data, and a hole at the end or data at the end (holes of many copy
+    chunks, one ending off a chunk's edge): holes kept, the whole file hashed."""
+    check_copy_sparse(tmp_path, UNIT_HOLE, tail_hole, UNIT_BLOCKS)
+
+
+def _sparse_repo(
+    folder: Path, image: str, disk_gb: float | None = None, size: int = SPARSE
+) -> Path:
+    """A contract whose repository holds big.bin: 4 KiB of data, then a hole to ``size``."""
+
     def change(data: dict[str, Any]) -> None:
         if disk_gb is not None:
             data["environment"]["diskGb"] = disk_gb
@@ -186,17 +211,18 @@ def _sparse_repo(folder: Path, image: str, disk_gb: float | None = None) -> Path
     )
     with (folder / "repository" / "big.bin").open("wb") as f:
         f.write(b"x" * 4096)
-        f.truncate(SPARSE)
+        f.truncate(size)
     return contract
 
 
-def test_every_copy_of_a_sparse_input_stays_sparse_without_the_engine(tmp_path: Path) -> None:
+def check_every_copy_stays_sparse(folder: Path, size: int, blocks: int) -> None:
     """Staging into input/, the input cache's copy onto another file system (tmpfs: link(2)
-    fails with EXDEV) and the working copy each keep a 3 GiB sparse file sparse."""
-    contract_path = _sparse_repo(tmp_path / "c", "sha256:" + "ab" * 32)
+    fails with EXDEV) and the working copy each keep a sparse file of ``size`` bytes (4 KiB
+    of data) sparse: under ``blocks`` bytes each."""
+    contract_path = _sparse_repo(folder / "c", "sha256:" + "ab" * 32, size=size)
     issuer.pin(contract_path)
     contract = load_contract(contract_path)
-    state = StateDir(tmp_path / "state")
+    state = StateDir(folder / "state")
     cache = InputCache.of_state(state.root)
     job = staging.prepare(state.job("j1").root)
     staging.stage_inputs(job, contract, via=inputcache.stager(cache, job))
@@ -211,10 +237,15 @@ def test_every_copy_of_a_sparse_input_stays_sparse_without_the_engine(tmp_path: 
         for root in (job.root, shm_job.root):
             for rel in ("input/repository/big.bin", "workspace/repository/big.bin"):
                 st = os.stat(root / rel)
-                assert st.st_size == SPARSE, rel
-                assert st.st_blocks * 512 < SMALL, (root, rel, st.st_blocks)
+                assert st.st_size == size, rel
+                assert st.st_blocks * 512 < blocks, (root, rel, st.st_blocks)
     finally:
         shutil.rmtree(other, ignore_errors=True)
+
+
+def test_every_copy_of_a_sparse_input_stays_sparse_without_the_engine(tmp_path: Path) -> None:
+    """Each copy of a sparse input (a hole at the end) stays sparse."""
+    check_every_copy_stays_sparse(tmp_path, UNIT_HOLE, UNIT_BLOCKS)
 
 
 def test_a_working_copy_over_the_disk_quota_is_refused_before_it_is_written(
@@ -234,21 +265,28 @@ def test_a_working_copy_over_the_disk_quota_is_refused_before_it_is_written(
     assert list(job.workspace.iterdir()) == []
 
 
-def test_a_sparse_evidence_file_stays_sparse_in_an_export(tmp_path: Path) -> None:
+def check_export_stays_sparse(folder: Path, size: int, blocks: int) -> None:
     """The bundle's copy of an output file (beside the archive or inline) goes through the one
-    copy routine: a 3 GiB sparse evidence file takes a few KiB in the bundle's folder, and
-    its SHA-256 is the whole file's (the envelope's digest still matches)."""
-    src = tmp_path / "evidence.bin"
+    copy routine: a sparse evidence file of ``size`` bytes (a hole, then 4 KiB of data at the
+    end) takes under ``blocks`` bytes in the bundle's folder, and its SHA-256 is the whole
+    file's (the envelope's digest still matches)."""
+    src = folder / "evidence.bin"
     with src.open("wb") as f:
-        f.seek(SPARSE - 4096)
+        f.seek(size - 4096)
         f.write(b"x" * 4096)
-    want = hashlib.sha256()
     with src.open("rb") as f:
-        while chunk := f.read(MIB):
-            want.update(chunk)
-    dst = tmp_path / "copy.bin"
+        want = hashlib.file_digest(f, "sha256").hexdigest()
+    dst = folder / "copy.bin"
     with src.open("rb") as f:
-        digest, copied = export._copy_stream(f, dst, SPARSE)
-    assert (digest, copied) == (want.hexdigest(), SPARSE)
-    assert dst.stat().st_size == SPARSE
-    assert dst.stat().st_blocks * 512 < SMALL
+        digest, copied = export._copy_stream(f, dst, size)
+    assert (digest, copied) == (want, size)
+    assert dst.stat().st_size == size
+    assert dst.stat().st_blocks * 512 < blocks
+    with dst.open("rb") as f:
+        f.seek(size - 4096)
+        assert f.read() == b"x" * 4096
+
+
+def test_a_sparse_evidence_file_stays_sparse_in_an_export(tmp_path: Path) -> None:
+    """An evidence file that is a hole, then data at the end, stays sparse in an export."""
+    check_export_stays_sparse(tmp_path, UNIT_HOLE, UNIT_BLOCKS)
