@@ -164,7 +164,7 @@ class Download:
         """Write ``chunks`` to the partial file, hashing them on a thread beside the writing
         (hashlib lets go of the GIL): the digest is ready when the last byte is written."""
         with self.partial.open(mode) as out, _Hashing(self.hasher) as hashing:
-            flushed = unflushed = 0
+            unflushed = 0
             for chunk in chunks:
                 if not chunk:
                     continue
@@ -177,9 +177,9 @@ class Download:
                 hashing.put(chunk)
                 unflushed += len(chunk)
                 if unflushed >= WRITEBACK_BYTES:
-                    out.flush()
-                    _start_writeback(out.fileno(), flushed, unflushed)
-                    flushed, unflushed = flushed + unflushed, 0
+                    out.flush()  # the file's end: after a resume ("ab") past the old bytes
+                    _start_writeback(out.fileno(), out.tell() - unflushed, unflushed)
+                    unflushed = 0
                 self.hashed += len(chunk)
                 self.received += len(chunk)
                 if self.on_bytes is not None:
@@ -212,8 +212,8 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 
 def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
-    """Start writing ``nbytes`` of ``fd`` at ``offset`` to disk, not waiting for it (a hint:
-    what it cannot do, the fsync does)."""
+    """Start writing ``nbytes`` of ``fd`` at ``offset`` to disk, not waiting for it. A hint,
+    its failure ignored: what it does not write, the fsync before the rename does."""
     call = _sync_file_range()
     if call is not None:
         call(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
