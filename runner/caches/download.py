@@ -4,8 +4,11 @@
 HTTP(S) with ``requests``, streamed: resumed with ``Range: bytes=N-`` where the partial file
 stops (a 206 must answer the very range asked; a 200 starts over), a 4xx given up at once, a
 5xx, a timeout or a broken connection retried with tenacity (exponential wait). The bytes are
-hashed as they arrive, never past the asset's size; a local source beside the contract is read
-without following a link.
+read as each receive gives them (up to 1 MiB a read), written, and hashed as they arrive on a
+thread beside the writing, never past the asset's size; their writeback to disk is started every
+32 MiB, so the one fsync before the rename waits for little. Nothing is read twice: the digest
+is ready with the last byte. A local source beside the contract is read without following a
+link.
 
 Every request's host -- the first URL's and every redirect's -- is checked against the host
 policy on the URL as ``requests`` prepared it, parsed by urllib3 (which is what connects), not
@@ -28,6 +31,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import queue
 import re
 import socket
 import threading
@@ -64,8 +68,18 @@ MIN_RATE = 16 * 1024
 trickles (a byte every 59 s defeats the read timeout) is cut off rather than hold the digest's
 lock -- and every runner waiting on it -- for ever."""
 RATE_WINDOW = 120.0
-READ_CHUNK = 64 * 1024
-"""Bytes read from a response at a time (small enough for the rate to be seen moving)."""
+READ_CHUNK = 1024 * 1024
+"""The most bytes one read takes from a response: a read takes what one receive gives (urllib3's
+``read1``), up to this, so the rate rule sees the bytes as they arrive however slowly they come,
+and a fast source is read in large pieces."""
+CHUNKED_READ = 64 * 1024
+"""Bytes read at a time from a response in chunked transfer coding (``read1`` cannot decode it:
+``iter_content`` reads it, each read waiting for this many bytes)."""
+HASH_QUEUE = 8
+"""Chunks written but not yet hashed, at most (each at most ``READ_CHUNK``)."""
+WRITEBACK_BYTES = 32 * 1024 * 1024
+"""Every this many bytes written, their writeback to disk is started (``sync_file_range``, no
+wait): the one fsync before the rename then waits for the last few only."""
 
 OnBytes = Callable[[Asset, int, int], None]
 """Progress: called with the asset, the bytes it has so far and its size."""
@@ -147,7 +161,10 @@ class Download:
         self.sidecar.unlink(missing_ok=True)
 
     def write_from(self, chunks: Iterator[bytes], mode: str) -> None:
-        with self.partial.open(mode) as out:
+        """Write ``chunks`` to the partial file, hashing them on a thread beside the writing
+        (hashlib lets go of the GIL): the digest is ready when the last byte is written."""
+        with self.partial.open(mode) as out, _Hashing(self.hasher) as hashing:
+            unflushed = 0
             for chunk in chunks:
                 if not chunk:
                     continue
@@ -157,7 +174,12 @@ class Download:
                     why = f"the source sends more than {self.asset.size:,} bytes"
                     raise WrongBytes("unknown (cut off)", got, why)
                 out.write(chunk)
-                self.hasher.update(chunk)
+                hashing.put(chunk)
+                unflushed += len(chunk)
+                if unflushed >= WRITEBACK_BYTES:
+                    out.flush()  # the file's end: after a resume ("ab") past the old bytes
+                    _start_writeback(out.fileno(), out.tell() - unflushed, unflushed)
+                    unflushed = 0
                 self.hashed += len(chunk)
                 self.received += len(chunk)
                 if self.on_bytes is not None:
@@ -170,6 +192,56 @@ class Download:
         if size != self.asset.size or digest != self.asset.sha256:
             self.restart()
             raise WrongBytes(digest, size, "")
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    """libc's ``sync_file_range(2)`` (Linux; Python has no binding), or None."""
+    import ctypes
+
+    try:
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Start writing ``nbytes`` of ``fd`` at ``offset`` to disk, not waiting for it. A hint,
+    its failure ignored: what it does not write, the fsync before the rename does."""
+    call = _sync_file_range()
+    if call is not None:
+        call(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
+
+
+class _Hashing:
+    """Feeds a hasher on a thread of its own, at most ``HASH_QUEUE`` chunks behind; every chunk
+    put is hashed when the ``with`` ends (however it ends)."""
+
+    def __init__(self, hasher: Any) -> None:
+        self.hasher = hasher
+        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=HASH_QUEUE)
+        self.thread = threading.Thread(target=self._run, name="asset-hash", daemon=True)
+
+    def __enter__(self) -> _Hashing:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.queue.put(None)
+        self.thread.join()
+
+    def put(self, chunk: bytes) -> None:
+        self.queue.put(chunk)
+
+    def _run(self) -> None:
+        while (chunk := self.queue.get()) is not None:
+            self.hasher.update(chunk)
 
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
@@ -236,13 +308,36 @@ def _http(url: str, d: Download, grant: AssetGrant) -> None:
                 raise SourceFailed(f"{redacted(url)} answered {code} {resp.reason}")
             with _Watchdog(resp, d) as dog:
                 try:
-                    d.write_from(resp.iter_content(READ_CHUNK), mode)
+                    d.write_from(_body(resp), mode)
                 except requests.RequestException:
                     if dog.expired:
                         raise dog.too_slow(url) from None
                     raise
                 if dog.expired:  # cut off between two reads
                     raise dog.too_slow(url)
+
+
+def _body(resp: Any) -> Iterator[bytes]:
+    """The response's body as it arrives (decoded as its Content-Encoding says), what each
+    receive gives; urllib3's errors raised as ``requests``' own, as ``iter_content`` does."""
+    import requests
+    import urllib3.exceptions as u
+
+    raw = resp.raw
+    if raw.chunked:
+        yield from resp.iter_content(CHUNKED_READ)
+        return
+    try:
+        while chunk := raw.read1(READ_CHUNK, decode_content=True):
+            yield chunk
+    except u.ProtocolError as exc:
+        raise requests.exceptions.ChunkedEncodingError(exc) from None
+    except u.DecodeError as exc:
+        raise requests.exceptions.ContentDecodingError(exc) from None
+    except u.ReadTimeoutError as exc:
+        raise requests.exceptions.ConnectionError(exc) from None
+    except u.SSLError as exc:
+        raise requests.exceptions.SSLError(exc) from None
 
 
 class _Watchdog:

@@ -7,6 +7,7 @@ tests/integration/test_assets_docker.py.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -516,3 +517,27 @@ def test_runner_verify_lists_the_assets() -> None:
     proc = run_cli("verify", str(contract), "--policy", str(contract.with_name("policy.json")))
     assert proc.returncode == 0, proc.stderr
     assert "asset           toy-labels (sha256:3a6cbf0c4402…, 1,001 bytes) at " in proc.stdout
+
+
+def test_a_resumed_write_hashes_every_byte_and_starts_writeback_past_the_old_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes appended to a partial file are hashed (on the hashing thread) on top of the
+    ones it held, and the writeback started every WRITEBACK_BYTES covers the new bytes, at
+    their offsets in the file, not the old ones again."""
+    from runner.caches import download
+
+    body = os.urandom(10_000)
+    a = Asset.model_validate(asset("http://127.0.0.1:1/x", body))
+    partial = tmp_path / "x.partial"
+    partial.write_bytes(body[:3_000])
+    started: list[tuple[int, int]] = []
+    monkeypatch.setattr(download, "WRITEBACK_BYTES", 1_000)
+    monkeypatch.setattr(download, "_start_writeback", lambda _fd, at, n: started.append((at, n)))
+    d = Download(a, partial, None)
+    assert d.have() == 3_000
+    d.write_from(iter([body[i : i + 700] for i in range(3_000, 10_000, 700)]), "ab")
+    d.finish()  # raises WrongBytes unless the digest and size are the contract's
+    assert started[0][0] == 3_000
+    assert all(at + n == nxt for (at, n), (nxt, _) in itertools.pairwise(started))
+    assert started[-1][0] + started[-1][1] > 9_000
