@@ -27,19 +27,18 @@ size, and one window more).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import os
 import queue
 import re
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urljoin, urlsplit
 
+from runner.caches import deadlines
 from runner.contract.models import Asset
 from runner.core import clock, safefs
 from runner.planning.policy import AssetGrant
@@ -306,15 +305,16 @@ def _http(url: str, d: Download, grant: AssetGrant) -> None:
                 mode = "wb"
             else:
                 raise SourceFailed(f"{redacted(url)} answered {code} {resp.reason}")
-            with _Watchdog(resp, d) as dog:
+            dog = deadlines.RateWatch(resp, lambda: d.received, RATE_WINDOW, MIN_RATE)
+            with dog:
                 try:
                     d.write_from(_body(resp), mode)
                 except requests.RequestException:
                     if dog.expired:
-                        raise dog.too_slow(url) from None
+                        raise SourceFailed(dog.too_slow(redacted(url))) from None
                     raise
                 if dog.expired:  # cut off between two reads
-                    raise dog.too_slow(url)
+                    raise SourceFailed(dog.too_slow(redacted(url)))
 
 
 def _body(resp: Any) -> Iterator[bytes]:
@@ -340,152 +340,8 @@ def _body(resp: Any) -> Iterator[bytes]:
         raise requests.exceptions.SSLError(exc) from None
 
 
-class _Watchdog:
-    """Cuts a response's connection when fewer than ``MIN_RATE * RATE_WINDOW`` bytes arrived
-    in the last ``RATE_WINDOW`` seconds (a thread; shutting the socket down wakes the read)."""
-
-    def __init__(self, resp: Any, d: Download) -> None:
-        self.resp, self.d = resp, d
-        self.expired = False
-        self.window, self.least = RATE_WINDOW, int(MIN_RATE * RATE_WINDOW)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="asset-rate", daemon=True)
-
-    def __enter__(self) -> _Watchdog:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-    def _watch(self) -> None:
-        seen = self.d.received
-        while not self.stop.wait(self.window):
-            if self.d.received - seen < self.least:
-                self.expired = True
-                sock = getattr(getattr(self.resp.raw, "connection", None), "sock", None)
-                if sock is not None:
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
-                return
-            seen = self.d.received
-
-    def too_slow(self, url: str) -> SourceFailed:
-        return SourceFailed(
-            f"{redacted(url)} sent fewer than {self.least:,} bytes in {self.window:g} s (less "
-            f"than {MIN_RATE:,} bytes a second); cut off as too slow"
-        )
-
-
-_current = threading.local()
-"""The :class:`_HeadDeadline` of the request this thread is sending (None between requests)."""
-
-
-class _HeadDeadline:
-    """Shuts down the connection of a request whose response head has not arrived within
-    ``seconds``. The connection's socket is handed over as it is made (:func:`_adapter`) and
-    kept as a duplicate, so the one shut down is always that connection's, never a file
-    descriptor number since reused."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.expired = False
-        self.lock = threading.Lock()
-        self.socks: list[socket.socket] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="asset-head", daemon=True)
-
-    def __enter__(self) -> _HeadDeadline:
-        _current.deadline = self
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        _current.deadline = None
-        self.stop.set()
-        self.thread.join()
-        with self.lock:
-            for sock in self.socks:
-                sock.close()
-            self.socks.clear()
-
-    def add(self, sock: socket.socket) -> None:
-        """The request's connection (from the thread sending it): a duplicate of its file
-        descriptor (a TLS socket cannot ``dup()`` itself), closed when the head is in."""
-        dup = socket.fromfd(sock.fileno(), sock.family, sock.type)
-        with self.lock:
-            self.socks.append(dup)
-            if self.expired:
-                _shut(dup)
-
-    def _watch(self) -> None:
-        if self.stop.wait(self.seconds):
-            return
-        with self.lock:
-            self.expired = True
-            for sock in self.socks:
-                _shut(sock)
-
-    def too_slow(self, url: str) -> SourceFailed:
-        return SourceFailed(
-            f"{redacted(url)} did not send its response head (status line and headers) within "
-            f"{self.seconds:g} s; cut off as too slow"
-        )
-
-
-def _shut(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-
-
-@functools.cache
-def _adapter_class() -> Any:
-    """An ``HTTPAdapter`` whose connections hand their socket, as soon as it is connected (a
-    TLS handshake comes after) or taken from the pool again (kept alive), to the
-    :class:`_HeadDeadline` of the request in hand."""
-    import requests.adapters
-    import urllib3.connection
-    import urllib3.connectionpool
-
-    def watched(sock: socket.socket) -> socket.socket:
-        deadline = getattr(_current, "deadline", None)
-        if deadline is not None:
-            deadline.add(sock)
-        return sock
-
-    class Conn(urllib3.connection.HTTPConnection):
-        def _new_conn(self) -> socket.socket:
-            return watched(super()._new_conn())
-
-    class TLSConn(urllib3.connection.HTTPSConnection):
-        def _new_conn(self) -> socket.socket:
-            return watched(super()._new_conn())
-
-    class Reused:
-        def _get_conn(self, timeout: float | None = None) -> Any:
-            conn = super()._get_conn(timeout)  # type: ignore[misc]
-            sock = getattr(conn, "sock", None)
-            if sock is not None:  # a connection kept alive: no new socket is made for it
-                watched(sock)
-            return conn
-
-    class Pool(Reused, urllib3.connectionpool.HTTPConnectionPool):
-        ConnectionCls = Conn
-
-    class TLSPool(Reused, urllib3.connectionpool.HTTPSConnectionPool):
-        ConnectionCls = TLSConn
-
-    class Adapter(requests.adapters.HTTPAdapter):
-        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-            super().init_poolmanager(*args, **kwargs)
-            self.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": TLSPool}
-
-    return Adapter
-
-
 def _adapter() -> Any:
-    return _adapter_class()()
+    return deadlines.adapter_class()()
 
 
 _BAD_LOCATION = re.compile(r"[\\\s\x00-\x1f\x7f]")
@@ -523,7 +379,7 @@ def _get(session: Any, url: str, headers: dict[str, str], grant: AssetGrant) -> 
             )
         prepared = session.prepare_request(requests.Request("GET", url, headers=headers))
         host, port = _checked(prepared.url, grant)
-        head = _HeadDeadline(HEAD_TIMEOUT)
+        head = deadlines.HeadDeadline(HEAD_TIMEOUT)
         try:
             with head:
                 resp = session.send(
@@ -534,13 +390,13 @@ def _get(session: Any, url: str, headers: dict[str, str], grant: AssetGrant) -> 
                 )
         except requests.RequestException as exc:
             if head.expired:
-                raise head.too_slow(prepared.url) from None
+                raise SourceFailed(head.too_slow(redacted(prepared.url))) from None
             if isinstance(exc, (requests.ConnectionError, requests.Timeout)):
                 raise Transient(f"cannot reach {host}:{port}: {type(exc).__name__}") from None
             raise
         if head.expired:  # the head came, but too late
             resp.close()
-            raise head.too_slow(prepared.url)
+            raise SourceFailed(head.too_slow(redacted(prepared.url)))
         if resp.is_redirect and "Location" in resp.headers:
             location = resp.headers["Location"]
             resp.close()
