@@ -234,7 +234,15 @@ def _slurm(args: argparse.Namespace) -> int:
     _refuse_repeats(requests, state, cluster)
     run_args = _run_args(args)
     scripts = [batch.write_batch(r, state, sys.executable, run_args) for r in requests]
+    # Every refusal before anything is queued: Slurm's answer to --test-only depends on the
+    # resources, the partition and the account, not on the name, comment or log path, so one
+    # question per distinct set of resources (a submission of many alike contracts asks once).
+    asked: set[tuple[int, int, str | None, int]] = set()
     for r, script in zip(requests, scripts, strict=True):
+        resources = (r.cpus, r.memMiB, r.gres, r.timeMinutes)
+        if resources in asked:
+            continue
+        asked.add(resources)
         folder = batch.record_dir(state, r.jobId)
         options = batch.sbatch_args(r, folder=folder, partition=partition, account=account)
         cluster.sbatch(options, script, test_only=True)

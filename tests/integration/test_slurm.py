@@ -327,6 +327,35 @@ def test_a_refused_contract_queues_nothing(cluster: Cluster, image_id: str, tmp_
     assert proc.returncode == 3 and "KillWait" in proc.stderr
 
 
+def test_slurm_refusing_one_set_of_resources_queues_nothing(
+    cluster: Cluster, image_id: str, tmp_path: Path
+) -> None:
+    """Alike contracts share one `sbatch --test-only`; a contract with other resources gets its
+    own: Slurm refusing it (more memory than the node's RealMemory, which the host policy
+    allows) is exit 3 and queues none of the others."""
+    state = tmp_path / "state"
+    first = toy(tmp_path / "a", "slurm-alike-a", image_id)
+    second = toy(tmp_path / "b", "slurm-alike-b", image_id)
+
+    node = subprocess.run(
+        ["scontrol", "-o", "show", "node"], capture_output=True, text=True, check=True
+    ).stdout
+    real_mib = int(parse_fields(node)["RealMemory"])  # below the host's memory (setup_slurm.sh)
+
+    def big(data: dict[str, Any]) -> None:
+        data["jobId"] = "slurm-too-big"
+        data["environment"]["memoryGb"] = round(real_mib / 1024, 3)  # + 512 MiB: above it
+
+    (tmp_path / "big").mkdir()
+    large = write_contract(tmp_path / "big", image_id, change=big)
+    proc = submit(state, first, second, large)
+    assert proc.returncode == 3, proc.stderr
+    assert "Slurm refuses the job" in proc.stderr
+    names = queued_names()
+    assert not {"runner-slurm-alike-a", "runner-slurm-alike-b", "runner-slurm-too-big"} & set(names)
+    assert not list((state / "slurm").glob("*/submissions.jsonl"))
+
+
 def test_the_node_refuses_a_plan_larger_than_the_allocation(
     cluster: Cluster, image_id: str, tmp_path: Path
 ) -> None:
