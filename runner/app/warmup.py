@@ -30,6 +30,7 @@ def warm_up() -> None:
         orchestrator,  # noqa: F401
         sweeper,  # noqa: F401
     )
+    from runner.models import selfreport
     from runner.parsers import registry
     from runner.planning import (
         plan,  # noqa: F401
@@ -37,6 +38,7 @@ def warm_up() -> None:
     )
     from runner.results import attest  # noqa: F401
 
+    selfreport.schema_bytes()  # staged into every job's input/
     for parser_id, version in registry.available():
         with contextlib.suppress(RunnerError):  # a broken plug-in schema: its binding says so
             registry.compiled_validator(parser_id, version)

@@ -209,7 +209,9 @@ class InputCache(Store):
                 meta["madeAt"] = now
         if seen is not None:
             meta["seen"] = seen
-        write_json(file, meta)
+        # Not fsynced: a meta file a host crash left unreadable reads as {} (_read_meta),
+        # and then no stamp is trusted (the entry's files are hashed again), never more.
+        write_json(file, meta, durable=False)
 
     def usage(self, hexd: str) -> int:
         m = self.read_manifest(hexd)
@@ -465,7 +467,10 @@ def _record(job: JobDir, field: str, digest: str) -> None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         used = []
     used.append({"field": field, "digest": digest})
-    write_json(path, {"schemaVersion": "1.0", "inputs": used})
+    # Not fsynced: `runner cache prune` on this host reads it through the page cache; after
+    # a host crash no job of this host is running, and a new attempt stages (and writes it)
+    # again.
+    write_json(path, {"schemaVersion": "1.0", "inputs": used}, durable=False)
 
 
 def used_by(job: JobDir) -> list[str]:

@@ -406,10 +406,12 @@ def _stage(
     with stage("stage", known):
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
         files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via)
-        files.append(layout.add_input(job.dir, "result.schema.json", selfreport.schema_bytes()))
+        files.append(
+            layout.add_input(job.dir, "result.schema.json", selfreport.schema_bytes(), last=False)
+        )
         prompt = agents.prompt_bytes(p.agent) if p.agent is not None else None
         if prompt is not None:  # the host's prompt (the contract names none): an input too
-            files.append(layout.add_input(job.dir, agents.HOST_PROMPT_NAME, prompt))
+            files.append(layout.add_input(job.dir, agents.HOST_PROMPT_NAME, prompt, last=False))
         layout.working_copy(job.dir, job.contract, p.limits.disk_quota_bytes)
         streams = [p.stdout_path, p.stderr_path]
         if n > 1:  # the last attempt's stdout and stderr move to its record, never truncated
@@ -418,7 +420,7 @@ def _stage(
             records.rotate_streams(job.dir, n - 1, streams)
         uid, gid = (int(x) for x in p.user.split(":"))
         staging.prepare_writable(job.dir, uid, gid, streams)
-        job.dir.write_budget(Budget(job.limit, consumed))
+        job.dir.write_budget(Budget(job.limit, consumed), durable=False)
     return known.timed("stage", since), files, prompt
 
 
@@ -603,7 +605,7 @@ def _watch(
         if reattached:  # what this runner charged for the time no runner watched
             data["reattached"] = True
         ledger.append(f"attempt-{n}.beat-{len(ledger.events)}", "heartbeat", data)
-        job.dir.write_budget(Budget(limit, total))
+        job.dir.write_budget(Budget(limit, total), durable=False)
 
     opts = job.options
     agent = guards.agent

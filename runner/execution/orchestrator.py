@@ -333,7 +333,7 @@ def _record_end(
     # Only now, with its end in the ledger, may the container go (see container.finish).
     backend.remove(outcome.container_id or outcome.name)
     budget = st.budget(limit)
-    job.write_budget(budget)
+    job.write_budget(budget)  # fsynced: the one left after the job (a bundle exports it)
     return failure, BudgetRecord(**budget.as_json(), attempts=n)
 
 

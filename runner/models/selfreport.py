@@ -237,7 +237,9 @@ def json_schema() -> dict[str, Any]:
     }
 
 
+@functools.cache
 def schema_bytes() -> bytes:
     """The bytes of ``contracts/agent-result.schema.json``, to stage as
-    ``/job/input/result.schema.json``."""
+    ``/job/input/result.schema.json``. Made once a process (pydantic's schema generation is
+    about 10 ms of every job; a server or a batch makes it before it forks)."""
     return (json.dumps(json_schema(), indent=2, sort_keys=True) + "\n").encode()

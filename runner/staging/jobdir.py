@@ -388,6 +388,7 @@ def stage_inputs(
                 for f in files
             ],
         },
+        durable=False,  # superseded: add_input rewrites it (fsynced) before any attempt
     )
     _record_tree(job, staged, own)
     return files
@@ -474,10 +475,11 @@ def _record_tree(job: JobDir, staged: list[StagedInput], own: list[tuple[str, by
             "digest": inputs.tree_digest(whole.values()),
             "listing": inputs.listing(whole.values()),
         },
+        durable=False,  # superseded: add_input rewrites it (fsynced) before any attempt
     )
 
 
-def record_added_input(job: JobDir, name: str, data: bytes) -> None:
+def record_added_input(job: JobDir, name: str, data: bytes, *, durable: bool = True) -> None:
     """Add a file the runner wrote into ``input/`` after staging (``compute-decision.json``)
     to the recorded listing, so the check after the job expects it."""
     path = job.record / "input-tree.json"
@@ -489,7 +491,7 @@ def record_added_input(job: JobDir, name: str, data: bytes) -> None:
     whole[name] = inputs.Entry("F", name, hashlib.sha256(data).hexdigest())
     recorded["digest"] = inputs.tree_digest(whole.values())
     recorded["listing"] = inputs.listing(whole.values())
-    write_json(path, recorded)
+    write_json(path, recorded, durable=durable)
 
 
 @dataclass(frozen=True)

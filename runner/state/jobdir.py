@@ -89,9 +89,13 @@ class JobDir:
         """``execution/runtime-budget.json``: what the job reads of its budget."""
         return self.execution / "runtime-budget.json"
 
-    def write_budget(self, budget: Budget) -> None:
-        """Write runtime-budget.json (atomically; the job reads it read-only)."""
-        write_json(self.budget_file, {"schemaVersion": "1.0", **budget.as_json()})
+    def write_budget(self, budget: Budget, *, durable: bool = True) -> None:
+        """Write runtime-budget.json (atomically; the job reads it read-only). ``durable=False``
+        where a runner is watching the job: the file is a view of the ledger (which is
+        fsynced), rewritten before every attempt and at every heartbeat, and after a host
+        crash no container of this host is running to read it."""
+        data = {"schemaVersion": "1.0", **budget.as_json()}
+        write_json(self.budget_file, data, durable=durable)
 
     @property
     def ledger(self) -> Path:
@@ -135,14 +139,22 @@ class StateDir:
         return self.root / "gpu-locks"
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half."""
+def atomic_write(path: Path, data: bytes, mode: int = 0o644, *, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half.
+
+    ``durable`` (the default) fsyncs the data before the rename, so that a host crash leaves
+    the old file or the new one too. Without it a host crash (never a runner's crash: the
+    page cache outlives the process) may leave the file empty: only for files that are
+    superseded by a durable write before anything relies on them, or that readers already
+    treat as missing when they cannot be parsed (a cache's bookkeeping), each said where
+    it is written."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -150,5 +162,6 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
         raise
 
 
-def write_json(path: Path, value: Any) -> None:
-    atomic_write(path, (json.dumps(value, indent=2, sort_keys=False) + "\n").encode())
+def write_json(path: Path, value: Any, *, durable: bool = True) -> None:
+    data = (json.dumps(value, indent=2, sort_keys=False) + "\n").encode()
+    atomic_write(path, data, durable=durable)
