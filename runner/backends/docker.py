@@ -42,7 +42,7 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
-from runner.backends.types import EngineInfo, ImageInfo, Limits, PathStat
+from runner.backends.types import EngineInfo, ImageInfo, Limits, PathStat, engine_text
 from runner.core.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -101,9 +101,6 @@ class _UnixConnection(http.client.HTTPConnection):
             raise
         self.sock = sock
 
-
-_MAX_VERSION_TEXT = 128
-"""The most of an engine's version or architecture string kept."""
 
 _KNOWN: dict[tuple[str, str], str] = {}
 """(endpoint, fact) -> value, for what an engine does not change while it runs (the API
@@ -374,15 +371,11 @@ class DockerBackend:
         info = self._call("GET", "/info", "asking the engine for its runtimes") or {}
         return sorted((info.get("Runtimes") or {}).keys())
 
-    def version(self) -> dict[str, Any]:
-        """The engine's ``/version`` answer (``Version``, ``ApiVersion``, ``Arch`` ...)."""
-        answer: dict[str, Any] = self._call("GET", "/version", "asking the engine its version")
-        return answer or {}
-
     def _version_fact(self, fact: str) -> str:
         """One field of the engine's ``/version`` (``Arch``, ``Version``, ``ApiVersion``), the
         call asked once per process for all of them; an odd or long value is cut to a short
-        string (the engine's word, never trusted for more than a record)."""
+        printable string (:func:`~runner.backends.types.engine_text`: the engine's word, never
+        trusted for more than a record)."""
         key = (self._url, f"version:{fact}")
         known = _KNOWN.get(key)
         if known is None:
@@ -390,10 +383,7 @@ class DockerBackend:
             answer = self._call("GET", "/version", "asking the engine about its host") or {}
             answer = answer if isinstance(answer, dict) else {}
             for name in ("Arch", "Version", "ApiVersion"):
-                value = answer.get(name)
-                _KNOWN[(self._url, f"version:{name}")] = (
-                    value[:_MAX_VERSION_TEXT] if isinstance(value, str) else ""
-                )
+                _KNOWN[(self._url, f"version:{name}")] = engine_text(answer.get(name))
             known = _KNOWN[key]
         return known
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "ENGINE_TEXT_MAX",
     "GIB",
     "HOST_PORT_PATTERN",
     "MIB",
@@ -26,6 +27,7 @@ __all__ = [
     "ImageInfo",
     "Limits",
     "PathStat",
+    "engine_text",
     "loopback_registry",
 ]
 
@@ -69,6 +71,24 @@ class Limits:
                 raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
         if self.pids is not None and self.pids < 1:
             raise ValueError(f"Limits.pids must be at least 1 or None, got {self.pids!r}")
+
+
+ENGINE_TEXT_MAX = 128
+"""The most characters of an engine's word about itself (its version, API version,
+architecture) that the runner keeps."""
+
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
+
+
+def engine_text(value: object) -> str:
+    """What an engine said of itself, as the runner records it: a string only (else ""), cut
+    to :data:`ENGINE_TEXT_MAX` characters, each one that is not printable ASCII (a control
+    character, a lone surrogate JSON can carry, any non-ASCII) written ``?``. The engine's
+    word is never trusted for more than a record, and nothing it says can break the record's
+    JSON or a terminal it is shown on."""
+    if not isinstance(value, str):
+        return ""
+    return _UNPRINTABLE.sub("?", value[:ENGINE_TEXT_MAX])
 
 
 @dataclass(frozen=True)

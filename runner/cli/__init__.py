@@ -366,8 +366,8 @@ def version_info(*, engine: bool = True) -> dict[str, Any]:
     if not engine:
         return info
     try:
-        v = DockerBackend(timeout=1).version()
-        info["engine"] = {"version": v.get("Version"), "apiVersion": v.get("ApiVersion")}
+        said = DockerBackend(timeout=1).engine()  # printable, cut short (engine_text)
+        info["engine"] = {"version": said.version or None, "apiVersion": said.api_version or None}
     except Exception as exc:  # noqa: BLE001 - an absent engine is an answer here, not an error
         info["engine"] = {"error": f"not reachable ({type(exc).__name__})"}
     return info

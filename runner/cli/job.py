@@ -172,10 +172,10 @@ def _submitted(state: Path, job_id: str) -> dict[str, Any]:
     return {"slurm": describe(state, job_id), "kubernetes": last_submission(state, job_id)}
 
 
-def _status_queued(args: argparse.Namespace, job_id: str, found: Exception) -> int:
+def _status_queued(args: argparse.Namespace, state: Path, job_id: str, found: Exception) -> int:
     """`runner job status` of a job a cluster holds that has not started on a node (no job
-    folder or no ledger yet): the submission and the scheduler's state; else ``found``."""
-    state = host.state_dir(args.state_dir)
+    folder or no ledger yet): its submission under ``state`` and the scheduler's state; else
+    ``found``."""
     sides = _submitted(state, job_id) if "/" not in job_id else {}
     slurm, kube = sides.get("slurm"), sides.get("kubernetes")
     if slurm is None and kube is None:
@@ -210,11 +210,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         root = _job_root(args)
     except JobNotFound as exc:
-        return _status_queued(args, str(args.job), exc)
+        return _status_queued(args, host.state_dir(args.state_dir), str(args.job), exc)
     path = JobDir(root).ledger
     if not path.exists():
         refused = RefusedError(f"{path} does not exist: the job never got past its refusal")
-        return _status_queued(args, root.name, refused)
+        # The folder's own state dir, as for a started job below: a job folder named by its
+        # path is never taken for a job of the same id submitted from another state dir.
+        return _status_queued(args, root.parent.parent, root.name, refused)
     st = read_state(path)  # an onlooker: never repairs or locks a ledger a runner may be writing
     in_flight = st.in_flight
     if st.finished is not None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.agents import adapters as agents
 from runner.backends.base import Backend, ContainerSpec, ContainerState, DeviceEdits, Mount
-from runner.backends.types import EgressPlan
+from runner.backends.types import EgressPlan, engine_text
 from runner.caches import inputcache
 from runner.contract import VerifiedContract
 from runner.core import errors, hostid, log, redaction
@@ -129,15 +129,22 @@ def guards_for(
 
 
 def engine_record(backend: Backend) -> EngineRecord:
-    """The engine, as the envelope records it (asked with the image's platform, once)."""
+    """The engine, as the envelope records it (asked with the image's platform, once); what
+    any backend says is made printable and short here (``engine_text``), so that no engine's
+    answer can break the envelope's JSON."""
     info = backend.engine()
-    return EngineRecord(name=info.name, version=info.version, apiVersion=info.api_version)
+    return EngineRecord(
+        name=engine_text(info.name),
+        version=engine_text(info.version),
+        apiVersion=engine_text(info.api_version),
+    )
 
 
 def _engine_of(starting: dict[str, Any], backend: Backend) -> EngineRecord:
     """The engine an earlier runner recorded for its attempt; for an attempt recorded before
-    engines were, the one this runner reattaches through (the same socket, or it would not
-    find the container)."""
+    engines were, or one whose record is not what a runner writes (not printable ASCII, too
+    long), the one this runner reattaches through (the same socket, or it would not find the
+    container)."""
     recorded = starting.get("engine")
     if isinstance(recorded, dict):
         try:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runner.backends.types import GpuInjection
+from runner.backends.types import ENGINE_TEXT_MAX, GpuInjection
 from runner.core.errors import Category
 
 __all__ = [
@@ -213,12 +213,27 @@ class Timings(_Model):
     containerFinishedAt: str | None = None
 
 
-class EngineRecord(_Model):
-    """The container engine that ran the job's container, as it names itself."""
+_ENGINE_TEXT = r"^[ -~]*$"
+"""Printable ASCII: what :func:`runner.backends.types.engine_text` keeps of an engine's word."""
 
-    name: str = Field(description="docker or podman.")
-    version: str = Field(description="The engine's version (its /version answer).")
-    apiVersion: str = Field(description="The API version the engine answered with.")
+
+class EngineRecord(_Model):
+    """The container engine that ran the job's container, as it names itself (printable ASCII,
+    cut short: an engine's word is a record, never trusted for more)."""
+
+    name: str = Field(
+        max_length=ENGINE_TEXT_MAX, pattern=_ENGINE_TEXT, description="docker or podman."
+    )
+    version: str = Field(
+        max_length=ENGINE_TEXT_MAX,
+        pattern=_ENGINE_TEXT,
+        description="The engine's version (its /version answer).",
+    )
+    apiVersion: str = Field(
+        max_length=ENGINE_TEXT_MAX,
+        pattern=_ENGINE_TEXT,
+        description="The API version the engine answered with.",
+    )
 
 
 class ContainerRecord(_Model):

@@ -257,8 +257,10 @@ class _Needle:
         required = self.required
         if not self.rare:
             sample = min(end, _SAMPLE_BYTES)
+            # Each distinct byte's first place: at most 256 searches, so the cost is linear in
+            # the literal's length (a contract's pattern may hold a literal of megabytes).
             self.at = min(
-                {required.index(byte) for byte in required},  # each byte's first place
+                (required.index(byte) for byte in set(required)),
                 key=lambda i: (chunk.count(required[i : i + 1], 0, sample), i),
             )
             self.rare = required[self.at : self.at + 1]
