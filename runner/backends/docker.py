@@ -42,7 +42,16 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
-from runner.backends.types import EngineInfo, ImageInfo, Limits, PathStat, engine_text
+from runner.backends.types import (
+    EngineInfo,
+    ImageInfo,
+    Limits,
+    PathStat,
+    engine_env,
+    engine_refs,
+    engine_size,
+    engine_text,
+)
 from runner.core.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -315,14 +324,19 @@ class DockerBackend:
             )
         except _NotFound:
             return None
+        # The engine's word, kept only as far as the runner can compare and record it: an id
+        # or a name with a character no reference holds never matches a pin, and nothing it
+        # says can break a record's JSON (types.engine_text and its neighbours).
+        data = data if isinstance(data, dict) else {}
+        config = data.get("Config")
         return ImageInfo(
-            id=data["Id"],
-            repo_digests=tuple(data.get("RepoDigests") or ()),
-            repo_tags=tuple(data.get("RepoTags") or ()),
-            architecture=data.get("Architecture", ""),
-            os=data.get("Os", ""),
-            size=int(data.get("Size") or 0),
-            env=tuple(str(e) for e in (data.get("Config") or {}).get("Env") or ()),
+            id=engine_text(data.get("Id")),
+            repo_digests=engine_refs(data.get("RepoDigests")),
+            repo_tags=engine_refs(data.get("RepoTags")),
+            architecture=engine_text(data.get("Architecture")),
+            os=engine_text(data.get("Os")),
+            size=engine_size(data.get("Size")),
+            env=engine_env(config.get("Env") if isinstance(config, dict) else None),
         )
 
     def pull(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "ENGINE_REF_MAX",
     "ENGINE_TEXT_MAX",
     "GIB",
     "HOST_PORT_PATTERN",
@@ -27,6 +28,9 @@ __all__ = [
     "ImageInfo",
     "Limits",
     "PathStat",
+    "engine_env",
+    "engine_refs",
+    "engine_size",
     "engine_text",
     "loopback_registry",
 ]
@@ -89,6 +93,44 @@ def engine_text(value: object) -> str:
     if not isinstance(value, str):
         return ""
     return _UNPRINTABLE.sub("?", value[:ENGINE_TEXT_MAX])
+
+
+ENGINE_REF_MAX = 1024
+"""The longest image reference (a tag, a repo digest) kept from an engine's answer."""
+
+
+def engine_refs(value: object) -> tuple[str, ...]:
+    """The image references an engine lists (``RepoTags``, ``RepoDigests``): those that are
+    strings of printable ASCII, at most :data:`ENGINE_REF_MAX` long; any other is dropped (no
+    reference holds it, and the runner compares these with a pin and writes them in records)."""
+    if not isinstance(value, list | tuple):
+        return ()
+    return tuple(
+        v
+        for v in value
+        if isinstance(v, str) and len(v) <= ENGINE_REF_MAX and _UNPRINTABLE.search(v) is None
+    )
+
+
+def engine_size(value: object) -> int:
+    """A size an engine gives: a non-negative integer, else 0 (never a crash on its word)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def engine_env(value: object) -> tuple[str, ...]:
+    """An image's configured environment (``NAME=value`` strings) as an engine lists it: the
+    strings UTF-8 can hold (a lone surrogate JSON carries is dropped with its entry)."""
+    if not isinstance(value, list | tuple):
+        return ()
+    kept = []
+    for v in value:
+        if isinstance(v, str):
+            try:
+                v.encode()
+            except UnicodeEncodeError:
+                continue
+            kept.append(v)
+    return tuple(kept)
 
 
 @dataclass(frozen=True)

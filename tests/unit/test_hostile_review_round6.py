@@ -279,3 +279,37 @@ def test_a_compressed_body_is_decoded_a_read_at_a_time(
                     AssetGrant(allowHosts=["127.0.0.1"], retries=0))  # fmt: skip
     assert got.source == server.url("z")
     assert sum(sizes) == plain_size and max(sizes) <= download.READ_CHUNK
+
+
+def test_an_engines_odd_image_answer_is_kept_only_as_far_as_it_can_be_compared_and_recorded(
+    short_dir: Path,
+) -> None:
+    """`inspect_image` of an engine that answers odd strings (a lone surrogate, escapes, a
+    newline), a size that is not a number and no id: the names no reference can hold are
+    dropped, the platform is printable, the size 0, an environment entry UTF-8 cannot hold
+    dropped, and no crash: the image record (and the envelope it goes into) stays writable."""
+    from runner.backends.docker import DockerBackend
+
+    good_digest = "registry.example/toy@sha256:" + "a" * 64
+    engine = _HostileEngine(
+        short_dir / "engine.sock",
+        {
+            "RepoDigests": [ODD, good_digest, 7, "x" * 2000],
+            "RepoTags": ["toy:1\x1b[2J", "toy:2"],
+            "Architecture": ODD,
+            "Os": "linux\n",
+            "Size": "a lot",
+            "Config": {"Env": ["A=\ud800", "PATH=/usr/bin", 3]},
+        },
+    )
+    try:
+        info = DockerBackend(f"unix://{engine.path}").inspect_image("toy:2")
+    finally:
+        engine.close()
+    assert info is not None
+    assert info.id == ""  # no id: it matches no pin
+    assert info.repo_digests == (good_digest,) and info.repo_tags == ("toy:2",)
+    assert _printable_and_short(info.architecture) and info.os == "linux?"
+    assert info.size == 0
+    assert info.env == ("PATH=/usr/bin",)
+    json.dumps(info.__dict__, ensure_ascii=False).encode()  # UTF-8 holds every field
