@@ -63,7 +63,7 @@ from runner.core.errors import (
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["MAX_API_VERSION", "DockerBackend"]
+__all__ = ["MAX_ANSWER_BYTES", "MAX_API_VERSION", "DockerBackend"]
 
 _MAX_API = (1, 45)
 """The newest Engine API version the requests below were written against."""
@@ -110,6 +110,11 @@ class _UnixConnection(http.client.HTTPConnection):
             raise
         self.sock = sock
 
+
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""The most of one engine answer read into memory (a listing, an inspect, an error): an
+answer past it is refused, not read on. Streams (logs, archives) are read by their callers,
+each under its own cap."""
 
 _KNOWN: dict[tuple[str, str], str] = {}
 """(endpoint, fact) -> value, for what an engine does not change while it runs (the API
@@ -230,7 +235,13 @@ class DockerBackend:
                 stream_to(response)
                 data = b""
             else:
-                data = response.read()
+                data = response.read(MAX_ANSWER_BYTES + 1)
+                if len(data) > MAX_ANSWER_BYTES:
+                    raise EngineUnavailable(
+                        f"{action}: the {self.ENGINE} engine answered more than "
+                        f"{MAX_ANSWER_BYTES:,} bytes; not read further",
+                        hint="is DOCKER_HOST (or the policy's engine) a real engine?",
+                    )
             return response.status, response.msg, data
         except (OSError, http.client.HTTPException) as exc:
             hint = self.ENGINE_HINT

@@ -5,6 +5,7 @@ made to); the cases that need the real engine are in tests/integration."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -80,7 +81,8 @@ class _HostileEngine:
                     "HTTP/1.1 200 OK\r\nAPI-Version: 1.45\r\nContent-Type: application/json\r\n"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
                 )
-                conn.sendall(head.encode() + body)
+                with contextlib.suppress(OSError):  # a client that stops reading: its choice
+                    conn.sendall(head.encode() + body)
 
     def close(self) -> None:
         self.sock.close()
@@ -313,3 +315,20 @@ def test_an_engines_odd_image_answer_is_kept_only_as_far_as_it_can_be_compared_a
     assert info.size == 0
     assert info.env == ("PATH=/usr/bin",)
     json.dumps(info.__dict__, ensure_ascii=False).encode()  # UTF-8 holds every field
+
+
+def test_an_engine_answer_past_the_cap_is_refused_not_read_on(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine (or whatever DOCKER_HOST names) that answers an inspect with more than the
+    cap: refused as the engine's failure, having read no more than the cap and a byte."""
+    from runner.backends import docker as engine_api
+    from runner.core.errors import EngineUnavailable
+
+    monkeypatch.setattr(engine_api, "MAX_ANSWER_BYTES", 1024 * 1024)
+    engine = _HostileEngine(short_dir / "engine.sock", {"Id": "x", "pad": "a" * (2 << 20)})
+    try:
+        with pytest.raises(EngineUnavailable, match="more than 1,048,576 bytes"):
+            engine_api.DockerBackend(f"unix://{engine.path}").inspect_image("toy:1")
+    finally:
+        engine.close()
