@@ -22,6 +22,7 @@ import requests
 
 from runner.images import pins as images
 from runner.images import registry
+from runner.testing import TOY
 from tests.support import docker, run_job, write_contract
 
 pytestmark = pytest.mark.docker
@@ -306,3 +307,62 @@ def test_credentials_come_from_the_docker_config(tmp_path: Path) -> None:
     assert creds is not None and (creds.username, creds.password) == ("u", "p")
     assert "p'" not in repr(creds) and "***" in repr(creds)
     assert registry.credentials_for("other.io", config) is None
+
+
+def test_the_kubernetes_quickstart_runs_as_the_manual_writes_it(
+    tmp_path: Path, local_registry: str, image_id: str
+) -> None:
+    """docs/how-to/kubernetes.md, command by command: the image pushed to a registry and
+    pinned by the pushed name (its manifest digest), signed, staged and submitted to a
+    (stand-in) cluster, which gets a Job pulling name@sha256:<digest>. The toy quickstart's
+    own pin (runner-cpu:local, a local image id) is refused at submit, naming the field and
+    the fix (the manual's quickstart once failed so, as written)."""
+    from tests.support import run_cli
+    from tests.support.kubeapi import api_server, write_kubeconfig
+
+    work = tmp_path / "toy"
+    shutil.copytree(TOY, work)
+    remote = f"{local_registry}/runner-cpu:{uuid.uuid4().hex[:8]}"
+    assert docker("tag", "runner-cpu:local", remote).returncode == 0
+    try:
+        push = docker("push", remote)
+        assert push.returncode == 0, push.stderr
+        keys = tmp_path / "keys"
+        keys.mkdir()
+        assert run_cli("key", "new", "--out", str(keys / "issuer")).returncode == 0
+        trusted = tmp_path / "trusted"
+        trusted.mkdir()
+        shutil.copy(keys / "issuer.pub", trusted / "issuer.pub")
+        state = tmp_path / "state"
+        trust = ["--trusted-keys", str(trusted), "--state-dir", str(state)]
+        with api_server() as server:
+            kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", {"lab": server}, "lab")
+            k8s = ["--to", "kubernetes", "--namespace", "repro", "--context", "lab",
+                   "--kubeconfig", str(kubeconfig), *trust]  # fmt: skip
+            for image, pinned in (("runner-cpu:local", "local"), (remote, "pushed")):
+                out = work / f"task.{pinned}.json"
+                pin = run_cli("contract", "pin", str(work / "task.json"), "--image", image,
+                              "-o", str(out))  # fmt: skip
+                assert pin.returncode == 0, pin.stderr
+                sign = run_cli("contract", "sign", str(out), "--key", str(keys / "issuer.key"))
+                assert sign.returncode == 0, sign.stderr
+            local, pushed = work / "task.local.dsse.json", work / "task.pushed.dsse.json"
+            refused = run_cli("cluster", "submit", str(local), *k8s)
+            assert refused.returncode == 3, refused.stderr
+            assert "$.environment.image" in refused.stderr and "push the image" in refused.stderr
+            assert server.writes() == []
+            staged = run_cli("cluster", "stage", str(pushed), *trust, "--json")
+            assert staged.returncode == 0, staged.stderr
+            sub = run_cli("cluster", "submit", str(pushed), *k8s, "--json")
+            assert sub.returncode == 0, sub.stderr
+            (got,) = json.loads(sub.stdout)
+            jobs = [o for (kind, _, _), o in server.objects.items() if kind == "Job"]
+        pinned_ref = json.loads((work / "task.pushed.json").read_text())["environment"]["image"]
+        assert pinned_ref.startswith(remote.rsplit(":", 1)[0] + "@sha256:")
+        (job,) = jobs
+        images = [c["image"] for c in job["spec"]["template"]["spec"]["containers"]]
+        assert images == [pinned_ref], "the nodes pull the pushed manifest digest"
+        assert got["name"] == job["metadata"]["name"]
+        assert (state / "kubernetes" / got["jobId"] / "submissions.jsonl").is_file()
+    finally:
+        docker("rmi", remote)  # the tag only: runner-cpu:local stays
