@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,3 +281,26 @@ def test_too_many_connections_are_refused_and_logged() -> None:
         server.close()
     refused = [c for c in read_log(out.decode(), "L") if c.decision == "refused"]
     assert [c.detail for c in refused] == ["too many connections"]
+
+
+def test_no_thread_of_it_can_take_a_stop_but_the_one_that_waits_for_it(proxy: Proxy) -> None:
+    """SIGTERM is blocked in every thread (one sits in sigwait), with a connection open so a
+    worker thread exists: a Python handler in the main thread used to miss a SIGTERM that came
+    between its last check and accept(), and the stop then waited for the next connection (one
+    stop in about sixty under load). The blocked mask is what removes that window."""
+    sigterm = 1 << (15 - 1)
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as held:
+        held.sendall(b"GET http://localhost")  # a head that has not ended: its thread waits
+        tasks = Path(f"/proc/{proxy.process.pid}/task")
+        deadline = time.monotonic() + 10
+        while len(list(tasks.iterdir())) < 3 and time.monotonic() < deadline:  # main, watch
+            time.sleep(0.05)  # and the held connection's at least
+        open_to_it = {}  # threads that could take SIGTERM now: where each waits
+        for task in tasks.iterdir():
+            status = (task / "status").read_text()
+            if not int(status.split("SigBlk:")[1].split()[0], 16) & sigterm:
+                open_to_it[task.name] = (task / "wchan").read_text().split(".")[0]
+        # sigwait unblocks what it waits for while it waits: that thread alone, and it is there
+        assert list(open_to_it.values()) == ["do_sigtimedwait"], open_to_it
+        proxy.process.terminate()
+        assert proxy.process.wait(timeout=10) == 0
