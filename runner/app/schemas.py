@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from runner.contract.models import ExecutionContract
 from runner.evidence import selfreport
+from runner.models import selfreport as result_models
 from runner.models.envelope import ResultEnvelope
 from runner.models.selfreport import json_schema as selfreport_schema
 from runner.planning.policy import HostPolicy
@@ -229,6 +230,12 @@ def main(argv: list[str]) -> int:
                 stale.append(filename)
         else:
             path.write_text(text)
+    shipped = result_models.SCHEMA_FILE  # the copy a job is given, shipped in the package
+    if check:
+        if not shipped.is_file() or shipped.read_bytes() != result_models.rendered_schema():
+            stale.append(f"runner/models/{shipped.name} (the shipped copy)")
+    else:
+        shipped.write_bytes(result_models.rendered_schema())
     readme = README.read_text()
     wanted = readme_with_blocks(readme)
     if check and wanted != readme:

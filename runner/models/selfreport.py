@@ -20,11 +20,21 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
-__all__ = ["ContractResult", "Preflight", "ShortResult", "json_schema", "schema_bytes", "validate"]
+__all__ = [
+    "SCHEMA_FILE",
+    "ContractResult",
+    "Preflight",
+    "ShortResult",
+    "json_schema",
+    "rendered_schema",
+    "schema_bytes",
+    "validate",
+]
 
 _PATH = "Relative to /job/output, a file there (or a folder, not hashed)."
 
@@ -237,9 +247,20 @@ def json_schema() -> dict[str, Any]:
     }
 
 
+SCHEMA_FILE = Path(__file__).with_name("agent-result.schema.json")
+"""The shipped copy of ``contracts/agent-result.schema.json`` (package data), written with it by
+``python -m runner.app.schemas`` from :func:`rendered_schema` and checked against the models by
+its ``--check`` and by the tests."""
+
+
+def rendered_schema() -> bytes:
+    """:func:`json_schema` as the bytes of the file (sorted keys, two-space indent)."""
+    return (json.dumps(json_schema(), indent=2, sort_keys=True) + "\n").encode()
+
+
 @functools.cache
 def schema_bytes() -> bytes:
     """The bytes of ``contracts/agent-result.schema.json``, to stage as
-    ``/job/input/result.schema.json``. Made once a process (pydantic's schema generation is
-    about 10 ms of every job; a server or a batch makes it before it forks)."""
-    return (json.dumps(json_schema(), indent=2, sort_keys=True) + "\n").encode()
+    ``/job/input/result.schema.json``: read from the shipped copy, because generating it
+    (pydantic's schema generation) was about 35 ms of every fresh ``runner run``."""
+    return SCHEMA_FILE.read_bytes()

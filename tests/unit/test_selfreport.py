@@ -16,7 +16,7 @@ import pytest
 from runner.app.schemas import CONTRACTS
 from runner.evidence import selfreport
 from runner.models.envelope import AgentResultRecord
-from runner.models.selfreport import schema_bytes
+from runner.models.selfreport import rendered_schema, schema_bytes
 
 CONTRACT: dict[str, Any] = {
     "measurements": [
@@ -459,9 +459,11 @@ def test_unreadable_or_wrong_shape_is_a_problem_not_a_crash(
 
 
 def test_the_schema_staged_for_the_job_is_the_checked_in_one() -> None:
-    """schema_bytes() is contracts/agent-result.schema.json; both seed shapes match exactly one
-    of its branches, and a document that is neither matches none."""
+    """schema_bytes() (the copy shipped in the package, read instead of generated) is what the
+    models generate now and is contracts/agent-result.schema.json; both seed shapes match
+    exactly one of its branches, and a document that is neither matches none."""
     data = schema_bytes()
+    assert data == rendered_schema()  # a model changed: `python -m runner.app.schemas`
     assert data == (CONTRACTS / "agent-result.schema.json").read_bytes()
     schema = json.loads(data)
     assert "/job/input/result.schema.json" in schema["description"]
