@@ -68,6 +68,13 @@ def test_the_wheel_installs_and_runs(tmp_path: Path) -> None:
     )
     assert licence and "Apache License" in licence[0].read_text()
 
+    given = _run(  # the result.json schema a job is given ships in the package, whole
+        venv / "bin" / "python", "-c",
+        "import sys; from runner.models import selfreport; "
+        "sys.stdout.buffer.write(selfreport.schema_bytes())",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert given.stdout == (ROOT / "contracts" / "agent-result.schema.json").read_text()
     check = _run(venv / "bin" / "python", "-m", "runner.app.schemas", "--check", cwd=tmp_path)
     assert check.returncode == 2 and "runner schema NAME" in check.stdout, check.stderr
     assert "Traceback" not in check.stderr
