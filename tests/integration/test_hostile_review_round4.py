@@ -10,7 +10,7 @@ import pytest
 
 from runner.backends.docker import DockerBackend
 from runner.core.errors import PolicyViolation
-from runner.execution import agentimage
+from runner.execution import agentfit, agentimage
 from tests.support.agents import SCRIPTED_RUNTIME
 
 pytestmark = pytest.mark.hostile
@@ -27,7 +27,7 @@ def test_the_engine_answers_so_for_a_path_through_a_file(
     runtime = agentimage.ensure(backend, scripted_agent_image, SCRIPTED_RUNTIME["runtimePaths"],
                                 tmp_path / "cache", {})  # fmt: skip
     argv = ["python3", "/opt/runner-agent/agent.py"]
-    agentimage.check_fits(backend, info, "runner-cpu", runtime, argv, [], {},
+    agentfit.check_fits(backend, info, "runner-cpu", runtime, argv, [], {},
                           "/etc/passwd:/usr/bin")  # fmt: skip
     with pytest.raises(PolicyViolation, match=r"no python3 \(on its PATH /etc/passwd\)"):
-        agentimage.check_fits(backend, info, "runner-cpu", runtime, argv, [], {}, "/etc/passwd")
+        agentfit.check_fits(backend, info, "runner-cpu", runtime, argv, [], {}, "/etc/passwd")

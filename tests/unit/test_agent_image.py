@@ -27,7 +27,7 @@ from runner.backends.fake import FakeBackend
 from runner.backends.types import ImageInfo
 from runner.contract import load_contract, with_digest
 from runner.core.errors import PolicyViolation
-from runner.execution import agentimage
+from runner.execution import agentfit, agentimage
 from runner.planning import plan
 from runner.planning.policy import HostPolicy
 from tests.support import (
@@ -110,13 +110,13 @@ def test_elf_headers_are_read_for_machine_and_loader(tmp_path: Path) -> None:
     (tmp_path / "static").write_bytes(_elf(62, None))
     (tmp_path / "script").write_bytes(b"#!/usr/bin/env python3\nprint(1)\n")
     (tmp_path / "data").write_bytes(b"just data")
-    needs = {n: agentimage.needs_of(tmp_path, n) for n in ("dyn", "arm", "static", "script")}
-    assert needs["dyn"] == agentimage.Needs("dyn", "amd64", LOADER.decode())
-    assert needs["arm"] == agentimage.Needs("arm", "arm64", "/lib/ld-linux-aarch64.so.1")
-    assert needs["static"] == agentimage.Needs("static", "amd64", None)
-    assert needs["script"] == agentimage.Needs("script", None, "/usr/bin/env", "python3")
-    assert agentimage.needs_of(tmp_path, "data") is None
-    real = agentimage.needs_of(Path(sys.executable).resolve().parent, Path(sys.executable).name)
+    needs = {n: agentfit.needs_of(tmp_path, n) for n in ("dyn", "arm", "static", "script")}
+    assert needs["dyn"] == agentfit.Needs("dyn", "amd64", LOADER.decode())
+    assert needs["arm"] == agentfit.Needs("arm", "arm64", "/lib/ld-linux-aarch64.so.1")
+    assert needs["static"] == agentfit.Needs("static", "amd64", None)
+    assert needs["script"] == agentfit.Needs("script", None, "/usr/bin/env", "python3")
+    assert agentfit.needs_of(tmp_path, "data") is None
+    real = agentfit.needs_of(Path(sys.executable).resolve().parent, Path(sys.executable).name)
     assert real is not None and real.machine is not None  # this very interpreter's ELF
 
 
@@ -182,7 +182,7 @@ def test_a_runtime_that_cannot_run_in_the_contracts_image_is_refused_naming_why(
     info = fake.images[contract_id]
 
     def check() -> None:
-        agentimage.check_fits(fake, info, "paper:1", runtime, argv, ["bash"], {})
+        agentfit.check_fits(fake, info, "paper:1", runtime, argv, ["bash"], {})
 
     if why is None:
         check()

@@ -22,7 +22,7 @@ import pytest
 from runner.backends.base import ContainerSpec
 from runner.contract import load_contract, with_digest
 from runner.core.errors import PolicyViolation
-from runner.execution import agent_run, agentimage
+from runner.execution import agent_run, agentfit, agentimage
 from runner.planning import plan
 from runner.planning.policy import HostPolicy
 from runner.state.ledger import LedgerState
@@ -173,7 +173,7 @@ def test_env_shebang_options_name_the_command_they_run(tmp_path: Path) -> None:
         (b"#!/usr/bin/env bash\n", "bash"),
     ]:
         (tmp_path / "s").write_bytes(line)
-        needs = agentimage.needs_of(tmp_path, "s")
+        needs = agentfit.needs_of(tmp_path, "s")
         assert needs is not None and needs.interpreter_arg == command, line
 
 
@@ -185,12 +185,12 @@ def test_an_image_naming_no_architecture_is_checked_against_the_hosts(tmp_path: 
     )
     root = tmp_path / "runtime-image" / "usr/local/bin"
     (root / "claude").unlink()
-    (root / "claude").write_bytes(_elf(183 if agentimage.host_arch() != "arm64" else 62,
+    (root / "claude").write_bytes(_elf(183 if agentfit.host_arch() != "arm64" else 62,
                                        b"/lib64/ld-linux-x86-64.so.2"))  # fmt: skip
     (root / "claude").chmod(0o755)
     runtime = agentimage.ensure(fake, runtime_id, PATHS, tmp_path / "cache", {})
-    with pytest.raises(PolicyViolation, match=f"the image for {agentimage.host_arch()}"):
-        agentimage.check_fits(fake, fake.images[contract_id], "paper:1", runtime, ARGV, [], {})
+    with pytest.raises(PolicyViolation, match=f"the image for {agentfit.host_arch()}"):
+        agentfit.check_fits(fake, fake.images[contract_id], "paper:1", runtime, ARGV, [], {})
 
 
 def test_a_glibc_loader_without_glibc_is_refused(tmp_path: Path) -> None:
@@ -199,7 +199,7 @@ def test_a_glibc_loader_without_glibc_is_refused(tmp_path: Path) -> None:
     musl = {k: v for k, v in GLIBC_IMAGE.items() if not k.endswith("libc.so.6")}
     fake, runtime, contract_id = _runtime(tmp_path, musl)
     with pytest.raises(PolicyViolation, match=r"no glibc \(libc\.so\.6\) for claude"):
-        agentimage.check_fits(fake, fake.images[contract_id], "paper:1", runtime, ARGV, [], {})
+        agentfit.check_fits(fake, fake.images[contract_id], "paper:1", runtime, ARGV, [], {})
 
 
 def test_the_fit_is_checked_on_the_path_the_runtime_starts_with(tmp_path: Path) -> None:
@@ -208,12 +208,12 @@ def test_the_fit_is_checked_on_the_path_the_runtime_starts_with(tmp_path: Path) 
     files = {**GLIBC_IMAGE, "custom/bin/tool": b"tool"}
     fake, runtime, contract_id = _runtime(tmp_path, files)
     info = fake.images[contract_id]
-    agentimage.check_fits(fake, info, "paper:1", runtime, ARGV, ["tool"], {},
+    agentfit.check_fits(fake, info, "paper:1", runtime, ARGV, ["tool"], {},
                           "/opt/runner-agent:/custom/bin")  # fmt: skip
     with pytest.raises(PolicyViolation, match=r"no tool \(on its PATH /usr/local/bin:/usr/bin\)"):
-        agentimage.check_fits(fake, info, "paper:1", runtime, ARGV, ["tool"], {})
+        agentfit.check_fits(fake, info, "paper:1", runtime, ARGV, ["tool"], {})
     with pytest.raises(PolicyViolation, match=r"no bash \(on its PATH /custom/bin\)"):
-        agentimage.check_fits(fake, info, "paper:1", runtime, ARGV, ["bash"], {},
+        agentfit.check_fits(fake, info, "paper:1", runtime, ARGV, ["bash"], {},
                               "/opt/runner-agent:/custom/bin")  # fmt: skip
 
 
@@ -239,9 +239,9 @@ def test_the_papers_path_reaches_the_container_as_the_image_gives_it(tmp_path: P
 
     brought = agentimage.bring(fake, p, info, acquire, tmp_path / "state", {})
     assert brought is not None and brought.path == f"/opt/runner-agent:{long_path}"
-    assert agentimage.search_path(long_path)[-1] == "/usr/bin"  # 41 absolute entries
-    wider = ":".join(f"/p{i}" for i in range(agentimage.MAX_SEARCH + 5))
-    assert len(agentimage.search_path(wider)) == agentimage.MAX_SEARCH
+    assert agentfit.search_path(long_path)[-1] == "/usr/bin"  # 41 absolute entries
+    wider = ":".join(f"/p{i}" for i in range(agentfit.MAX_SEARCH + 5))
+    assert len(agentfit.search_path(wider)) == agentfit.MAX_SEARCH
 
 
 # --------------------------------------------------------------------------- the network

@@ -21,7 +21,7 @@ import pytest
 
 from runner.contract import load_contract, with_digest
 from runner.core.errors import PolicyViolation
-from runner.execution import agentimage
+from runner.execution import agentfit, agentimage
 from runner.planning import plan
 from runner.planning.policy import HostPolicy
 from tests.support import SEED
@@ -185,19 +185,19 @@ def test_a_path_the_engine_cannot_resolve_is_not_the_hosts_failure(tmp_path: Pat
              "loop1": "/loop2", "loop2": "/loop1"}  # fmt: skip
     fake, runtime, contract_id = _runtime(tmp_path, files)
     info = fake.images[contract_id]
-    agentimage.check_fits(fake, info, "paper:1", runtime, ARGV, ["bash"], {},
+    agentfit.check_fits(fake, info, "paper:1", runtime, ARGV, ["bash"], {},
                           "/opt/runner-agent:/etc/passwd:/loop1:/usr/bin")  # fmt: skip
     with pytest.raises(PolicyViolation, match=r"the image has no tool \(on its PATH"):
-        agentimage.check_fits(fake, info, "paper:1", runtime, ARGV, ["tool"], {},
+        agentfit.check_fits(fake, info, "paper:1", runtime, ARGV, ["tool"], {},
                               "/etc/passwd:/loop1")  # fmt: skip
     looped = {**files, "bin/sh": "/loop1"}
     fake, runtime, contract_id = _runtime(tmp_path / "b", looped)
     with pytest.raises(PolicyViolation, match=r"; no /bin/sh"):
-        agentimage.check_fits(fake, fake.images[contract_id], "paper:1", runtime, ARGV, [], {})
+        agentfit.check_fits(fake, fake.images[contract_id], "paper:1", runtime, ARGV, [], {})
     at_opt = {**files, "opt": "/loop1"}
     fake, runtime, contract_id = _runtime(tmp_path / "c", at_opt)
     with pytest.raises(PolicyViolation, match=r"no folder at /opt"):
-        agentimage.check_fits(fake, fake.images[contract_id], "paper:1", runtime, ARGV, [], {})
+        agentfit.check_fits(fake, fake.images[contract_id], "paper:1", runtime, ARGV, [], {})
 
 
 def test_elf_offsets_no_file_can_hold_are_read_as_naming_no_loader(tmp_path: Path) -> None:
@@ -208,7 +208,7 @@ def test_elf_offsets_no_file_can_hold_are_read_as_naming_no_loader(tmp_path: Pat
         header += struct.pack("<HHIQQQIHHHHHH", 2, 62, 1, 0, phoff, 0, 0, 64, 56, 1, 0, 0, 0)
         ph = struct.pack("<IIQQQQQQ", 3, 4, interp_off, 0, 0, 28, 28, 1)
         (tmp_path / "prog").write_bytes(header + ph)
-        assert agentimage.needs_of(tmp_path, "prog") == agentimage.Needs("prog", "amd64")
+        assert agentfit.needs_of(tmp_path, "prog") == agentfit.Needs("prog", "amd64")
 
 
 # --------------------------------------------------------------------------- prune
