@@ -171,6 +171,11 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-slurm-"))
     env = {**os.environ, "RUNNER_CONFIG_DIR": str(tmp / "config")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # Bytecode cached as an installed runner's is (sbatch passes the environment on, and some
+    # machines set PYTHONDONTWRITEBYTECODE, which would compile every module in every job):
+    # under this run's temporary folder, as the main benchmark does.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
     rounds: dict[str, list[tuple[float, int, int]]] = {"runner": [], "served": [], "baseline": []}
     try:
         limits = caps(tmp, env)
