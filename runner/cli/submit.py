@@ -40,8 +40,9 @@ envelope goes to <state>/slurm/<job id>/envelope-<Slurm job id>.json. Slurm's SI
 time limit) stops the container; a requeued job continues the same budget.
 
 requirements: the state folder, the contract and its inputs on storage every node mounts at
-the same paths (a local state folder is refused unless the partition has one node); Docker
-and this runner on the nodes; Slurm's KillWait longer than --stop-grace + 5 s.
+the same paths (a local state folder is refused unless the partition, the default one if none
+is named, has one node); Docker and this runner on the nodes; Slurm's KillWait longer than
+--stop-grace + 5 s.
 
   runner cluster submit task.dsse.json --to slurm --state-dir /shared/runner
   runner job wait <job id> --state-dir /shared/runner

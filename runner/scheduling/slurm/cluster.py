@@ -101,13 +101,22 @@ class Cluster:
         value = self.config().get("KillWait", "30 sec").split()[0]
         return int(value) if value.isascii() and value.isdigit() else 30
 
+    def _where(self, partition: str | None) -> list[str]:
+        """``sinfo``'s partition option: the one given, else the cluster's default (the one
+        sbatch puts a job in when it names none); none when the cluster marks no default."""
+        if partition is None:
+            marked = [p for p in self.run("sinfo", "-h", "-o", "%P").split() if p.endswith("*")]
+            partition = marked[0].rstrip("*") if marked else None
+        return [f"--partition={partition}"] if partition else []
+
     def partition_nodes(self, partition: str | None) -> int:
-        where = [f"--partition={partition}"] if partition else []
-        args = ["sinfo", "-h", "-N", "-o", "%N", *where]
+        """How many nodes the job may land on: the partition's (the default one's when it
+        names none), not the cluster's."""
+        args = ["sinfo", "-h", "-N", "-o", "%N", *self._where(partition)]
         return len(set(self.run(*args).split()))
 
     def gpu_types(self, partition: str | None) -> list[str]:
-        args = ["sinfo", "-h", "-o", "%G"] + ([f"--partition={partition}"] if partition else [])
+        args = ["sinfo", "-h", "-o", "%G", *self._where(partition)]
         return offered_gpu_types(self.run(*args))
 
     def sbatch(self, args: list[str], script: Path, *, test_only: bool = False) -> str:
