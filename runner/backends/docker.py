@@ -29,6 +29,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,14 +96,36 @@ class _NotFound(Exception):
         self.message = message
 
 
+class _DeadlineSocket(socket.socket):
+    """A socket whose receives share one deadline (``time.monotonic()``; None: none), each
+    also bounded by the timeout it was given: an engine that trickles its answer, a byte
+    within every receive's timeout, is cut off at the call's limit all the same (a watch
+    loop held in one call could not stop a job at its budget's end)."""
+
+    __slots__ = ("deadline", "per_receive")
+    deadline: float | None
+    per_receive: float | None
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the engine's answer did not end within the call's limit")
+            self.settimeout(left if self.per_receive is None else min(left, self.per_receive))
+        return super().recv_into(buffer, nbytes, flags)
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(self, path: str, timeout: float | None) -> None:
         super().__init__("localhost", timeout=timeout)
         self._path = path
+        self.deadline: float | None = None
+        """Set before the request: every receive of the call ends by then."""
 
     def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _DeadlineSocket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
+        sock.per_receive, sock.deadline = self.timeout, self.deadline
         try:
             sock.connect(self._path)
         except OSError:
@@ -221,6 +244,10 @@ class DockerBackend:
         opened: Callable[[http.client.HTTPConnection], None] | None = None,
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
         conn = self._connect(timeout)
+        if stream_to is None and timeout is not None and isinstance(conn, _UnixConnection):
+            # The whole answer within ``timeout``, not each receive (a stream, logs or an
+            # archive, is read by its caller under its own caps).
+            conn.deadline = time.monotonic() + timeout
         headers = {"Host": "docker", **(headers or {})}
         payload = None
         if body is not None:

@@ -332,3 +332,50 @@ def test_an_engine_answer_past_the_cap_is_refused_not_read_on(
             engine_api.DockerBackend(f"unix://{engine.path}").inspect_image("toy:1")
     finally:
         engine.close()
+
+
+@pytest.mark.hostile
+def test_an_engine_that_trickles_its_answer_is_cut_off_at_the_calls_limit(
+    short_dir: Path,
+) -> None:
+    """An answer sent a byte every 50 ms, each receive well within the call's 0.5 s timeout,
+    used to hold the call as long as the engine liked (a watch loop held in one call cannot
+    stop a job at its budget's end); now the whole answer must come within the 0.5 s."""
+    from runner.backends import docker as engine_api
+    from runner.core.errors import EngineUnavailable
+
+    path = short_dir / "trickle.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(4)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn, contextlib.suppress(OSError):
+                if b"/_ping" in conn.recv(65536).split(b"\r\n", 1)[0]:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nAPI-Version: 1.41\r\n"
+                                 b"Content-Length: 2\r\n\r\nOK")  # fmt: skip
+                    continue
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                for _ in range(800):  # 40 s of it at most, then the connection ends
+                    if stop.wait(0.05):
+                        break
+                    conn.sendall(b" ")
+
+    threading.Thread(target=trickle, daemon=True).start()
+    try:
+        backend = engine_api.DockerBackend(f"unix://{path}", timeout=0.5)
+        began = time.monotonic()
+        with pytest.raises(EngineUnavailable, match="TimeoutError"):
+            backend.inspect_image("toy:1")
+        # Cut at 0.5 s; before, the inspect went on as long as the engine trickled (here 40
+        # s, then an incomplete answer). A loaded machine may add seconds, not 30.
+        assert time.monotonic() - began < 30
+    finally:
+        stop.set()
+        server.close()
