@@ -43,7 +43,7 @@ examples:
 
 Each replay is a job of its own (<job id>-replay-<n>: its own folder, ledger and budget; its
 record/replay-of.json names the original). The report is written to the original's
-record/replays.json (the last one; `runner job status` and the report page read it).
+record/replays.json (an earlier one is kept as record/replays-<time>.json).
 
 exit codes:
   0    every replay ran and reproduced the original exactly (every value, every evidence file)
