@@ -11,11 +11,13 @@ from typing import TYPE_CHECKING
 
 from runner.app import host
 from runner.cli._common import (
+    EXIT_CANCELLED,
     EXIT_JOB_FAILED,
     EXIT_SUCCEEDED,
     HOST_HELP,
     HumanProgress,
     NotesOnly,
+    exit_code_of,
     host_options,
     host_run_options,
     labels,
@@ -50,8 +52,9 @@ exit codes:
   1    a replay failed, or a value or an evidence file differs (the report names the first)
   2    the command line was wrong (--times outside 1..20)
   3    refused: the job has no result, its contract does not verify, or the host policy does
-       not allow replays (a signed contract needs allowJobIdOverride)
-  4    infrastructure (the engine, the host's policy or keys)
+       not allow replays (a signed contract needs allowJobIdOverride); also when the host
+       refused every replay before it ran (the contract expired since, say)
+  4    infrastructure (the engine, the host's policy or keys), before any replay ran
   5    no such job
   130  interrupted; the report keeps the replays that ran (complete: false)
 """
@@ -195,8 +198,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     else:
         print(_table(report))
         print(f"\nreport    {orig.job.record / replay.REPORT}")
-    if any(r.failure is not None and r.failure.category == "cancelled" for r in report.runs[1:]):
-        return 130
+    return _exit(report)
+
+
+def _exit(report: ReplayReport) -> int:
+    """130 when a replay was interrupted; a refusal's code (3) or an infrastructure failure's
+    (4) when this host ran none of the replays (each was stopped before it became a job: a
+    contract expired since, a policy that no longer admits it); else 0 when identical, 1."""
+    replays = report.runs[1:]
+    if any(r.failure is not None and r.failure.category == "cancelled" for r in replays):
+        return EXIT_CANCELLED
+    never = [r.failure.category for r in replays if r.jobDir is None and r.failure is not None]
+    if replays and len(never) == len(replays):
+        return exit_code_of(never[0])
     return EXIT_SUCCEEDED if report.identical else EXIT_JOB_FAILED
 
 

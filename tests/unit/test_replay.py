@@ -464,3 +464,88 @@ def test_times_is_bounded_naming_the_flag(tmp_path: Path) -> None:
         assert "--times wants a number of replays from 1 to 20" in proc.stderr
     with pytest.raises(ValueError, match=r"1\.\.20"):
         replay.replay(None, _options(tmp_path), 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.hostile
+def test_only_the_replayed_jobs_input_is_staged_from_inside_the_state_dir(tmp_path: Path) -> None:
+    """The one exception to "nothing is staged from the runner's own folders" is a replay's, for
+    exactly the replayed job's input/: that contract run by `runner run` is refused, and so is
+    a replay that names another job's input/ as the one replayed."""
+    fake = FakeBackend(jobs=FakeJob(work=_writer(lambda: '{"accuracy": 1}')))
+    root, options = _original(tmp_path, fake)
+    staged = root / "input" / "task.json"
+    env = orchestrator.run(staged, replace(options, job_id="again"), backend=fake)
+    assert env.failure is not None and env.failure.category == "invalid_contract"
+    assert "inside the runner's own folder" in env.failure.reason
+    other = tmp_path / "state" / "jobs" / "other" / "input"
+    other.mkdir(parents=True)
+    wrong = replace(options, job_id="again-2", replayed=other)
+    env = orchestrator.run(staged, wrong, backend=fake)
+    assert env.failure is not None and "inside the runner's own folder" in env.failure.reason
+    # a link to the replayed folder is not that folder
+    link = tmp_path / "state" / "jobs" / "link"
+    link.symlink_to(root / "input")
+    assert replace(options, replayed=link).input_rules().replayed is None
+    right = replace(options, job_id="again-3", replayed=root / "input")
+    assert orchestrator.run(staged, right, backend=fake).status == "succeeded"
+
+
+def test_the_table_for_people() -> None:
+    """The table a person reads, from a report: every run, each value, each file."""
+    from runner.cli.replay import _table
+
+    envelopes: list[ResultEnvelope | None] = [
+        _envelope(SAME),
+        _envelope({**SAME, "n": 11}, sha={"logs/count.txt": "9" * 64}),
+    ]
+    got, runs = _runs(envelopes)
+    same, failed, text = summary(got, runs, 1, complete=True)
+    report = ReplayReport(
+        runnerVersion="0",
+        jobId="j",
+        jobDir="/x",
+        contractDigest=DIGEST,
+        signed=False,
+        startedAt="t",
+        finishedAt="t",
+        times=1,
+        complete=True,
+        replays=["job-1"],
+        runs=runs,
+        failedReplays=failed,
+        identical=same,
+        measurements=got.measurements,
+        evidence=got.evidence,
+        firstDifference=got.first,
+        summary=text,
+    )
+    table = _table(report)
+    assert table.splitlines()[0] == text
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[2:] if line}
+    assert rows["original"] == ["job-0", "succeeded"] and rows["1"] == ["job-1", "succeeded"]
+    assert rows["acc"] == ["yes", "0.8,", "0.8", "0.0", "0"]
+    assert rows["n"] == ["NO", "10,", "11", "1", "0.0952"]
+    assert rows["logs/eval.json"] == ["yes"] and rows["logs/count.txt"] == ["NO", "1"]
+
+
+def test_replays_the_host_refuses_are_failed_and_exit_as_refused(tmp_path: Path) -> None:
+    """The host has the last word: an unsigned run replayed where unsigned contracts are no
+    longer accepted fails each replay at its policy stage, and the command exits 3."""
+    from runner.cli.replay import _exit
+
+    fake = FakeBackend(jobs=FakeJob(work=_writer(lambda: '{"accuracy": 1}')))
+    root, options = _original(tmp_path, fake)
+    strict = replace(
+        options,
+        policy=policy.LoadedPolicy(policy.HostPolicy(acceptUnsigned=False).resolved(), "strict"),
+    )
+    report = replay.replay(replay.original(root, strict), strict, 2, backend=fake)
+    assert report.failedReplays == [1, 2] and not report.identical and report.complete
+    for run in report.runs[1:]:
+        assert run.failure is not None and run.failure.stage == "policy"
+        assert run.jobDir is None  # never a job: its reserved folder is gone
+    assert not (root.parent / f"{root.name}-replay-1").exists()
+    assert _exit(report) == 3
+    assert "2 of 2 replays failed" in report.summary
+    ok = replay.replay(replay.original(root, options), options, 1, backend=fake)
+    assert _exit(ok) == 0
