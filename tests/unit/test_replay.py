@@ -549,3 +549,45 @@ def test_replays_the_host_refuses_are_failed_and_exit_as_refused(tmp_path: Path)
     assert "2 of 2 replays failed" in report.summary
     ok = replay.replay(replay.original(root, options), options, 1, backend=fake)
     assert _exit(ok) == 0
+
+
+class _Interrupting:
+    """Progress that is Ctrl-C at its first running tick."""
+
+    def stage(self, name: str, detail: str) -> None:
+        pass
+
+    def running(self, elapsed: float, budget: float) -> None:
+        raise KeyboardInterrupt
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        pass
+
+
+def test_an_interrupted_replay_stops_the_rest_and_keeps_what_ran(tmp_path: Path) -> None:
+    from runner.cli.replay import _exit
+
+    fake = FakeBackend(
+        jobs=lambda spec: FakeJob(
+            seconds=math.inf if "replay-2" in spec.name else 0.0,
+            work=_writer(lambda: '{"accuracy": 1}'),
+        )
+    )
+    root, options = _original(tmp_path, fake)
+    started: list[str] = []
+
+    def on_start(n: int, job_id: str) -> Any:
+        started.append(job_id)
+        return _Interrupting()
+
+    report = replay.replay(replay.original(root, options), options, 4, backend=fake,
+                           on_start=on_start)  # fmt: skip
+    assert started == [f"{root.name}-replay-1", f"{root.name}-replay-2"]  # 3 and 4 never ran
+    assert not report.complete and report.finishedAt is None and not report.identical
+    assert report.runs[1].status == "succeeded"
+    assert report.runs[2].failure is not None and report.runs[2].failure.category == "cancelled"
+    assert "2 of 4 replays ran so far" in report.summary
+    written = ReplayReport.model_validate_json((root / "record" / "replays.json").read_bytes())
+    assert written == report
+    assert _exit(report) == 130
+    assert fake.containers == {}
