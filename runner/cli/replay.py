@@ -65,14 +65,14 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         name,
         help=help,
         description=(
-            "Run a finished job's contract again, --times N times, each as a job of its own "
-            "in a fresh folder (with its own ledger and budget), one after another, then "
-            "compare each replay with the original: per measurement the values, their spread "
-            "and whether they are identical; per evidence file whether its bytes are "
-            "identical (sha256); and what differed first, in the contract's order. The "
-            "contract is the one the job ran, read from its folder (input/task.dsse.json) "
-            "and verified again against this host's trusted issuers and policy, as `runner "
-            "run` does; its inputs are staged from the job's input/ under the digests it "
+            "Run a finished job's contract again, --times N times, each as a job of its own\n"
+            "in a fresh folder (its own ledger and budget), one after another, then compare\n"
+            "each replay with the original: per measurement the values, their spread and\n"
+            "whether they are identical; per evidence file whether its bytes are identical\n"
+            "(sha256); and what differed first, in the contract's order.\n\n"
+            "The contract is the one the job ran, read from its folder (input/task.dsse.json)\n"
+            "and verified again against this host's trusted issuers and policy, as `runner\n"
+            "run` does; its inputs are staged from the job's input/ under the digests it\n"
             "binds. The replays run under the original's --limit overrides."
         ),
         epilog=EXAMPLES + "\n" + HOST_HELP,
