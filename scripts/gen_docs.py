@@ -4,11 +4,11 @@
     python scripts/gen_docs.py --check    # exit 1 when a committed page is stale (or extra)
 
 The tables come from their one owner, ``runner.app.schemas`` (the same renderers that write
-the README's generated blocks): the contract's, the host policy's, the envelope's and the
-ledger's fields from their pydantic models, the exit codes and failure categories from the
-category table, the parser catalog from the registry, the result.json flags. It also
-generates the performance table of docs/development/benchmarks.md (its ``perf`` block) from
-the committed benchmark report, with ``benchmarks.targets``. The command
+the README's generated blocks): the contract's, the host policy's, the envelope's, the
+ledger's and the replay report's fields from their pydantic models, the exit codes and failure
+categories from the category table, the parser catalog from the registry, the result.json
+flags. It also generates the performance table of docs/development/benchmarks.md (its
+``perf`` block) from the committed benchmark report, with ``benchmarks.targets``. The command
 pages walk the CLI's argparse parser (``runner.cli.build_parser``), and the environment page
 lists the declared variables (``runner.core.envvars``). A script, not a module of ``runner``:
 it reads the CLI (the top layer) and the models below it alike.
@@ -32,6 +32,7 @@ from runner.app import schemas  # noqa: E402
 from runner.cli import EXIT_CODES_HELP, HOST_HELP, build_parser  # noqa: E402
 from runner.core import envvars  # noqa: E402
 from runner.evidence import selfreport  # noqa: E402
+from runner.models.replay import ReplayReport  # noqa: E402
 from runner.planning.policy import HostPolicy  # noqa: E402
 from runner.state.ledger import LedgerEvent  # noqa: E402
 
@@ -239,6 +240,17 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
             "(`runner/state/ledger.py`; JSON Schema: `contracts/ledger-event.schema.json`). "
             "See [The budget ledger](../concepts/ledger.md).",
             schemas.model_fields_markdown(LedgerEvent),
+        ),
+    ),
+    "replay-report.md": (
+        "Replay report fields",
+        lambda: _page(
+            "Replay report fields",
+            "The reproducibility report `runner replay` writes to the original job's "
+            "`record/replays.json`, from its pydantic model (`runner/models/replay.py`; JSON "
+            "Schema: `contracts/replay-report.schema.json`). See "
+            "[Replaying a job](../how-to/replay.md).",
+            schemas.model_fields_markdown(ReplayReport),
         ),
     ),
     "failures.md": (

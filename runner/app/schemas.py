@@ -24,6 +24,7 @@ from runner.contract.models import ExecutionContract
 from runner.evidence import selfreport
 from runner.models import selfreport as result_models
 from runner.models.envelope import ResultEnvelope
+from runner.models.replay import ReplayReport
 from runner.models.selfreport import json_schema as selfreport_schema
 from runner.planning.policy import HostPolicy
 from runner.state.ledger import LedgerEvent
@@ -195,6 +196,7 @@ def schemas() -> dict[str, dict[str, Any]]:
         ("result-envelope.schema.json", ResultEnvelope, "Result envelope"),
         ("host-policy.schema.json", HostPolicy, "Host policy"),
         ("ledger-event.schema.json", LedgerEvent, "Budget ledger event"),
+        ("replay-report.schema.json", ReplayReport, "Replay report"),
     ):
         schema = model.model_json_schema(mode="validation")
         schema = {

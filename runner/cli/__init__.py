@@ -19,6 +19,7 @@ spelling before it is parsed, so both reach the same parser, options and exit co
 module               commands
 ===================  ==========================================================
 ``run.py``           run (one contract, or a batch)
+``replay.py``        replay (a finished job's contract again, compared with it)
 ``verify.py``        verify contract, verify result
 ``issuer.py``        key new, key trust, contract pin, contract sign
 ``job.py``           job status, job regrade, job cleanup, verify ledger
@@ -73,6 +74,7 @@ __all__ = [
 
 _TABLE: dict[str, tuple[str | None, str]] = {
     "run": ("run", "run a contract's job in a container and write its envelope"),
+    "replay": ("replay", "run a finished job's contract again N times; how reproducible it is"),
     "verify": (None, "check, running nothing"),
     "contract": (None, "the issuer's side of a contract"),
     "key": (None, "the keys contracts are signed with"),

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
     from runner.contract import Trust
     from runner.core.errors import RunnerError
+    from runner.execution.options import RunOptions
     from runner.models.envelope import ResultEnvelope
     from runner.planning.policy import LoadedPolicy
     from runner.trust.signing import TrustedKey
@@ -115,6 +116,50 @@ def load_host(args: argparse.Namespace) -> tuple[LoadedPolicy, Trust]:
         allow_network=getattr(args, "allow_network", False),
         allow_unsigned=getattr(args, "allow_unsigned", False),
         allow_unpinned_image=getattr(args, "allow_unpinned_image", False),
+    )
+
+
+def labels(values: list[str]) -> dict[str, str]:
+    """``--label KEY=VALUE`` options (run, replay): the org.runner. labels are the runner's."""
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            usage(f"--label wants KEY=VALUE, got {item!r}")
+        if key.startswith("org.runner."):
+            usage(f"--label {key}: the org.runner. labels are the runner's own")
+        out[key] = value
+    return out
+
+
+def host_run_options(
+    loaded: LoadedPolicy,
+    trust: Trust,
+    *,
+    state_dir: str | None,
+    stop_grace: float,
+    heartbeat: float,
+    **fields: Any,
+) -> RunOptions:
+    """How a job runs on this host (run, replay): the policy, trusted keys and state folder
+    given, and the host's own settings (its result key, its GPU locks and CDI specs, its config
+    folder kept out of every job); ``fields`` sets the rest of :class:`RunOptions`."""
+    from pathlib import Path
+
+    from runner.app import host
+    from runner.execution.options import RunOptions
+
+    return RunOptions(
+        state_dir=host.state_dir(state_dir),
+        policy=loaded,
+        trust=trust,
+        result_key=host.result_key_path(loaded.policy.resultSigningKey),
+        stop_grace_seconds=stop_grace,
+        heartbeat_seconds=heartbeat,
+        protected=(Path(host.config_dir()),),
+        gpu_lock_dir=host.gpu_lock_dir(),
+        cdi_dirs=host.cdi_dirs(),
+        **fields,
     )
 
 

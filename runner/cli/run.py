@@ -18,6 +18,8 @@ from runner.cli._common import (
     batch_exit,
     envelope_exit,
     host_options,
+    host_run_options,
+    labels,
     load_host,
     summary,
     usage,
@@ -121,18 +123,6 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     run.set_defaults(func=cmd_run)
 
 
-def _labels(values: list[str]) -> dict[str, str]:
-    out = {}
-    for item in values:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            usage(f"--label wants KEY=VALUE, got {item!r}")
-        if key.startswith("org.runner."):
-            usage(f"--label {key}: the org.runner. labels are the runner's own")
-        out[key] = value
-    return out
-
-
 def _overrides(values: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for item in values:
@@ -149,23 +139,17 @@ def _overrides(values: list[str]) -> dict[str, float]:
 def _run_options(
     args: argparse.Namespace, loaded: LoadedPolicy, trust: Trust
 ) -> orchestrator.RunOptions:
-    from runner.execution import orchestrator
-
-    return orchestrator.RunOptions(
-        state_dir=host.state_dir(args.state_dir),
+    return host_run_options(
+        loaded,
+        trust,
+        state_dir=args.state_dir,
+        stop_grace=args.stop_grace,
+        heartbeat=args.heartbeat,
         job_id=args.job_id,
-        policy=loaded,
-        trust=trust,
-        labels=_labels(args.label),
+        labels=labels(args.label),
         overrides=_overrides(args.limit),
         rerun=args.rerun,
         bundle=Path(args.bundle) if args.bundle else None,
-        result_key=host.result_key_path(loaded.policy.resultSigningKey),
-        stop_grace_seconds=args.stop_grace,
-        heartbeat_seconds=args.heartbeat,
-        protected=(Path(host.config_dir()),),
-        gpu_lock_dir=host.gpu_lock_dir(),
-        cdi_dirs=host.cdi_dirs(),
     )
 
 

@@ -50,6 +50,10 @@ class RunOptions:
     """How often the ledger and runtime-budget.json are brought up to date while a job runs."""
     protected: tuple[Path, ...] = ()
     """The runner's own folders besides the state dir (config, keys): never staged."""
+    replayed: Path | None = None
+    """A replay's (``runner replay``): the replayed job's ``input/``, which its contract is read
+    from and its inputs staged from though it lies in the state dir
+    (:attr:`~runner.staging.jobdir.InputRules.replayed`)."""
 
     @property
     def state(self) -> StateDir:
@@ -75,5 +79,8 @@ class RunOptions:
         if self.result_key is not None:
             own.append(self.result_key.parent)
         return InputRules.protecting(
-            own, max_bytes=int(pol.maxInputMb * 1024 * 1024), max_files=pol.maxInputFiles
+            own,
+            replayed=self.replayed,
+            max_bytes=int(pol.maxInputMb * 1024 * 1024),
+            max_files=pol.maxInputFiles,
         )

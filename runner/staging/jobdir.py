@@ -82,9 +82,14 @@ class InputRules:
     max_bytes: int = 64 * 1024**3
     max_files: int = 100_000
     protected: frozenset[tuple[int, int]] = frozenset()
+    replayed: tuple[int, int] | None = None
+    """A replay's (``runner replay``): the ``input/`` folder of the job it replays, the one
+    folder inside the runner's own that a contract's folder may be. Only its contract's inputs
+    are staged from it, walked as any other (no link followed, and nothing protected inside
+    it); it holds what the runner staged for that job and mounted read-only."""
 
     @staticmethod
-    def protecting(paths: list[Path], **caps: int) -> InputRules:
+    def protecting(paths: list[Path], *, replayed: Path | None = None, **caps: int) -> InputRules:
         ids = set()
         for path in paths:
             try:
@@ -92,7 +97,13 @@ class InputRules:
             except OSError:
                 continue
             ids.add((st.st_dev, st.st_ino))
-        return InputRules(protected=frozenset(ids), **caps)
+        source = None
+        if replayed is not None:
+            with contextlib.suppress(OSError):
+                got = replayed.lstat()  # the folder itself, never a link to one
+                if stat.S_ISDIR(got.st_mode):
+                    source = (got.st_dev, got.st_ino)
+        return InputRules(protected=frozenset(ids), replayed=source, **caps)
 
 
 @dataclass
@@ -281,7 +292,13 @@ def hash_input(base: Path, field: str, rel: str, rules: InputRules | None = None
 
 
 def _refuse_inside_protected(base: Path, rules: InputRules) -> None:
-    """A contract kept inside the runner's own folders stages nothing from there."""
+    """A contract kept inside the runner's own folders stages nothing from there (but for a
+    replay's, from the replayed job's ``input/``: :attr:`InputRules.replayed`)."""
+    if rules.replayed is not None:
+        with contextlib.suppress(OSError):
+            st = base.lstat()
+            if (st.st_dev, st.st_ino) == rules.replayed:
+                return
     for folder in (base.resolve(), *base.resolve().parents):
         try:
             st = folder.stat()

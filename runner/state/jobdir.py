@@ -13,7 +13,9 @@ Layout of ``<state>/jobs/<job id>/``::
                     mounted read-only
     record/         runner-owned, never mounted: the ledger, the lock, earlier envelopes and
                     attempts/<n>/ (each attempt's container state, engine log, output manifest
-                    and, once a later attempt starts, its stdout and stderr)
+                    and, once a later attempt starts, its stdout and stderr); replays.json
+                    (`runner replay`'s report, earlier ones as replays-<time>.json) of a job
+                    replayed, replay-of.json (the job it replays) of a replay
     result.json     the result envelope, written last and atomically
 """
 
