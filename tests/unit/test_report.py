@@ -286,8 +286,8 @@ def test_links_special_files_and_escapes_are_not_read(tmp_path: Path) -> None:
 HOSTILE = "</script><script>alert(1)</script><img src=x onerror=alert(2)> 0.819 \"'<b>&amp;"
 
 
-@pytest.mark.hostile
-def test_hostile_text_anywhere_stays_text(tmp_path: Path) -> None:
+def hostile_data(tmp_path: Path) -> ReportData:
+    """A run whose every string it controls is :data:`HOSTILE` (the browser test opens it)."""
     (tmp_path / "log").write_text(f"{HOSTILE}\n\x1b[31m\x00\u202e{HOSTILE}\n")
     env = _envelope(
         jobId=HOSTILE,
@@ -326,13 +326,17 @@ def test_hostile_text_anywhere_stays_text(tmp_path: Path) -> None:
             "problems": [HOSTILE],
         },
     )
-    data = _data(
+    return _data(
         env,
         excerpts={HOSTILE: excerpt(tmp_path, "log", 0.819)},
         verification=Verification("v", False, HOSTILE, (Check(HOSTILE, HOSTILE, HOSTILE),)),
         replay={HOSTILE: HOSTILE},
     )
-    text = page.render(data)
+
+
+@pytest.mark.hostile
+def test_hostile_text_anywhere_stays_text(tmp_path: Path) -> None:
+    text = page.render(hostile_data(tmp_path))
     tags = _parse(text)
     assert {t for t, _ in tags.tags} <= ALLOWED_TAGS
     assert "<script" not in text.lower() and "<img" not in text.lower()
