@@ -83,6 +83,12 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         "--blobs", metavar="DIR", help="(a bundle) files stored beside it (default BUNDLE.blobs)"
     )
     rep.add_argument(
+        "--allow-untrusted",
+        action="store_true",
+        help="(a bundle) count signatures no trusted key verifies, and an unsigned contract, "
+        "as unverified, not as failures (as on `runner verify bundle`)",
+    )
+    rep.add_argument(
         "--max-total-mb",
         type=float,
         default=65536.0,
@@ -119,12 +125,13 @@ def cmd_report(args: argparse.Namespace) -> int:
             _keys(args),
             blobs=Path(args.blobs) if args.blobs else None,
             max_total=int(args.max_total_mb * MiB),
+            allow_untrusted=args.allow_untrusted,
         )
     else:
         from runner.cli.job import _job_root
 
-        if args.blobs or args.issuer_key:
-            usage("--blobs and --issuer-key are for a bundle; JOB names a job")
+        if args.blobs or args.issuer_key or args.allow_untrusted:
+            usage("--blobs, --issuer-key and --allow-untrusted are for a bundle; JOB names a job")
         root = _job_root(args)
         keys, _ = named_result_keys(args)
         data = report.from_job(root, keys)

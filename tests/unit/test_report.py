@@ -436,3 +436,62 @@ def test_a_bundles_job_id_never_names_the_default_file() -> None:
 def test_the_page_is_written_whole(tmp_path: Path) -> None:
     path = report.write(_data(_envelope()), tmp_path / "r.html")
     assert path.read_text().endswith("</html>\n")
+
+
+# -- from a bundle -----------------------------------------------------------------------------
+
+
+def _bundle(tmp_path: Path, fake: FakeBackend, name: str = "run.tar") -> tuple[Path, Path]:
+    job = _job(tmp_path, fake)
+    archive = tmp_path / name
+    proc = run_cli("export", str(job), "-o", str(archive))
+    assert proc.returncode == 0, proc.stderr
+    return job, archive
+
+
+def test_a_bundles_page_is_checked_as_verify_bundle_checks_it(
+    tmp_path: Path, fake: FakeBackend
+) -> None:
+    import shutil
+
+    job, archive = _bundle(tmp_path, fake)
+    shutil.rmtree(job)
+    out = tmp_path / "b.html"
+    proc = run_cli("report", str(archive), "-o", str(out), "--json", "--allow-untrusted")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["verified"] is True
+    words = " ".join(_parse(out.read_text()).text)
+    assert "0.819" in words and "runner verify bundle" in words and "unverified" in words
+    strict = run_cli("report", str(archive), "-o", str(tmp_path / "s.html"), "--json")
+    assert strict.returncode == 0 and json.loads(strict.stdout)["verified"] is False
+    # --allow-untrusted is the bundle's: a job folder is checked as verify result checks it
+    proc = run_cli("report", str(tmp_path), "--allow-untrusted")
+    assert proc.returncode == 2 and "for a bundle" in proc.stderr
+
+
+@pytest.mark.hostile
+def test_a_bundle_with_changed_evidence_gets_a_page_that_says_so(
+    tmp_path: Path, fake: FakeBackend
+) -> None:
+    import tarfile
+
+    _, archive = _bundle(tmp_path, fake)
+    with tarfile.open(archive) as tar:
+        (member,) = [m for m in tar.getmembers() if m.name.endswith("output/logs/evaluation.log")]
+    data = bytearray(archive.read_bytes())
+    at = data.index(b"0.819", member.offset_data)
+    data[at : at + 5] = b"0.918"
+    archive.write_bytes(bytes(data))
+    built = report.from_bundle(archive, _bundle_keys(), allow_untrusted=True)
+    assert not built.verification.valid
+    assert "evaluation.log" in built.verification.summary
+    failed = [c.name for c in built.verification.checks if c.status == "failed"]
+    assert "payload" in failed
+    text = page.render(built)
+    assert "does not verify" in text and "0.918" in text  # what the bundle holds, marked bad
+
+
+def _bundle_keys() -> Any:
+    from runner.results.bundle.verify import Keys
+
+    return Keys(runner=_own_keys(), issuer=[])

@@ -190,10 +190,12 @@ def from_bundle(
     *,
     blobs: Path | None = None,
     max_total: int = 64 * 1024 * 1024 * 1024,
+    allow_untrusted: bool = False,
     replay: dict[str, Any] | None = None,
 ) -> ReportData:
     """The report of the run in the bundle ``archive``, checked as `runner verify bundle`
-    checks it with ``keys`` (:class:`runner.results.bundle.verify.Keys`). Raises
+    checks it with ``keys`` (:class:`runner.results.bundle.verify.Keys`; ``allow_untrusted``
+    as there). Raises
     :class:`BundleInvalid` when it holds no envelope to show."""
     from runner.results.bundle.verify import verify
 
@@ -210,7 +212,14 @@ def from_bundle(
         found["excerpts"] = _excerpts(model, job / "output", beside)
         found["attempts"] = _attempts(model, job / "record" / "ledger.jsonl")
 
-    report = verify(archive, keys=keys, blobs=blobs, max_total=max_total, inspect=inspect)
+    report = verify(
+        archive,
+        keys=keys,
+        blobs=blobs,
+        allow_untrusted=allow_untrusted,
+        max_total=max_total,
+        inspect=inspect,
+    )
     if "envelope" not in found:
         first = report.problems[0] if report.problems else found.get("problem", "no envelope")
         raise BundleInvalid(
