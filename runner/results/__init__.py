@@ -1,4 +1,4 @@
-"""The signed result: the envelope built from a run's parts, attestations, and bundle export
-and verification."""
+"""The signed result: the envelope built from a run's parts, attestations, bundle export and
+verification, and the report page of a run (report/)."""
 
 __all__: list[str] = []

@@ -44,6 +44,7 @@ code,pre{font-family:ui-monospace,"SFMono-Regular",Menlo,Consolas,monospace;font
 pre{background:#f3f4f7;border-radius:6px;padding:8px 10px;overflow-x:auto;white-space:pre;
 margin:6px 0}
 mark{background:#ffe58a;padding:0 1px}
+td code,dd code{word-break:break-all}
 .verdict{display:inline-block;padding:3px 10px;border-radius:12px;font-weight:700;color:#fff}
 .succeeded{background:#1f8a4c}.failed{background:#c0392b}.partial{background:#d68910}
 .ok{color:#1f8a4c;font-weight:600}.bad{color:#c0392b;font-weight:600}.warn{color:#b9770e;font-weight:600}
