@@ -417,6 +417,11 @@ def test_the_command_writes_the_page_and_says_where(tmp_path: Path, fake: FakeBa
 def test_the_command_names_a_missing_job_and_a_bad_bundle(tmp_path: Path) -> None:
     proc = run_cli("report", "no-such-job", "--state-dir", str(tmp_path), "--json")
     assert proc.returncode == 5 and "no-such-job" in proc.stderr
+    unfinished = tmp_path / "state" / "jobs" / "unfinished"
+    (unfinished / "record").mkdir(parents=True)
+    proc = run_cli("report", str(unfinished), "-o", str(tmp_path / "u.html"))
+    assert proc.returncode == 3 and "result.json does not exist" in proc.stderr, proc.stderr
+    assert "runner job status" in proc.stderr
     junk = tmp_path / "junk.tar.gz"
     junk.write_bytes(b"not a bundle")
     proc = run_cli("report", str(junk), "-o", str(tmp_path / "x.html"))
@@ -495,3 +500,38 @@ def _bundle_keys() -> Any:
     from runner.results.bundle.verify import Keys
 
     return Keys(runner=_own_keys(), issuer=[])
+
+
+@pytest.mark.hostile
+def test_numbers_too_long_to_print_are_shown_by_their_size() -> None:
+    """Python refuses to turn an integer of more than 4,300 digits into text; an envelope may
+    hold one (JSON has no limit), and the page is written all the same."""
+    huge = 10**5000
+    env = _envelope(exitCode=huge, revision=-huge)
+    env["measurements"][0]["value"] = huge
+    usage = {
+        "source": "claude-code",
+        "maxTurns": huge,
+        "maxBudgetUsd": None,
+        "turns": huge,
+        "costUsd": 0.0,
+        "attempts": [{"attempt": huge, "turns": huge, "costUsd": 0.0}],
+    }
+    res = {
+        "attempt": huge,
+        "caps": {"memoryBytes": huge},
+        "series": [
+            {"t": 0, "memoryBytes": huge},
+            {"t": huge, "memoryBytes": 1},
+            {"t": 1, "memoryBytes": 2},
+            {"t": 2, "memoryBytes": 3},
+        ],
+    }
+    attempts = [{**_data(env).attempts[0], "attempt": huge}]
+    text = page.render(
+        _data(_envelope(**env, agentUsage=usage), attempts=attempts, resources=[res])
+    )
+    assert "(a number of about 5,000 digits)" in text and "-(a number of about" in text
+    (points,) = [a["points"] for t, a in _parse(text).tags if t == "polyline"]
+    assert points is not None and "nan" not in points and "inf" not in points
+    assert points.count(",") == 2  # the samples of finite figures only

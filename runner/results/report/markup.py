@@ -10,12 +10,14 @@ import math
 from collections.abc import Iterable, Sequence
 
 __all__ = [
+    "BIG",
     "CSS",
     "PALETTE",
     "ROWS_CAP",
     "TEXT_CAP",
     "bad",
     "e",
+    "fl",
     "gauge",
     "nbytes",
     "num",
@@ -27,6 +29,8 @@ __all__ = [
 
 TEXT_CAP = 2000
 """Characters of one string of the run shown, at most."""
+BIG = 10**30
+"""An integer this large or larger is shown by its size, not its digits."""
 ROWS_CAP = 200
 """Rows of one table shown, at most (the rest are counted)."""
 
@@ -67,6 +71,8 @@ def bad(text: str) -> str:
 
 def e(value: object, cap: int = TEXT_CAP) -> str:
     """``value`` as text, cut to ``cap`` characters, escaped for HTML (quotes too)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= BIG:
+        return num(value)
     text = value if isinstance(value, str) else ("" if value is None else str(value))
     if len(text) > cap:
         text = text[:cap] + f"… ({len(text) - cap:,} more characters)"
@@ -78,10 +84,23 @@ def num(value: object, digits: int = 6) -> str:
     if isinstance(value, bool) or value is None:
         return e(value if value is not None else "-")
     if isinstance(value, int):
+        if abs(value) >= BIG:  # never turned into digits: Python refuses past 4,300 of them
+            size = value.bit_length() * math.log10(2)
+            return f"{'-' if value < 0 else ''}(a number of about {size:,.0f} digits)"
         return f"{value:,}"
     if isinstance(value, float):
         return f"{value:.{digits}g}" if math.isfinite(value) else e(value)
     return e(value)
+
+
+def fl(value: object) -> float:
+    """``value`` as a float for arithmetic: an integer too large for one is infinite, what is
+    not a number is 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    if isinstance(value, int) and abs(value) >= BIG:
+        return math.inf if value > 0 else -math.inf
+    return float(value)
 
 
 def nbytes(value: object) -> str:
@@ -125,7 +144,8 @@ def section(anchor: str, title: str, body: str) -> str:
 def gauge(label: str, used: float, limit: float | None, shown: str) -> str:
     """An SVG bar of ``used`` against ``limit`` (a plain bar when there is no limit)."""
     width, height = 520, 18
-    frac = min(1.0, used / limit) if limit and limit > 0 else 0.0
+    frac = min(1.0, used / limit) if limit and limit > 0 and math.isfinite(limit) else 0.0
+    frac = frac if math.isfinite(frac) else 1.0
     colour = "#c0392b" if limit and used >= limit else "#3b6fd4"
     bar = f'<rect x="0" y="0" width="{width * frac:.1f}" height="{height}" fill="{colour}"/>'
     title = f"{label}: {shown}"

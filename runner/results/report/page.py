@@ -13,6 +13,7 @@ here, and no text of the run ever becomes markup, an attribute name, a URL or a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from runner.results.report.excerpt import Excerpt
@@ -22,6 +23,7 @@ from runner.results.report.markup import (
     PALETTE,
     ROWS_CAP,
     e,
+    fl,
     gauge,
     nbytes,
     num,
@@ -118,13 +120,13 @@ def attempts_section(data: ReportData) -> str:
     env = data.envelope
     budget = env.get("budget") or {}
     limit = budget.get("limitSeconds") or (env.get("limits") or {}).get("timeoutSeconds")
-    spent = sum(float(a["seconds"]) for a in data.attempts)
-    scale = max(float(limit or 0), spent, 1e-9)
+    spent = sum(fl(a["seconds"]) for a in data.attempts)
+    scale = max(fl(limit), spent, 1e-9)
     width, height = 720, 30
     rects, x = [], 0.0
     for i, a in enumerate(data.attempts[:ROWS_CAP]):
-        w = width * float(a["seconds"]) / scale
-        title = f"attempt {a['attempt']}: {a['seconds']:.1f} s, {a['classification']}"
+        w = width * fl(a["seconds"]) / scale if math.isfinite(scale) else 0.0
+        title = f"attempt {num(a['attempt'])}: {num(a['seconds'], 4)} s, {a['classification']}"
         rects.append(
             f'<rect class="attempt" x="{x:.2f}" y="0" width="{max(w, 1):.2f}" height="{height}" '
             f'fill="{PALETTE[i % len(PALETTE)]}"><title>{e(title)}</title></rect>'
@@ -170,9 +172,11 @@ def _series_svg(name: str, samples: list[tuple[float, float]], cap: float | None
     points = " ".join(
         f"{width * (t - x0) / (x1 - x0):.1f},{height - height * v / top:.1f}" for t, v in samples
     )
+    cap_y = height - height * cap / top if cap else 0.0
     cap_line = (
-        f'<line x1="0" x2="{width}" y1="0" y2="0" stroke="#c0392b" stroke-dasharray="4 3"/>'
-        f'<text x="{width}" y="12" text-anchor="end">cap {e(num(cap))}</text>'
+        f'<line x1="0" x2="{width}" y1="{cap_y:.1f}" y2="{cap_y:.1f}" stroke="#c0392b" '
+        f'stroke-dasharray="4 3"/><text x="{width}" y="{max(cap_y, 12):.1f}" '
+        f'text-anchor="end">cap {e(num(cap))}</text>'
         if cap
         else ""
     )
@@ -207,12 +211,13 @@ def resources_section(data: ReportData) -> str | None:
             keys = sorted({k for s in samples for k in s if k != "t"})[:12]
             for k in keys:
                 pts = [
-                    (float(s["t"]), float(s[k]))
+                    (fl(s["t"]), fl(s[k]))
                     for s in samples
                     if isinstance(s.get("t"), int | float) and isinstance(s.get(k), int | float)
                 ]
                 c = caps.get(k)
-                cap = float(c) if isinstance(c, int | float) else None
+                pts = [(x, y) for x, y in pts if math.isfinite(x) and math.isfinite(y)]
+                cap = fl(c) if isinstance(c, int | float) and math.isfinite(fl(c)) else None
                 if len(pts) >= 2:
                     parts.append(f"<div>{e(k)}</div>{_series_svg(k, pts, cap)}")
     return section("resources", "Resources against their caps", "".join(parts))
@@ -239,15 +244,17 @@ def agent_section(data: ReportData) -> str | None:
     if usage:
         turns, max_turns = usage.get("turns", 0), usage.get("maxTurns")
         cost, max_cost = usage.get("costUsd", 0.0), usage.get("maxBudgetUsd")
-        shown_turns = f"{turns} of {max_turns if max_turns is not None else 'no limit'}"
+        shown_turns = f"{num(turns)} of {num(max_turns) if max_turns is not None else 'no limit'}"
         shown_cost = f"${cost:.4f} of " + (
             f"${max_cost:.2f}" if max_cost is not None else "no limit"
         )
         parts.append(
             f'<p>turns <b id="agent-turns">{e(shown_turns)}</b></p>'
-            + gauge("turns", float(turns), max_turns, shown_turns)
+            + gauge(
+                "turns", fl(turns), fl(max_turns) if max_turns is not None else None, shown_turns
+            )
             + f'<p>cost <b id="agent-cost">{e(shown_cost)}</b></p>'
-            + gauge("cost", float(cost), max_cost, shown_cost)
+            + gauge("cost", fl(cost), max_cost, shown_cost)
         )
         rows = (
             [
