@@ -535,3 +535,22 @@ def test_numbers_too_long_to_print_are_shown_by_their_size() -> None:
     (points,) = [a["points"] for t, a in _parse(text).tags if t == "polyline"]
     assert points is not None and "nan" not in points and "inf" not in points
     assert points.count(",") == 2  # the samples of finite figures only
+
+
+@pytest.mark.hostile
+def test_an_envelope_of_many_measurements_reads_a_capped_number_of_excerpts(
+    tmp_path: Path, fake: FakeBackend
+) -> None:
+    from runner.results.report.gather import EXCERPTS_CAP
+
+    job = _job(tmp_path, fake)
+    env = json.loads((job / "result.json").read_text())
+    (m,) = env["measurements"]
+    env["measurements"] = [{**m, "measurementId": f"m{i}"} for i in range(5 * EXCERPTS_CAP)]
+    (job / "result.json").write_text(json.dumps(env))
+    data = report.from_job(job, _own_keys())
+    assert len(data.excerpts) == EXCERPTS_CAP
+    assert not data.verification.valid  # the envelope is not the one signed
+    text = page.render(data)
+    assert text.count('class="measurement"') == EXCERPTS_CAP
+    assert f"{4 * EXCERPTS_CAP:,} more measurements not shown" in text

@@ -27,6 +27,7 @@ from runner.trust.signing import TrustedKey
 
 __all__ = [
     "ENVELOPE_CAP",
+    "EXCERPTS_CAP",
     "Check",
     "ReportData",
     "Verification",
@@ -38,6 +39,9 @@ __all__ = [
 ENVELOPE_CAP = 64 * 1024 * 1024
 """The most bytes of result.json read (as `runner verify bundle` reads it)."""
 LEDGER_CAP = 64 * 1024 * 1024
+EXCERPTS_CAP = 200
+"""Measurements whose evidence is read for an excerpt, at most (the page shows as many): an
+envelope naming a thousand measurements of one big file reads no more than this many times."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ def _excerpts(
     envelope: ResultEnvelope, output: Path, beside: Mapping[str, Path] | None = None
 ) -> dict[str, Excerpt]:
     out: dict[str, Excerpt] = {}
-    for m in envelope.measurements:
+    for m in envelope.measurements[:EXCERPTS_CAP]:
         rel = m.evidence.path
         blob = (beside or {}).get("data/output/" + rel)
         if output.is_dir() or blob is not None:

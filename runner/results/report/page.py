@@ -102,6 +102,9 @@ def measurements_section(data: ReportData) -> str:
             f'<div class="measurement" id="m-{len(blocks)}"><h3>{e(m["measurementId"])}</h3>'
             f"{pairs(rows)}{_excerpt(data.excerpts.get(m['measurementId']))}</div>"
         )
+    left = len(env.get("measurements", [])) - ROWS_CAP
+    if left > 0:
+        blocks.append(f'<p class="muted">… {left:,} more measurements not shown</p>')
     errors = env.get("measurementErrors", [])
     if errors:
         blocks.append(
