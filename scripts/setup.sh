@@ -375,6 +375,7 @@ build_claude_agent() {
 # Debian's docker-registry: the tests run a real registry on 127.0.0.1 (they start it
 # themselves; the package's own service is not used). htpasswd (apache2-utils) writes the
 # bcrypt password file of the one that requires basic auth (tests/integration/test_registry_auth.py).
+# chromium: the browser Playwright drives to open `runner report`'s page (test_report_browser.py).
 ensure_test_tools() {
   if command -v docker-registry >/dev/null 2>&1; then
     log "tools: reusing docker-registry"
@@ -387,6 +388,12 @@ ensure_test_tools() {
   else
     log "tools: installing apache2-utils (htpasswd, for the registry with basic auth)"
     apt_install apache2-utils
+  fi
+  if command -v chromium >/dev/null 2>&1; then
+    log "tools: reusing chromium"
+  else
+    log "tools: installing chromium (the report page's browser test drives it with Playwright)"
+    apt_install chromium
   fi
   if command -v cc >/dev/null 2>&1; then
     log "tools: reusing cc"

@@ -33,6 +33,7 @@ module               commands
 ``cancel.py``        job cancel (submitted jobs)
 ``parsers.py``       parsers
 ``bundle.py``        job export, verify bundle
+``report.py``        report (a run's HTML page, from a job folder or a bundle)
 ``schema.py``        schema
 ``completion.py``    completion
 ``serve.py``         serve
@@ -80,6 +81,7 @@ _TABLE: dict[str, tuple[str | None, str]] = {
     "key": (None, "the keys contracts are signed with"),
     "job": (None, "a job"),
     "cluster": (None, "jobs for Slurm or Kubernetes"),
+    "report": ("report", "one self-contained HTML page of a run (job folder or bundle)"),
     "cache": ("fetch", "the asset and input caches: fetch | ls | prune | verify"),
     "image": ("image", "offline image bundles: load"),
     "gpu": ("gpu", "this host's GPUs: ls | cdi (a spec for containers)"),

@@ -42,11 +42,11 @@ exit codes:
   2    the command line was wrong
   3    refused before anything ran: invalid contract, bad or missing signature, policy
        violation, ambiguous protocol, image digest mismatch; (job export, verify bundle) a
-       bundle that cannot be made or does not verify
+       bundle that cannot be made or does not verify; (report) no envelope to show
   4    infrastructure: the engine is unreachable, the image is not here, no GPU to give,
        the host's policy or keys are broken, the runner failed
-  5    no such job: the job id or folder given (job status|regrade|export, verify ledger)
-       is not here
+  5    no such job: the job id or folder given (job status|regrade|export, verify ledger,
+       report) is not here
   (a job that already finished prints its stored envelope and exits with its code)
   130  interrupted (Ctrl-C or SIGTERM); the container was stopped and an envelope written
 """

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from runner.results.bundle.verify import Keys
     from runner.trust.signing import TrustedKey
 
-__all__ = ["register"]
+__all__ = ["_keys", "register"]
 
 MiB = 1024 * 1024
 

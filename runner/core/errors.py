@@ -95,10 +95,10 @@ class Family(Enum):
                       "not to blame")  # fmt: skip
     REFUSED = (3, "refused before anything ran (for `runner job export` and `runner "
                "verify bundle`: a bundle that cannot be made, or that does not "
-               "verify; `input_digest_mismatch` also after a job whose input/ changed "
-               "while it ran)")  # fmt: skip
+               "verify; for `runner report`: no envelope to show; `input_digest_mismatch` "
+               "also after a job whose input/ changed while it ran)")  # fmt: skip
     NOT_FOUND = (5, "no such job: the job id or folder given to job status, job regrade, "
-                 "verify ledger, job export ... is not on this host")  # fmt: skip
+                 "verify ledger, job export, report ... is not on this host")  # fmt: skip
     JOB_FAILED = (1, "the job ran and failed (also `partial`), or its budget was already spent")
     SUCCEEDED = (0, "the job succeeded: it exited 0 and every measurement was read")
 

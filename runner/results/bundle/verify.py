@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -84,9 +84,16 @@ def verify(
     allow_untrusted: bool = False,
     max_total: int = 64 * 1024 * MiB,
     max_files: int = 200_000,
+    inspect: Callable[[Path, Mapping[str, Path]], None] | None = None,
 ) -> Report:
     """Check the bundle at ``archive`` (files stored beside it in ``blobs``, default
-    ``<archive>.blobs``); every problem found is in the report, the first one first."""
+    ``<archive>.blobs``); every problem found is in the report, the first one first.
+
+    ``inspect(top, beside)``, when given, is called once the checks have run and while the
+    bag is still unpacked (never when it could not be): ``top`` is the bag's folder (its job
+    folder is ``top/data``), ``beside`` maps each payload file stored beside the archive
+    (``data/...``) to its checked blob. `runner report BUNDLE` reads the run's files through
+    it, so a bundle is unpacked (with every cap) once, by this code alone."""
     report = Report(str(archive))
     with tempfile.TemporaryDirectory(prefix="runner-verify-bundle-") as tmp:
         try:
@@ -94,7 +101,10 @@ def verify(
         except Stop:
             return report
         report.bag = top.name
-        _Verifier(top, blobs or blobs_dir(archive), keys, allow_untrusted, report).run()
+        verifier = _Verifier(top, blobs or blobs_dir(archive), keys, allow_untrusted, report)
+        verifier.run()
+        if inspect is not None:
+            inspect(top, dict(verifier.beside))
     if afterwards:
         # Bytes that carry no file (tar padding, what follows the end, the gzip trailer):
         # reported after the files, so that a damaged header is named by the files it hides.

@@ -1,0 +1,250 @@
+"""What a report shows, as plain data, from a job folder or from a bundle.
+
+:func:`from_job` reads a finished job's folder: its envelope (validated), the ledger's attempts,
+an excerpt of each measurement's evidence, and whether its signed result verifies
+(:func:`runner.results.attest.verify_result`, the check of `runner verify result`).
+:func:`from_bundle` has the bundle checked by :func:`runner.results.bundle.verify.verify` (the
+check of `runner verify bundle`, which unpacks it once, with its caps) and reads the same from
+the unpacked bag meanwhile. Nothing here talks to an engine. Every file of the run is read as
+hostile: under a cap, never through a link (:mod:`runner.core.safefs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from runner.core import safefs
+from runner.core.errors import BundleInvalid, RefusedError, SignatureInvalid
+from runner.models.envelope import ResultEnvelope
+from runner.results.report.excerpt import Excerpt, excerpt
+from runner.state import ledger
+from runner.trust.signing import TrustedKey
+
+__all__ = [
+    "ENVELOPE_CAP",
+    "EXCERPTS_CAP",
+    "Check",
+    "ReportData",
+    "Verification",
+    "from_bundle",
+    "from_job",
+    "resources_of",
+]
+
+ENVELOPE_CAP = 64 * 1024 * 1024
+"""The most bytes of result.json read (as `runner verify bundle` reads it)."""
+LEDGER_CAP = 64 * 1024 * 1024
+EXCERPTS_CAP = 200
+"""Measurements whose evidence is read for an excerpt, at most (the page shows as many): an
+envelope naming a thousand measurements of one big file reads no more than this many times."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    """ok, failed, unverified or not run."""
+    detail: str
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Whether the run's signatures (and files) verify, and by which check."""
+
+    how: str
+    """The check that ran: `runner verify result` or `runner verify bundle`."""
+    valid: bool
+    summary: str
+    checks: tuple[Check, ...] = ()
+    signed_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything a report page shows; each section renders from a part of it."""
+
+    source: str
+    """What it was made from: the job folder or the bundle, as given."""
+    kind: str
+    """``job`` or ``bundle``."""
+    envelope: dict[str, Any]
+    """The envelope, validated (:class:`ResultEnvelope`), as JSON data."""
+    excerpts: dict[str, Excerpt]
+    """measurementId -> its evidence's excerpt."""
+    verification: Verification
+    attempts: list[dict[str, Any]]
+    """One per attempt: attempt, seconds, classification, how, host, startedAt (from the
+    envelope's attempts, their start time from the ledger when it has it)."""
+    resources: list[dict[str, Any]] = field(default_factory=list)
+    """Per-attempt resource figures, where the envelope has them (:func:`resources_of`)."""
+    replay: dict[str, Any] | None = None
+    """A replay's reproducibility summary (`runner replay`), when one is given."""
+
+
+def _envelope(root: Path, rel: str) -> tuple[ResultEnvelope, dict[str, Any]]:
+    try:
+        with safefs.open_under(root, rel) as f:
+            raw = f.read(ENVELOPE_CAP + 1)
+    except safefs.UnsafePath as exc:
+        raise RefusedError(
+            f"{root / rel} {exc.problem}",
+            hint="a report is of a finished job: `runner job status JOB` says where it is",
+        ) from None
+    if len(raw) > ENVELOPE_CAP:
+        raise RefusedError(f"{root / rel} is over {ENVELOPE_CAP:,} bytes: not an envelope")
+    try:
+        model = ResultEnvelope.model_validate_json(raw)
+    except ValidationError as exc:
+        raise RefusedError(
+            f"{root / rel} is not a result envelope: {str(exc).splitlines()[0]}"
+        ) from None
+    return model, model.model_dump(mode="json")
+
+
+def _attempts(envelope: ResultEnvelope, ledger_path: Path) -> list[dict[str, Any]]:
+    started: dict[int, str] = {}
+    try:
+        st = safefs.lstat_under(ledger_path.parent, ledger_path.name)
+        if st.st_size <= LEDGER_CAP:
+            for a in ledger.read_state(ledger_path).attempts:
+                started[a.number] = a.starting_at.isoformat()
+    except (safefs.UnsafePath, OSError, ValueError):
+        pass
+    return [
+        {
+            "attempt": a.attempt,
+            "seconds": a.seconds,
+            "classification": a.classification,
+            "how": a.how,
+            "host": a.host,
+            "startedAt": started.get(a.attempt),
+        }
+        for a in envelope.attempts
+    ]
+
+
+def resources_of(envelope: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per-attempt resource figures the envelope carries: each attempt record's
+    ``resources`` (a mapping of figures; a ``series`` list of samples), with its number.
+    Empty when the envelope records none (the page then leaves the section out)."""
+    out = []
+    for a in envelope.get("attempts") or []:
+        res = a.get("resources") if isinstance(a, Mapping) else None
+        if isinstance(res, Mapping):
+            out.append({"attempt": a.get("attempt"), **res})
+    return out
+
+
+def _excerpts(
+    envelope: ResultEnvelope, output: Path, beside: Mapping[str, Path] | None = None
+) -> dict[str, Excerpt]:
+    out: dict[str, Excerpt] = {}
+    for m in envelope.measurements[:EXCERPTS_CAP]:
+        rel = m.evidence.path
+        blob = (beside or {}).get("data/output/" + rel)
+        if output.is_dir() or blob is not None:
+            out[m.measurementId] = excerpt(output, rel, m.value, beside=blob)
+        else:
+            out[m.measurementId] = Excerpt(rel, problem="no output folder beside the envelope")
+    return out
+
+
+def from_job(
+    root: Path, keys: list[TrustedKey], *, replay: dict[str, Any] | None = None
+) -> ReportData:
+    """The report of the finished job in the folder ``root``; its signed result checked
+    against the runner ``keys``."""
+    from runner.results import attest
+
+    model, data = _envelope(root, attest.ENVELOPE_FILE)
+    try:
+        verified = attest.verify_result(root, keys)
+        verification = Verification(
+            "runner verify result",
+            True,
+            f"the signed result verifies ({len(verified.statements)} statements, "
+            f"{verified.checked} of {verified.signed} signed output files match)",
+            tuple(Check("note", "ok", n) for n in verified.notes),
+            verified.keyids,
+        )
+    except SignatureInvalid as exc:
+        verification = Verification(
+            "runner verify result", False, f"the signed result does not verify: {exc.message}"
+        )
+    return ReportData(
+        source=str(root),
+        kind="job",
+        envelope=data,
+        excerpts=_excerpts(model, root / "output"),
+        verification=verification,
+        attempts=_attempts(model, root / "record" / "ledger.jsonl"),
+        resources=resources_of(data),
+        replay=replay,
+    )
+
+
+def from_bundle(
+    archive: Path,
+    keys: Any,
+    *,
+    blobs: Path | None = None,
+    max_total: int = 64 * 1024 * 1024 * 1024,
+    allow_untrusted: bool = False,
+    replay: dict[str, Any] | None = None,
+) -> ReportData:
+    """The report of the run in the bundle ``archive``, checked as `runner verify bundle`
+    checks it with ``keys`` (:class:`runner.results.bundle.verify.Keys`; ``allow_untrusted``
+    as there). Raises
+    :class:`BundleInvalid` when it holds no envelope to show."""
+    from runner.results.bundle.verify import verify
+
+    found: dict[str, Any] = {}
+
+    def inspect(top: Path, beside: Mapping[str, Path]) -> None:
+        job = top / "data"
+        try:
+            model, data = _envelope(top, "data/result.json")
+        except RefusedError as exc:
+            found["problem"] = exc.message
+            return
+        found["envelope"] = data
+        found["excerpts"] = _excerpts(model, job / "output", beside)
+        found["attempts"] = _attempts(model, job / "record" / "ledger.jsonl")
+
+    report = verify(
+        archive,
+        keys=keys,
+        blobs=blobs,
+        allow_untrusted=allow_untrusted,
+        max_total=max_total,
+        inspect=inspect,
+    )
+    if "envelope" not in found:
+        first = report.problems[0] if report.problems else found.get("problem", "no envelope")
+        raise BundleInvalid(
+            f"{archive}: no run to show: {first}",
+            hint=f"`runner verify bundle {archive}` lists every check",
+        )
+    verification = Verification(
+        "runner verify bundle",
+        report.valid,
+        "the bundle verifies: every file, signature, the ledger and every value"
+        if report.valid
+        else f"the bundle does not verify: {report.problems[0]}",
+        tuple(Check(c.name, c.status, c.detail) for c in report.checks),
+    )
+    return ReportData(
+        source=str(archive),
+        kind="bundle",
+        envelope=found["envelope"],
+        excerpts=found["excerpts"],
+        verification=verification,
+        attempts=found["attempts"],
+        resources=resources_of(found["envelope"]),
+        replay=replay,
+    )
