@@ -38,14 +38,13 @@ from runner.execution import orchestrator
 from runner.execution.container import Progress
 from runner.execution.options import RunOptions
 from runner.models.envelope import ResultEnvelope
-from runner.models.replay import ReplayLink, ReplayReport, ReplayRun
+from runner.models.replay import REPORT_FILE, ReplayLink, ReplayReport, ReplayRun
 from runner.results import replay as compare
 from runner.state.jobdir import JobDir, atomic_write
 from runner.state.ledger import read_state
 
 __all__ = [
     "MAX_TIMES",
-    "REPORT",
     "Original",
     "original",
     "replay",
@@ -55,8 +54,6 @@ __all__ = [
 MAX_TIMES = 20
 """The most replays one ``runner replay`` runs (``--times``)."""
 
-REPORT = "replays.json"
-"""The report's name in the original job's ``record/``."""
 LINK = "replay-of.json"
 """A replay's link to its original, in the replay's ``record/``."""
 MAX_ENVELOPE_BYTES = 64 * 1024 * 1024
@@ -187,9 +184,9 @@ def _now() -> str:
 def _earlier(job: JobDir) -> list[str]:
     """The replays of earlier reports (the last one's, which names those before it), and that
     report kept under ``record/replays-<time>.json`` for the new one to take its place."""
-    path = job.record / REPORT
+    path = job.record / REPORT_FILE
     try:
-        with safefs.open_under(job.record, REPORT) as f:
+        with safefs.open_under(job.record, REPORT_FILE) as f:
             raw = f.read(MAX_ENVELOPE_BYTES + 1)
     except (safefs.UnsafePath, OSError):
         return []
@@ -203,7 +200,7 @@ def _earlier(job: JobDir) -> list[str]:
 
 
 def _write(job: JobDir, report: ReplayReport) -> None:
-    atomic_write(job.record / REPORT, (report.model_dump_json(indent=2) + "\n").encode())
+    atomic_write(job.record / REPORT_FILE, (report.model_dump_json(indent=2) + "\n").encode())
 
 
 def _report(

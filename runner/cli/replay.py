@@ -25,6 +25,7 @@ from runner.cli._common import (
     usage,
 )
 from runner.cli.job import _job_root
+from runner.models.replay import REPORT_FILE
 from runner.state.jobdir import JobDir
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(report.model_dump_json(indent=2))
     else:
         print(_table(report))
-        print(f"\nreport    {orig.job.record / replay.REPORT}")
+        print(f"\nreport    {orig.job.record / REPORT_FILE}")
     return _exit(report)
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from runner.models.envelope import Failure, Status
 
 __all__ = [
+    "REPORT_FILE",
     "EvidenceComparison",
     "EvidenceHash",
     "FirstDifference",
@@ -27,6 +28,10 @@ __all__ = [
     "ReplayRun",
     "Value",
 ]
+
+REPORT_FILE = "replays.json"
+"""The report's name in the original job's ``record/`` (``runner replay`` writes it, ``runner
+report`` shows it)."""
 
 Value = bool | int | float | str
 """A measurement's value as its parser read it (the envelope's ``MeasurementResult.value``)."""

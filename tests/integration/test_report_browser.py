@@ -184,3 +184,36 @@ def test_a_hostile_runs_page_runs_nothing_in_the_browser(tmp_path: Path, browser
     opened = _open(browser, page_file)
     _shown(opened)
     assert HOSTILE in opened.body
+
+
+def test_the_page_of_a_replayed_job_shows_what_differed_first(
+    tmp_path: Path, image_id: str, browser: Any
+) -> None:
+    """`runner replay` of a job that reads /dev/urandom: the original's page shows its replays
+    (record/replays.json), the measurements identical, the noisy file not, named first."""
+    from tests.integration.test_replay import NOISY
+    from tests.support import SESSION_ID, SESSION_LABEL, json_measurement
+
+    contract = write_contract(
+        tmp_path,
+        image_id,
+        command=["python3", "-c", NOISY],
+        measurements=[
+            json_measurement("logs/stable.json", mid="stable"),
+            json_measurement("logs/noisy.json", mid="noisy"),
+        ],
+    )
+    code, env, err = run_job(contract, tmp_path / "state")
+    assert code == 0, err
+    job = Path(env["jobDir"])
+    replayed = run_cli("replay", str(job), "--times", "1", "--allow-unsigned",
+                       "--label", f"{SESSION_LABEL}={SESSION_ID}")  # fmt: skip
+    assert replayed.returncode == 1, replayed.stderr  # it differs
+    _report(job, tmp_path / "replayed.html")
+    opened = _open(browser, tmp_path / "replayed.html")
+    _shown(opened)
+    section = opened.texts["replay"]
+    assert "differs" in section and "logs/noisy.json" in section
+    assert f"{job.name}-replay-1" in section
+    assert section.count("identical") >= 2  # the two measurements' values
+    assert not session_containers()

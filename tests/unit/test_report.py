@@ -218,12 +218,28 @@ def test_resources_and_replay_are_rendered_only_when_given() -> None:
         "series": [{"t": 0, "memoryBytes": 10}, {"t": 1, "memoryBytes": 60}],
     }
     replay = {
-        "times": 3,
-        "measurements": {"toy-accuracy": {"values": [0.819] * 3, "identical": True}},
+        "times": 2,
+        "complete": True,
+        "identical": False,
+        "summary": "differs",
+        "runs": [{"run": 0, "jobId": "j", "status": "succeeded", "failed": False}],
+        "measurements": [
+            {
+                "measurementId": "toy-accuracy",
+                "values": [{"run": 0, "value": 0.819}, {"run": 1, "value": 0.82}],
+                "identical": False,
+                "range": 0.001,
+                "relativeSpread": 0.0012,
+                "firstDifferentRun": 1,
+            }
+        ],
+        "evidence": [],
+        "firstDifference": {"detail": "toy-accuracy was 0.819, became 0.82 in replay 1"},
     }
     text = page.render(_data(_envelope(), resources=[res], replay=replay))
     tags = _parse(text)
     assert 'id="resources"' in text and 'id="replay"' in text
+    assert "became 0.82 in replay 1" in text and "0.12 %" in text
     assert sum(1 for t, _ in tags.tags if t == "polyline") == 1
     assert "cpuSeconds" in " ".join(tags.text)
 
@@ -554,3 +570,32 @@ def test_an_envelope_of_many_measurements_reads_a_capped_number_of_excerpts(
     text = page.render(data)
     assert text.count('class="measurement"') == EXCERPTS_CAP
     assert f"{4 * EXCERPTS_CAP:,} more measurements not shown" in text
+
+
+@pytest.mark.hostile
+def test_a_jobs_replay_report_is_read_only_as_the_runner_wrote_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """record/replays.json: none is no section; a link is not followed (a file of the host's
+    is not shown); a file that is not a report, or is over the cap, says so and shows nothing
+    of it."""
+    from runner.results.report import gather
+
+    record = tmp_path / "record"
+    record.mkdir()
+    assert gather.replay_of(tmp_path) is None
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"summary": "host secret"}))
+    (record / "replays.json").symlink_to(secret)
+    assert gather.replay_of(tmp_path) is None
+    (record / "replays.json").unlink()
+    (record / "replays.json").write_text(json.dumps({"summary": "<b>forged</b>"}))
+    said = gather.replay_of(tmp_path)
+    assert (
+        said is not None and set(said) == {"problem"} and "not a replay report" in said["problem"]
+    )
+    text = page.render(_data(_envelope(), replay=said))
+    assert "forged" not in text and "not a replay report" in text
+    monkeypatch.setattr(gather, "REPLAY_CAP", 16)
+    said = gather.replay_of(tmp_path)
+    assert said is not None and "over 16 bytes" in said["problem"]

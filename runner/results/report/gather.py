@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from runner.core import safefs
 from runner.core.errors import BundleInvalid, RefusedError, SignatureInvalid
 from runner.models.envelope import ResultEnvelope
+from runner.models.replay import REPORT_FILE, ReplayReport
 from runner.results.report.excerpt import Excerpt, excerpt
 from runner.state import ledger
 from runner.trust.signing import TrustedKey
@@ -28,11 +29,13 @@ from runner.trust.signing import TrustedKey
 __all__ = [
     "ENVELOPE_CAP",
     "EXCERPTS_CAP",
+    "REPLAY_CAP",
     "Check",
     "ReportData",
     "Verification",
     "from_bundle",
     "from_job",
+    "replay_of",
     "resources_of",
 ]
 
@@ -154,11 +157,34 @@ def _excerpts(
     return out
 
 
+REPLAY_CAP = 16 * 1024 * 1024
+"""The most of a job's ``record/replays.json`` read (20 replays of 1,000 measurements fit)."""
+
+
+def replay_of(root: Path) -> dict[str, Any] | None:
+    """The job's last ``runner replay`` report (``record/replays.json``), as JSON data; None
+    when it has none, a ``{"problem": ...}`` when the file is not one (read without following
+    a link, capped)."""
+    try:
+        with safefs.open_under(root / "record", REPORT_FILE) as f:
+            raw = f.read(REPLAY_CAP + 1)
+    except (safefs.UnsafePath, OSError):
+        return None
+    if len(raw) > REPLAY_CAP:
+        return {"problem": f"record/{REPORT_FILE} is over {REPLAY_CAP:,} bytes: not shown"}
+    try:
+        return ReplayReport.model_validate_json(raw).model_dump(mode="json")
+    except ValidationError as exc:
+        first = str(exc).splitlines()[0]
+        return {"problem": f"record/{REPORT_FILE} is not a replay report: {first}"}
+
+
 def from_job(
     root: Path, keys: list[TrustedKey], *, replay: dict[str, Any] | None = None
 ) -> ReportData:
     """The report of the finished job in the folder ``root``; its signed result checked
-    against the runner ``keys``."""
+    against the runner ``keys``; its replays' report (``runner replay``) when it has one and
+    ``replay`` gives none."""
     from runner.results import attest
 
     model, data = _envelope(root, attest.ENVELOPE_FILE)
@@ -184,7 +210,7 @@ def from_job(
         verification=verification,
         attempts=_attempts(model, root / "record" / "ledger.jsonl"),
         resources=resources_of(data),
-        replay=replay,
+        replay=replay if replay is not None else replay_of(root),
     )
 
 

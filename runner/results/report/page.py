@@ -370,24 +370,85 @@ def signatures_section(data: ReportData) -> str:
     return section("signatures", "Signatures", pairs(rows) + checks)
 
 
+def _value(v: Mapping[str, object]) -> str:
+    if v.get("value") is None:
+        return f'<span class="muted">{e(v.get("missing") or "not read")}</span>'
+    return num(v["value"]) if isinstance(v["value"], int | float) else e(v["value"])
+
+
+def _same(identical: object) -> str:
+    return (
+        '<span class="ok">identical</span>'
+        if identical is True
+        else ('<span class="bad">differs</span>')
+    )
+
+
 def replay_section(data: ReportData) -> str | None:
-    """The hook for a replay's reproducibility summary (`runner replay`): ``data.replay``, a
-    mapping, when given; left out otherwise. Shown generically until the replay's own layout
-    lands: its ``measurements`` (each a mapping with ``values`` and ``identical``) as a table,
-    and its other scalar entries as pairs."""
+    """The job's replays (``runner replay``, its ``record/replays.json``): the verdict and what
+    differed first, each run, each measurement's values and spread, each evidence file's
+    hashes; left out when the job has none."""
     replay = data.replay
     if not isinstance(replay, Mapping):
         return None
-    scalars = [(str(k), e(v)) for k, v in replay.items() if isinstance(v, str | int | float | bool)]
-    rows = []
-    measurements = replay.get("measurements")
-    if isinstance(measurements, Mapping):
-        for mid, m in measurements.items():
-            if isinstance(m, Mapping):
-                values = m.get("values")
-                shown = ", ".join(num(x) for x in values) if isinstance(values, list) else ""
-                rows.append([e(mid), shown, e(m.get("identical"))])
-    body = pairs(scalars) + (table(["measurement", "values", "identical"], rows) if rows else "")
+    if "problem" in replay:
+        return section("replay", "Reproducibility (replays)", f"<p>{e(replay['problem'])}</p>")
+    runs = [r for r in replay.get("runs") or [] if isinstance(r, Mapping)]
+    head = [
+        ("verdict", _same(replay.get("identical"))),
+        ("summary", e(replay.get("summary"))),
+        ("replays", f"{num(replay.get('times'))} asked, "
+         + ("all run" if replay.get("complete") else "not all run (interrupted)")),
+        ("began", e(replay.get("startedAt"))),
+    ]  # fmt: skip
+    first = replay.get("firstDifference")
+    if isinstance(first, Mapping):
+        head.append(("first difference", f'<span class="bad">{e(first.get("detail"))}</span>'))
+    run_rows = (
+        [
+            num(r.get("run")),
+            e(r.get("jobId")),
+            e(r.get("status")),
+            '<span class="bad">failed</span>' if r.get("failed") else "",
+            e(r.get("problem") or ""),
+        ]
+        for r in runs[:ROWS_CAP]
+    )
+    m_rows = []
+    for m in (replay.get("measurements") or [])[:ROWS_CAP]:
+        if not isinstance(m, Mapping):
+            continue
+        values = [v for v in m.get("values") or [] if isinstance(v, Mapping)]
+        spread = ""
+        if m.get("range") is not None:
+            spread = f"range {num(m.get('range'))}"
+            if m.get("relativeSpread") is not None:
+                spread += f", {num(fl(m.get('relativeSpread')) * 100, 3)} %"
+        m_rows.append([
+            e(m.get("measurementId")),
+            ", ".join(_value(v) for v in values[:ROWS_CAP]),
+            _same(m.get("identical")),
+            spread,
+            num(m.get("firstDifferentRun")) if m.get("firstDifferentRun") is not None else "",
+        ])  # fmt: skip
+    ev_rows = []
+    for ev in (replay.get("evidence") or [])[:ROWS_CAP]:
+        if not isinstance(ev, Mapping):
+            continue
+        hashes = [h for h in ev.get("hashes") or [] if isinstance(h, Mapping)]
+        shown = ", ".join(
+            f"<code>{e(str(h.get('sha256') or '-')[:12])}</code>" for h in hashes[:ROWS_CAP]
+        )
+        ev_rows.append([e(ev.get("path")), shown, _same(ev.get("identical"))])
+    body = (
+        pairs(head)
+        + "<h3>Runs</h3>"
+        + table(["run", "job", "status", "", "problem"], run_rows)
+        + "<h3>Measurements</h3>"
+        + table(["measurement", "values (run 0 first)", "", "spread", "first differs in"], m_rows)
+        + "<h3>Evidence files</h3>"
+        + table(["file", "sha256 (run 0 first)", ""], ev_rows)
+    )
     return section("replay", "Reproducibility (replays)", body)
 
 
