@@ -316,7 +316,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if info["kubernetes"]:
         k = info["kubernetes"]
         print(f"kubernetes Job {k['namespace']}/{k['name']} submitted {k['submittedAt']} "
-              "(`runner job wait` asks the API server)")  # fmt: skip
+              "(asked while its attempt is in flight)")  # fmt: skip
     return EXIT_SUCCEEDED
 
 

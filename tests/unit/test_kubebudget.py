@@ -172,6 +172,9 @@ def test_job_status_records_the_end_through_the_cli(
     before = staged.job.ledger.read_bytes()
     assert dispatch(args) == 0
     assert json.loads(capsys.readouterr().out)["consumedSeconds"] == 61.0
+    assert dispatch(args[:-1]) == 0  # as people read it
+    text = capsys.readouterr().out
+    assert "61.0 s  unverified (kubernetes-deadline_exceeded)" in text
     assert staged.job.ledger.read_bytes() == before
 
 
@@ -454,3 +457,31 @@ def test_runner_run_takes_a_kubernetes_attempt_in_flight_as_another_hosts(
     assert sum(virtual_clock.sleeps) == pytest.approx(2 * (BUDGET + 5))
     (fin,) = staged.finished()
     assert fin["how"] == "host-lost" and fin["seconds"] >= BUDGET + 5
+
+
+def test_a_gone_job_is_recorded_only_when_it_is_gone_under_the_lock_and_its_pod_ended(
+    staged: Staged, server: ApiServer, virtual_clock: VirtualClock
+) -> None:
+    """A 404 that is not true by the time the job's lock is held (the Job was made meanwhile:
+    here, the stand-in hides it from the first read) records nothing; nor does a gone Job
+    whose pod still runs (deleted with --cascade=orphan). Once the pod has ended, the attempt
+    is charged from its times."""
+    out = staged.submit()
+    before = staged.job.ledger.read_bytes()
+    server.hide_once.add("Job")
+    with pytest.raises(JobNotFound, match="exists again"):
+        staged.status()
+    assert staged.job.ledger.read_bytes() == before
+    t0 = virtual_clock.now()
+    pod = server.add_pod(NS, out["name"], {"phase": "Running", "startTime": iso(t0)})
+    del server.objects[("Job", NS, out["name"])]
+    virtual_clock.advance(50)
+    with pytest.raises(JobNotFound, match="a pod of it has not ended"):
+        staged.status()
+    assert staged.job.ledger.read_bytes() == before
+    pod["status"] = pod_status(iso(t0), iso(t0), iso(t0 + timedelta(seconds=30)))
+    pod["status"]["phase"] = "Failed"
+    with pytest.raises(JobNotFound, match="charged 31 s"):
+        staged.status()
+    (fin,) = staged.finished()
+    assert (fin["seconds"], fin["how"], fin["endFrom"]) == (31.0, "kubernetes-vanished", "api")

@@ -68,7 +68,7 @@ from runner.scheduling.kubernetes.attempts import MAX_PODS
 from runner.scheduling.kubernetes.plan import Rendered, check_staged, rendered
 from runner.scheduling.kubernetes.render import Manifest
 from runner.state.jobdir import JobDir, StateDir
-from runner.state.ledger import Ledger, LedgerState, read_state
+from runner.state.ledger import Attempt, Ledger, LedgerState
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -571,8 +571,8 @@ def _look(
             got = _observe(client, state_dir, job_id, namespace, name, None, "vanished", None)
             if got.get("recorded") == "now":
                 said = (f"; its attempt {got['attempt']} is recorded in the ledger, charged "
-                        f"{got['seconds']:g} s (from its submission to now, at most its "
-                        "deadline)")  # fmt: skip
+                        f"{got['seconds']:g} s (start: {got['startFrom']}, end: "
+                        f"{got['endFrom']})")  # fmt: skip
             elif got.get("why"):
                 said = f"; {got['why']}"
         raise JobNotFound(
@@ -649,22 +649,26 @@ def _observe(
     pods: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Record the end of the attempt the Job ``job`` (None: gone) ran, from its pods' times
-    (read now, unless given); nothing for a job with no ledger, an attempt recorded already,
-    or a gone Job whose pod still runs."""
+    (``pods``, else read under the job's lock); nothing for a job with no ledger or an attempt
+    recorded already, and nothing for a gone Job that is back (its submit was half done when
+    it was read) or whose pod still runs."""
     job_dir = StateDir(state_dir).job(job_id)
     if not job_dir.ledger.is_file():
         return {"recorded": None, "why": f"no ledger {job_dir.ledger}"}
-    uid = _meta(job, "uid") if job is not None else None
-    a = attempts.find(read_state(job_dir.ledger), namespace, name,
-                      uid if isinstance(uid, str) and uid else None)  # fmt: skip
-    if a is not None and a.finished is None and pods is None:
-        mine = a.container_id or uid
-        pods = _pods(client, namespace, mine) if isinstance(mine, str) and mine else []
-        if job is None and not all(_terminated(p) for p in pods):
-            return {"recorded": None, "attempt": a.number,
-                    "why": "the Job is gone but a pod of it has not ended"}  # fmt: skip
+
+    def pods_of(a: Attempt) -> list[Any] | str:
+        if pods is not None:
+            return pods
+        if job is None and _read(client, "Job", name, namespace) is not None:
+            return "the Job exists again (made while it was read); ask again"
+        mine = a.container_id or _meta(job, "uid")
+        found = _pods(client, namespace, mine) if isinstance(mine, str) and mine else []
+        if job is None and not all(_terminated(p) for p in found):
+            return "the Job is gone but a pod of it has not ended"
+        return found
+
     return attempts.record_end(
-        job_dir, namespace=namespace, name=name, job=job, pods=pods or [], ended=ended,
+        job_dir, namespace=namespace, name=name, job=job, pods=pods_of, ended=ended,
         reason=reason,
     )  # fmt: skip
 

@@ -36,6 +36,7 @@ one attempt then; docs/how-to/kubernetes.md states it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -286,15 +287,17 @@ def record_end(
     namespace: str,
     name: str,
     job: Any,
-    pods: list[Any],
+    pods: Callable[[Attempt], list[Any] | str],
     ended: str,
     reason: Any = None,
 ) -> dict[str, Any]:
     """Record the end of the attempt that Job ``namespace/name`` (``job`` as the API server
-    answered, None when gone; ``pods``, its pods) runs, seen as ``ended`` (``complete``,
-    ``failed``, ``deadline_exceeded``, ``cancelled``, ``vanished``), under the job's lock.
-    What was recorded: ``recorded`` is ``now``, ``already`` (nothing appended) or None (the
-    ledger has no attempt of that Job; nothing appended)."""
+    answered, None when gone) runs, seen as ``ended`` (``complete``, ``failed``,
+    ``deadline_exceeded``, ``cancelled``, ``vanished``), under the job's lock. ``pods`` is
+    asked, under the lock (so no submit of the job is half done), for the attempt's pods as
+    the API server answers now, or why not to record it (a gone Job that is back, or whose pod
+    still runs). What was recorded: ``recorded`` is ``now``, ``already`` (nothing appended) or
+    None (with ``why``; nothing appended)."""
     uid = untrusted.at(job, "metadata", "uid") if job is not None else None
     uid = uid if isinstance(uid, str) and uid else None
     with job_dir.locked():
@@ -307,11 +310,14 @@ def record_end(
             return {"recorded": "already", "attempt": a.number, "seconds": a.seconds,
                     "ledger": str(job_dir.ledger)}  # fmt: skip
         n = a.number
+        found = pods(a)
+        if isinstance(found, str):
+            return {"recorded": None, "attempt": n, "ledger": str(job_dir.ledger), "why": found}
         if a.container_id is None and uid is not None:
             record_started(led, n, uid)
         mine = a.container_id or uid
         owned = [
-            p for p in pods
+            p for p in found
             if any(untrusted.at(o, "uid") == mine
                    for o in untrusted.array(untrusted.at(p, "metadata", "ownerReferences")))
         ]  # fmt: skip
