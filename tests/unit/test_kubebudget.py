@@ -489,3 +489,18 @@ def test_a_gone_job_is_recorded_only_when_it_is_gone_under_the_lock_and_its_pod_
         staged.status()
     (fin,) = staged.finished()
     assert (fin["seconds"], fin["how"], fin["endFrom"]) == (31.0, "kubernetes-vanished", "api")
+
+
+def test_with_no_pod_left_the_jobs_own_times_count() -> None:
+    """The Job there, its pods gone (a TTL or a hand deleted them): its status.startTime and
+    completionTime count by the same rule (61 s); a completionTime in the future does not (the
+    end is the observation)."""
+    job = {"status": {"startTime": at(10), "completionTime": at(70)}}
+    got = attempts.charge(submitted_at=T0, observed_at=T0 + timedelta(seconds=500), pods=[],
+                          job=job, deadline=900)  # fmt: skip
+    assert (got.seconds, got.start_from, got.end_from) == (61.0, "api", "api")
+    job["status"]["completionTime"] = at(10_000)
+    got = attempts.charge(submitted_at=T0, observed_at=T0 + timedelta(seconds=500), pods=[],
+                          job=job, deadline=900)  # fmt: skip
+    assert (got.seconds, got.end_from) == (490.0, "observed")
+    assert got.why is not None and got.why.startswith("no pod of the Job")
