@@ -21,7 +21,8 @@ A pending job leaves the queue; a running one gets SIGTERM: its runner stops the
 within --stop-grace, records the attempt cancelled (the budget it used stays spent) and writes
 its envelope. `runner job wait JOB` then exits 130. A job that has already ended is left as it is.
 A Kubernetes job (`runner cluster submit --to kubernetes`): its Job is deleted with its pods
-(propagationPolicy Foreground), and once the Job is gone, its NetworkPolicy.
+(propagationPolicy Foreground), and once the Job is gone, its NetworkPolicy; the attempt's
+end is recorded in the job's ledger (charged from its pod's start to the Job's deletion).
 
 exit codes:
   0    each job was cancelled, or had already ended
@@ -59,11 +60,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     done: list[dict[str, Any]] = []
     for job_id, sub in subs.items():
         if sub["to"] == "kubernetes":
-            gone = apply.delete(job_id, **kube_args(sub))
+            gone = apply.delete(job_id, **kube_args(sub), state_dir=state)
             name = f"{gone['namespace']}/{gone['name']}"
             done.append({"jobId": job_id, "kubernetesJob": name, "cancelled": not gone["ended"],
                          "deleted": True, "kubernetesState": gone["state"],
-                         "networkPolicy": gone["networkPolicy"]})  # fmt: skip
+                         "networkPolicy": gone["networkPolicy"],
+                         "recorded": gone.get("recorded")})  # fmt: skip
             if not args.json:
                 print(f"{job_id}: Kubernetes Job {name} ({gone['state']}) deleted; its "
                       f"NetworkPolicy {gone['networkPolicy']}")  # fmt: skip

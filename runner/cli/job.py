@@ -52,7 +52,9 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             name,
             help=help,
             description="Read a job's ledger: attempts, consumed and remaining budget, the current "
-            "state, and (for an attempt in flight) its container as the engine sees it.",
+            "state, and (for an attempt in flight) its container as the engine sees it, or its "
+            "Kubernetes Job as the API server does (an ended Job's attempt is then recorded in "
+            "the ledger, once).",
         )
         status.add_argument("job", metavar="JOB", help="job id (under --state-dir) or job folder")
         status.add_argument("--state-dir", metavar="DIR")
@@ -204,6 +206,30 @@ def _status_queued(args: argparse.Namespace, state: Path, job_id: str, found: Ex
     return EXIT_SUCCEEDED
 
 
+def _kubernetes_end(root: Path, st: Any) -> str | None:
+    """For a job whose last attempt is a Kubernetes Job with no recorded end: ask the API
+    server (as `runner job wait` does) and record the end if the Job has ended; the Job's state
+    as shown, or what kept it from being asked. None for any other job."""
+    from runner.core.errors import RunnerError
+    from runner.scheduling.kubernetes import apply, attempts
+
+    last = st.in_flight
+    if last is None or not attempts.is_kubernetes(last):
+        return None
+    got, config = last.starting, last.starting.get("kubeconfig")
+    try:
+        now = apply.status(
+            root.name,
+            namespace=str(got.get("namespace")),
+            context=got.get("context"),
+            kubeconfig=Path(config) if isinstance(config, str) else None,
+            state_dir=root.parent.parent,
+        )
+    except RunnerError as exc:
+        return f"Kubernetes Job {attempts.job_of(last)}: not asked ({exc.message})"
+    return f"Kubernetes Job {now['namespace']}/{now['name']}: {now['state']}"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from runner.state.ledger import read_state
 
@@ -218,6 +244,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         # path is never taken for a job of the same id submitted from another state dir.
         return _status_queued(args, root.parent.parent, root.name, refused)
     st = read_state(path)  # an onlooker: never repairs or locks a ledger a runner may be writing
+    kube = _kubernetes_end(root, st)
+    if kube is not None:
+        st = read_state(path)  # with the end it may have recorded
     in_flight = st.in_flight
     if st.finished is not None:
         state = f"finished ({st.finished.get('status')})"
@@ -231,7 +260,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         from runner.core import hostid
         from runner.core.errors import ContainerVanished
 
-        if (other := hostid.elsewhere(in_flight.starting)) is not None:
+        if kube is not None:
+            container_state = kube
+        elif (other := hostid.elsewhere(in_flight.starting)) is not None:
             container_state = f"on host {other} (not this host's engine to ask)"
         else:
             try:
@@ -258,6 +289,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         else None,
         "envelope": str(JobDir(root).envelope) if JobDir(root).envelope.exists() else None,
     }
+    if kube is not None:  # the API server's word on the Job of the last attempt
+        info["kubernetesJob"] = kube
     info.update(_submitted(root.parent.parent, root.name))
     if args.json:
         print(json.dumps(info, indent=2))
@@ -274,6 +307,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"attempt {a['attempt']}  {a['seconds']:8.1f} s  {end}  {a['container']}{on}")
     if info["container"]:
         print(f"container  {in_flight.container_name if in_flight else ''}: {container_state}")
+    if kube is not None and not info["container"]:
+        print(f"container  {kube}")
     if info["envelope"]:
         print(f"envelope   {info['envelope']}")
     if info["slurm"]:
@@ -281,7 +316,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if info["kubernetes"]:
         k = info["kubernetes"]
         print(f"kubernetes Job {k['namespace']}/{k['name']} submitted {k['submittedAt']} "
-              "(`runner job wait` asks the API server)")  # fmt: skip
+              "(asked while its attempt is in flight)")  # fmt: skip
     return EXIT_SUCCEEDED
 
 

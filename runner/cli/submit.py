@@ -50,8 +50,11 @@ is named, has one node); Docker and this runner on the nodes; Slurm's KillWait l
 Kubernetes (--to kubernetes): each contract is rendered as `runner cluster render --to
 kubernetes` renders it and created on the cluster of --kubeconfig/--context (the
 NetworkPolicy first). Its job folder must be on the claim, laid out by `runner cluster stage`
-under --state-dir (a host that mounts the claim). `runner job wait` and `runner job cancel`
-then follow the Job; no ledger event and no envelope are written for a cluster's run.
+under --state-dir (a host that mounts the claim). Each submit is the next attempt in the
+job's ledger, its activeDeadlineSeconds the budget left; `runner job wait`, `runner job
+status` and `runner job cancel` follow the Job and record the attempt's end (charged from the
+pod's times) once they see it. A job whose last attempt's end is not recorded yet is refused
+until one of them has. No envelope is written for a cluster's run.
 
   runner cluster stage task.dsse.json --state-dir /mnt/runner-jobs
   runner cluster submit task.dsse.json --to kubernetes --state-dir /mnt/runner-jobs \\
@@ -63,7 +66,8 @@ exit codes:
   3    refused: as `runner run` refuses, or Slurm refuses the resources (sbatch --test-only),
        or the state folder is not shared; nothing was queued
   4    infrastructure: Slurm does not answer, the policy or keys are broken; or a job id
-       already queued and not ended, given twice, or with an attempt in flight
+       already queued and not ended, given twice, or with an attempt in flight (on
+       Kubernetes: one whose end `runner job status JOB` has not recorded yet)
 
 """
     + HOST_HELP

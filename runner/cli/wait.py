@@ -30,7 +30,9 @@ A job has ended when its ledger says job.finished (its result.json is the envelo
 its Slurm job has ended (scontrol show job, else sacct, else Slurm's jobcomp file): then the
 envelope is the one its `runner run` wrote to <state>/slurm/<job id>/envelope-<Slurm id>.json.
 A Slurm job that ended without an envelope is an infrastructure failure naming its Slurm state
-and log file; one cancelled before its runner started counts as cancelled.
+and log file; one cancelled before its runner started counts as cancelled. A Kubernetes Job
+has ended when the API server's conditions say so; its attempt's end is then recorded in the
+job's ledger (once), charged from the pod's times (docs/how-to/kubernetes.md).
 
 exit codes (several jobs: the first of 130, 4, 3, 1, 0 that any job ended in):
   0    succeeded          1    the job failed, or its budget is spent
@@ -138,6 +140,8 @@ def kube_outcome(st: dict[str, Any]) -> dict[str, Any]:
         "category": category,
         "reason": None if category is None else f"the Job ended {said} (as the API server says)",
         "envelope": None,
+        # The attempt's end in the job's ledger (the budget it used), or why it is not there.
+        "recorded": st.get("recorded"),
     }
 
 
@@ -199,7 +203,7 @@ def _poll(
     active = cluster.active(slurm_ids) if slurm_ids else {}  # one squeue for all of them
     for job_id in list(pending):
         if subs[job_id]["to"] == "kubernetes":
-            st = apply.status(job_id, **kube_args(subs[job_id]))
+            st = apply.status(job_id, **kube_args(subs[job_id]), state_dir=state)
             if not st["ended"]:
                 continue
             pending.remove(job_id)

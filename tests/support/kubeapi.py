@@ -1,11 +1,14 @@
 """A stand-in for a Kubernetes API server, for tests of runner/scheduling/kubernetes/apply.py:
 a small HTTP server on 127.0.0.1 that speaks just enough of the API for the official Python
-client to create, read and dry-run Jobs and NetworkPolicies, and records every request it is sent.
+client to create, read and dry-run Jobs and NetworkPolicies, list a Job's pods (by label
+selector), and records every request it is sent.
 
 It is not a cluster and checks nothing a real API server checks (no schema, no admission, no
 scheduling): it stores what it is sent, answers 409 for a name taken, 404 for a name not
 there, stores nothing for ``dryRun=All``, and answers 401 to a request without its bearer
-token. A test sets a stored Job's status (its conditions) itself.
+token. A test sets a stored Job's status (its conditions) itself, and adds the Job's pod with
+the status (its times) it wants read (:meth:`ApiServer.add_pod`); deleting a Job deletes its
+pods, as Foreground propagation does.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from urllib.parse import parse_qs, urlsplit
 COLLECTIONS = {
     ("apis/batch/v1", "jobs"): "Job",
     ("apis/networking.k8s.io/v1", "networkpolicies"): "NetworkPolicy",
+    ("api/v1", "pods"): "Pod",
 }
+CONTROLLER_UID = "batch.kubernetes.io/controller-uid"
 
 
 @dataclass
@@ -72,6 +77,27 @@ class ApiServer:
     def set_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         with self.lock:
             self.objects[("Job", namespace, name)]["status"] = status
+
+    def add_pod(
+        self, namespace: str, job_name: str, status: dict[str, Any], *, owner: str | None = None
+    ) -> dict[str, Any]:
+        """A pod of the stored Job ``job_name`` (labelled and owned by its uid, or by
+        ``owner``'s uid) with ``status`` as the kubelet would report it."""
+        with self.lock:
+            uid = owner or self.objects[("Job", namespace, job_name)]["metadata"]["uid"]
+            name = f"{job_name}-{uuid.uuid4().hex[:5]}"
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
+                    "labels": {CONTROLLER_UID: uid, "job-name": job_name},
+                    "ownerReferences": [{"kind": "Job", "name": job_name, "uid": uid}],
+                },
+                "status": status,
+            }  # fmt: skip
+            self.objects[("Pod", namespace, name)] = pod
+            return pod
 
     def writes(self) -> list[Request]:
         return [r for r in self.requests if r.method != "GET"]
@@ -133,6 +159,17 @@ def _handler(server: ApiServer) -> type[BaseHTTPRequestHandler]:
             if (method, kind) in server.answer_with:
                 self._answer(200, server.answer_with[(method, kind)])
                 return
+            if method == "GET" and name is None and kind == "Pod":
+                wanted = request.query.get("labelSelector", [""])[0]
+                key, _, value = wanted.partition("=")
+                with server.lock:
+                    items = [
+                        copy.deepcopy(o) for (k, ns, _), o in server.objects.items()
+                        if k == "Pod" and ns == namespace
+                        and (not key or o["metadata"]["labels"].get(key) == value)
+                    ]  # fmt: skip
+                self._answer(200, {"kind": "PodList", "apiVersion": "v1", "items": items})
+                return
             if method == "GET" and name is not None:
                 with server.lock:
                     found = server.objects.get((kind, namespace, name))
@@ -161,6 +198,14 @@ def _handler(server: ApiServer) -> type[BaseHTTPRequestHandler]:
             if method == "DELETE" and name is not None:
                 with server.lock:
                     gone = server.objects.pop((kind, namespace, name), None)
+                    if gone is not None and kind == "Job":  # its pods with it (Foreground)
+                        uid = gone["metadata"]["uid"]
+                        for key in [
+                            k
+                            for k, o in server.objects.items()
+                            if k[0] == "Pod" and o["metadata"]["labels"].get(CONTROLLER_UID) == uid
+                        ]:
+                            del server.objects[key]
                 if gone is None:
                     self._answer(404, _status(404, "NotFound", f'{kind} "{name}" not found'))
                 else:

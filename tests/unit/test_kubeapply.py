@@ -291,7 +291,8 @@ def test_status_reads_the_conditions_and_writes_nothing(
     tmp_path: Path, server: ApiServer, kubeconfig: Path
 ) -> None:
     """pending (no pod active), running, complete, failed and deadline_exceeded from the
-    Job's conditions; the job's ledger is the same bytes before and after."""
+    Job's conditions; without a state folder, status() writes nothing: the ledger is the same
+    bytes (its submitted attempt still in flight) before and after."""
     folder = tmp_path / "contract"
     folder.mkdir()
     contract = write_contract(folder, DIGEST_IMAGE)
@@ -300,9 +301,9 @@ def test_status_reads_the_conditions_and_writes_nothing(
     staged = stageonly.stage(
         contract, RunOptions(state_dir=state, policy=loaded, trust=trust), host_uid=0, host_gid=0
     )
-    ledger = (staged.job_dir / "record" / "ledger.jsonl").read_bytes()
     out = apply.submit(contract, loaded, trust, namespace=NS, state_dir=state,
                            kubeconfig=kubeconfig)  # fmt: skip
+    ledger = (staged.job_dir / "record" / "ledger.jsonl").read_bytes()
     jid, name = out["jobId"], out["name"]
 
     def state_now() -> dict[str, Any]:
@@ -391,7 +392,8 @@ def test_submit_applies_a_staged_job_with_the_budget_of_its_ledger(
     tmp_path: Path, server: ApiServer, kubeconfig: Path
 ) -> None:
     """After `runner stage`, submit() renders from the ledger (the whole budget, nothing
-    spent) and creates both objects; the ledger gains no event."""
+    spent) and creates both objects; a dry run writes nothing to the ledger, a submit records
+    attempt 1 (starting before the create, started with the Job's uid after)."""
     folder = tmp_path / "contract"
     folder.mkdir()
     contract = write_contract(folder, DIGEST_IMAGE)
@@ -413,7 +415,15 @@ def test_submit_applies_a_staged_job_with_the_budget_of_its_ledger(
         ("NetworkPolicy", "created"),
         ("Job", "created"),
     ]
-    assert (staged.job_dir / "record" / "ledger.jsonl").read_bytes() == ledger
+    after = (staged.job_dir / "record" / "ledger.jsonl").read_bytes()
+    assert after.startswith(ledger)
+    events = [json.loads(line) for line in after[len(ledger) :].splitlines()]
+    assert [e["type"] for e in events] == ["attempt.starting", "attempt.started"]
+    assert events[0]["data"]["activeDeadlineSeconds"] == 15 * 60 and out["attempt"] == 1
+    assert (
+        events[1]["data"]["containerId"]
+        == server.objects[("Job", NS, out["name"])]["metadata"]["uid"]
+    )
 
 
 def test_the_client_is_imported_only_to_talk_to_a_cluster() -> None:

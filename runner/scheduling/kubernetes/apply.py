@@ -14,12 +14,13 @@ The functions `runner submit --to kubernetes`, `runner wait` and `runner cancel`
         the budget from the ledger, the manifests: what `runner render --to kubernetes`
         prints), then apply()
         unless ``apply`` is False; refuses (policy_violation) a job folder under
-        ``state_dir`` that `runner stage` did not lay out for this contract
+        ``state_dir`` that `runner stage` did not lay out for this contract; a submit (not a
+        dry run) of a staged job is the next attempt in its ledger (attempts.py)
     apply(manifests, *, namespace, context=None, kubeconfig=None, dry_run=False) -> list[dict]
-    status(job_id, *, namespace, context=None, kubeconfig=None) -> dict
+    status(job_id, *, namespace, context=None, kubeconfig=None, state_dir=None) -> dict
     wait(job_id, *, namespace, context=None, kubeconfig=None, timeout=None,
-         poll_seconds=2.0, on_status=None) -> dict
-    delete(job_id, *, namespace, context=None, kubeconfig=None) -> dict
+         poll_seconds=2.0, on_status=None, state_dir=None) -> dict
+    delete(job_id, *, namespace, context=None, kubeconfig=None, state_dir=None) -> dict
 
 :func:`apply` sends nothing that breaks :func:`runner.scheduling.kubernetes.render.check_rules`,
 and sends the bytes that were checked: the client's serialization of each object is compared
@@ -32,9 +33,11 @@ server checks it (admission included) and stores nothing.
 
 :func:`status` and :func:`wait` read the Job's conditions: ``Complete`` is ``complete``;
 ``Failed`` is ``deadline_exceeded`` with reason DeadlineExceeded (activeDeadlineSeconds, the
-budget) and ``failed`` otherwise. They write nothing: no ledger event, no envelope. What the
-API server reports is its word, not evidence the runner observed (no exit code, no OOM flag,
-no time consumed is proved by it); the job's evidence is in ``output/`` on the claim.
+budget) and ``failed`` otherwise. With ``state_dir`` they (and :func:`delete`) record the
+attempt's end in the job's ledger, charged from the pod's times by the rule of
+:mod:`runner.scheduling.kubernetes.attempts`; never an envelope. What the API server reports
+is its word, not evidence the runner observed (no exit code or OOM flag is recorded from it);
+the job's evidence is in ``output/`` on the claim.
 
 API errors are refusals or infrastructure failures naming the object and the server's
 message: unreachable server or refused credentials (``infrastructure``), an object the server
@@ -45,17 +48,27 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.contract import Trust
 from runner.core import clock, untrusted
-from runner.core.errors import HostConfigError, InfrastructureError, JobNotFound, PolicyViolation
+from runner.core.errors import (
+    HostConfigError,
+    InfrastructureError,
+    JobBusy,
+    JobNotFound,
+    PolicyViolation,
+)
 from runner.planning.policy import LoadedPolicy
-from runner.scheduling.kubernetes import render
-from runner.scheduling.kubernetes.plan import check_staged, rendered
+from runner.scheduling.kubernetes import attempts, render
+from runner.scheduling.kubernetes.attempts import MAX_PODS
+from runner.scheduling.kubernetes.plan import Rendered, check_staged, rendered
 from runner.scheduling.kubernetes.render import Manifest
+from runner.state.jobdir import JobDir, StateDir
+from runner.state.ledger import Attempt, Ledger, LedgerState, read_state
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -85,14 +98,25 @@ def submit(
     """Render the contract's job (:func:`runner.scheduling.kubernetes.plan.rendered`) and,
     with ``apply``, create it on the cluster (:func:`apply`). What was rendered and what the
     API server answered, as JSON."""
-    r = rendered(
-        contract_path, loaded, trust, state_dir=state_dir, job_id=job_id,
-        namespace=namespace, claim=claim, runtime_class=runtime_class,
-    )  # fmt: skip
+
+    def again() -> Rendered:
+        return rendered(
+            contract_path, loaded, trust, state_dir=state_dir, job_id=job_id,
+            namespace=namespace, claim=claim, runtime_class=runtime_class,
+        )  # fmt: skip
+
+    r = again()
     if require_staged:
         check_staged(r, state_dir)
-    applied = []
-    if apply:
+    applied: list[dict[str, Any]] = []
+    attempt = None
+    accepted = r.state is not None and r.state.accepted is not None
+    if apply and not dry_run and accepted:
+        job_dir = StateDir(state_dir).job(r.plan.job_id)
+        with job_dir.locked():  # the ledger as it is now, no other submit or run meanwhile
+            r = again()
+            applied, attempt = _as_attempt(r, job_dir, namespace, context, kubeconfig)
+    elif apply:
         applied = _apply(
             r.manifests, namespace=namespace, context=context, kubeconfig=kubeconfig,
             dry_run=dry_run,
@@ -112,8 +136,114 @@ def submit(
         "applied": applied,
         "manifests": render.as_list(r.manifests),
         "notEnforced": list(render.NOT_ENFORCED),
-        "recorded": "nothing: no ledger event and no envelope are written for a cluster's run",
+        "attempt": attempt,
+        "recorded": (
+            f"attempt {attempt} in the ledger {StateDir(state_dir).job(r.plan.job_id).ledger} "
+            "(its end is recorded by `runner job status`, `wait` or `cancel`); no envelope"
+            if attempt is not None
+            else "nothing: not submitted, or no ledger (the job was not staged)"
+        ),
     }
+
+
+def _as_attempt(
+    r: Rendered,
+    job_dir: JobDir,
+    namespace: str,
+    context: str | None,
+    kubeconfig: Path | None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Create ``r``'s objects as attempt n of the job's ledger (under the job's lock):
+    ``attempt.starting`` before, ``attempt.started`` (the Job's uid) after. A Job of an earlier
+    attempt whose end is recorded is deleted first; one the ledger does not know is refused. A
+    create the server refused (or never reached) is recorded finished (0 s, ``not-created``);
+    one it did not answer stays in flight, for `runner job status` to resolve."""
+    job_m = next(m for m in r.manifests if m["kind"] == "Job")
+    name = str(_meta(job_m, "name"))
+    led = Ledger.open(job_dir.ledger)
+    _clear_ended(r, led.state, job_dir, namespace, context, kubeconfig)
+    n = len(led.state.attempts) + 1
+    starting = attempts.starting_data(
+        n, name=name, namespace=namespace, context=context, kubeconfig=kubeconfig,
+        deadline=r.deadline, image=r.plan.image.reference,
+    )  # fmt: skip
+    led.append(f"attempt-{n}.starting", "attempt.starting", starting)
+    try:
+        applied = _apply(r.manifests, namespace=namespace, context=context, kubeconfig=kubeconfig)
+    except _NoAnswer as exc:
+        exc.hint = (
+            f"the Job may exist: `runner job status {r.plan.job_id}` asks again and records "
+            f"attempt {n} (its end, or that it was never made)"
+        )
+        raise
+    except Exception:
+        found = _found_job(job_m, namespace, context, kubeconfig)
+        if found is None:  # never made: nothing ran, nothing is charged
+            data = {"attempt": n, "exitCode": None, "oomKilled": False,
+                    "classification": "infrastructure", "seconds": 0.0,
+                    "how": "not-created"}  # fmt: skip
+            led.append(f"attempt-{n}.finished", "attempt.finished", data)
+        elif isinstance(found, str):
+            attempts.record_started(led, n, found)
+        raise
+    uid = next((a.get("uid") for a in applied if a.get("kind") == "Job"), None)
+    if isinstance(uid, str) and uid:
+        attempts.record_started(led, n, uid)
+    return applied, n
+
+
+def _found_job(
+    job_m: Manifest, namespace: str, context: str | None, kubeconfig: Path | None
+) -> str | bool | None:
+    """After a failed apply: the uid of this job's Job if it was made after all, None when
+    there is none (or only another's), True when that cannot be told (it stays in flight)."""
+    try:
+        client = _client(context, kubeconfig)
+        try:
+            found = _read(client, "Job", str(_meta(job_m, "name")), namespace)
+        finally:
+            client.close()  # type: ignore[no-untyped-call]
+    except InfrastructureError:
+        return True
+    if found is None or not _same_job(found, job_m):
+        return None
+    uid = _meta(found, "uid")
+    return uid if isinstance(uid, str) and uid else True
+
+
+def _clear_ended(
+    r: Rendered,
+    state: LedgerState,
+    job_dir: JobDir,
+    namespace: str,
+    context: str | None,
+    kubeconfig: Path | None,
+) -> None:
+    """Before attempt n's Job is made: the Job of that name, when there is one, is deleted if it
+    is an earlier attempt's whose end is recorded (it holds the name), refused otherwise (not
+    the runner's, another contract's, or this job's but no attempt in the ledger: it may run
+    outside the budget)."""
+    job_m = next(m for m in r.manifests if m["kind"] == "Job")
+    name = str(_meta(job_m, "name"))
+    client = _client(context, kubeconfig)
+    try:
+        found = _read(client, "Job", name, namespace)
+    finally:
+        client.close()  # type: ignore[no-untyped-call]
+    if found is None:
+        return
+    _refuse_foreign(job_m, found, namespace)
+    uid = _meta(found, "uid")
+    known = attempts.find(state, namespace, name, uid if isinstance(uid, str) and uid else None)
+    if known is None or known.finished is None:
+        raise JobBusy(
+            f"Job {namespace}/{name} of job {r.plan.job_id} exists (uid {_said(Exception(uid))}) "
+            f"and is no attempt in the ledger {job_dir.ledger}: it may be running outside the "
+            "job's budget",
+            hint=f"delete it (`kubectl delete job {name} -n {namespace}`) once it is done with, "
+            "then submit again",
+        )
+    delete(r.plan.job_id, namespace=namespace, context=context, kubeconfig=kubeconfig)
 
 
 # --------------------------------------------------------------------------- the API
@@ -204,7 +334,7 @@ def _call(client: ApiClient, what: str, fn: Callable[..., Any], *args: Any, **kw
     try:
         answer = fn(*args, **kw, _preload_content=False, _request_timeout=30)
     except HTTPError as exc:
-        raise InfrastructureError(
+        raise _NoAnswer(
             f"the Kubernetes API server at {host} did not answer ({what}): {_said(exc)}",
             hint="check the kubeconfig's server and this host's network",
         ) from None
@@ -228,6 +358,10 @@ def _call(client: ApiClient, what: str, fn: Callable[..., Any], *args: Any, **kw
             f"the Kubernetes API server at {host} answered {what} with no JSON object"
         )
     return data
+
+
+class _NoAnswer(InfrastructureError):
+    """The API server did not answer a request (what it did with it is not known)."""
 
 
 class _Refused(InfrastructureError):
@@ -297,16 +431,7 @@ def apply(
         for m in objects:
             name = str(_meta(m, "name"))
             existing = _read(client, m["kind"], name, namespace)
-            if existing is not None and not _same_job(existing, m):
-                theirs = _digest_of(existing)
-                raise PolicyViolation(
-                    f"{m['kind']} {namespace}/{name} exists and is not this job's: it was made "
-                    f"for contract {theirs!r}"
-                    + ("" if theirs else " (or not by the runner)")
-                    + "; nothing was applied",
-                    hint=f"delete it (kubectl delete {m['kind'].lower()} {name} -n "
-                    f"{namespace}) if it is done with, or submit under another --job-id",
-                )
+            _refuse_foreign(m, existing, namespace)
             found.append(existing)
         out = []
         for m, body, existing in zip(objects, bodies, found, strict=True):
@@ -314,6 +439,21 @@ def apply(
         return out
     finally:
         client.close()  # type: ignore[no-untyped-call]
+
+
+def _refuse_foreign(m: Manifest, existing: Any, namespace: str) -> None:
+    """Refuse an object found under ``m``'s name that is not this job's (another contract's,
+    or not the runner's)."""
+    if existing is None or _same_job(existing, m):
+        return
+    name, theirs = _meta(m, "name"), _digest_of(existing)
+    raise PolicyViolation(
+        f"{m['kind']} {namespace}/{name} exists and is not this job's: it was made "
+        f"for contract {theirs!r}" + ("" if theirs else " (or not by the runner)")
+        + "; nothing was applied",
+        hint=f"delete it (kubectl delete {m['kind'].lower()} {name} -n "
+        f"{namespace}) if it is done with, or submit under another --job-id",
+    )  # fmt: skip
 
 
 _apply = apply  # submit's parameter ``apply`` hides the function's name there
@@ -404,19 +544,39 @@ def status(
     namespace: str,
     context: str | None = None,
     kubeconfig: Path | None = None,
+    state_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The Job of ``job_id`` as the API server reports it; refuses a Job of that name that
-    the runner did not make for this job id."""
+    the runner did not make for this job id. With ``state_dir``: a Job that has ended (or is
+    gone) has its attempt's end recorded in the job's ledger there (``recorded``;
+    :func:`runner.scheduling.kubernetes.attempts.record_end`), once."""
     render.check_name("--namespace", namespace)
-    name = render.object_name(job_id)
     client = _client(context, kubeconfig)
     try:
-        job = _read(client, "Job", name, namespace)
+        out, _ = _look(client, job_id, namespace, state_dir)
+        return out
     finally:
         client.close()  # type: ignore[no-untyped-call]
+
+
+def _look(
+    client: ApiClient, job_id: str, namespace: str, state_dir: Path | None
+) -> tuple[dict[str, Any], Any]:
+    """:func:`status` on an open client, with the Job as the server answered it."""
+    name = render.object_name(job_id)
+    job = _read(client, "Job", name, namespace)
     if job is None:
+        said = ""
+        if state_dir is not None:
+            got = _observe(client, state_dir, job_id, namespace, name, None, "vanished", None)
+            if got.get("recorded") == "now":
+                said = (f"; its attempt {got['attempt']} is recorded in the ledger, charged "
+                        f"{got['seconds']:g} s (start: {got['startFrom']}, end: "
+                        f"{got['endFrom']})")  # fmt: skip
+            elif got.get("why"):
+                said = f"; {got['why']}"
         raise JobNotFound(
-            f"no Job {namespace}/{name} (job {job_id}) on the cluster",
+            f"no Job {namespace}/{name} (job {job_id}) on the cluster{said}",
             hint="check --namespace and --context, or submit it",
         )
     labels = untrusted.mapping(_meta(job, "labels"))
@@ -429,7 +589,7 @@ def status(
         )
     state, reason, message = state_of(job)
     st = untrusted.mapping(job.get("status"))
-    return {
+    out = {
         "jobId": job_id,
         "name": name,
         "namespace": namespace,
@@ -445,8 +605,78 @@ def status(
         "succeeded": st.get("succeeded", 0),
         "failed": st.get("failed", 0),
         "conditions": _conditions(job),
-        "source": "the API server's Job status; not written to the ledger or an envelope",
+        "source": "the API server's Job status; no envelope is written",
     }
+    if state_dir is not None and state in ENDED:
+        out["recorded"] = _observe(client, state_dir, job_id, namespace, name, job, state, reason)
+    return out, job
+
+
+_UID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9]{0,63}$")
+
+
+def _pods(client: ApiClient, namespace: str, uid: str) -> list[Any]:
+    """The pods of the Job of ``uid`` (by the label the Job controller gives them, Kubernetes
+    1.27 and later), as the server answered (those it says another owner has are dropped
+    later, by :func:`runner.scheduling.kubernetes.attempts.record_end`)."""
+    from kubernetes import client as k8s
+
+    if not _UID.match(uid):  # an API server's uid in a label selector: nothing else
+        return []
+    api = k8s.CoreV1Api(client)
+    got = _call(client, f"GET pods of Job {uid} in {namespace}", api.list_namespaced_pod,
+                namespace, label_selector=f"batch.kubernetes.io/controller-uid={uid}")  # fmt: skip
+    items = untrusted.array(untrusted.at(got, "items"))
+    return [p for p in items[:MAX_PODS] if isinstance(p, dict)]
+
+
+def _terminated(pod: Any) -> bool:
+    return all(
+        isinstance(untrusted.at(c, "state", "terminated"), dict)
+        for c in untrusted.array(untrusted.at(pod, "status", "containerStatuses"))
+    ) and untrusted.at(pod, "status", "phase") in ("Succeeded", "Failed")
+
+
+def _observe(
+    client: ApiClient,
+    state_dir: Path,
+    job_id: str,
+    namespace: str,
+    name: str,
+    job: Any,
+    ended: str,
+    reason: Any,
+    pods: list[Any] | None = None,
+) -> dict[str, Any]:
+    """Record the end of the attempt the Job ``job`` (None: gone) ran, from its pods' times
+    (``pods``, else read under the job's lock); nothing for a job with no ledger or an attempt
+    recorded already, and nothing for a gone Job that is back (its submit was half done when
+    it was read) or whose pod still runs."""
+    job_dir = StateDir(state_dir).job(job_id)
+    if not job_dir.ledger.is_file():
+        return {"recorded": None, "why": f"no ledger {job_dir.ledger}"}
+    uid = _meta(job, "uid") if job is not None else None
+    seen = attempts.find(read_state(job_dir.ledger), namespace, name,
+                         uid if isinstance(uid, str) and uid else None)  # fmt: skip
+    if seen is not None and seen.finished is not None:  # an onlooker's read: no lock needed
+        return {"recorded": "already", "attempt": seen.number, "seconds": seen.seconds,
+                "ledger": str(job_dir.ledger)}  # fmt: skip
+
+    def pods_of(a: Attempt) -> list[Any] | str:
+        if pods is not None:
+            return pods
+        if job is None and _read(client, "Job", name, namespace) is not None:
+            return "the Job exists again (made while it was read); ask again"
+        mine = a.container_id or _meta(job, "uid")
+        found = _pods(client, namespace, mine) if isinstance(mine, str) and mine else []
+        if job is None and not all(_terminated(p) for p in found):
+            return "the Job is gone but a pod of it has not ended"
+        return found
+
+    return attempts.record_end(
+        job_dir, namespace=namespace, name=name, job=job, pods=pods_of, ended=ended,
+        reason=reason,
+    )  # fmt: skip
 
 
 def delete(
@@ -456,16 +686,21 @@ def delete(
     context: str | None = None,
     kubeconfig: Path | None = None,
     gone_within: float = 120.0,
+    state_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Delete the runner's Job of ``job_id`` (refused, as by :func:`status`, for a Job the
     runner did not make for this job id; only that Job, by its uid), its pods with it
     (``propagationPolicy: Foreground``: the Job stays until its pods are gone), then, once the
     Job is gone, its NetworkPolicy when it carries this job's label: a pod stopping within its
     grace period is still under it. A Job not gone within ``gone_within`` seconds keeps its
-    NetworkPolicy (``networkPolicy: kept``). The Job's status before, with what was done."""
+    NetworkPolicy (``networkPolicy: kept``). With ``state_dir``, the attempt's end is recorded
+    in the job's ledger: from its pods' times when the Job had ended, else (``cancelled``) from
+    its pod's start to when the Job was seen gone. The Job's status before, with what was
+    done."""
     from kubernetes import client as k8s
 
-    before = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig)
+    before = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig,
+                    state_dir=state_dir)  # fmt: skip
     uid = before["uid"]
     if not isinstance(uid, str) or not uid:
         # Without it the precondition is no precondition: whatever Job holds the name by
@@ -475,9 +710,14 @@ def delete(
             "nothing was deleted",
             hint="check --namespace and --context, and the API server",
         )
-    name, client = before["name"], _client(context, kubeconfig)
-    done = "kept: the Job was not gone in time"
+    # The Job as far as a cancelled attempt's charge reads it (the pods are read below).
+    job = {"metadata": {"uid": uid}, "status": {"startTime": before.get("startTime")}}
+    client = _client(context, kubeconfig)
     try:
+        # Its pods as they were (their start), for a cancelled attempt's charge.
+        pods = _pods(client, namespace, uid) if state_dir and not before["ended"] else []
+        name = before["name"]
+        done = "kept: the Job was not gone in time"
         body = k8s.V1DeleteOptions(
             propagation_policy="Foreground", preconditions=k8s.V1Preconditions(uid=uid)
         )
@@ -490,6 +730,11 @@ def delete(
                 break
             clock.sleep(0.5)
         else:
+            if state_dir is not None and not before["ended"]:
+                before["recorded"] = _observe(
+                    client, state_dir, job_id, namespace, name, job, "cancelled",
+                    "deleted by the runner", pods,
+                )  # fmt: skip
             policy = _read(client, "NetworkPolicy", name, namespace)
             labels = untrusted.mapping(_meta(policy, "labels")) if policy is not None else {}
             if policy is None:
@@ -501,6 +746,12 @@ def delete(
                 _call(client, f"DELETE NetworkPolicy {namespace}/{name}",
                       policies.delete_namespaced_network_policy, name, namespace)  # fmt: skip
                 done = "deleted"
+        if state_dir is not None and "recorded" not in before:
+            before["recorded"] = {
+                "recorded": None,
+                "why": f"the Job was not gone in time; `runner job status {job_id}` records "
+                "it once it is",
+            }
     finally:
         client.close()  # type: ignore[no-untyped-call]
     return {**before, "deleted": True, "networkPolicy": done}
@@ -515,13 +766,16 @@ def wait(
     timeout: float | None = None,
     poll_seconds: float = 2.0,
     on_status: Callable[[dict[str, Any]], None] | None = None,
+    state_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Poll :func:`status` until the Job has ended (or ``timeout`` seconds pass: then the last
-    status, with ``ended`` false); ``on_status`` sees each one whose state changed."""
+    status, with ``ended`` false); ``on_status`` sees each one whose state changed. With
+    ``state_dir``, the end is recorded in the job's ledger, as by :func:`status`."""
     deadline = None if timeout is None else clock.monotonic() + timeout
     last = None
     while True:
-        now = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig)
+        now = status(job_id, namespace=namespace, context=context, kubeconfig=kubeconfig,
+                     state_dir=state_dir)  # fmt: skip
         if on_status is not None and now["state"] != last:
             on_status(now)
         last = now["state"]

@@ -18,7 +18,7 @@ from runner.core.errors import InfrastructureError, PolicyViolation
 from runner.planning.plan import ExecutionPlan
 from runner.planning.policy import LoadedPolicy
 from runner.scheduling import submissions
-from runner.scheduling.kubernetes import render
+from runner.scheduling.kubernetes import attempts, render
 from runner.scheduling.kubernetes.render import Manifest
 from runner.scheduling.planned import planned
 from runner.state.jobdir import StateDir
@@ -58,7 +58,9 @@ def rendered(
 ) -> Rendered:
     """Check the contract and the policy as `runner run` does, plan the job as `runner run`
     as root plans it (user 10001), and render its manifests with the budget its ledger under
-    ``state_dir`` leaves (else the contract's whole budget)."""
+    ``state_dir`` leaves (else the contract's whole budget). Refuses a job whose last
+    Kubernetes attempt has no recorded end, and one with no budget left
+    (:func:`runner.scheduling.kubernetes.attempts.refuse`)."""
     if namespace is not None:
         render.check_name("--namespace", namespace)
     render.check_name("--claim", claim, subdomain=True)
@@ -68,6 +70,8 @@ def rendered(
     )
     contract, p, state = got.contract, got.plan, got.state
     render.refuse_unsupported(contract, p)
+    ledger_path = StateDir(state_dir).job(p.job_id).ledger
+    attempts.refuse(state, p.job_id, ledger_path, p.limits.timeout_seconds)
     deadline = render.deadline_seconds(p, state)
     manifests = render.render(
         p,

@@ -39,8 +39,8 @@ from runner.state.ledger import LedgerState
 
 __all__ = [
     "CONTRACT_LABEL", "DEFAULT_CLAIM", "DEFAULT_RUNTIME_CLASS", "JOB_LABEL", "MANAGED_BY",
-    "NOT_ENFORCED", "PREFIX", "Manifest", "as_list", "check_name", "check_rules",
-    "deadline_seconds", "job_label", "object_name", "refuse_unsupported", "render",
+    "NOT_ENFORCED", "PREFIX", "STOP_GRACE_SECONDS", "Manifest", "as_list", "check_name",
+    "check_rules", "deadline_seconds", "job_label", "object_name", "refuse_unsupported", "render",
 ]  # fmt: skip
 
 Manifest = dict[str, Any]
@@ -62,8 +62,9 @@ NOT_ENFORCED = (
     "diskGb: output/ and workspace/ live on the claim; their size is the claim's (or its "
     "storage quota's), not a per-job quota watched by the runner",
     "logLimitMb: the job's stdout and stderr files grow until the claim is full",
-    "budget: activeDeadlineSeconds counts from the Job's start (scheduling and the image pull "
-    "included), and no ledger is written: the cluster's run is not an attempt in the ledger",
+    "budget: activeDeadlineSeconds (the budget left at submit) counts from the Job's start "
+    "(scheduling and the image pull included); the attempt is charged in the ledger from the "
+    "API server's pod times, only once `runner job status`, `wait` or `cancel` sees it end",
     "inputs: the job folder on the claim is used as found; its input digests are not checked "
     "again here",
     "network: the NetworkPolicy is enforced only by a network plugin that implements "
