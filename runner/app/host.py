@@ -99,13 +99,14 @@ def config_dir() -> str:
 
 def state_dir(given: str | None = None) -> Path:
     """Where job folders live: ``given`` (--state-dir), else ``$RUNNER_STATE_DIR``, else the
-    user's state dir."""
+    user's state dir; made absolute (a job's mounts are named from it, and the engine takes
+    only absolute paths; no link in it is resolved)."""
     from pathlib import Path
 
     if given:
-        return Path(given)
+        return Path(given).absolute()
     if os.environ.get("RUNNER_STATE_DIR"):
-        return Path(os.environ["RUNNER_STATE_DIR"])
+        return Path(os.environ["RUNNER_STATE_DIR"]).absolute()
     import platformdirs
 
     return Path(platformdirs.user_state_dir("runner"))

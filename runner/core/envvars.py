@@ -31,7 +31,8 @@ READ: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "RUNNER_STATE_DIR",
-        "Where job folders, ledgers and caches live; `--state-dir` wins over it.",
+        "Where job folders, ledgers and caches live; `--state-dir` wins over it (either, when "
+        "relative, from the working directory).",
         "the user's state folder",
     ),
     EnvVar(

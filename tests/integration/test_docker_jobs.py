@@ -481,3 +481,16 @@ def test_reruns_share_one_budget(tmp_path: Path, image_id: str) -> None:
     assert code == 1
     assert fourth["failure"]["category"] == "resource_exhausted"
     assert fourth["container"] is None
+
+
+def test_a_relative_state_dir_is_taken_from_where_the_command_runs(
+    tmp_path: Path, image_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--state-dir state` used to reach the engine as a relative mount source (refused: "mount
+    path must be absolute"); it is the folder below the command's working directory."""
+    contract = write_contract(tmp_path, image_id)
+    monkeypatch.chdir(tmp_path)
+    code, env, stderr = run_job(contract, Path("state"))
+    assert code == 0, stderr
+    assert Path(env["jobDir"]).is_absolute()
+    assert Path(env["jobDir"]).parent.parent == tmp_path / "state"
