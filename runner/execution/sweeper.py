@@ -7,7 +7,9 @@ still running is listed and left alone: `runner run` on that job reattaches to i
 ``orphans`` (what a Slurm Epilog runs: the job's next runner may be on another host, which
 cannot reach this engine) it is stopped instead, under the job's lock, its end recorded in the
 ledger from the engine (``interrupted``, ``how: orphan-stopped``, charged from its last
-heartbeat to its end), its egress lease ended, and then removed. The egress allowlist's slots
+heartbeat to its end), its egress lease ended, and then removed. A container whose job's lock
+a live runner of this host holds (a served runner whose client died) is kept and is no
+failure (:data:`WATCHED`). The egress allowlist's slots
 (network, proxy, namespace holder; see :mod:`runner.egress.slots`) outlive attempts on purpose: each
 free one (no runner holds its lock, no job container is in it) is removed, however recently
 used.
@@ -35,9 +37,15 @@ from runner.execution import container
 from runner.state import ledger
 from runner.state.jobdir import JobDir, StateDir
 
-__all__ = ["runner_alive", "sweep"]
+__all__ = ["WATCHED", "runner_alive", "sweep"]
 
 STILL_RUNS = "its ledger says it still runs; `runner run` on the job reattaches to it"
+WATCHED = "a live runner on this host owns its job and watches it"
+"""Why a container is kept when the job's lock is held by a process of this host that
+``record/owner.json`` names (:meth:`JobDir.owner_pid`): with ``orphans``, no failure (an
+Epilog succeeds: the job is healthy, its runner enforces its budget). A lock held by anyone
+else (another host, a process owner.json does not name) is kept as ``a runner is watching
+it``, which with ``orphans`` is a failure: no one here can vouch for the container."""
 
 
 def runner_alive(job_root: Path) -> bool:
@@ -62,6 +70,9 @@ def _verdict(labels: dict[str, str]) -> tuple[bool, str]:
         # it over, say): a container of an ended attempt never runs on.
         return True, "its attempt has finished in the ledger"
     if runner_alive(root):
+        owner = JobDir(root).owner_pid()
+        if owner is not None:
+            return False, f"{WATCHED} (pid {owner})"
         return False, "a runner is watching it"
     if mine is None:
         return True, "its attempt is not in the ledger and no runner watches it"

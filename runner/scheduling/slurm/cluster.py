@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.core import locks
 from runner.core.errors import InfrastructureError, PolicyViolation
 from runner.core.safefs import UnsafePath, open_regular
 from runner.scheduling.slurm.batch import (
@@ -202,8 +203,10 @@ def check_end(
 ) -> Ended | None:
     """The job's end, or None while it may still run: the ledger's ``job.finished`` (with the
     job's result.json), else the Slurm job's end with the envelope its batch wrote (None when
-    the runner wrote none). ``queued`` (:meth:`Cluster.active`, asked once for many jobs)
-    spares the questions to Slurm about a job that still runs and has no result yet."""
+    the runner wrote none), unless a runner still holds the job's lock (a served runner whose
+    batch step was ended from outside: the job runs on, and its end is the ledger's).
+    ``queued`` (:meth:`Cluster.active`, asked once for many jobs) spares the questions to
+    Slurm about a job that still runs and has no result yet."""
     from runner.state.jobdir import StateDir
     from runner.state.ledger import read_state
 
@@ -229,6 +232,8 @@ def check_end(
         )
     if not info.ended:
         return None
+    if not finished and locks.is_held(job.lock):
+        return None  # Slurm's job has ended, but a runner (a served one) still runs the job
     return Ended(job_id, slurm_job, info.state, _json(folder / f"envelope-{slurm_job}.json"), log)
 
 
