@@ -150,6 +150,7 @@ def _run_options(
     args: argparse.Namespace, loaded: LoadedPolicy, trust: Trust
 ) -> orchestrator.RunOptions:
     from runner.execution import orchestrator
+    from runner.scheduling.slurm.cluster import SlurmFence
 
     return orchestrator.RunOptions(
         state_dir=host.state_dir(args.state_dir),
@@ -166,6 +167,7 @@ def _run_options(
         protected=(Path(host.config_dir()),),
         gpu_lock_dir=host.gpu_lock_dir(),
         cdi_dirs=host.cdi_dirs(),
+        scheduler=SlurmFence(),  # asked only in a takeover of an attempt run under Slurm
     )
 
 

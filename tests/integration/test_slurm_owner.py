@@ -26,12 +26,16 @@ from typing import Any
 import pytest
 
 from runner.scheduling.slurm.cluster import Cluster
-from runner.state.ledger import read_state
-from tests.integration.test_slurm import client_pid, job_containers, scontrol, sleeper, wait
+from runner.state.ledger import Ledger, read_state
+from tests.integration.test_slurm import client_pid, job_containers, scontrol, sleeper, toy, wait
 from tests.integration.test_slurm import cluster as cluster
 from tests.support import SESSION_ID, SESSION_LABEL, docker, run_cli
 
 pytestmark = [pytest.mark.docker, pytest.mark.slurm]
+
+PARTITION = "debug"
+"""scripts/setup_slurm.sh's partition of this host's node: the `runner serve` these tests
+start, and the engine they look at, are this host's."""
 
 
 @pytest.fixture
@@ -88,7 +92,8 @@ def test_a_killed_client_of_a_served_runner_never_ends_the_job_or_drains_the_nod
     contract = sleeper(tmp_path / "c", 12, "slurm-served", image_id)
     proc = run_cli(
         "submit", str(contract), "--to", "slurm", "--state-dir", str(state), "--json",
-        "--allow-unsigned", "--label", f"{SESSION_LABEL}={SESSION_ID}", env=served,
+        "--allow-unsigned", "--label", f"{SESSION_LABEL}={SESSION_ID}", "--partition", PARTITION,
+        env=served,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     slurm_job = json.loads(proc.stdout)[0]["slurmJobId"]
@@ -168,7 +173,8 @@ def test_cancel_after_the_client_died_stops_the_served_runners_job(
     contract = sleeper(tmp_path / "c", 120, "slurm-served-cancel", image_id)
     proc = run_cli(
         "submit", str(contract), "--to", "slurm", "--state-dir", str(state), "--json",
-        "--allow-unsigned", "--label", f"{SESSION_LABEL}={SESSION_ID}", env=served,
+        "--allow-unsigned", "--label", f"{SESSION_LABEL}={SESSION_ID}", "--partition", PARTITION,
+        env=served,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     slurm_job = json.loads(proc.stdout)[0]["slurmJobId"]
@@ -190,3 +196,66 @@ def test_cancel_after_the_client_died_stops_the_served_runners_job(
     finally:
         if scontrol(slurm_job)["JobState"] in {"PENDING", "RUNNING"}:
             subprocess.run(["scancel", slurm_job], check=False)
+
+
+def test_a_takeover_cancels_the_earlier_attempts_live_slurm_job_first(
+    cluster: Cluster, image_id: str, tmp_path: Path
+) -> None:
+    """Attempt 1 of a job was started on host node-a inside Slurm job J (as `runner run`
+    records it: ``slurm.jobId``), and its heartbeats stopped; J still runs. A runner here
+    takes the job over: past the two leases it asks Slurm, which says J is RUNNING, so it
+    cancels J and waits for Slurm to say it ended (its Epilog included) before it charges
+    attempt 1 (to now) and starts attempt 2, which succeeds. Without the fence (main) J is
+    left running beside attempt 2."""
+    alive = subprocess.run(
+        ["sbatch", "--parsable", "--job-name=runner-test-fence", "--time=5", "--output=/dev/null",
+         f"--partition={PARTITION}",
+         "--wrap", "sleep 300"], capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    try:
+        _until("J runs", lambda: scontrol(alive)["JobState"] == "RUNNING", 60)
+        contract = toy(tmp_path / "c", "slurm-fence", image_id)
+        digest = json.loads(contract.read_text())["contractDigest"]
+        # The image and engine records of a real attempt of this contract, for node-a's.
+        before = run_cli("run", str(contract), "--state-dir", str(tmp_path / "once"),
+                         "--allow-unsigned", "--label", f"{SESSION_LABEL}={SESSION_ID}",
+                         env={"RUNNER_SERVER": "off"})  # fmt: skip
+        assert before.returncode == 0, before.stderr
+        (real,) = read_state(tmp_path / "once" / "jobs" / "slurm-fence" / "record" /
+                             "ledger.jsonl").attempts  # fmt: skip
+        state = tmp_path / "state"
+        path = state / "jobs" / "slurm-fence" / "record" / "ledger.jsonl"
+        path.parent.mkdir(parents=True)
+        ledger = Ledger.open(path)
+        accepted = {"jobId": "slurm-fence", "contractDigest": digest, "limitSeconds": 900}
+        ledger.append("job.accepted", "job.accepted", accepted)
+        ledger.append("attempt-1.starting", "attempt.starting",
+                      {"attempt": 1, "containerName": "runner-slurm-fence-gone-a1",
+                       "host": {"name": "node-a", "bootId": "elsewhere"}, "leaseSeconds": 1.0,
+                       "image": real.starting["image"], "engine": real.starting["engine"],
+                       "slurm": {"jobId": alive, "node": "localhost", "restarts": 0}})  # fmt: skip
+        proc = run_cli(
+            "run", str(contract), "--state-dir", str(state), "--json", "--allow-unsigned",
+            "--label", f"{SESSION_LABEL}={SESSION_ID}", env={"RUNNER_SERVER": "off"},
+        )  # fmt: skip
+        env = json.loads(proc.stdout)
+        assert proc.returncode == 0, (proc.stderr, env["failure"])
+        assert env["status"] == "succeeded"
+        assert [(a["attempt"], a["how"]) for a in env["attempts"]] == [
+            (1, "host-lost"), (2, "observed")
+        ]  # fmt: skip
+        info = scontrol(alive)
+        assert info["JobState"] == "CANCELLED", "the earlier attempt's job was cancelled"
+        first, second = read_state(path).attempts
+        assert first.finished is not None
+        assert first.finished["slurm"] == {
+            "jobId": alive, "cancelled": True, "state": "CANCELLED", "was": "RUNNING"
+        }  # fmt: skip
+        ended = time.mktime(time.strptime(info["EndTime"], "%Y-%m-%dT%H:%M:%S"))
+        assert ended <= second.starting_at.timestamp() + 1, "J ended before attempt 2 started"
+        said = proc.stderr
+        assert said.index(f"Slurm job {alive} is still RUNNING: cancelling it") < said.index(
+            "starting a new attempt here"
+        )
+    finally:
+        subprocess.run(["scancel", alive], check=False)
