@@ -130,6 +130,28 @@ class JobDir:
         """``record/owner.json``: the process that holds (or last held) the job's lock."""
         return self.record / "owner.json"
 
+    def _owner_record(self) -> dict[str, Any] | None:
+        try:
+            with open_regular(self.owner) as f:
+                raw = f.read(OWNER_MAX_BYTES + 1)
+            data = json.loads(raw) if len(raw) <= OWNER_MAX_BYTES else None
+        except (OSError, ValueError, UnsafePath):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def owner_elsewhere(self) -> str | None:
+        """The host named in owner.json when someone holds the job's lock and owner.json says
+        it is a runner of another host (the lock is shared through the state folder's
+        storage); None otherwise."""
+        if not locks.is_held(self.lock):
+            return None
+        data = self._owner_record()
+        host = data.get("host") if data is not None else None
+        name = host.get("name") if isinstance(host, dict) else None
+        if not isinstance(name, str) or name == hostid.name():
+            return None
+        return name[:64]
+
     def owner_pid(self) -> int | None:
         """The process on this host that holds the job's lock right now, or None: the lock is
         free, or held from another host or by a process that owner.json does not name (its
@@ -137,13 +159,8 @@ class JobDir:
         used again is never taken for the owner)."""
         if not locks.is_held(self.lock):
             return None
-        try:
-            with open_regular(self.owner) as f:
-                raw = f.read(OWNER_MAX_BYTES + 1)
-            data = json.loads(raw) if len(raw) <= OWNER_MAX_BYTES else None
-        except (OSError, ValueError, UnsafePath):
-            return None
-        if not isinstance(data, dict):
+        data = self._owner_record()
+        if data is None:
             return None
         pid, host = data.get("pid"), data.get("host")
         if type(pid) is not int or pid <= 1 or not isinstance(host, dict):

@@ -25,7 +25,9 @@ from typing import Any
 
 import pytest
 
+from runner.core import locks
 from runner.scheduling.slurm.cluster import Cluster
+from runner.state.jobdir import JobDir
 from runner.state.ledger import Ledger, read_state
 from tests.integration.test_slurm import client_pid, job_containers, scontrol, sleeper, toy, wait
 from tests.integration.test_slurm import cluster as cluster
@@ -259,3 +261,45 @@ def test_a_takeover_cancels_the_earlier_attempts_live_slurm_job_first(
         )
     finally:
         subprocess.run(["scancel", alive], check=False)
+
+
+def test_the_epilog_stops_a_dead_runners_container_while_another_host_holds_the_job(
+    image_id: str, tmp_path: Path
+) -> None:
+    """A takeover on another host holds the job's lock (shared through the state folder's
+    storage; here this test process holds it, owner.json naming node-b) while it waits for
+    this node's Slurm job to end; the runner here was killed, its container runs on. The
+    Epilog stops and removes that container without the lock, writes nothing to the ledger
+    (node-b charges the attempt) and succeeds, so the Slurm job ends and the takeover goes
+    on with no container of the job left here."""
+    contract = sleeper(tmp_path / "c", 60, "epilog-elsewhere", image_id)
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "run", str(contract), "--state-dir", str(state),
+         "--json", "--allow-unsigned", "--label", f"{SESSION_LABEL}={SESSION_ID}",
+         "--label", "slurm.job-id=990002", "--heartbeat", "0.5"],
+        env={**os.environ, "RUNNER_SERVER": "off"}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    _until("its container runs", lambda: docker(
+        "ps", "-q", "--filter", "name=runner-epilog-elsewhere").stdout.split())  # fmt: skip
+    proc.kill()
+    proc.wait(timeout=10)
+    job = JobDir(state / "jobs" / "epilog-elsewhere")
+    before = job.ledger.read_bytes()
+    with locks.flocked(job.lock) as got:
+        assert got
+        (job.record / "owner.json").write_text(json.dumps({"pid": 4242, "startTicks": 1,
+                                         "host": {"name": "node-b", "bootId": "b"}}))  # fmt: skip
+        log = tmp_path / "epilog.log"
+        epilog = subprocess.run(
+            ["sh", str(Path(__file__).parents[2] / "scripts" / "slurm-epilog.sh")],
+            env={**os.environ, "SLURM_JOB_ID": "990002", "RUNNER": f"{sys.executable} -m runner",
+                 "RUNNER_EPILOG_LOG": str(log)},
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        said = log.read_text()
+        assert epilog.returncode == 0, said + epilog.stderr
+        assert "held by a runner on host node-b: stopped" in said
+        assert job_containers("epilog-elsewhere") == [], "stopped and removed"
+        assert job.ledger.read_bytes() == before, "nothing written: node-b charges it"
