@@ -34,7 +34,7 @@ from runner.core.errors import JobBusy
 from runner.core.safefs import UnsafePath, open_regular
 from runner.state.ledger import Budget
 
-__all__ = ["JobDir", "StateDir", "atomic_write", "write_json"]
+__all__ = ["JobDir", "StateDir", "atomic_write", "holding", "write_json"]
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,11 @@ class JobDir:
             # Who holds it, for a Slurm batch step whose `runner run` client died while a
             # served runner runs on (runner.scheduling.slurm.step) and for the Epilog.
             write_json(self.owner, _me(), durable=False)
-            yield
+            _HELD.add(self.root)
+            try:
+                yield
+            finally:
+                _HELD.discard(self.root)
 
     @property
     def owner(self) -> Path:
@@ -171,6 +175,16 @@ class JobDir:
         if started is None or started != data.get("startTicks"):
             return None
         return pid
+
+
+_HELD: set[Path] = set()
+"""The job folders whose lock this process holds now (:func:`holding`)."""
+
+
+def holding() -> bool:
+    """Whether this process holds any job's lock right now (a served runner whose client went
+    away asks: before it owns a job, nothing would keep a Slurm batch step waiting for it)."""
+    return bool(_HELD)
 
 
 OWNER_MAX_BYTES = 4096

@@ -38,6 +38,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slurm]
 PARTITION = "debug"
 """scripts/setup_slurm.sh's partition of this host's node: the `runner serve` these tests
 start, and the engine they look at, are this host's."""
+NODE = "localhost"
+"""Its node."""
 
 
 @pytest.fixture
@@ -61,7 +63,9 @@ def served(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 
 def _drained() -> bool:
-    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True)
+    """Whether this host's node (the one these tests run on) is drained or down."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-n", NODE, "-o", "%T"], capture_output=True,
+                         text=True)  # fmt: skip
     return any("drain" in s or s.startswith("down") for s in out.stdout.split())
 
 
@@ -72,7 +76,7 @@ def node_stays_up() -> Iterator[None]:
     before = _drained()
     yield
     if not before and _drained():
-        subprocess.run(["scontrol", "update", "nodename=localhost", "state=resume"], check=False)
+        subprocess.run(["scontrol", "update", f"nodename={NODE}", "state=resume"], check=False)
         pytest.fail("the node was drained (the Epilog failed)")
 
 

@@ -12,8 +12,9 @@ Slurm job without an envelope. So the batch script ``exec``s this instead::
 It runs the command as its child (standard streams shared: the envelope still goes where the
 script sends it) and passes SIGTERM, SIGINT and SIGHUP on to it. When the child ends by a
 signal while a runner on this node still holds the job's lock (``record/lock``, its owner
-named in ``record/owner.json``: :meth:`runner.state.jobdir.JobDir.owner_pid`), it waits, one
-look every :data:`POLL_SECONDS`, until the lock is free, and passes later signals to that owner
+named in ``record/owner.json``: :meth:`runner.state.jobdir.JobDir.owner_pid`; looked for
+during :data:`OWNER_GRACE_SECONDS`), it waits, one look every :data:`POLL_SECONDS`, until the
+lock is free, and passes later signals to that owner
 (Slurm's SIGTERM on `runner job cancel` or the time limit stops the job as it would have
 stopped the client's). It exits with the child's code; after a dead child, 0 when the job's
 ledger says it finished and ``128 + signal`` otherwise.
@@ -34,10 +35,14 @@ from types import FrameType
 from runner.core import clock
 from runner.state.jobdir import StateDir
 
-__all__ = ["POLL_SECONDS", "main"]
+__all__ = ["OWNER_GRACE_SECONDS", "POLL_SECONDS", "main"]
 
 POLL_SECONDS = 1.0
 """How often the step looks whether the job's owner still holds its lock."""
+OWNER_GRACE_SECONDS = 2.0
+"""How long, after the child died by a signal, the step looks for an owner before it ends: a
+served runner whose client died just as it took the job's lock has it by then (one that had
+not taken it when it saw its client go cancels the job: runner.app.server)."""
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -66,8 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     code = child.wait()
     if code >= 0:
         return code
+    owner = job.owner_pid()
+    grace = clock.monotonic() + OWNER_GRACE_SECONDS
+    while owner is None and clock.monotonic() < grace:  # a served runner taking the lock now
+        clock.sleep(0.1)
+        owner = job.owner_pid()
     said = False
-    while (owner := job.owner_pid()) is not None and owner != child.pid:
+    while owner is not None and owner != child.pid:
         target[0] = owner
         if not said:
             print(
@@ -79,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             said = True
         clock.sleep(POLL_SECONDS)
+        owner = job.owner_pid()
     from runner.state.ledger import read_state
 
     try:
