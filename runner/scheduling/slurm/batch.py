@@ -1,6 +1,6 @@
-"""Slurm as a cluster submitter: one ``sbatch`` per contract, whose batch script ``exec``s
-`runner run` on the node (`runner submit --to slurm`), and what `runner wait`, `runner cancel`
-and `runner status` read back.
+"""Slurm as a cluster submitter: one ``sbatch`` per contract, whose batch script runs
+`runner run` on the node through the step (:mod:`runner.scheduling.slurm.step`; `runner submit
+--to slurm`), and what `runner wait`, `runner cancel` and `runner status` read back.
 
 A cluster is not a backend: Slurm decides *where* `runner run` runs, and the runner on the
 node keeps every guarantee (ledger, caps, evidence). What this module adds:
