@@ -26,6 +26,8 @@ holds the job is that runner's business, not this step's).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -60,9 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     target: list[int] = [child.pid]  # who gets a signal passed on: the child, then the owner
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        import contextlib
-        import os
-
         with contextlib.suppress(OSError):
             os.kill(target[0], signum)
 
