@@ -11,7 +11,8 @@ exit codes are exactly those of an in-process run. Mercurial's ``chg`` works the
 
 - Ctrl-C or SIGTERM to the client is passed on: the job stops as an in-process one does.
 - A client that dies (even ``kill -9``) does not stop the job: it runs to its end, its envelope
-  is written, and the job's next ``runner run`` prints it.
+  is written, and the job's next ``runner run`` prints it. Under Slurm, one that dies before
+  the job's lock is taken (verification, the plan) cancels it (see :func:`_watch_client`).
 - A server whose code differs from the client's (the checkout changed since it started, or
   another interpreter) is not used: the client says so and runs the command itself.
 - No server, or one that does not answer: the client runs the command itself, silently.
@@ -37,6 +38,7 @@ from types import FrameType
 
 from runner.app.host import code_fingerprint
 from runner.app.warmup import warm_up
+from runner.state import jobdir
 
 __all__ = ["serve"]
 
@@ -107,7 +109,11 @@ def _handle(
 
 def _watch_client(conn: socket.socket) -> None:
     """``cancel`` from the client stops the job (as SIGTERM does); a client that goes away
-    leaves the job running, with its output sent nowhere."""
+    leaves the job running, with its output sent nowhere. Under Slurm (``SLURM_JOB_ID`` in
+    the client's environment) a client that goes away before this process owns a job (its
+    lock: :func:`runner.state.jobdir.holding`) cancels it: the batch step stays only for a
+    runner that owns the job (runner.scheduling.slurm.step), so a job started later would run
+    outside the allocation."""
     buffered = b""
     while True:
         try:
@@ -118,6 +124,8 @@ def _watch_client(conn: socket.socket) -> None:
             devnull = os.open(os.devnull, os.O_RDWR)
             for target in (0, 1, 2):
                 os.dup2(devnull, target)
+            if os.environ.get("SLURM_JOB_ID") and not jobdir.holding():
+                os.kill(os.getpid(), signal.SIGTERM)
             return
         buffered += chunk
         if b"cancel\n" in buffered:

@@ -143,11 +143,13 @@ def host_run_options(
 ) -> RunOptions:
     """How a job runs on this host (run, replay): the policy, trusted keys and state folder
     given, and the host's own settings (its result key, its GPU locks and CDI specs, its config
-    folder kept out of every job); ``fields`` sets the rest of :class:`RunOptions`."""
+    folder kept out of every job, Slurm asked before a takeover of an attempt it ran);
+    ``fields`` sets the rest of :class:`RunOptions`."""
     from pathlib import Path
 
     from runner.app import host
     from runner.execution.options import RunOptions
+    from runner.scheduling.slurm.cluster import SlurmFence
 
     return RunOptions(
         state_dir=host.state_dir(state_dir),
@@ -159,6 +161,7 @@ def host_run_options(
         protected=(Path(host.config_dir()),),
         gpu_lock_dir=host.gpu_lock_dir(),
         cdi_dirs=host.cdi_dirs(),
+        scheduler=SlurmFence(),  # asked only in a takeover of an attempt run under Slurm
         **fields,
     )
 

@@ -101,7 +101,8 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             "gone, recording each attempt's end (interrupted, charged to its end) under the "
             "job's lock: what a Slurm epilog runs, since the job's next runner may be on "
             "another host. Without it they are left for `runner run` to reattach to. Exits 4 "
-            "when a container it was to stop still runs (a live runner's is never touched)",
+            "when a container it was to stop still runs; one whose job a live runner of this "
+            "host owns (a served runner whose client died) is never touched and is no failure",
         )
         cleanup.add_argument(
             "--label",
@@ -351,7 +352,10 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
             print(f"nothing of this runner {where} on this engine")
         elif args.dry_run:
             print("dry run: nothing was removed or stopped")
-    running = [k for k in report["kept"] if k["status"] == "running"]
+    running = [
+        k for k in report["kept"]
+        if k["status"] == "running" and not k["why"].startswith(sweeper.WATCHED)
+    ]  # fmt: skip
     if args.orphans and not args.dry_run and running:  # what an Epilog must not let pass
         names = ", ".join(k["name"] for k in running)
         print(f"runner: infrastructure: still running after --orphans: {names}", file=sys.stderr)

@@ -109,7 +109,14 @@ READ: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "SLURM_JOB_ID",
-        "Set: `runner run` runs inside a Slurm allocation and checks its caps against it.",
+        "Set: `runner run` runs inside a Slurm allocation, checks its caps against it and "
+        "records the job in each attempt (a later takeover asks Slurm about it).",
+    ),
+    EnvVar("SLURMD_NODENAME", "The Slurm node an attempt runs on, recorded with its job."),
+    EnvVar(
+        "SLURM_RESTART_COUNT",
+        "How often Slurm has started the job again (a requeue), recorded with its job.",
+        "0",
     ),
     EnvVar("SLURM_CPUS_ON_NODE", "The allocation's CPUs on this node (the CPU cap's bound)."),
     EnvVar("SLURM_MEM_PER_NODE", "The allocation's memory in MiB (the memory cap's bound)."),

@@ -16,6 +16,7 @@ allowlist's slot if the plan has one, create and watch the container. Either way
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -45,6 +46,7 @@ from runner.models.envelope import (
     ImageRecord,
 )
 from runner.planning import policy
+from runner.planning.allocation import slurm_job
 from runner.planning.plan import ExecutionPlan
 from runner.results import envelope
 from runner.staging import jobdir as staging
@@ -191,8 +193,9 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
     with stage("container", known):
         if (other := hostid.elsewhere(last.starting)) is not None:
             takeover.close(
-                ledger, last, other, job.options.lease_seconds, job.plan.job_id, progress
-            )
+                ledger, last, other, job.options.lease_seconds, job.plan.job_id, progress,
+                scheduler=job.options.scheduler, own=slurm_job(os.environ),
+            )  # fmt: skip
             agent_run.lost(ledger, job.plan, job.dir, n, guards.agent)
             return None
         found = container.recover(job.backend, last)
@@ -318,6 +321,8 @@ def _run_new(
             "containerName": spec.name,
             "host": hostid.identity(),
             "leaseSeconds": opts.lease_seconds,
+            # Under Slurm, the job this attempt runs in: a takeover asks Slurm about it.
+            **({"slurm": under} if (under := slurm_job(os.environ)) is not None else {}),
             "engineDeadlineSeconds": deadline.after_seconds,
             "image": got[1].model_dump(mode="json"),
             "engine": engine_record(job.backend).model_dump(mode="json"),

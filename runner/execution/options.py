@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runner.contract import Trust
 from runner.gpu import gpus
@@ -11,6 +12,9 @@ from runner.planning import policy
 from runner.planning.policy import LoadedPolicy
 from runner.staging.jobdir import InputRules
 from runner.state.jobdir import StateDir
+
+if TYPE_CHECKING:
+    from runner.execution.takeover import Scheduler
 
 __all__ = ["RunOptions"]
 
@@ -61,6 +65,10 @@ class RunOptions:
 
     lease: float | None = None
     """See :attr:`lease_seconds`; None: the default derived from the heartbeat."""
+    scheduler: Scheduler | None = None
+    """The cluster scheduler a takeover asks whether the earlier attempt's job still runs
+    (`runner run` passes Slurm's: :class:`runner.scheduling.slurm.cluster.SlurmFence`); None:
+    the lease rule alone (:mod:`runner.execution.takeover`)."""
 
     @property
     def lease_seconds(self) -> float:

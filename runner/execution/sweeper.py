@@ -7,7 +7,11 @@ still running is listed and left alone: `runner run` on that job reattaches to i
 ``orphans`` (what a Slurm Epilog runs: the job's next runner may be on another host, which
 cannot reach this engine) it is stopped instead, under the job's lock, its end recorded in the
 ledger from the engine (``interrupted``, ``how: orphan-stopped``, charged from its last
-heartbeat to its end), its egress lease ended, and then removed. The egress allowlist's slots
+heartbeat to its end), its egress lease ended, and then removed. A container whose job's lock
+a live runner of this host holds (a served runner whose client died) is kept and is no
+failure (:data:`WATCHED`); one whose job a runner of another host holds (a takeover waiting
+for this node's Slurm job to end) is stopped and removed without the lock, the attempt left
+for that runner to charge (:data:`HELD_ELSEWHERE`). The egress allowlist's slots
 (network, proxy, namespace holder; see :mod:`runner.egress.slots`) outlive attempts on purpose: each
 free one (no runner holds its lock, no job container is in it) is removed, however recently
 used.
@@ -35,9 +39,20 @@ from runner.execution import container
 from runner.state import ledger
 from runner.state.jobdir import JobDir, StateDir
 
-__all__ = ["runner_alive", "sweep"]
+__all__ = ["HELD_ELSEWHERE", "WATCHED", "runner_alive", "sweep"]
 
 STILL_RUNS = "its ledger says it still runs; `runner run` on the job reattaches to it"
+HELD_ELSEWHERE = "its attempt is in flight but the job is held by a runner on host"
+"""Why a container is kept when the job's lock is held by a runner of another host (the
+state folder's storage shares the lock): no runner here watches it. With ``orphans`` it is
+stopped and removed without the lock and without a ledger record; that runner, taking the
+job over, charges the attempt."""
+WATCHED = "a live runner on this host owns its job and watches it"
+"""Why a container is kept when the job's lock is held by a process of this host that
+``record/owner.json`` names (:meth:`JobDir.owner_pid`): with ``orphans``, no failure (an
+Epilog succeeds: the job is healthy, its runner enforces its budget). A lock held by anyone
+else (another host, a process owner.json does not name) is kept as ``a runner is watching
+it``, which with ``orphans`` is a failure: no one here can vouch for the container."""
 
 
 def runner_alive(job_root: Path) -> bool:
@@ -62,6 +77,11 @@ def _verdict(labels: dict[str, str]) -> tuple[bool, str]:
         # it over, say): a container of an ended attempt never runs on.
         return True, "its attempt has finished in the ledger"
     if runner_alive(root):
+        owner = JobDir(root).owner_pid()
+        if owner is not None:
+            return False, f"{WATCHED} (pid {owner})"
+        if mine is not None and (other := JobDir(root).owner_elsewhere()) is not None:
+            return False, f"{HELD_ELSEWHERE} {other}"
         return False, "a runner is watching it"
     if mine is None:
         return True, "its attempt is not in the ledger and no runner watches it"
@@ -137,7 +157,14 @@ def sweep(
         if not _of_state(c.labels, jobs):
             continue
         remove, why = _verdict(c.labels)
-        if not remove and why == STILL_RUNS and orphans:
+        if not remove and why.startswith(HELD_ELSEWHERE) and orphans:
+            if dry_run:
+                remove, why = True, f"{why}: it would be stopped (that runner charges it)"
+            else:
+                with contextlib.suppress(ContainerVanished):
+                    backend.stop(c.id, grace)
+                remove, why = True, f"{why}: stopped (that runner charges its attempt)"
+        elif not remove and why == STILL_RUNS and orphans:
             if dry_run:
                 remove, why = True, "no runner watches it: it would be stopped and recorded"
             else:

@@ -10,12 +10,38 @@ policy. Nothing here talks to Slurm (``runner.scheduling.slurm`` submits the job
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from typing import Any
 
 from runner.backends.types import Limits
 from runner.core.errors import PolicyViolation
 
-__all__ = ["check_allocation"]
+__all__ = ["check_allocation", "slurm_job"]
+
+_NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def slurm_job(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """Under Slurm, the job this runner runs in, as ``attempt.starting`` records it (``slurm``),
+    so that a later takeover can ask Slurm whether it still runs
+    (:func:`runner.execution.takeover.fence`): ``jobId`` (``SLURM_JOB_ID``, ASCII digits),
+    ``restarts`` (``SLURM_RESTART_COUNT``, 0 when unset) and ``node`` (``SLURMD_NODENAME``,
+    when it is a plain host name). None outside Slurm or when the id is not digits."""
+    job = env.get("SLURM_JOB_ID", "")
+    if not (job.isascii() and job.isdigit() and len(job) <= 20):
+        return None
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    found: dict[str, Any] = {
+        "jobId": job,
+        "restarts": int(restarts)
+        if restarts.isascii() and restarts.isdigit() and len(restarts) <= 9
+        else 0,
+    }
+    node = env.get("SLURMD_NODENAME", "")
+    if _NODE.fullmatch(node):
+        found["node"] = node
+    return found
 
 
 def check_allocation(limits: Limits, env: Mapping[str, str]) -> None:

@@ -11,7 +11,8 @@ Layout of ``<state>/jobs/<job id>/``::
     assets/         datasets and checkpoints; mounted read-only
     execution/      runner-owned files the job may read (runtime-budget.json, input-manifest.json);
                     mounted read-only
-    record/         runner-owned, never mounted: the ledger, the lock, earlier envelopes and
+    record/         runner-owned, never mounted: the ledger, the lock (and owner.json: who holds
+                    it, :meth:`JobDir.owner_pid`), earlier envelopes and
                     attempts/<n>/ (each attempt's container state, engine log, output manifest
                     and, once a later attempt starts, its stdout and stderr); replays.json
                     (`runner replay`'s report, earlier ones as replays-<time>.json) of a job
@@ -30,11 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.core import locks
+from runner.core import hostid, locks
 from runner.core.errors import JobBusy
+from runner.core.safefs import UnsafePath, open_regular
 from runner.state.ledger import Budget
 
-__all__ = ["JobDir", "StateDir", "atomic_write", "write_json"]
+__all__ = ["JobDir", "StateDir", "atomic_write", "holding", "write_json"]
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,91 @@ class JobDir:
                     f"job {self.root.name} is being run by another runner on this host right now",
                     hint="wait for it to finish, or give this run another --job-id",
                 )
-            yield
+            # Who holds it, for a Slurm batch step whose `runner run` client died while a
+            # served runner runs on (runner.scheduling.slurm.step) and for the Epilog.
+            write_json(self.owner, _me(), durable=False)
+            _HELD.add(self.root)
+            try:
+                yield
+            finally:
+                _HELD.discard(self.root)
+
+    @property
+    def owner(self) -> Path:
+        """``record/owner.json``: the process that holds (or last held) the job's lock."""
+        return self.record / "owner.json"
+
+    def _owner_record(self) -> dict[str, Any] | None:
+        try:
+            with open_regular(self.owner) as f:
+                raw = f.read(OWNER_MAX_BYTES + 1)
+            data = json.loads(raw) if len(raw) <= OWNER_MAX_BYTES else None
+        except (OSError, ValueError, UnsafePath):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def owner_elsewhere(self) -> str | None:
+        """The host named in owner.json when someone holds the job's lock and owner.json says
+        it is a runner of another host (the lock is shared through the state folder's
+        storage); None otherwise."""
+        if not locks.is_held(self.lock):
+            return None
+        data = self._owner_record()
+        host = data.get("host") if data is not None else None
+        name = host.get("name") if isinstance(host, dict) else None
+        if not isinstance(name, str) or name == hostid.name():
+            return None
+        return name[:64]
+
+    def owner_pid(self) -> int | None:
+        """The process on this host that holds the job's lock right now, or None: the lock is
+        free, or held from another host or by a process that owner.json does not name (its
+        pid, the kernel's boot id and the process's start time must all match, so that a pid
+        used again is never taken for the owner)."""
+        if not locks.is_held(self.lock):
+            return None
+        data = self._owner_record()
+        if data is None:
+            return None
+        pid, host = data.get("pid"), data.get("host")
+        if type(pid) is not int or pid <= 1 or not isinstance(host, dict):
+            return None
+        if host.get("bootId") != hostid.identity()["bootId"] or host.get("name") != hostid.name():
+            return None
+        started = _start_ticks(pid)
+        if started is None or started != data.get("startTicks"):
+            return None
+        return pid
+
+
+_HELD: set[Path] = set()
+"""The job folders whose lock this process holds now (:func:`holding`)."""
+
+
+def holding() -> bool:
+    """Whether this process holds any job's lock right now (a served runner whose client went
+    away asks: before it owns a job, nothing would keep a Slurm batch step waiting for it)."""
+    return bool(_HELD)
+
+
+OWNER_MAX_BYTES = 4096
+"""The most of owner.json read back."""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read(4096)
+    except OSError:
+        return None
+    fields = raw.rpartition(b")")[2].split()  # after the command name, which may hold spaces
+    value = fields[19] if len(fields) > 19 else b""
+    return int(value) if value.isdigit() else None
+
+
+def _me() -> dict[str, Any]:
+    return {"pid": os.getpid(), "startTicks": _start_ticks(os.getpid()), "host": hostid.identity()}
 
 
 @dataclass(frozen=True)

@@ -384,6 +384,13 @@ class Ledger:
         ledger._size = len(data)
         return ledger
 
+    def reload(self) -> None:
+        """Read the file again, verified as on open: what another writer appended (a fenced
+        takeover's cancelled job recording its end) becomes this ledger's own last read."""
+        fresh = Ledger.open(self.path)
+        self.events, self.state = fresh.events, fresh.state
+        self._last_hash, self._size = fresh._last_hash, fresh._size
+
     def check_owned(self) -> None:
         """Raise :class:`JobFenced` if anyone else has appended since this ledger's last read
         or write. (Opening the file, rather than a stat of its path, makes a network

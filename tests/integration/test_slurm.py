@@ -191,6 +191,25 @@ def test_twenty_contracts_at_once_all_succeed(
                   "--filter", "name=slurm-many").stdout.split() == []  # fmt: skip
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
+
+
+def client_pid(slurm_job: str) -> int:
+    """The batch step's `runner run` process (not the step that runs it)."""
+    out = subprocess.run(["scontrol", "listpids", slurm_job], capture_output=True, text=True,
+                         check=True).stdout.splitlines()[1:]  # fmt: skip
+    for line in out:
+        pid = int(line.split()[0])
+        argv = _cmdline(pid)
+        if "runner" in argv and "run" in argv and "runner.scheduling.slurm.step" not in argv:
+            return pid
+    raise AssertionError(f"no `runner run` in Slurm job {slurm_job}: {out}")
+
+
 def _wait_container(job_id: str, proc: subprocess.Popen[str] | None = None) -> None:
     deadline = time.monotonic() + 60
     while not docker("ps", "-q", "--filter", f"name=runner-{job_id}").stdout.split():
@@ -214,11 +233,7 @@ def test_requeue_after_the_runner_is_killed_continues_the_same_budget(
     slurm_job = json.loads(proc.stdout)[0]["slurmJobId"]
     _wait_container("slurm-requeue")
     time.sleep(2)
-    pids = subprocess.run(["scontrol", "listpids", slurm_job], capture_output=True, text=True,
-                          check=True).stdout.split("\n")[1:]  # fmt: skip
-    runner_pid = next(int(line.split()[0]) for line in pids if line.split()[2:3] == ["batch"])
-    assert "runner" in Path(f"/proc/{runner_pid}/cmdline").read_text()
-    os.kill(runner_pid, signal.SIGKILL)
+    os.kill(client_pid(slurm_job), signal.SIGKILL)
     deadline = time.monotonic() + 60
     while scontrol(slurm_job)["JobState"] not in {"FAILED", "COMPLETED"}:
         assert time.monotonic() < deadline

@@ -1,6 +1,7 @@
-"""Slurm: a contract as one ``sbatch`` job whose batch script ``exec``s `runner run` on the
-node (``batch``: its request, script and options, pure), and the Slurm commands that submit
-it and read its state back (``cluster``).
+"""Slurm: a contract as one ``sbatch`` job whose batch script runs `runner run` on the node
+(``batch``: its request, script and options, pure), the batch step's own process that runs it
+and outlives a client whose served runner runs on (``step``), and the Slurm commands that
+submit it, read its state back and fence an earlier attempt's job (``cluster``).
 """
 
 __all__: list[str] = []

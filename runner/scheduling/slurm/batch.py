@@ -1,6 +1,6 @@
-"""Slurm as a cluster submitter: one ``sbatch`` per contract, whose batch script ``exec``s
-`runner run` on the node (`runner submit --to slurm`), and what `runner wait`, `runner cancel`
-and `runner status` read back.
+"""Slurm as a cluster submitter: one ``sbatch`` per contract, whose batch script runs
+`runner run` on the node through the step (:mod:`runner.scheduling.slurm.step`; `runner submit
+--to slurm`), and what `runner wait`, `runner cancel` and `runner status` read back.
 
 A cluster is not a backend: Slurm decides *where* `runner run` runs, and the runner on the
 node keeps every guarantee (ledger, caps, evidence). What this module adds:
@@ -8,9 +8,11 @@ node keeps every guarantee (ledger, caps, evidence). What this module adds:
 - :func:`prepare` verifies a contract and the host policy exactly as `runner run` does and
   turns the plan into a :class:`Request` (CPUs, memory, GPUs, time) for ``sbatch``;
 - :func:`batch_script` is the script Slurm runs: it checks that the node sees the state folder
-  (a marker written at submit) and the contract bytes that were verified, then ``exec``s
-  `runner run`, so that Slurm's SIGTERM (scancel, time limit) reaches the runner, which stops
-  its container and records the attempt ``cancelled`` (the budget continues on requeue);
+  (a marker written at submit) and the contract bytes that were verified, then ``exec``s the
+  step (:mod:`runner.scheduling.slurm.step`), which runs `runner run` and passes Slurm's
+  SIGTERM (scancel, time limit) on to it, so the runner stops its container and records the
+  attempt ``cancelled`` (the budget continues on requeue); the step stays while a served
+  runner (``runner serve`` on the node) still owns the job after its client died;
 - under Slurm (``SLURM_JOB_ID`` set) the orchestrator refuses a plan whose caps exceed the
   job's allocation (:func:`runner.planning.allocation.check_allocation`: execution does not
   import scheduling);
@@ -281,13 +283,18 @@ def batch_script(
     request: Request, *, python: str, state: Path, marker: Path, token: str, run_args: list[str]
 ) -> str:
     """The batch script: the node must see the marker and the verified contract bytes; then
-    `runner run` replaces the shell (``exec``), its envelope going to
-    ``envelope-<Slurm job id>.json`` beside the marker."""
+    the step (:mod:`runner.scheduling.slurm.step`) replaces the shell (``exec``) and runs
+    `runner run`, its envelope going to ``envelope-<Slurm job id>.json`` beside the marker;
+    the step passes Slurm's signals on and stays while a served runner still owns the job."""
     q = shlex.quote
     folder = q(str(marker.parent))
     argv = [
         python, "-m", "runner", "run", request.contract, "--state-dir", str(state),
         "--job-id", request.jobId, "--json", *run_args,
+    ]  # fmt: skip
+    step = [
+        python, "-m", "runner.scheduling.slurm.step", "--state-dir", str(state),
+        "--job-id", request.jobId,
     ]  # fmt: skip
     return "\n".join(
         [
@@ -306,9 +313,11 @@ def batch_script(
             f"(missing or changed)\\n' {q(request.contract)} >&2",
             "  exit 98",
             "fi",
-            # The label is the Epilog's (scripts/slurm-epilog.sh) way to this job's container.
-            f'exec {" ".join(q(a) for a in argv)} --label slurm.job-id="$SLURM_JOB_ID"'
-            f" > {folder}/envelope-$SLURM_JOB_ID.json",
+            # The label is the Epilog's (scripts/slurm-epilog.sh) way to this job's container;
+            # the step (runner.scheduling.slurm.step) outlives a client whose served runner
+            # runs on.
+            f"exec {' '.join(q(a) for a in step)} -- {' '.join(q(a) for a in argv)}"
+            f' --label slurm.job-id="$SLURM_JOB_ID" > {folder}/envelope-$SLURM_JOB_ID.json',
             "",
         ]
     )

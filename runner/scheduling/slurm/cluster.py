@@ -6,12 +6,16 @@ where accounting runs, else the jobcomp file (``JobCompType=jobcomp/filetxt``)."
 from __future__ import annotations
 
 import json
+import os
 import re
+import selectors
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.core import locks
 from runner.core.errors import InfrastructureError, PolicyViolation
 from runner.core.safefs import UnsafePath, open_regular
 from runner.scheduling.slurm.batch import (
@@ -21,9 +25,19 @@ from runner.scheduling.slurm.batch import (
     submission_of,
 )
 
-__all__ = ["MAX_ENVELOPE_BYTES", "Cluster", "Ended", "check_end", "describe", "parse_fields"]
+__all__ = [
+    "MAX_ENVELOPE_BYTES",
+    "Cluster",
+    "Ended",
+    "SlurmFence",
+    "check_end",
+    "describe",
+    "parse_fields",
+]
 
 COMMAND_TIMEOUT_SECONDS = 60
+FENCE_COMMAND_TIMEOUT_SECONDS = 20
+"""A takeover's questions to Slurm: one that does not answer in time cannot tell."""
 ACTIVE_STATES = frozenset(
     {
         "PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "REQUEUED",
@@ -72,20 +86,30 @@ class Cluster:
         return done.stdout
 
     def _exec(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        """Run ``argv``; never more than :data:`MAX_OUTPUT_BYTES` of its output or error is
+        read (more is a failure: what a Slurm command prints is not trusted to be small)."""
         try:
-            return subprocess.run(
-                argv, capture_output=True, text=True, timeout=self.timeout, check=False
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
         except FileNotFoundError:
             raise InfrastructureError(
                 f"{argv[0]} is not installed on this host",
                 hint="submit from a Slurm login node (slurm-client installed)",
             ) from None
+        try:
+            out, err = _read_capped(proc, self.timeout, MAX_OUTPUT_BYTES)
         except subprocess.TimeoutExpired:
             raise InfrastructureError(
                 f"{' '.join(argv[:2])} did not answer within {self.timeout:g} s",
                 hint="is slurmctld running? (`scontrol ping`)",
             ) from None
+        except OverflowError:
+            raise InfrastructureError(
+                f"{' '.join(argv[:2])} printed more than {MAX_OUTPUT_BYTES:,} bytes"
+            ) from None
+        text = (out.decode(errors="replace"), err.decode(errors="replace"))
+        return subprocess.CompletedProcess(argv, proc.returncode, *text)
 
     def config(self) -> dict[str, str]:
         if self._config is None:
@@ -192,6 +216,89 @@ class Cluster:
         return JobInfo(fields.get("JobState", "UNKNOWN"), fields, "jobcomp")
 
 
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024
+"""The most of a Slurm command's output (and, apart, of its error) read."""
+
+
+def _read_capped(proc: subprocess.Popen[bytes], timeout: float, cap: int) -> tuple[bytes, bytes]:
+    """``proc``'s output and error once it exits; the process killed and TimeoutExpired
+    after ``timeout`` seconds, OverflowError past ``cap`` bytes of either."""
+    if proc.stdout is None or proc.stderr is None:
+        raise ValueError("_read_capped wants a process with its output and error piped")
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    bufs = {out_fd: bytearray(), err_fd: bytearray()}
+    deadline = time.monotonic() + timeout
+    try:
+        with selectors.DefaultSelector() as sel:
+            for fd in bufs:
+                sel.register(fd, selectors.EVENT_READ)
+            while sel.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise subprocess.TimeoutExpired(proc.args, timeout)
+                for key, _ in sel.select(left):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fd)
+                    elif len(buf := bufs[key.fd]) + len(chunk) > cap:
+                        raise OverflowError(cap)
+                    else:
+                        buf += chunk
+        proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+    return bytes(bufs[out_fd]), bytes(bufs[err_fd])
+
+
+FENCE_EPILOG_SECONDS = 60
+"""Allowed beyond Slurm's KillWait for a cancelled job to end: its Epilog (which stops what
+a killed runner left, ``scripts/slurm-epilog.sh``) and slurmctld noting the end."""
+
+
+class SlurmFence:
+    """Slurm as a takeover asks it about the job an earlier attempt ran in (the seam
+    ``runner.execution.takeover.Scheduler``; `runner run` passes one): the job's state from
+    ``scontrol`` / ``sacct`` / the jobcomp file, ``scancel``, and how long a cancelled job may
+    take to end (KillWait + :data:`FENCE_EPILOG_SECONDS`). Ids are ASCII digits only."""
+
+    def __init__(self, cluster: Cluster | None = None) -> None:
+        self._cluster = cluster
+
+    @property
+    def cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = Cluster(timeout=FENCE_COMMAND_TIMEOUT_SECONDS)
+        return self._cluster
+
+    def job(self, job_id: str) -> tuple[str, bool] | None:
+        if not (job_id.isascii() and job_id.isdigit()):
+            return None
+        try:
+            info = self.cluster.job(job_id)
+        except InfrastructureError:  # no Slurm here, or it does not answer: it cannot tell
+            return None
+        if info is None:
+            return None
+        return info.state[:32], info.ended
+
+    def cancel(self, job_id: str) -> None:
+        if not (job_id.isascii() and job_id.isdigit()):
+            raise InfrastructureError(f"not a Slurm job id: {job_id!r}")
+        self.cluster.cancel(job_id)
+
+    def end_wait_seconds(self) -> float:
+        try:
+            kill_wait = self.cluster.kill_wait()
+        except InfrastructureError:
+            kill_wait = 30
+        return float(kill_wait + FENCE_EPILOG_SECONDS)
+
+
 @dataclass(frozen=True)
 class Ended:
     """A submitted job that has its end: its envelope (as JSON data) when `runner run` wrote
@@ -211,8 +318,10 @@ def check_end(
 ) -> Ended | None:
     """The job's end, or None while it may still run: the ledger's ``job.finished`` (with the
     job's result.json), else the Slurm job's end with the envelope its batch wrote (None when
-    the runner wrote none). ``queued`` (:meth:`Cluster.active`, asked once for many jobs)
-    spares the questions to Slurm about a job that still runs and has no result yet."""
+    the runner wrote none), unless a runner still holds the job's lock (a served runner whose
+    batch step was ended from outside: the job runs on, and its end is the ledger's).
+    ``queued`` (:meth:`Cluster.active`, asked once for many jobs) spares the questions to
+    Slurm about a job that still runs and has no result yet."""
     from runner.state.jobdir import StateDir
     from runner.state.ledger import read_state
 
@@ -238,6 +347,8 @@ def check_end(
         )
     if not info.ended:
         return None
+    if not finished and locks.is_held(job.lock):
+        return None  # Slurm's job has ended, but a runner (a served one) still runs the job
     return Ended(job_id, slurm_job, info.state, _json(folder / f"envelope-{slurm_job}.json"), log)
 
 
