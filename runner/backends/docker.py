@@ -42,6 +42,7 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
+from runner.backends.stats import STATS_LINE_MAX, StatsSample, parse_stats
 from runner.backends.types import (
     EngineInfo,
     ImageInfo,
@@ -663,6 +664,42 @@ class DockerBackend:
                 stream_to=demultiplex,
                 opened=opened,
                 timeout=_NO_TIMEOUT if follow else None,
+            )
+        except EngineUnavailable:
+            if handle is not None and handle.cancelled:
+                return  # closed on purpose
+            raise
+
+    def follow_stats(
+        self,
+        container_id: str,
+        sink: Callable[[StatsSample], None],
+        handle: LogFollow | None = None,
+    ) -> None:
+        def lines(response: http.client.HTTPResponse) -> None:
+            while True:  # one JSON answer a line, about one a second
+                line = response.readline(STATS_LINE_MAX + 1)
+                if not line or len(line) > STATS_LINE_MAX:
+                    return  # ended, or no engine's answer: read no further
+                sample = parse_stats(line)
+                if sample is None:
+                    return  # the zero answer: the container is no longer running
+                sink(sample)
+
+        def opened(conn: http.client.HTTPConnection) -> None:
+            if handle is not None:
+                handle.bind(lambda: _shut(conn))
+
+        try:
+            self._container_call(
+                "GET",
+                container_id,
+                "/stats",
+                "reading the container's resource counters",
+                query={"stream": 1},
+                stream_to=lines,
+                opened=opened,
+                timeout=_NO_TIMEOUT,
             )
         except EngineUnavailable:
             if handle is not None and handle.cancelled:

@@ -117,6 +117,14 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         metavar="SECONDS",
         help="seconds between SIGTERM and SIGKILL when stopping the job (default 5)",
     )
+    run.add_argument(
+        "--no-resource-sampling",
+        dest="resource_sampling",
+        action="store_false",
+        help="do not follow the engine's stats of the job's container (CPU, memory, I/O, "
+        "pids, and their time series in record/attempts/<n>/resources.json): no stats stream "
+        "is opened, and the envelope's resource figures are null",
+    )
     host_options(run)
     run.set_defaults(func=cmd_run)
 
@@ -163,6 +171,7 @@ def _run_options(
         result_key=host.result_key_path(loaded.policy.resultSigningKey),
         stop_grace_seconds=args.stop_grace,
         heartbeat_seconds=args.heartbeat,
+        resource_sampling=args.resource_sampling,
         protected=(Path(host.config_dir()),),
         gpu_lock_dir=host.gpu_lock_dir(),
         cdi_dirs=host.cdi_dirs(),

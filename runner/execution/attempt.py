@@ -30,7 +30,7 @@ from runner.contract import VerifiedContract
 from runner.core import errors, hostid, log, redaction
 from runner.core.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
 from runner.egress import slots as egress
-from runner.execution import agent_run, container, layout, quotas, records, takeover
+from runner.execution import agent_run, container, layout, quotas, records, resources, takeover
 from runner.execution.container import Outcome, Progress, Watch
 from runner.execution.options import RunOptions
 from runner.execution.stages import Known, Stopped, stage
@@ -621,8 +621,13 @@ def _watch(
         if agent is not None:
             agent.attach(job.backend, container_id)
 
+    sampling = None
+    if opts.resource_sampling:
+        lim = job.plan.limits
+        sampling = resources.Sampling(_engine_name(job.backend), lim.runtime, lim.pids)
     return Watch(
         on_start=started,
+        sampling=sampling,
         budget_left=limit - before - already,
         already=already,
         consumed_before=before,
@@ -636,6 +641,14 @@ def _watch(
         lease=opts.lease_seconds,
         as_of=as_of,
     )
+
+
+def _engine_name(backend: Backend) -> str:
+    """The engine's name for the figures (asked once a process; "" when it cannot say)."""
+    try:
+        return engine_text(backend.engine().name)
+    except errors.RunnerError:
+        return ""
 
 
 def _gpu_allocator(job: Job) -> gpus.Allocator:

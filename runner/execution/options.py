@@ -48,6 +48,10 @@ class RunOptions:
     """A `docker save` tarball to load the pinned image from when it is not here."""
     heartbeat_seconds: float = 5.0
     """How often the ledger and runtime-budget.json are brought up to date while a job runs."""
+    resource_sampling: bool = True
+    """Follow the engine's stats of each attempt's container (``runner.execution.resources``):
+    its figures in the envelope, its series in ``record/attempts/<n>/resources.json``. False:
+    no stats stream is opened (``runner run --no-resource-sampling``)."""
     protected: tuple[Path, ...] = ()
     """The runner's own folders besides the state dir (config, keys): never staged."""
 
