@@ -676,12 +676,33 @@ class DockerBackend:
         sink: Callable[[StatsSample], None],
         handle: LogFollow | None = None,
     ) -> None:
+        self._follow_stats(
+            self._version_prefix("reading the container's resource counters")
+            + f"/containers/{quote(container_id)}/stats?stream=1",
+            parse_stats,
+            container_id,
+            sink,
+            handle,
+        )
+
+    def _follow_stats(
+        self,
+        url: str,
+        parse: Callable[[bytes], StatsSample | None],
+        container_id: str,
+        sink: Callable[[StatsSample], None],
+        handle: LogFollow | None,
+    ) -> None:
+        """Follow a stats stream of one JSON answer a line (each at most
+        :data:`~runner.backends.stats.STATS_LINE_MAX`), ``parse`` making figures of each."""
+        action = "reading the container's resource counters"
+
         def lines(response: http.client.HTTPResponse) -> None:
-            while True:  # one JSON answer a line, about one a second
+            while True:  # about one answer a second
                 line = response.readline(STATS_LINE_MAX + 1)
                 if not line or len(line) > STATS_LINE_MAX:
                     return  # ended, or no engine's answer: read no further
-                sample = parse_stats(line)
+                sample = parse(line)
                 if sample is None:
                     return  # the zero answer: the container is no longer running
                 sink(sample)
@@ -691,20 +712,17 @@ class DockerBackend:
                 handle.bind(lambda: _shut(conn))
 
         try:
-            self._container_call(
-                "GET",
-                container_id,
-                "/stats",
-                "reading the container's resource counters",
-                query={"stream": 1},
-                stream_to=lines,
-                opened=opened,
-                timeout=_NO_TIMEOUT,
+            status, _, _ = self._exchange(
+                "GET", url, None, _NO_TIMEOUT, action, stream_to=lines, opened=opened
             )
         except EngineUnavailable:
             if handle is not None and handle.cancelled:
                 return  # closed on purpose
             raise
+        if status == 404:
+            raise ContainerVanished(f"{action}: container {container_id[:12]} no longer exists")
+        if status >= 400:
+            raise InfrastructureError(f"{action}: the engine answered {status}")
 
     def remove(self, container_id: str) -> None:
         # 404: already gone; 409: removal already in progress. Both are the goal.

@@ -15,6 +15,11 @@ host's cgroup version:
   where present; empty where the controller accounts nothing); v2 ``io.stat`` rbytes / wbytes.
 - ``pids_stats.current`` / ``limit``: ``pids.current`` / ``pids.max`` on both.
 
+Podman's own stream (``/libpod/containers/stats``: its Docker-compatible one, in 4.3, answers
+once and then nothing until the container has ended) gives ``CPUNano``, ``CPUSystemNano``,
+``MemUsage``, ``MemLimit``, ``BlockInput``, ``BlockOutput`` and ``PIDs`` of the same files, and
+no peak: under Podman the peak is the most sampled usage (:func:`parse_libpod_stats`).
+
 Under runsc (gVisor) the counters are the sandbox's (the Sentry's threads and memory with the
 job's), so pids there count the sandbox's threads, not the job's processes.
 
@@ -32,7 +37,7 @@ from typing import Any
 
 from runner.backends.types import ENGINE_COUNT_MAX, engine_count
 
-__all__ = ["STATS_LINE_MAX", "StatsSample", "parse_stats"]
+__all__ = ["STATS_LINE_MAX", "StatsSample", "parse_libpod_stats", "parse_stats"]
 
 STATS_LINE_MAX = 1024 * 1024
 """The most bytes of one stats answer read (a host of 1,000 CPUs lists each one's usage in
@@ -85,14 +90,7 @@ def _io(blkio: dict[str, Any]) -> tuple[int | None, int | None]:
 def parse_stats(line: bytes | str | object) -> StatsSample | None:
     """The figures of one answer (its JSON text, or the decoded value); None when it is no
     sample (not JSON, not an object, too long, or the zero answer of a stopped container)."""
-    raw: object = line
-    if isinstance(line, bytes | str):
-        if len(line) > STATS_LINE_MAX:
-            return None
-        try:
-            raw = json.loads(line)
-        except (ValueError, RecursionError):
-            return None
+    raw = _decoded(line)
     if not isinstance(raw, dict):
         return None
     read = raw.get("read")
@@ -113,4 +111,39 @@ def parse_stats(line: bytes | str | object) -> StatsSample | None:
         io_write_bytes=io_write,
         pids=engine_count(pids.get("current")),
         pids_limit=engine_count(pids.get("limit")),
+    )
+
+
+def _decoded(line: bytes | str | object) -> object:
+    if isinstance(line, bytes | str):
+        if len(line) > STATS_LINE_MAX:
+            return None
+        try:
+            return json.loads(line)
+        except (ValueError, RecursionError):
+            return None
+    return line
+
+
+def parse_libpod_stats(line: bytes | str | object) -> StatsSample | None:
+    """The figures of one answer of Podman's own stats stream (``{"Error": ..., "Stats":
+    [{...}]}``, the container's entry first); None when it is no sample (an error, no entry,
+    or the zero entry of a container no longer running: ``UpTime`` and ``CPUNano`` 0)."""
+    raw = _decoded(line)
+    if not isinstance(raw, dict) or raw.get("Error") not in (None, ""):
+        return None
+    entries = raw.get("Stats")
+    if not isinstance(entries, list) or not entries or not isinstance(entries[0], dict):
+        return None
+    e = entries[0]
+    if not engine_count(e.get("UpTime")) and not engine_count(e.get("CPUNano")):
+        return None
+    return StatsSample(
+        cpu_ns=engine_count(e.get("CPUNano")),
+        cpu_system_ns=engine_count(e.get("CPUSystemNano")),
+        memory_bytes=engine_count(e.get("MemUsage")),
+        memory_limit_bytes=engine_count(e.get("MemLimit")) or None,
+        io_read_bytes=engine_count(e.get("BlockInput")),
+        io_write_bytes=engine_count(e.get("BlockOutput")),
+        pids=engine_count(e.get("PIDs")),
     )

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from runner.backends.fake import FakeBackend, FakeJob
-from runner.backends.stats import STATS_LINE_MAX, StatsSample, parse_stats
+from runner.backends.stats import STATS_LINE_MAX, StatsSample, parse_libpod_stats, parse_stats
 from runner.backends.types import ENGINE_COUNT_MAX, engine_count
 from runner.execution.resources import Point, Sampler, Sampling, Series, totals
 from runner.models.envelope import AttemptRecord
@@ -265,3 +265,48 @@ def test_a_resources_file_that_is_a_link_or_garbage_is_not_read(tmp_path: Path) 
     path.unlink()
     path.write_text('{"attempt": 1, "figures": {"samples": -1}}')
     assert read_figures(job, 1) is None
+
+
+def libpod(**over: Any) -> dict[str, Any]:
+    """An answer of Podman's own stats stream (4.3), as this host's Podman gives one."""
+    entry: dict[str, Any] = {
+        "ContainerID": "c", "CPUNano": 32_506_434, "CPUSystemNano": 4_000_000,
+        "MemUsage": 393_216, "MemLimit": 1 << 30, "BlockInput": 0, "BlockOutput": 8192,
+        "PIDs": 2, "UpTime": 1_000_000_000,
+    }  # fmt: skip
+    entry.update(over)
+    return {"Error": None, "Stats": [entry]}
+
+
+def test_a_libpod_answer_gives_its_figures_and_no_peak() -> None:
+    s = parse_libpod_stats(json.dumps(libpod()))
+    assert s == StatsSample(
+        cpu_ns=32_506_434, cpu_system_ns=4_000_000, memory_bytes=393_216,
+        memory_limit_bytes=1 << 30, io_read_bytes=0, io_write_bytes=8192, pids=2,
+    )  # fmt: skip
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize(
+    "raw",
+    [
+        libpod(UpTime=0, CPUNano=0, MemUsage=0),  # the zero entry of an ended container
+        {"Error": "no such container", "Stats": [libpod()["Stats"][0]]},
+        {"Error": None, "Stats": []},
+        {"Error": None, "Stats": ["x"]},
+        {"Error": None, "Stats": "x"},
+        [1],
+        b"{",
+    ],
+)
+def test_a_libpod_answer_that_is_no_sample(raw: object) -> None:
+    assert parse_libpod_stats(raw) is None
+
+
+@pytest.mark.hostile
+def test_a_libpod_figure_that_is_not_a_counter_is_absent() -> None:
+    s = parse_libpod_stats(libpod(CPUNano=-3, MemUsage=True, MemLimit=0, PIDs="2", BlockOutput=1.5))
+    assert s is not None
+    assert (s.cpu_ns, s.memory_bytes, s.memory_limit_bytes, s.pids, s.io_write_bytes) == (
+        None, None, None, None, None,
+    )  # fmt: skip
