@@ -34,7 +34,7 @@ from runner.execution import agent_run, container, layout, quotas, records, reso
 from runner.execution.container import Outcome, Progress, Watch
 from runner.execution.options import RunOptions
 from runner.execution.stages import Known, Stopped, stage
-from runner.gpu import cdi, gpus
+from runner.gpu import cdi, gpus, usage
 from runner.images import pins as images
 from runner.models import selfreport
 from runner.models.envelope import (
@@ -236,7 +236,8 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             agent_run.settle(job.plan, job.dir, n, state=job.ledger.state)
             return AttemptResult(outcome, known, guards, n)
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
-        w = _watch(job, n, before, found.seconds, guards, as_of=found.at)
+        uuids = tuple(g.uuid for g in known.gpus)
+        w = _watch(job, n, before, found.seconds, guards, as_of=found.at, gpu_uuids=uuids)
         watched = container.watch(job.backend, cid, w, progress)
         outcome = container.finish(
             job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
@@ -471,7 +472,7 @@ def _start(
 
     job.progress.stage("container", f"attempt {n}: {spec.name}")
     with stage("container", known):
-        w = _watch(job, n, consumed, 0.0, guards)
+        w = _watch(job, n, consumed, 0.0, guards, gpu_uuids=tuple(g.uuid for g in known.gpus))
         try:
             return container.run_attempt(
                 job.backend, spec, w, job.dir.attempt_record(n), job.progress, created
@@ -597,6 +598,7 @@ def _watch(
     already: float,
     guards: quotas.Guards,
     as_of: float | None = None,
+    gpu_uuids: tuple[str, ...] = (),
 ) -> Watch:
     """How to watch attempt ``n``: deadline from the remaining budget as of ``as_of`` (a
     reattach: when it was charged), heartbeats to the ledger and runtime-budget.json."""
@@ -624,7 +626,10 @@ def _watch(
     sampling = None
     if opts.resource_sampling:
         lim = job.plan.limits
-        sampling = resources.Sampling(_engine_name(job.backend), lim.runtime, lim.pids)
+        reader = (opts.gpu_usage or usage.NvmlReader)() if gpu_uuids else None
+        sampling = resources.Sampling(
+            _engine_name(job.backend), lim.runtime, lim.pids, gpus=gpu_uuids, gpu_reader=reader
+        )
     return Watch(
         on_start=started,
         sampling=sampling,

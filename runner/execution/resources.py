@@ -12,7 +12,8 @@ them from there (:func:`read_figures`) and sums them over the attempts (:func:`t
 
 Sampling is on by default and off with ``runner run --no-resource-sampling``
 (:attr:`~runner.execution.options.RunOptions.resource_sampling`): then no stats stream is
-opened at all, and the envelope's figures are absent.
+opened at all, and the envelope's figures are absent. An attempt given GPUs has NVML read at
+each sample too (:mod:`runner.gpu.usage`), in the same thread.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pydantic import ValidationError
 from runner.backends.base import Backend, LogFollow, StatsSample
 from runner.core import clock, safefs
 from runner.core.errors import RunnerError
+from runner.gpu.usage import GpuUsage, UsageReader
 from runner.models.envelope import AttemptRecord
 from runner.models.resources import (
     SERIES_MAX_POINTS,
@@ -154,6 +156,10 @@ class Sampling:
     runtime: str
     pids_limit: int | None
     max_points: int = SERIES_MAX_POINTS
+    gpus: tuple[str, ...] = ()
+    """The UUIDs of the GPUs given to the attempt: read at each sample by ``gpu_reader``."""
+    gpu_reader: UsageReader | None = field(default=None, compare=False)
+    """NVML's (:class:`~runner.gpu.usage.NvmlReader`), or a test's; None: no GPU figures."""
 
 
 class Sampler:
@@ -173,6 +179,7 @@ class Sampler:
         self._memory_most: int | None = None
         self._engine_peak: int | None = None
         self._pids_most: int | None = None
+        self._gpu = GpuUsage(how.gpus) if how.gpus and how.gpu_reader is not None else None
         self._lock = threading.Lock()
         self._handle = LogFollow()
         self._thread = threading.Thread(target=self._run, name="runner-stats", daemon=True)
@@ -190,6 +197,8 @@ class Sampler:
     def take(self, s: StatsSample) -> None:
         """One answer of the engine (called from the sampler's thread, or a test's)."""
         t = max(clock.monotonic() - self.origin, 0.0)
+        reader = self.how.gpu_reader
+        readings = reader.read(self.how.gpus) if self._gpu is not None and reader else []
 
         def most(a: int | None, b: int | None) -> int | None:
             return b if a is None else a if b is None else max(a, b)
@@ -210,12 +219,16 @@ class Sampler:
             self.series.add(
                 Point(t, s.cpu_ns, s.memory_bytes, s.io_read_bytes, s.io_write_bytes, s.pids)
             )
+            if self._gpu is not None:
+                self._gpu.add(t, readings)
 
     def stop(self) -> None:
         """Close the stream and wait (bounded) for the thread."""
         self._handle.cancel()
         if self._thread.is_alive():
             self._thread.join(self.STOP_WAIT)
+        if self.how.gpu_reader is not None and not self._thread.is_alive():
+            self.how.gpu_reader.close()
 
     def figures(self, series: str | None = None) -> AttemptResources:
         with self._lock:
@@ -241,6 +254,7 @@ class Sampler:
                 ioWriteBytes=last.io_write_bytes,
                 pidsPeak=None if gvisor else self._pids_most,
                 pidsLimit=self.how.pids_limit,
+                gpus=self._gpu.figures() if self._gpu is not None else [],
                 series=series,
             )
 
@@ -255,7 +269,9 @@ class Sampler:
             series = self.series.model()
         figures = self.figures(rel)
         record = ResourceRecord(attempt=attempt, figures=figures, series=series)
-        write_json(path, record.model_dump(mode="json"))
+        # Not fsynced: the envelope that hashes it is written (durably) next; a host crash
+        # before then loses the figures, never the job's budget or result.
+        write_json(path, record.model_dump(mode="json"), durable=False)
         return figures
 
 

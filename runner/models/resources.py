@@ -36,11 +36,13 @@ class _Model(BaseModel):
 
 
 class GpuDeviceUse(_Model):
-    """One GPU's use by an attempt, sampled through NVML (reserved: no sampler records it yet)."""
+    """One GPU's use by an attempt, NVML read at each sample (``runner.gpu.usage``); the
+    device is the job's alone, so NVML's word on it is the job's."""
 
     uuid: str = Field(description="The device's UUID, as in gpus[].uuid.")
     gpuSeconds: float | None = Field(
-        description="Seconds the device was busy (utilisation integrated over the samples)."
+        description="Seconds the device was busy: NVML's utilisation (the share of its last "
+        "sample period a kernel ran) integrated over the time between samples."
     )
     memoryPeakBytes: int | None = Field(description="The most device memory seen in use.")
     utilisationMean: float | None = Field(description="Mean utilisation over the samples, 0 to 1.")
@@ -92,7 +94,7 @@ class AttemptResources(_Model):
     )
     pidsLimit: int | None = Field(description="The pids cap, as applied (null: none).")
     gpus: list[GpuDeviceUse] = Field(
-        default_factory=list, description="Per GPU given to the attempt (reserved: empty)."
+        default_factory=list, description="Per GPU given to the attempt ([] without GPUs)."
     )
     series: str | None = Field(
         default=None,

@@ -7,6 +7,7 @@ tests/integration/test_resources_engine.py."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from runner.backends.fake import FakeBackend, FakeJob
 from runner.backends.stats import STATS_LINE_MAX, StatsSample, parse_libpod_stats, parse_stats
 from runner.backends.types import ENGINE_COUNT_MAX, engine_count
 from runner.execution.resources import Point, Sampler, Sampling, Series, totals
+from runner.gpu.usage import GpuReading, GpuUsage
 from runner.models.envelope import AttemptRecord
 from runner.models.resources import AttemptResources, ResourceRecord
 from tests.support.clock import VirtualClock
@@ -310,3 +312,74 @@ def test_a_libpod_figure_that_is_not_a_counter_is_absent() -> None:
     assert (s.cpu_ns, s.memory_bytes, s.memory_limit_bytes, s.pids, s.io_write_bytes) == (
         None, None, None, None, None,
     )  # fmt: skip
+
+
+class FakeGpuReader:
+    """NVML's place in tests: each read gives the next of ``readings`` (then the last again)."""
+
+    def __init__(self, readings: list[list[GpuReading]]) -> None:
+        self.readings, self.reads, self.closed = readings, 0, False
+
+    def read(self, uuids: Sequence[str]) -> list[GpuReading]:
+        got = self.readings[min(self.reads, len(self.readings) - 1)]
+        self.reads += 1
+        return got
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_gpu_figures_integrate_utilisation_and_keep_the_memory_peak(
+    virtual_clock: VirtualClock,
+) -> None:
+    reader = FakeGpuReader(
+        [
+            [GpuReading("GPU-a", 1.0, 10 << 30), GpuReading("GPU-b", None, None)],
+            [GpuReading("GPU-a", 0.5, 40 << 30), GpuReading("GPU-b", None, None)],
+            [GpuReading("GPU-a", 0.0, 20 << 30), GpuReading("GPU-b", None, None)],
+        ]
+    )
+    how = Sampling("docker", "runc", 1, gpus=("GPU-a", "GPU-b"), gpu_reader=reader)
+    sampler = Sampler(FakeBackend(), "c", how, virtual_clock.monotonic())
+    for _ in range(3):
+        virtual_clock.advance(2.0)
+        sampler.take(StatsSample(cpu_ns=1))
+    sampler.stop()
+    a, b = sampler.figures().gpus
+    # trapezoids: 2 s at (1.0 + 0.5) / 2, then 2 s at (0.5 + 0.0) / 2
+    assert (a.uuid, a.gpuSeconds, a.utilisationMean, a.memoryPeakBytes) == (
+        "GPU-a", 2.0, 0.5, 40 << 30,
+    )  # fmt: skip
+    assert (b.gpuSeconds, b.utilisationMean, b.memoryPeakBytes) == (None, None, None)
+    assert reader.closed
+
+
+@pytest.mark.hostile
+def test_a_reading_of_a_device_the_job_was_not_given_is_ignored() -> None:
+    usage = GpuUsage(("GPU-a",))
+    usage.add(0.0, [GpuReading("GPU-other", 1.0, 1 << 40)])
+    (a,) = usage.figures()
+    assert (a.gpuSeconds, a.memoryPeakBytes) == (None, None)
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("percent", [101, -1, float("nan"), float("inf"), True, "50", None])
+def test_nvml_utilisation_out_of_range_is_absent(percent: object) -> None:
+    from runner.gpu.usage import _fraction
+
+    assert _fraction(percent) is None
+    assert _fraction(50) == 0.5
+
+
+def test_without_gpus_no_reader_is_made_and_the_list_is_empty() -> None:
+    sampler = Sampler(FakeBackend(), "c", Sampling("docker", "runc", 1), 0.0)
+    sampler.take(StatsSample(cpu_ns=1))
+    assert sampler.figures().gpus == []
+
+
+def test_nvml_without_a_driver_reads_nothing() -> None:
+    from runner.gpu.usage import NvmlReader
+
+    r = NvmlReader()
+    assert r.read(["GPU-x"]) == [GpuReading("GPU-x", None, None)]  # no GPU on this host
+    r.close()
