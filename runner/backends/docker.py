@@ -76,12 +76,19 @@ _NO_TIMEOUT = 30 * 24 * 3600.0
 container runs (the engine ends the stream when it ends; :class:`LogFollow` cancels it)."""
 
 
-def _shut(conn: http.client.HTTPConnection) -> None:
-    """End a connection another thread reads from (its read returns at once)."""
+def _shut(conn: http.client.HTTPConnection) -> Callable[[], None]:
+    """What ends a connection another thread reads from (its read returns at once): its
+    socket, taken now (once the request is sent), since http.client lets go of it
+    (``conn.sock`` None) when the answer says ``Connection: close``; the answer still reads
+    from it."""
     sock = conn.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+
+    def shut() -> None:
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    return shut
 
 
 _GPU_START_ERROR = re.compile(r"device driver|nvidia-container|nvidia", re.IGNORECASE)
@@ -651,7 +658,7 @@ class DockerBackend:
 
         def opened(conn: http.client.HTTPConnection) -> None:
             if handle is not None:
-                handle.bind(lambda: _shut(conn))
+                handle.bind(_shut(conn))
 
         query = {"stdout": int(stdout), "stderr": int(stderr), "follow": int(follow)}
         try:
@@ -709,7 +716,7 @@ class DockerBackend:
 
         def opened(conn: http.client.HTTPConnection) -> None:
             if handle is not None:
-                handle.bind(lambda: _shut(conn))
+                handle.bind(_shut(conn))
 
         try:
             status, _, _ = self._exchange(
