@@ -41,10 +41,11 @@ class GpuDeviceUse(_Model):
 
     uuid: str = Field(description="The device's UUID, as in gpus[].uuid.")
     gpuSeconds: float | None = Field(
+        ge=0,
         description="Seconds the device was busy: NVML's utilisation (the share of its last "
-        "sample period a kernel ran) integrated over the time between samples."
+        "sample period a kernel ran) integrated over the time between samples.",
     )
-    memoryPeakBytes: int | None = Field(description="The most device memory seen in use.")
+    memoryPeakBytes: int | None = Field(ge=0, description="The most device memory seen in use.")
     utilisationMean: float | None = Field(description="Mean utilisation over the samples, 0 to 1.")
 
 
@@ -57,42 +58,52 @@ class AttemptResources(_Model):
 
     engine: str = Field(description="The engine that answered: docker, podman (fake in tests).")
     runtime: str = Field(description="runc, or runsc (gVisor: the figures include the sandbox).")
-    samples: int = Field(description="Answers read from the engine while the container ran.")
+    samples: int = Field(ge=0, description="Answers read from the engine while the container ran.")
     lastSampleSeconds: float | None = Field(
+        ge=0,
         description="When the last of them was read, in seconds since the container started "
-        "(the figures hold as of then); null: none was."
+        "(the figures hold as of then); null: none was.",
     )
     cpuSeconds: float | None = Field(
+        ge=0,
         description="CPU time, user and system together (cgroup v1 cpuacct.usage; v2 "
-        "cpu.stat usage_usec), as of the last sample."
+        "cpu.stat usage_usec), as of the last sample.",
     )
-    cpuUserSeconds: float | None = Field(description="Of which user time (ticks of 10 ms).")
-    cpuSystemSeconds: float | None = Field(description="Of which system time (ticks of 10 ms).")
+    cpuUserSeconds: float | None = Field(ge=0, description="Of which user time (ticks of 10 ms).")
+    cpuSystemSeconds: float | None = Field(
+        ge=0, description="Of which system time (ticks of 10 ms)."
+    )
     memoryPeakBytes: int | None = Field(
+        ge=0,
         description="The most memory charged to the container, page cache included: the "
         "engine's own peak (cgroup v1 memory.max_usage_in_bytes) where it gives one, else the "
-        "most of the sampled usage (memoryPeakSource says which)."
+        "most of the sampled usage (memoryPeakSource says which).",
     )
     memoryPeakSource: Literal["engine", "sampled"] | None = Field(
         description="engine: the kernel's peak counter; sampled: the most of the samples (a "
         "lower bound: a peak between two samples is missed)."
     )
-    memoryLimitBytes: int | None = Field(description="The memory cap, as the engine reports it.")
+    memoryLimitBytes: int | None = Field(
+        ge=0, description="The memory cap, as the engine reports it."
+    )
     memoryPeakFraction: float | None = Field(
-        description="memoryPeakBytes / memoryLimitBytes: how close it came to the cap."
+        ge=0, description="memoryPeakBytes / memoryLimitBytes: how close it came to the cap."
     )
     ioReadBytes: int | None = Field(
-        description="Bytes read from block devices (blkio io_service_bytes, summed over devices)."
+        ge=0,
+        description="Bytes read from block devices (blkio io_service_bytes, summed over devices).",
     )
     ioWriteBytes: int | None = Field(
+        ge=0,
         description="Bytes written to block devices (under cgroup v1, buffered writes the "
-        "kernel writes back later are not charged to the container)."
+        "kernel writes back later are not charged to the container).",
     )
     pidsPeak: int | None = Field(
+        ge=0,
         description="The most processes (tasks) seen at one sample; null under runsc, where "
-        "the engine counts the sandbox's threads, not the job's processes."
+        "the engine counts the sandbox's threads, not the job's processes.",
     )
-    pidsLimit: int | None = Field(description="The pids cap, as applied (null: none).")
+    pidsLimit: int | None = Field(ge=0, description="The pids cap, as applied (null: none).")
     gpus: list[GpuDeviceUse] = Field(
         default_factory=list, description="Per GPU given to the attempt ([] without GPUs)."
     )
@@ -130,10 +141,10 @@ class ResourceRecord(_Model):
 class ResourceTotals(_Model):
     """Over every attempt with figures: sums of the counters, the most of the peaks."""
 
-    attempts: int = Field(description="Attempts with figures (those sampled).")
-    cpuSeconds: float | None = Field(description="Sum over those attempts.")
-    memoryPeakBytes: int | None = Field(description="The most of their peaks.")
-    memoryPeakFraction: float | None = Field(description="The most of their fractions.")
-    ioReadBytes: int | None = Field(description="Sum over those attempts.")
-    ioWriteBytes: int | None = Field(description="Sum over those attempts.")
-    pidsPeak: int | None = Field(description="The most of their peaks.")
+    attempts: int = Field(ge=0, description="Attempts with figures (those sampled).")
+    cpuSeconds: float | None = Field(ge=0, description="Sum over those attempts.")
+    memoryPeakBytes: int | None = Field(ge=0, description="The most of their peaks.")
+    memoryPeakFraction: float | None = Field(ge=0, description="The most of their fractions.")
+    ioReadBytes: int | None = Field(ge=0, description="Sum over those attempts.")
+    ioWriteBytes: int | None = Field(ge=0, description="Sum over those attempts.")
+    pidsPeak: int | None = Field(ge=0, description="The most of their peaks.")
