@@ -110,6 +110,8 @@ TARGETS: dict[str, Target] = {
                          "ratio", 0.05, at_most=True, source=EARLIER),
     "agentimage": Target("agent in the contract's image vs the adapter's", "seconds", 0.3,
                          at_most=True, requires=("extractedOnce",), source=EARLIER),
+    "toySampling": Target("toy `runner run` with resource sampling vs without",
+                          "ratio", 1.01, at_most=True, source="issue #31"),
     "egressOverhead": Target("egress allowlist: a small job's `runner run` wall time",
                              "seconds", 0.3, at_most=True, source=EARLIER),
 }  # fmt: skip

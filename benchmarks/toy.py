@@ -185,6 +185,41 @@ def toy_row(figure: str, key: str, xs: list[float], ys: list[float], notes: list
     )
 
 
+def fig_toy_sampling(b: Bench, reps: int) -> Row:
+    """The toy run with resource sampling (the default: the engine's stats stream followed in
+    a thread) against the same run with ``--no-resource-sampling`` (no stream opened)."""
+    samples: list[int] = []
+
+    def sampled() -> float:
+        seconds, envelope, _, _ = b.runner_job(b.toy, "toy-sampled")
+        figures = envelope["attempts"][-1].get("resources") or {}
+        samples.append(int(figures.get("samples") or 0))
+        return seconds
+
+    def unsampled() -> float:
+        return b.runner_job(b.toy, "toy-unsampled", extra=["--no-resource-sampling"])[0]
+
+    unsampled()  # warm-up of the path without a stream
+    xs, ys = interleave(reps, sampled, unsampled)
+    ratio = statistics.median(xs) / statistics.median(ys)
+    return Row(
+        "toy evaluation, `runner run` wall time with resource sampling",
+        "toySampling",
+        "s",
+        "the same `runner run --no-resource-sampling` (no stats stream opened)",
+        summary(ys),
+        summary(xs),
+        ratio,
+        paired=ratio_rows(xs, ys),
+        extra={"samplesMedian": statistics.median(samples) if samples else 0},
+        notes=[
+            f"ratio {ratio:.4f}: sampling costs {100 * (ratio - 1):+.2f}% of the toy's wall "
+            f"time (median of {len(xs)} interleaved pairs); the engine answered a median of "
+            f"{statistics.median(samples) if samples else 0:g} stats samples per run"
+        ],
+    )
+
+
 def fig_toy_served(b: Bench, reps: int) -> Row:
     """The toy run again, with a `runner serve` running that `runner run` hands it to."""
     command = json.loads(b.toy.read_text())["protocol"]["command"]

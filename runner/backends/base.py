@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from runner.backends.stats import StatsSample
 from runner.backends.types import DeviceEdits, DeviceNode, EngineInfo, ImageInfo, Limits, PathStat
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "NetworkInfo",
     "NetworkSummary",
     "PathStat",
+    "StatsSample",
 ]
 
 
@@ -291,6 +293,17 @@ class Backend(Protocol):
         """Hand the container's log, as the engine keeps it (raw bytes, no timestamps), to
         ``sink`` in order, from its start (or ``since``); with ``follow``, what it logs next
         too, until the container ends or ``handle`` is cancelled."""
+
+    def follow_stats(
+        self,
+        container_id: str,
+        sink: Callable[[StatsSample], None],
+        handle: LogFollow | None = None,
+    ) -> None:
+        """Hand each answer of the engine's stats stream of the running container to ``sink``
+        as figures (:func:`runner.backends.stats.parse_stats`), the first at once, then about
+        one a second, until the container is no longer running (the engine's zero answer),
+        the stream ends, or ``handle`` is cancelled. One connection for the whole run."""
 
     def remove(self, container_id: str) -> None:
         """Remove the container, forcibly; a container already gone is not an error."""

@@ -43,6 +43,7 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
+from runner.backends.stats import STATS_LINE_MAX, StatsSample, parse_stats
 from runner.backends.types import (
     EngineInfo,
     ImageInfo,
@@ -76,12 +77,19 @@ _NO_TIMEOUT = 30 * 24 * 3600.0
 container runs (the engine ends the stream when it ends; :class:`LogFollow` cancels it)."""
 
 
-def _shut(conn: http.client.HTTPConnection) -> None:
-    """End a connection another thread reads from (its read returns at once)."""
+def _shut(conn: http.client.HTTPConnection) -> Callable[[], None]:
+    """What ends a connection another thread reads from (its read returns at once): its
+    socket, taken now (once the request is sent), since http.client lets go of it
+    (``conn.sock`` None) when the answer says ``Connection: close``; the answer still reads
+    from it."""
     sock = conn.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+
+    def shut() -> None:
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    return shut
 
 
 _GPU_START_ERROR = re.compile(r"device driver|nvidia-container|nvidia", re.IGNORECASE)
@@ -677,7 +685,7 @@ class DockerBackend:
 
         def opened(conn: http.client.HTTPConnection) -> None:
             if handle is not None:
-                handle.bind(lambda: _shut(conn))
+                handle.bind(_shut(conn))
 
         query = {"stdout": int(stdout), "stderr": int(stderr), "follow": int(follow)}
         try:
@@ -695,6 +703,60 @@ class DockerBackend:
             if handle is not None and handle.cancelled:
                 return  # closed on purpose
             raise
+
+    def follow_stats(
+        self,
+        container_id: str,
+        sink: Callable[[StatsSample], None],
+        handle: LogFollow | None = None,
+    ) -> None:
+        self._follow_stats(
+            self._version_prefix("reading the container's resource counters")
+            + f"/containers/{quote(container_id)}/stats?stream=1",
+            parse_stats,
+            container_id,
+            sink,
+            handle,
+        )
+
+    def _follow_stats(
+        self,
+        url: str,
+        parse: Callable[[bytes], StatsSample | None],
+        container_id: str,
+        sink: Callable[[StatsSample], None],
+        handle: LogFollow | None,
+    ) -> None:
+        """Follow a stats stream of one JSON answer a line (each at most
+        :data:`~runner.backends.stats.STATS_LINE_MAX`), ``parse`` making figures of each."""
+        action = "reading the container's resource counters"
+
+        def lines(response: http.client.HTTPResponse) -> None:
+            while True:  # about one answer a second
+                line = response.readline(STATS_LINE_MAX + 1)
+                if not line or len(line) > STATS_LINE_MAX:
+                    return  # ended, or no engine's answer: read no further
+                sample = parse(line)
+                if sample is None:
+                    return  # the zero answer: the container is no longer running
+                sink(sample)
+
+        def opened(conn: http.client.HTTPConnection) -> None:
+            if handle is not None:
+                handle.bind(_shut(conn))
+
+        try:
+            status, _, _ = self._exchange(
+                "GET", url, None, _NO_TIMEOUT, action, stream_to=lines, opened=opened
+            )
+        except EngineUnavailable:
+            if handle is not None and handle.cancelled:
+                return  # closed on purpose
+            raise
+        if status == 404:
+            raise ContainerVanished(f"{action}: container {container_id[:12]} no longer exists")
+        if status >= 400:
+            raise InfrastructureError(f"{action}: the engine answered {status}")
 
     def remove(self, container_id: str) -> None:
         # 404: already gone; 409: removal already in progress. Both are the goal.

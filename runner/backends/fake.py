@@ -34,6 +34,7 @@ from runner.backends.base import (
     NetworkInfo,
     NetworkSummary,
 )
+from runner.backends.stats import StatsSample, parse_stats
 from runner.backends.types import EngineInfo, ImageInfo, Limits, PathStat
 from runner.core import clock
 from runner.core.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
@@ -60,6 +61,9 @@ class FakeJob:
     """Called at start with ``{container path: host folder}`` of its mounts: what it writes."""
     log: bytes = b""
     """Its engine log once started (what ``save_logs`` writes)."""
+    stats: tuple[object, ...] = ()
+    """The engine's stats answers while it runs (JSON text or decoded values, Docker's
+    shape), handed out in order by ``follow_stats``, all at once (no sleep)."""
 
 
 def _iso(when: datetime | None) -> str:
@@ -308,6 +312,26 @@ class FakeBackend:
                 return
         if c.job.log:
             sink(c.job.log)
+
+    def follow_stats(
+        self,
+        container_id: str,
+        sink: Callable[[StatsSample], None],
+        handle: LogFollow | None = None,
+    ) -> None:
+        """A fake job's ``stats``, each parsed as the real engine's are; the stream ends at
+        the first that is no sample (as Docker's zero answer ends it)."""
+        self._call("follow_stats", container_id)
+        c = self._get(container_id)
+        if c.started is None:
+            return
+        for raw in c.job.stats:
+            if handle is not None and handle.cancelled:
+                return
+            sample = parse_stats(raw)
+            if sample is None:
+                return
+            sink(sample)
 
     def remove(self, container_id: str) -> None:
         self._call("remove", container_id)

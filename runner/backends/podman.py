@@ -56,9 +56,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from runner.backends.base import ContainerSpec, ContainerState
+from runner.backends.base import ContainerSpec, ContainerState, LogFollow
 from runner.backends.docker import DockerBackend
 from runner.backends.podmancaps import PodmanHost, refusal
+from runner.backends.stats import StatsSample, parse_libpod_stats
 from runner.backends.types import ImageInfo, Limits, loopback_registry
 from runner.core import untrusted
 from runner.core.errors import (
@@ -357,6 +358,23 @@ class PodmanBackend(DockerBackend):
                     "dropped or changed a cap, so the job is refused rather than run without it",
                     hint="run it with rootful Podman or Docker (host policy engine)",
                 )
+
+    def follow_stats(
+        self,
+        container_id: str,
+        sink: Callable[[StatsSample], None],
+        handle: LogFollow | None = None,
+    ) -> None:
+        """Podman's own stats stream (its Docker-compatible one, in 4.3, answers once and
+        then nothing until the container ends); its shape is libpod's, without a peak."""
+        query = urlencode({"containers": container_id, "stream": "true", "interval": 1})
+        self._follow_stats(
+            f"{_LIBPOD}/containers/stats?{query}",
+            parse_libpod_stats,
+            container_id,
+            sink,
+            handle,
+        )
 
     def state(self, container_id: str) -> ContainerState:
         got = super().state(container_id)

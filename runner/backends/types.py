@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 __all__ = [
+    "ENGINE_COUNT_MAX",
     "ENGINE_REF_MAX",
     "ENGINE_TEXT_MAX",
     "GIB",
@@ -28,6 +29,7 @@ __all__ = [
     "ImageInfo",
     "Limits",
     "PathStat",
+    "engine_count",
     "engine_env",
     "engine_refs",
     "engine_size",
@@ -115,6 +117,19 @@ def engine_refs(value: object) -> tuple[str, ...]:
 def engine_size(value: object) -> int:
     """A size an engine gives: a non-negative integer, else 0 (never a crash on its word)."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+ENGINE_COUNT_MAX = 2**62
+"""The largest counter kept from an engine's answer (bytes, nanoseconds, tasks): past it, a
+figure is taken as not given (no real counter reaches it: 2**62 ns is 146 years)."""
+
+
+def engine_count(value: object, cap: int = ENGINE_COUNT_MAX) -> int | None:
+    """A counter an engine gives: a non-negative integer of at most ``cap``, else None (not
+    given: a bool, a float, a string, a negative or absurd number is never a figure)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= cap:
+        return value
+    return None
 
 
 def engine_env(value: object) -> tuple[str, ...]:

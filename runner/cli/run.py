@@ -119,6 +119,14 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         metavar="SECONDS",
         help="seconds between SIGTERM and SIGKILL when stopping the job (default 5)",
     )
+    run.add_argument(
+        "--no-resource-sampling",
+        dest="resource_sampling",
+        action="store_false",
+        help="do not follow the engine's stats of the job's container (CPU, memory, I/O, "
+        "pids, and their time series in record/attempts/<n>/resources.json): no stats stream "
+        "is opened, and the envelope's resource figures are null",
+    )
     host_options(run)
     run.set_defaults(func=cmd_run)
 
@@ -150,6 +158,7 @@ def _run_options(
         overrides=_overrides(args.limit),
         rerun=args.rerun,
         bundle=Path(args.bundle) if args.bundle else None,
+        resource_sampling=args.resource_sampling,
     )
 
 

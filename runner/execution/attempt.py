@@ -31,11 +31,11 @@ from runner.contract import VerifiedContract
 from runner.core import errors, hostid, log, redaction
 from runner.core.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
 from runner.egress import slots as egress
-from runner.execution import agent_run, container, layout, quotas, records, takeover
+from runner.execution import agent_run, container, layout, quotas, records, resources, takeover
 from runner.execution.container import Outcome, Progress, Watch
 from runner.execution.options import RunOptions
 from runner.execution.stages import Known, Stopped, stage
-from runner.gpu import cdi, gpus
+from runner.gpu import cdi, gpus, usage
 from runner.images import pins as images
 from runner.models import selfreport
 from runner.models.envelope import (
@@ -239,7 +239,8 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
             agent_run.settle(job.plan, job.dir, n, state=job.ledger.state)
             return AttemptResult(outcome, known, guards, n)
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
-        w = _watch(job, n, before, found.seconds, guards, as_of=found.at)
+        uuids = tuple(g.uuid for g in known.gpus)
+        w = _watch(job, n, before, found.seconds, guards, as_of=found.at, gpu_uuids=uuids)
         watched = container.watch(job.backend, cid, w, progress)
         outcome = container.finish(
             job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,
@@ -476,7 +477,7 @@ def _start(
 
     job.progress.stage("container", f"attempt {n}: {spec.name}")
     with stage("container", known):
-        w = _watch(job, n, consumed, 0.0, guards)
+        w = _watch(job, n, consumed, 0.0, guards, gpu_uuids=tuple(g.uuid for g in known.gpus))
         try:
             return container.run_attempt(
                 job.backend, spec, w, job.dir.attempt_record(n), job.progress, created
@@ -602,6 +603,7 @@ def _watch(
     already: float,
     guards: quotas.Guards,
     as_of: float | None = None,
+    gpu_uuids: tuple[str, ...] = (),
 ) -> Watch:
     """How to watch attempt ``n``: deadline from the remaining budget as of ``as_of`` (a
     reattach: when it was charged), heartbeats to the ledger and runtime-budget.json."""
@@ -626,8 +628,16 @@ def _watch(
         if agent is not None:
             agent.attach(job.backend, container_id)
 
+    sampling = None
+    if opts.resource_sampling:
+        lim = job.plan.limits
+        reader = (opts.gpu_usage or usage.NvmlReader)() if gpu_uuids else None
+        sampling = resources.Sampling(
+            _engine_name(job.backend), lim.runtime, lim.pids, gpus=gpu_uuids, gpu_reader=reader
+        )
     return Watch(
         on_start=started,
+        sampling=sampling,
         budget_left=limit - before - already,
         already=already,
         consumed_before=before,
@@ -641,6 +651,14 @@ def _watch(
         lease=opts.lease_seconds,
         as_of=as_of,
     )
+
+
+def _engine_name(backend: Backend) -> str:
+    """The engine's name for the figures (asked once a process; "" when it cannot say)."""
+    try:
+        return engine_text(backend.engine().name)
+    except errors.RunnerError:
+        return ""
 
 
 def _gpu_allocator(job: Job) -> gpus.Allocator:

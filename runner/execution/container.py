@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -31,9 +30,10 @@ from runner.core.errors import (
     EngineUnavailable,
     GpuUnavailable,
     InfrastructureError,
-    JobFenced,
     RunnerError,
 )
+from runner.execution.lease import Lease
+from runner.execution.resources import Sampler, Sampling
 from runner.planning.plan import ExecutionPlan
 from runner.state.jobdir import JobDir, write_json
 from runner.state.ledger import Attempt, parse_time
@@ -201,71 +201,13 @@ class Watch:
     on_start: Callable[[str], None] = lambda container_id: None
     """Called with the container's id once it runs, before the first tick (an agent's guard
     follows its stdout in the engine from then on)."""
+    sampling: Sampling | None = None
+    """Follow the engine's stats of the container while it runs (``runner.execution.resources``);
+    None: no stats stream is opened."""
     lease: float = 0.0
     """Seconds the attempt may go without a heartbeat written before the container is removed
-    (``_Lease``), so that a runner that can no longer prove it is alive never runs the job
-    beside another host's; 0: no such limit."""
-
-
-class _Lease:
-    """A thread that removes the container once no heartbeat has been written for ``lease``
-    seconds: when writing to the ledger hangs (a network filesystem cut off from its server)
-    the watching loop hangs with it, and this is what still stops the job. A runner on another
-    host takes such a job over only after two leases without a heartbeat
-    (``runner.execution.takeover``),
-    by when this thread has removed the container."""
-
-    def __init__(self, backend: Backend, container_id: str, lease: float) -> None:
-        self.backend, self.container_id, self.lease = backend, container_id, lease
-        self.last_ok = clock.monotonic()
-        self.fired = self.removed = False
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="runner-lease", daemon=True)
-        if lease > 0:
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._done.wait(min(1.0, self.lease / 10)):
-            if clock.monotonic() - self.last_ok > self.lease:
-                self.fired = True
-                self._remove()
-                return
-
-    def _remove(self) -> None:
-        """Remove the container, again and again until the engine says it is gone (an engine
-        that does not answer now may in a second); stops when the runner does."""
-        while True:
-            try:
-                self.backend.remove(self.container_id)
-                self.removed = True
-                return
-            except Exception:  # noqa: BLE001 - any failure: try again
-                if self._done.wait(1.0):
-                    return
-
-    def stop(self) -> None:
-        self._done.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def lost(self) -> JobFenced:
-        if not self.removed:  # one last try, in this thread, before saying so
-            with contextlib.suppress(Exception):
-                self.backend.remove(self.container_id)
-                self.removed = True
-        done = (
-            "the runner removed the job's container"
-            if self.removed
-            else f"the runner could NOT remove the job's container {self.container_id} (the "
-            "engine did not answer): remove it by hand before the job runs anywhere else"
-        )
-        return JobFenced(
-            f"no heartbeat could be written to the job's ledger for {self.lease:.0f} s, so "
-            f"{done}: past that, a runner on another host may take the job over, and two "
-            "containers of one job must never run at once",
-            hint="check the state folder's storage; run the contract again to continue the "
-            "same budget (the attempt is charged up to now)",
-        )
+    (:class:`~runner.execution.lease.Lease`), so that a runner that can no longer prove it is
+    alive never runs the job beside another host's; 0: no such limit."""
 
 
 @dataclass(frozen=True)
@@ -277,6 +219,8 @@ class Watched:
     stopped_for: str | None
     """The guard's reason when the runner stopped it for a quota."""
     stop: Stop | None = None
+    sampler: Sampler | None = None
+    """What the engine's counters said while it ran (stopped; written by :func:`finish`)."""
 
 
 def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> Watched:
@@ -292,7 +236,8 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
     timed_out = cancelled = False
     stopped_for = None
     stop: Stop | None = None
-    lease = _Lease(backend, container_id, w.lease)
+    lease = Lease(backend, container_id, w.lease)
+    sampler: Sampler | None = None
 
     def stop_it() -> None:
         nonlocal stop
@@ -317,6 +262,8 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
 
     try:
         w.on_start(container_id)
+        if w.sampling is not None:  # its own thread and connection: no call in this loop
+            sampler = Sampler(backend, container_id, w.sampling, origin).start()
         if w.already > 0:
             beat(reattached=True)
         while True:
@@ -354,10 +301,12 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
         raise
     finally:
         lease.stop()
+        if sampler is not None:
+            sampler.stop()
     if lease.fired:
         raise lease.lost()
     seconds = round(clock.monotonic() - origin, 3)
-    return Watched(timed_out, cancelled, seconds, stopped_for, stop)
+    return Watched(timed_out, cancelled, seconds, stopped_for, stop, sampler)
 
 
 def finish(
@@ -379,6 +328,8 @@ def finish(
         state = backend.state(container_id)
     record_dir.mkdir(parents=True, exist_ok=True)
     write_json(record_dir / "container-state.json", state.raw)
+    if watched.sampler is not None:  # record/attempts/<n>/resources.json
+        watched.sampler.write(record_dir, _attempt_of(record_dir))
     # The engine's log is a convenience; the job's own logs are in output/.
     with contextlib.suppress(InfrastructureError):
         backend.save_logs(container_id, record_dir / "engine.log", log_max_bytes)
@@ -393,6 +344,11 @@ def finish(
         watched.stopped_for,
         watched.stop,
     )
+
+
+def _attempt_of(record_dir: Path) -> int:
+    """The attempt a ``record/attempts/<n>`` folder is of (0 for any other folder)."""
+    return int(record_dir.name) if record_dir.name.isdigit() else 0
 
 
 class NotStarted(Exception):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner.contract import Trust
-from runner.gpu import gpus
+from runner.gpu import gpus, usage
 from runner.planning import policy
 from runner.planning.policy import LoadedPolicy
 from runner.staging.jobdir import InputRules
@@ -52,6 +53,12 @@ class RunOptions:
     """A `docker save` tarball to load the pinned image from when it is not here."""
     heartbeat_seconds: float = 5.0
     """How often the ledger and runtime-budget.json are brought up to date while a job runs."""
+    gpu_usage: Callable[[], usage.UsageReader] | None = None
+    """What reads a GPU attempt's devices at each sample: NVML by default; tests pass a fake."""
+    resource_sampling: bool = True
+    """Follow the engine's stats of each attempt's container (``runner.execution.resources``):
+    its figures in the envelope, its series in ``record/attempts/<n>/resources.json``. False:
+    no stats stream is opened (``runner run --no-resource-sampling``)."""
     protected: tuple[Path, ...] = ()
     """The runner's own folders besides the state dir (config, keys): never staged."""
     replayed: Path | None = None

@@ -38,7 +38,7 @@ from runner.core import errors, log, redaction, safefs
 from runner.core.errors import Category, JobAlreadyFinished, JobBusy, PolicyViolation, RunnerError
 from runner.evidence import read as evidence
 from runner.evidence import selfreport
-from runner.execution import agent_run, attempt, records
+from runner.execution import agent_run, attempt, records, resources
 from runner.execution.container import Progress
 from runner.execution.options import RunOptions
 from runner.execution.outcome import classify, inputs_changed
@@ -207,8 +207,9 @@ def _locked(
         # What the runner keeps of each attempt (an earlier one's too, when a crash ended it),
         # the output manifest just written included, redacted before it is hashed.
         agent_run.redact_records(redact, job)
+        kept = records.attempt_records(ledger.state, job, _max_evidence(opts))
         envelope = envelope.model_copy(
-            update={"attempts": records.attempt_records(ledger.state, job, _max_evidence(opts))}
+            update={"attempts": kept, "resources": resources.totals(kept)}
         )
         envelope = agent_run.withhold(redact, job, envelope)
         ledger.check_owned()  # fenced meanwhile (another host took the job over): not ours

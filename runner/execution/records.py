@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.core import safefs
+from runner.execution import resources
 from runner.models.envelope import AttemptRecord, RecordFile
 from runner.staging.jobdir import sha256_under
 from runner.state.jobdir import JobDir, write_json
@@ -140,6 +141,7 @@ def attempt_records(state: LedgerState, job: JobDir, max_bytes: int) -> list[Att
                 how=fin.get("how"),
                 host=(a.starting.get("host") or {}).get("name"),
                 files=files,
+                resources=resources.read_figures(job, a.number),
             )
         )
     return out

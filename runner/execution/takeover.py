@@ -128,11 +128,12 @@ def close(
 ) -> None:
     """Close attempt ``last``, left in flight by a runner on host ``other``, whose engine this
     runner cannot ask. That runner removes its container once it has gone one lease without
-    writing a heartbeat (``container._Lease``), and at once when it finds the ledger written by
-    someone else (``JobFenced``). So: wait until two leases have passed since the attempt's
-    last event (anything written meanwhile means its runner is alive: refuse, as for a busy
-    job), then charge it up to that event plus two leases, never past now (never less than it
-    can have run), and record it ``interrupted`` (``how: host-lost``). Before it charges, the
+    writing a heartbeat (``runner.execution.lease.Lease``), and at once when it finds the
+    ledger written by someone else (``JobFenced``). So: wait until two leases have passed
+    since the attempt's last event (anything written meanwhile means its runner is alive:
+    refuse, as for a busy job), then charge it up to that event plus two leases, never past
+    now (never less than it can have run), and record it ``interrupted`` (``how:
+    host-lost``). Before it charges, the
     scheduler is asked about the attempt's job (:func:`fence`); a job it had to cancel ran
     until moments ago, so that attempt is charged to now; one whose end its own runner or the
     Epilog recorded meanwhile is left as they recorded it."""

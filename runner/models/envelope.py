@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runner.backends.types import ENGINE_TEXT_MAX, GpuInjection
 from runner.core.errors import Category
+from runner.models.resources import AttemptResources, ResourceTotals
 
 __all__ = [
     "AgentLimits",
@@ -359,6 +360,11 @@ class AttemptRecord(_Model):
         description="record/attempts/<n>/: container state, engine log, output manifest, and "
         "its stdout and stderr once a later attempt started (never truncated or replaced)."
     )
+    resources: AttemptResources | None = Field(
+        default=None,
+        description="What its container used (CPU, memory, I/O, pids), from the engine's "
+        "counters sampled while it ran; null: not sampled (off, or no runner watched it).",
+    )
 
 
 class AgentUsageAttempt(_Model):
@@ -626,6 +632,11 @@ class ResultEnvelope(_Model):
     )
     attempts: list[AttemptRecord] = Field(
         default_factory=list, description="Every attempt so far, from the ledger, with its files."
+    )
+    resources: ResourceTotals | None = Field(
+        default=None,
+        description="What every sampled attempt used together: CPU and I/O summed, the "
+        "peaks the most (null: no attempt was sampled).",
     )
     stdoutPath: str | None = Field(
         default=None, description="The job's stdout file, relative to the output folder."
