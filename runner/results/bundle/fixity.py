@@ -348,7 +348,7 @@ class FixityChecks(Bag):
                 if digest is None:
                     self.problem("fetch.txt", f"lists {name}, which the manifest does not")
                     continue
-                if url != f"{BLOB_PREFIX}{digest}" or not size.isdigit():
+                if url != f"{BLOB_PREFIX}{digest}" or not (size.isascii() and size.isdigit()):
                     self.problem("fetch.txt", f"does not fetch {name} by its digest and size")
                     continue
                 if (self.top / name).exists():
