@@ -1,11 +1,18 @@
 """The seventh hostile review (the changes since dac56f3, and what they lead to): what it found,
-kept closed. Pure logic only: hostile bundles are written here as a hostile exporter could."""
+kept closed. No engine: hostile bundles are written here as a hostile exporter could, and a
+hostile engine is a loopback Unix-socket server."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import json
+import shutil
+import socket
 import tarfile
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -61,3 +68,79 @@ def test_a_fetch_txt_size_in_non_ascii_digits_is_a_problem_not_a_crash(
     assert any(
         p.file == "fetch.txt" and "by its digest and size" in p.message for p in report.problems
     ), report.problems
+
+
+class _TricklingEngine:
+    """An Engine API on a Unix socket that answers ``/_ping`` at once and every other request
+    with a head at once and then its body a byte at a time, each byte within the client's
+    per-read timeout (so that no single read ever times out)."""
+
+    def __init__(self, path: Path, per_byte: float) -> None:
+        self.path, self.per_byte = path, per_byte
+        self.closed = threading.Event()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(8)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            request = b""
+            while b"\r\n\r\n" not in request and (got := conn.recv(65536)):
+                request += got
+            ping = b"/_ping" in request.split(b"\r\n", 1)[0]
+            body = b"OK" if ping else json.dumps({"Version": "x" * 4096}).encode()
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nAPI-Version: 1.45\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + (body if ping else b"")
+            )
+            if not ping:
+                for i in range(len(body)):
+                    if self.closed.wait(self.per_byte):
+                        return
+                    conn.sendall(body[i : i + 1])
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
+
+
+def test_an_engine_that_trickles_its_answer_is_given_up_on_within_the_calls_timeout() -> None:
+    """The engine's answers were read with a timeout on each receive only: an engine (or
+    whatever DOCKER_HOST names) sending a byte every 0.2 s held the runner for as long as it
+    liked (here 4 KiB: about 14 minutes; `runner --version`, which asks it "within a second",
+    as long). The body is now read within the call's timeout in all: a TimeoutError, as the
+    engine's failure, within a few seconds of a 1 s timeout."""
+    from runner.backends.docker import DockerBackend
+    from runner.core.errors import EngineUnavailable
+
+    folder = Path(tempfile.mkdtemp(prefix="r7-", dir="/tmp"))  # a socket's path: short
+    engine = _TricklingEngine(folder / "engine.sock", per_byte=0.2)
+    outcome: list[BaseException | object] = []
+
+    def ask() -> None:
+        try:
+            outcome.append(DockerBackend(f"unix://{engine.path}", timeout=1.0).engine())
+        except BaseException as exc:  # noqa: BLE001 - what it raised is the answer
+            outcome.append(exc)
+
+    try:
+        asker = threading.Thread(target=ask, daemon=True)
+        asker.start()
+        asker.join(30)  # 1 s asked; 30 s allows for a loaded machine, 14 minutes does not
+        assert not asker.is_alive(), "the runner is still reading the engine's trickle"
+    finally:
+        engine.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    (got,) = outcome
+    assert isinstance(got, EngineUnavailable), got
+    assert isinstance(got.__cause__, TimeoutError), got.__cause__
