@@ -54,13 +54,18 @@ def _bag_fetching(path: Path, size: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("size", ["\u00b2", "\u0662"], ids=["superscript-two", "arabic-indic-two"])
+@pytest.mark.parametrize(
+    "size",
+    ["\u00b2", "\u0662", "9" * 5000],
+    ids=["superscript-two", "arabic-indic-two", "5000-digits"],
+)
 def test_a_fetch_txt_size_in_non_ascii_digits_is_a_problem_not_a_crash(
     tmp_path: Path, size: str
 ) -> None:
     """fetch.txt's size field is checked with str.isdigit(), which holds for '²' (int() then
     raised ValueError out of `runner verify bundle`: a traceback, no report) and for '٢'
-    (read as 2: a size no exporter writes, accepted). Either is now a fetch.txt problem."""
+    (read as 2: a size no exporter writes, accepted); ASCII digits past Python's 4,300 raised
+    the same ValueError. Each is now a fetch.txt problem."""
     archive = _bag_fetching(tmp_path / "b.bag.tar.gz", size)
     report = verify(archive, keys=Keys([], []), allow_untrusted=True)
     payload = next(c for c in report.checks if c.name == "payload")
@@ -144,3 +149,24 @@ def test_an_engine_that_trickles_its_answer_is_given_up_on_within_the_calls_time
     (got,) = outcome
     assert isinstance(got, EngineUnavailable), got
     assert isinstance(got.__cause__, TimeoutError), got.__cause__
+
+
+def test_a_payload_oxum_of_thousands_of_digits_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    """bag-info.txt's Payload-Oxum was turned into ints as its digits came: past Python's
+    4,300 digits int() raised ValueError, which the archive scan does not catch, out of
+    `runner verify bundle` (a traceback, no report). Now no more than 20 digits a number is
+    read, so such a bag declares no Payload-Oxum the runner reads: refused before unpacking."""
+    archive = tmp_path / "oxum.bag.tar.gz"
+    members = {
+        "b/bagit.txt": b"BagIt-Version: 1.0\nTag-File-Character-Encoding: UTF-8\n",
+        "b/bag-info.txt": b"Payload-Oxum: " + b"9" * 5000 + b".1\n",
+    }
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    report = verify(archive, keys=Keys([], []), allow_untrusted=True)
+    assert report.checks[0].name == "archive" and report.checks[0].status == "failed", report
+    (first, *_) = report.problems
+    assert first.file == "b/bag-info.txt" and "Payload-Oxum" in first.message, first

@@ -78,7 +78,11 @@ def extract(
     return dest / top, afterwards
 
 
-_OXUM = re.compile(rb"^Payload-Oxum:[ \t]*(\d+)\.(\d+)[ \t]*\r?$", re.MULTILINE)
+_OXUM = re.compile(rb"^Payload-Oxum:[ \t]*(\d{1,20})\.(\d{1,20})[ \t]*\r?$", re.MULTILINE)
+"""At most 20 digits a number (10^20 bytes is past any payload): a number of thousands of digits
+is no Payload-Oxum, never an int() past Python's digit limit (a ValueError)."""
+_COUNT = re.compile(r"[0-9]{1,20}")
+"""A size in fetch.txt: ASCII digits, at most 20 (never an int() past Python's digit limit)."""
 BAG_INFO_MAX = MiB
 """Most bytes of bag-info.txt read before unpacking (for its Payload-Oxum)."""
 BLOCK = 4096
@@ -170,7 +174,8 @@ class _Scan:
         if len(found) != 1:
             raise self.stop(
                 member.name,
-                "declares no Payload-Oxum (or more than one), so the payload's size cannot be "
+                "declares no Payload-Oxum (or more than one, or numbers of over 20 digits), "
+                "so the payload's size cannot be "
                 "checked before unpacking (runner export always writes one)",
             )
         self.oxum = (int(found[0][0]), int(found[0][1]))
@@ -348,7 +353,7 @@ class FixityChecks(Bag):
                 if digest is None:
                     self.problem("fetch.txt", f"lists {name}, which the manifest does not")
                     continue
-                if url != f"{BLOB_PREFIX}{digest}" or not (size.isascii() and size.isdigit()):
+                if url != f"{BLOB_PREFIX}{digest}" or not _COUNT.fullmatch(size):
                     self.problem("fetch.txt", f"does not fetch {name} by its digest and size")
                     continue
                 if (self.top / name).exists():
