@@ -26,13 +26,14 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _bag_fetching(path: Path, size: str) -> Path:
+def _bag_fetching(path: Path, size: str, encoding: str = "UTF-8") -> Path:
     """An unsealed .tar.gz bag whose fetch.txt stores data/blob.bin beside it, with ``size``
-    as its size field (tag manifest and Payload-Oxum as an exporter writes them)."""
+    as its size field (tag manifest and Payload-Oxum as an exporter writes them), its tag
+    files' encoding as bagit.txt names it ``encoding``."""
     blob = b"zz"
     files = {
         "data/result.json": b"{}",
-        "bagit.txt": b"BagIt-Version: 1.0\nTag-File-Character-Encoding: UTF-8\n",
+        "bagit.txt": f"BagIt-Version: 1.0\nTag-File-Character-Encoding: {encoding}\n".encode(),
         "bag-info.txt": b"Payload-Oxum: 4.2\nBagging-Date: 2026-12-01\n",
         "manifest-sha256.txt": (
             f"{_sha(b'{}')}  data/result.json\n{_sha(blob)}  data/blob.bin\n".encode()
@@ -170,3 +171,26 @@ def test_a_payload_oxum_of_thousands_of_digits_is_a_problem_not_a_crash(tmp_path
     assert report.checks[0].name == "archive" and report.checks[0].status == "failed", report
     (first, *_) = report.problems
     assert first.file == "b/bag-info.txt" and "Payload-Oxum" in first.message, first
+
+
+@pytest.mark.parametrize(
+    "encoding",
+    ["rot13", "hex", "x-no-such-codec", "UTF-8\nTag-File-Character-Encoding: UTF-8"],
+    ids=["rot13", "hex", "unknown", "twice"],
+)
+def test_a_bagit_txt_naming_a_codec_that_is_no_text_encoding_is_a_problem_not_a_crash(
+    tmp_path: Path, encoding: str
+) -> None:
+    """bagit.txt's Tag-File-Character-Encoding is what bagit.py opens every tag file with: a
+    str-to-str codec (rot13) raised TypeError out of `runner verify
+    bundle` (a traceback, no report), and so did naming it twice (bagit.py's value is then a
+    list). `runner export` writes UTF-8 once, and only that is read now: anything else is a
+    bagit.txt problem, before bagit.py opens a tag file."""
+    archive = _bag_fetching(tmp_path / "b.bag.tar.gz", "2", encoding=encoding)
+    report = verify(archive, keys=Keys([], []), allow_untrusted=True)
+    payload = next(c for c in report.checks if c.name == "payload")
+    assert payload.status == "failed", payload
+    assert any(
+        p.file == "bagit.txt" and "UTF-8" in p.message and encoding.split()[0] in p.message
+        for p in report.problems
+    ), report.problems
