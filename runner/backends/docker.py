@@ -147,6 +147,32 @@ MAX_ANSWER_BYTES = 64 * 1024 * 1024
 answer past it is refused, not read on. Streams (logs, archives) are read by their callers,
 each under its own cap."""
 
+
+def _read_within(response: http.client.HTTPResponse, sock: Any, seconds: float | None) -> bytes:
+    """An answer's body, at most :data:`MAX_ANSWER_BYTES` and a byte of it, read within
+    ``seconds`` in all (None: no limit). A timeout on each receive alone let an engine that
+    sends a byte at a time, each within it, hold the runner for as long as it liked; past
+    ``seconds`` a TimeoutError, as a receive's own timeout is (``wait`` reads it so)."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    parts: list[bytes] = []
+    got = 0
+    while got <= MAX_ANSWER_BYTES:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the answer did not arrive within {seconds:g} s")
+            if sock is not None:
+                sock.settimeout(left)
+        chunk = response.read1(min(1024 * 1024, MAX_ANSWER_BYTES + 1 - got))
+        if not chunk:
+            if response.length:  # cut short: as read() says it
+                raise http.client.IncompleteRead(b"".join(parts), response.length)
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
 _KNOWN: dict[tuple[str, str], str] = {}
 """(endpoint, fact) -> value, for what an engine does not change while it runs (the API
 version agreed, its architecture): asked once per process, and inherited by a batch's jobs."""
@@ -263,6 +289,7 @@ class DockerBackend:
             headers["Content-Type"] = "application/json"
         try:
             conn.request(method, path, body=payload, headers=headers)
+            sock = conn.sock  # taken now: an answer that closes the connection unsets it
             if opened is not None:
                 opened(conn)
             response = conn.getresponse()
@@ -270,7 +297,7 @@ class DockerBackend:
                 stream_to(response)
                 data = b""
             else:
-                data = response.read(MAX_ANSWER_BYTES + 1)
+                data = _read_within(response, sock, timeout)
                 if len(data) > MAX_ANSWER_BYTES:
                     raise EngineUnavailable(
                         f"{action}: the {self.ENGINE} engine answered more than "

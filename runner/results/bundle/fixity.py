@@ -78,7 +78,12 @@ def extract(
     return dest / top, afterwards
 
 
-_OXUM = re.compile(rb"^Payload-Oxum:[ \t]*(\d+)\.(\d+)[ \t]*\r?$", re.MULTILINE)
+_OXUM = re.compile(rb"^Payload-Oxum:[ \t]*(\d{1,20})\.(\d{1,20})[ \t]*\r?$", re.MULTILINE)
+"""At most 20 digits a number (10^20 bytes is past any payload): a number of thousands of digits
+is no Payload-Oxum, never an int() past Python's digit limit (a ValueError)."""
+_COUNT = re.compile(r"[0-9]{1,20}")
+"""A size in fetch.txt: ASCII digits, at most 20 (never an int() past Python's digit limit)."""
+_ENCODING = re.compile(rb"^Tag-File-Character-Encoding:[ \t]*([^\r\n]*)", re.MULTILINE)
 BAG_INFO_MAX = MiB
 """Most bytes of bag-info.txt read before unpacking (for its Payload-Oxum)."""
 BLOCK = 4096
@@ -170,7 +175,8 @@ class _Scan:
         if len(found) != 1:
             raise self.stop(
                 member.name,
-                "declares no Payload-Oxum (or more than one), so the payload's size cannot be "
+                "declares no Payload-Oxum (or more than one, or numbers of over 20 digits), "
+                "so the payload's size cannot be "
                 "checked before unpacking (runner export always writes one)",
             )
         self.oxum = (int(found[0][0]), int(found[0][1]))
@@ -329,6 +335,7 @@ class FixityChecks(Bag):
     def payload(self) -> str:
         import bagit
 
+        self.utf8_tags()
         with quiet_bagit():
             try:
                 bag = bagit.Bag(str(self.top))
@@ -348,7 +355,7 @@ class FixityChecks(Bag):
                 if digest is None:
                     self.problem("fetch.txt", f"lists {name}, which the manifest does not")
                     continue
-                if url != f"{BLOB_PREFIX}{digest}" or not size.isdigit():
+                if url != f"{BLOB_PREFIX}{digest}" or not _COUNT.fullmatch(size):
                     self.problem("fetch.txt", f"does not fetch {name} by its digest and size")
                     continue
                 if (self.top / name).exists():
@@ -390,6 +397,21 @@ class FixityChecks(Bag):
         ]
         beside = f", {hole_count} of them beside the archive" if hole_count else ""
         return f"{count:,} files, {size:,} bytes, each as the manifest says{beside}"
+
+    def utf8_tags(self) -> None:
+        """bagit.txt names UTF-8 as its tag files' encoding, as `runner export` writes it:
+        bagit.py opens every tag file with the codec named there, and one that is no text
+        encoding (rot13), or two named, raises TypeError from inside it."""
+        raw = self.read("bagit.txt", 64 * 1024) or b""
+        named = _ENCODING.findall(raw)  # once: bagit.py makes two values a list, no codec
+        said = ", ".join(n.decode("ascii", "replace").strip() for n in named) or "none"
+        if len(named) != 1 or said.lower().replace("_", "-") not in ("utf-8", "utf8"):
+            self.problem(
+                "bagit.txt",
+                f"names {said[:64]!r} as Tag-File-Character-Encoding; a bundle's tag files "
+                "are UTF-8 (what `runner export` writes)",
+            )
+            raise Stop
 
     def blob(self, name: str, digest: str, size: int) -> None:
         """A payload file stored beside the archive: present, regular, of its size and digest."""
