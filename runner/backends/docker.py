@@ -108,7 +108,9 @@ class _DeadlineSocket(socket.socket):
     """A socket whose receives share one deadline (``time.monotonic()``; None: none), each
     also bounded by the timeout it was given: an engine that trickles its answer, a byte
     within every receive's timeout, is cut off at the call's limit all the same (a watch
-    loop held in one call could not stop a job at its budget's end)."""
+    loop held in one call could not stop a job at its budget's end). It bounds the whole
+    exchange, the status line and headers too, on a Unix socket; :func:`_read_within` bounds
+    an answer's body on every transport."""
 
     __slots__ = ("deadline", "per_receive")
     deadline: float | None
