@@ -28,6 +28,8 @@ NODES = ("rnode1", "rnode2")
 CONF = "/etc/slurm-nodes/slurm.conf"
 SLURM = {**os.environ, "SLURM_CONF": CONF}
 """The environment of this file's Slurm commands: the two-node cluster's controller."""
+_SUBMITTED: list[str] = []
+"""The Slurm jobs the running test submitted (the ``shared`` fixture cancels them at its end)."""
 SHARED = Path(os.environ.get("RUNNER_NODES_SHARED", "/var/lib/runner-nodes/shared"))
 TOY_RUN = (
     "python3 /job/input/repository/evaluate.py --checkpoint /job/input/repository/checkpoint.json"
@@ -65,6 +67,10 @@ def shared(request: pytest.FixtureRequest) -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "config").mkdir(parents=True)
     yield folder
+    # A test that failed midway leaves no job of its own queued or running on the cluster.
+    for slurm_job in _SUBMITTED:
+        subprocess.run(["scancel", slurm_job], capture_output=True, check=False, env=SLURM)
+    _SUBMITTED.clear()
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -80,6 +86,7 @@ def submit(shared: Path, *contracts: Path, extra: tuple[str, ...] = ()) -> list[
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     records: list[dict[str, Any]] = json.loads(proc.stdout)
+    _SUBMITTED.extend(record["slurmJobId"] for record in records)
     return records
 
 
@@ -232,6 +239,74 @@ def test_a_lost_node_requeues_the_job_to_the_other_node_within_one_budget(
     assert budget["consumedSeconds"] == pytest.approx(sum(a["seconds"] for a in attempts), abs=0.01)
     assert attempts[1]["seconds"] >= 45 and budget["consumedSeconds"] <= budget["limitSeconds"]
     assert int(scontrol(slurm_job)["Restarts"]) >= 1
+    verify = run_cli(
+        "ledger", "verify", job, "--state-dir", str(shared / "state"), env=_env(shared)
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def _on_node(node: str, *command: str) -> subprocess.CompletedProcess[str]:
+    """A command inside a node's container, with the cluster's slurm.conf."""
+    return docker("exec", "-e", f"SLURM_CONF={CONF}", node, *command)
+
+
+def test_the_epilog_on_a_node_stops_the_orphan_and_the_other_node_continues_the_budget(
+    nodes: tuple[str, ...], image_id: str, shared: Path
+) -> None:
+    """The batch step's runner is SIGKILLed on its node (the node lives on): that node's Epilog
+    (scripts/slurm-epilog.sh, run by its slurmd, its `docker` and runner at the host's paths)
+    stops the container left on the engine and records attempt 1 `orphan-stopped` with that
+    node's name; the job requeued and kept off that node runs attempt 2 on the other within the
+    same budget, attempt 1's container ended before attempt 2's started, and none is left."""
+    job = "two-epilog"
+    [queued] = submit(shared, contract(shared, job, image_id, sleep=15))
+    slurm_job = queued["slurmJobId"]
+    deadline = time.monotonic() + 60
+    while not containers(slurm_job):
+        assert time.monotonic() < deadline, f"no container of {job}: {scontrol(slurm_job)}"
+        time.sleep(0.3)
+    first = scontrol(slurm_job)["NodeList"]
+    assert first in nodes
+    time.sleep(2)
+    pids = _on_node(first, "scontrol", "listpids", slurm_job).stdout.splitlines()[1:]
+    runner_pid = next(line.split()[0] for line in pids if line.split()[2:3] == ["batch"])
+    cmdline = _on_node(first, "cat", f"/proc/{runner_pid}/cmdline").stdout
+    assert "runner" in cmdline, cmdline
+    assert _on_node(first, "sh", "-c", f"kill -KILL {runner_pid}").returncode == 0
+    deadline = time.monotonic() + 60
+    while scontrol(slurm_job)["JobState"] not in {"FAILED", "COMPLETED"}:
+        assert time.monotonic() < deadline, scontrol(slurm_job)
+        time.sleep(0.3)
+    assert containers(slurm_job) == [], "the Epilog on the node stopped what the runner left"
+    (one,) = read_state(ledger_of(shared, job)).attempts
+    assert one.finished is not None and one.finished["how"] == "orphan-stopped", one.finished
+    assert one.starting["host"]["name"] == first
+    # A credential issued in the second the job ended is refused ("Job credential revoked").
+    time.sleep(1.5)
+    other = next(n for n in nodes if n != first)
+    for change in (["requeuehold", slurm_job],
+                   ["update", f"jobid={slurm_job}", f"ExcNodeList={first}", "StartTime=now"],
+                   ["release", slurm_job]):  # fmt: skip
+        done = subprocess.run(["scontrol", *change], capture_output=True, text=True, env=SLURM)
+        assert done.returncode == 0, (change, done.stderr)
+    try:
+        code, [end], err = wait(shared, job)
+    finally:
+        for container in containers(slurm_job, every=True):
+            docker("rm", "-f", container)
+    assert code == 0, (err, end)
+    assert end["status"] == "succeeded"
+    attempts = end["envelope"]["attempts"]
+    assert [(a["attempt"], a["host"], a["how"]) for a in attempts] == [
+        (1, first, "orphan-stopped"), (2, other, "observed")
+    ]  # fmt: skip
+    assert scontrol(slurm_job)["NodeList"] == other
+    kept = shared / "state" / "jobs" / job / "record" / "attempts"
+    states = [json.loads((kept / n / "container-state.json").read_text()) for n in "12"]
+    assert states[0]["FinishedAt"] < states[1]["StartedAt"], "never two containers at once"
+    budget = end["envelope"]["budget"]
+    assert budget["consumedSeconds"] == pytest.approx(sum(a["seconds"] for a in attempts), abs=0.01)
+    assert budget["consumedSeconds"] >= one.seconds + 15
     verify = run_cli(
         "ledger", "verify", job, "--state-dir", str(shared / "state"), env=_env(shared)
     )
