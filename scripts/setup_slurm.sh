@@ -3,7 +3,9 @@
 # slurmctld, slurmd and slurm-client when missing, writes /etc/slurm/slurm.conf, and starts
 # munged, slurmctld and slurmd as root without systemd. A cluster that already answers
 # `sinfo` with this script's configuration is reused. Idempotent. A Slurm that does not
-# come up fails the set-up and prints its logs.
+# come up fails the set-up and prints its logs. Then scripts/setup_slurm_nodes.sh starts the
+# second, two-node cluster (its own slurmctld here, its nodes in containers) for the tests of
+# a job moving between hosts; `scripts/setup_slurm_nodes.sh --down` removes it.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=scripts/lib.sh
@@ -176,3 +178,4 @@ else
   start_daemons
 fi
 log "slurm: ready in $((SECONDS - start))s: $(sinfo -h -o '%P %D %c CPUs %m MB %T')"
+"$here/setup_slurm_nodes.sh"

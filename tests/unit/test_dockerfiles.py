@@ -19,6 +19,7 @@ DOCKERFILES = [
     ROOT / "images" / "agent-scripted" / "Dockerfile",
     ROOT / "images" / "agent-claude" / "Dockerfile",
     ROOT / "images" / "gpu-smoke" / "Dockerfile",
+    ROOT / "images" / "slurm-node" / "Dockerfile",
 ]
 
 
