@@ -300,12 +300,15 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
             raise lease.lost() from None
         raise
     finally:
+        # The container has ended (or was stopped) here: what follows is the runner's own
+        # bookkeeping (the lease thread joined, the stats stream closed), not the job's time.
+        ended = clock.monotonic()
         lease.stop()
         if sampler is not None:
             sampler.stop()
     if lease.fired:
         raise lease.lost()
-    seconds = round(clock.monotonic() - origin, 3)
+    seconds = round(ended - origin, 3)
     return Watched(timed_out, cancelled, seconds, stopped_for, stop, sampler)
 
 
