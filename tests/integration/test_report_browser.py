@@ -217,3 +217,27 @@ def test_the_page_of_a_replayed_job_shows_what_differed_first(
     assert f"{job.name}-replay-1" in section
     assert section.count("identical") >= 2  # the two measurements' values
     assert not session_containers()
+
+
+def test_the_page_of_a_job_that_uses_memory_draws_its_curves_against_the_cap(
+    tmp_path: Path, image_id: str, browser: Any
+) -> None:
+    """A job that holds 64 MiB for three seconds: the engine's stats are sampled (#31), and its
+    page shows the attempt's figures and draws the memory curve under the cap from the
+    attempt's record/attempts/1/resources.json."""
+    hold = (
+        "import time; b = bytearray(64 << 20); b[::4096] = b'x' * (len(b) // 4096); time.sleep(3)"
+    )
+    code, env, err = run_job(
+        write_contract(tmp_path, image_id, command=["python3", "-c", hold]), tmp_path / "state"
+    )
+    assert code in (0, 1), err  # no evidence: missing_evidence, which is beside the point
+    (attempt,) = env["attempts"]
+    assert attempt["resources"]["samples"] >= 2, attempt["resources"]
+    _report(Path(env["jobDir"]), tmp_path / "memory.html")
+    opened = _open(browser, tmp_path / "memory.html")
+    _shown(opened)
+    section = opened.texts["resources"]
+    assert "memoryPeakBytes" in section and "memoryBytes" in section
+    page = (tmp_path / "memory.html").read_text()
+    assert page.count("<polyline") >= 2  # a curve a figure, from the series

@@ -599,3 +599,26 @@ def test_a_jobs_replay_report_is_read_only_as_the_runner_wrote_it(
     monkeypatch.setattr(gather, "REPLAY_CAP", 16)
     said = gather.replay_of(tmp_path)
     assert said is not None and "over 16 bytes" in said["problem"]
+
+
+@pytest.mark.hostile
+def test_an_attempts_series_is_read_only_from_its_own_record_file(tmp_path: Path) -> None:
+    """The envelope names the series' file; the page reads it only as
+    record/attempts/<n>/resources.json below the job, not through a link, and only when it is
+    a resource record: a path elsewhere, a link or another file draws no curve."""
+    from runner.results.report import gather
+
+    folder = tmp_path / "record" / "attempts" / "1"
+    folder.mkdir(parents=True)
+    secret = tmp_path / "secret.json"
+    secret.write_text("{}")
+    env = {"attempts": [{"attempt": 1, "resources": {"samples": 2, "memoryLimitBytes": 10,
+                                                     "series": "../secret.json"}}]}  # fmt: skip
+    (shown,) = gather.resources_of(env, tmp_path)
+    assert "series" not in shown and shown["caps"] == {"memoryBytes": 10}
+    env["attempts"][0]["resources"]["series"] = "record/attempts/1/resources.json"
+    (folder / "resources.json").symlink_to(secret)
+    assert "series" not in gather.resources_of(env, tmp_path)[0]
+    (folder / "resources.json").unlink()
+    (folder / "resources.json").write_text('{"not": "a record"}')
+    assert "series" not in gather.resources_of(env, tmp_path)[0]

@@ -11,6 +11,7 @@ hostile: under a cap, never through a link (:mod:`runner.core.safefs`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from runner.core import safefs
 from runner.core.errors import BundleInvalid, RefusedError, SignatureInvalid
 from runner.models.envelope import ResultEnvelope
 from runner.models.replay import REPORT_FILE, ReplayReport
+from runner.models.resources import ResourceRecord
 from runner.results.report.excerpt import Excerpt, excerpt
 from runner.state import ledger
 from runner.trust.signing import TrustedKey
@@ -30,6 +32,7 @@ __all__ = [
     "ENVELOPE_CAP",
     "EXCERPTS_CAP",
     "REPLAY_CAP",
+    "SERIES_CAP",
     "Check",
     "ReportData",
     "Verification",
@@ -131,15 +134,59 @@ def _attempts(envelope: ResultEnvelope, ledger_path: Path) -> list[dict[str, Any
     ]
 
 
-def resources_of(envelope: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per-attempt resource figures the envelope carries: each attempt record's
-    ``resources`` (a mapping of figures; a ``series`` list of samples), with its number.
+SERIES_CAP = 4 * 1024 * 1024
+"""The most of one attempt's ``record/attempts/<n>/resources.json`` read (256 points fit)."""
+
+_SERIES_PATH = re.compile(r"record/attempts/[0-9]{1,6}/resources\.json")
+_CAPS = {"memoryBytes": "memoryLimitBytes", "pids": "pidsLimit"}
+"""A curve of the series -> the figure that is its cap."""
+
+
+def _series(job: Path, rel: object) -> list[dict[str, Any]] | None:
+    """An attempt's series (``record/attempts/<n>/resources.json`` below ``job``, as the
+    envelope names it) as samples ``{t, cpuSeconds, memoryBytes, ...}``: read without following
+    a link, capped, and only when it is a resource record; None otherwise."""
+    if not isinstance(rel, str) or not _SERIES_PATH.fullmatch(rel):
+        return None
+    folder, _, name = rel.rpartition("/")
+    try:
+        with safefs.open_under(job / folder, name) as f:
+            raw = f.read(SERIES_CAP + 1)
+        if len(raw) > SERIES_CAP:
+            return None
+        series = ResourceRecord.model_validate_json(raw).series
+    except (safefs.UnsafePath, OSError, ValidationError):
+        return None
+    curves: dict[str, list[float | None] | list[int | None]] = {
+        "cpuSeconds": series.cpuSeconds,
+        "memoryBytes": series.memoryBytes,
+        "ioReadBytes": series.ioReadBytes,
+        "ioWriteBytes": series.ioWriteBytes,
+        "pids": series.pids,
+    }
+    return [
+        {"t": t, **{k: v[i] for k, v in curves.items() if i < len(v) and v[i] is not None}}
+        for i, t in enumerate(series.t)
+    ]
+
+
+def resources_of(envelope: Mapping[str, Any], job: Path | None = None) -> list[dict[str, Any]]:
+    """Per-attempt resource figures the envelope carries (``attempts[].resources``), with the
+    attempt's number, its caps (``caps``: each curve's, from the figures) and, when ``job`` is
+    the folder beside the envelope, its time series (``series``: samples with a time ``t``).
     Empty when the envelope records none (the page then leaves the section out)."""
     out = []
     for a in envelope.get("attempts") or []:
         res = a.get("resources") if isinstance(a, Mapping) else None
-        if isinstance(res, Mapping):
-            out.append({"attempt": a.get("attempt"), **res})
+        if not isinstance(res, Mapping):
+            continue
+        figures = {k: v for k, v in res.items() if k != "series"}
+        caps = {curve: res.get(cap) for curve, cap in _CAPS.items() if res.get(cap) is not None}
+        shown: dict[str, Any] = {"attempt": a.get("attempt"), **figures, "caps": caps}
+        samples = _series(job, res.get("series")) if job is not None else None
+        if samples:
+            shown["series"] = samples
+        out.append(shown)
     return out
 
 
@@ -209,7 +256,7 @@ def from_job(
         excerpts=_excerpts(model, root / "output"),
         verification=verification,
         attempts=_attempts(model, root / "record" / "ledger.jsonl"),
-        resources=resources_of(data),
+        resources=resources_of(data, root),
         replay=replay if replay is not None else replay_of(root),
     )
 
@@ -241,6 +288,7 @@ def from_bundle(
         found["envelope"] = data
         found["excerpts"] = _excerpts(model, job / "output", beside)
         found["attempts"] = _attempts(model, job / "record" / "ledger.jsonl")
+        found["resources"] = resources_of(data, job)
 
     report = verify(
         archive,
@@ -271,6 +319,6 @@ def from_bundle(
         excerpts=found["excerpts"],
         verification=verification,
         attempts=found["attempts"],
-        resources=resources_of(found["envelope"]),
+        resources=found["resources"],
         replay=replay,
     )
