@@ -15,6 +15,16 @@ as_root() {
   fi
 }
 
+# install_epilog DEST RUNNER_CMD: scripts/slurm-epilog.sh as DEST (root's, 0755), its RUNNER line
+# set to RUNNER_CMD; replaced whole (a new file moved into place), never half written.
+install_epilog() {
+  local dest="$1" cmd="$2"
+  sed "s|^RUNNER=.*|RUNNER=\"$cmd\"|" "$(dirname "${BASH_SOURCE[0]}")/slurm-epilog.sh" \
+    | as_root tee "$dest.new" >/dev/null
+  as_root chmod 0755 "$dest.new"
+  as_root mv "$dest.new" "$dest"
+}
+
 _APT_UPDATED=0
 # apt_install PKG...: install Debian packages, running 'apt-get update' at most once per
 # process and only when the first install attempt fails (stale or empty package lists).

@@ -107,9 +107,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 EOF
 )"
   as_root mkdir -p "$SLURM_ETC" "$SLURM_STATE" "$SLURMD_SPOOL" "$SLURM_LOGS"
-  sed "s|^RUNNER=.*|RUNNER=\"$RUNNER_CMD\"|" "$here/slurm-epilog.sh" | as_root tee "$SLURM_EPILOG.new" >/dev/null
-  as_root chmod 0755 "$SLURM_EPILOG.new"
-  as_root mv "$SLURM_EPILOG.new" "$SLURM_EPILOG"
+  install_epilog "$SLURM_EPILOG" "$RUNNER_CMD"
   if [ -f "$SLURM_CONF" ] && [ "$(cat "$SLURM_CONF")" = "$want" ]; then
     return 1
   fi

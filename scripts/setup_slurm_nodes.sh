@@ -119,9 +119,7 @@ PartitionName=two Nodes=rnode1,rnode2 Default=YES MaxTime=INFINITE State=UP
 EOF
 )"
   as_root mkdir -p "$ETC" "$CTLD_STATE" "$LOGS"
-  sed "s|^RUNNER=.*|RUNNER=\"$RUNNER_CMD\"|" "$here/slurm-epilog.sh" | as_root tee "$ETC/runner-epilog.sh.new" >/dev/null
-  as_root chmod 0755 "$ETC/runner-epilog.sh.new"
-  as_root mv "$ETC/runner-epilog.sh.new" "$ETC/runner-epilog.sh"
+  install_epilog "$ETC/runner-epilog.sh" "$RUNNER_CMD"
   if [ -f "$CONF" ] && [ "$(cat "$CONF")" = "$want" ]; then
     return 1
   fi

@@ -66,3 +66,37 @@ def test_a_killed_child_whose_job_a_runner_here_owns_waits_for_its_end(
     assert code == 137
     assert virtual_clock.sleeps == [step.POLL_SECONDS] * 5, "one look a second, until it ended"
     assert "this batch step stays until it ends" in capsys.readouterr().err
+
+
+def test_the_child_dies_with_a_step_killed_outright(tmp_path: Path) -> None:
+    """A step SIGKILLed (Slurm's KillWait ran out) takes its `runner run` with it: before, the
+    child lived on outside the allocation, out of Slurm's sight, and the Epilog took it for a
+    live owner and left its container running (the two-node Epilog test found it)."""
+    import os
+    import subprocess
+    import time
+
+    code = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+    stepped = subprocess.Popen(
+        [sys.executable, "-m", "runner.scheduling.slurm.step", "--state-dir", str(tmp_path),
+         "--job-id", "j", "--", sys.executable, "-c", code],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert stepped.stdout is not None
+    child = int(stepped.stdout.readline())
+    stepped.kill()
+    stepped.wait()
+    deadline = time.monotonic() + 30  # the kernel's signal: at once; 30 s for a loaded host
+    while True:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        try:  # a zombie not yet reaped by init is gone too
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        assert time.monotonic() < deadline, "the step's child outlived it"
+        time.sleep(0.05)

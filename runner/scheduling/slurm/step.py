@@ -20,7 +20,10 @@ stopped the client's). It exits with the child's code; after a dead child, 0 whe
 ledger says it finished and ``128 + signal`` otherwise.
 
 A child that exits by itself is never waited after (a JobBusy refusal because another runner
-holds the job is that runner's business, not this step's).
+holds the job is that runner's business, not this step's). The child dies with the step
+(``PR_SET_PDEATHSIG``, SIGKILL): a step killed outright (SIGKILL at the end of Slurm's
+KillWait) leaves no `runner run` behind outside the allocation, where Slurm's process tracking
+no longer sees it and the Epilog would take it for a live owner and leave its container.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -48,6 +52,23 @@ not taken it when it saw its client go cancels the job: runner.app.server)."""
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
+def _dies_with(parent: int) -> Callable[[], None]:
+    """For the child, between fork and exec: SIGKILL when ``parent`` (this step) dies, and
+    an exit at once when it died already (before the request took)."""
+
+    def arm() -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+            os._exit(137)
+
+    return arm
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.scheduling.slurm.step")
     parser.add_argument("--state-dir", required=True)
@@ -58,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("the command to run comes after --")
     job = StateDir(Path(args.state_dir)).job(args.job_id)
-    child = subprocess.Popen(command)
+    child = subprocess.Popen(command, preexec_fn=_dies_with(os.getpid()))
     target: list[int] = [child.pid]  # who gets a signal passed on: the child, then the owner
 
     def forward(signum: int, frame: FrameType | None) -> None:
