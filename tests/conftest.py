@@ -92,6 +92,10 @@ _MISSING = pytest.StashKey[str]()
 """Why a collected test is skipped: the component it is marked for is missing here."""
 _ENGINE_TESTS = pytest.StashKey[bool]()
 """Whether the session collected a test marked ``docker``."""
+LONGEST_FILES = ("test_slurm_two_nodes.py",)
+"""Measured the longest file of all (about 6 min on one worker: a lost node's two leases):
+first of the slow ones."""
+
 _ENGINE_MISSING = pytest.StashKey[bool]()
 """Whether its ``docker`` tests are skipped: the engine or its job image is missing (not CI)."""
 
@@ -99,7 +103,16 @@ _ENGINE_MISSING = pytest.StashKey[bool]()
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Locally (CI unset), the tests of a missing component are skipped, and one line per
     component says why. Under CI nothing is skipped: their fixtures fail, as they always did.
-    Each component is probed once, and only when a collected test needs it."""
+    Each component is probed once, and only when a collected test needs it.
+
+    The files that hold a ``slow`` test come first (each file's tests stay together and in
+    order): under ``--dist loadfile`` a worker takes a file at a time in this order, so the
+    longest (the lost Slurm node's two leases, the GiB parsers) start at once instead of last,
+    which had left three workers idle while one ran them."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(  # stable: files stay whole
+        key=lambda item: (item.path.name not in LONGEST_FILES, item.path not in slow_files)
+    )
     config.stash[_ENGINE_TESTS] = any(item.get_closest_marker("docker") for item in items)
     if _under_ci():
         return
