@@ -184,9 +184,9 @@ def test_cancel_records_the_attempt_cancelled_from_its_start_to_the_deletion(
     staged: Staged, server: ApiServer, virtual_clock: VirtualClock, capsys: Any
 ) -> None:
     """`runner job cancel` of a running Job: its pod (started 5 s after the submit) is read
-    before the delete, and the attempt is charged to when the Job was seen gone (60 s after
-    the submit): 55 s, ``endFrom: observed``; a status afterwards (the Job gone) appends
-    nothing."""
+    before the delete, and the attempt is charged from the submit (no end from the API: its
+    start alone is not believed) to when the Job was seen gone (60 s after the submit): 60 s,
+    ``endFrom: observed``; a status afterwards (the Job gone) appends nothing."""
     out = staged.submit()
     t0 = virtual_clock.now()
     running = {"phase": "Running", "startTime": iso(t0 + timedelta(seconds=5)),
@@ -198,7 +198,7 @@ def test_cancel_records_the_attempt_cancelled_from_its_start_to_the_deletion(
     assert dispatch(["job", "cancel", staged.job_id, "--state-dir", str(staged.state)]) == 0
     (fin,) = staged.finished()
     assert fin["classification"] == "cancelled" and fin["how"] == "kubernetes-cancelled"
-    assert fin["seconds"] == pytest.approx(55.0) and fin["endFrom"] == "observed"
+    assert fin["seconds"] == pytest.approx(60.0) and fin["endFrom"] == "observed"
     assert "had not terminated" in fin["because"]
     assert server.objects == {}
     before = staged.job.ledger.read_bytes()
@@ -352,10 +352,11 @@ def at(seconds: float) -> str:
         (at(0), at(0), at(500), 500.0, "api", "api"),
         # zero seconds claimed: charged 1 s
         (at(50), at(50), at(50), 1.0, "api", "api"),
-        # negative: finishedAt before startedAt: the end is the observation
-        (at(100), at(100), at(40), 400.0, "api", "observed"),
+        # negative: finishedAt before startedAt: the end is the observation, and with no end
+        # the API gives, its start alone is not believed: from the submit (the wall time)
+        (at(100), at(100), at(40), 500.0, "submitted", "observed"),
         # in the future (a day): the end is the observation
-        (at(10), at(10), at(86_400), 490.0, "api", "observed"),
+        (at(10), at(10), at(86_400), 500.0, "submitted", "observed"),
         # absurd: before the submit, year 9999: the runner's bounds (the wall time)
         (
             "1970-01-01T00:00:00Z",
@@ -369,13 +370,15 @@ def at(seconds: float) -> str:
         (at(-20), at(-20), at(30), 31.0, "api", "api"),
         # malformed: not RFC 3339 (no zone, a space, a number, a date alone, out of range)
         ("2026-12-01 10:00:10", "yesterday", 12345, 500.0, "submitted", "observed"),
-        (at(10), "2026-12-01", "2026-12-01T10:01:99Z", 490.0, "api", "observed"),
-        (at(10), at(10), at(20) + "\n", 490.0, "api", "observed"),
-        (at(10), at(10), "2026-12-01T10:00:20.5+25:00", 490.0, "api", "observed"),
+        (at(10), "2026-12-01", "2026-12-01T10:01:99Z", 500.0, "submitted", "observed"),
+        (at(10), at(10), at(20) + "\n", 500.0, "submitted", "observed"),
+        (at(10), at(10), "2026-12-01T10:00:20.5+25:00", 500.0, "submitted", "observed"),
         # missing finishedAt on a terminated container: to the observation
-        (at(10), at(10), _ABSENT, 490.0, "api", "observed"),
+        (at(10), at(10), _ABSENT, 500.0, "submitted", "observed"),
         # no times at all
         (None, None, None, 500.0, "submitted", "observed"),
+        # a late start alone (5 s before the observation) and no end: from the submit, not 5 s
+        (at(495), at(495), _ABSENT, 500.0, "submitted", "observed"),
     ],
 )
 def test_hostile_pod_times_never_lift_the_budget(
@@ -494,7 +497,7 @@ def test_a_gone_job_is_recorded_only_when_it_is_gone_under_the_lock_and_its_pod_
 def test_with_no_pod_left_the_jobs_own_times_count() -> None:
     """The Job there, its pods gone (a TTL or a hand deleted them): its status.startTime and
     completionTime count by the same rule (61 s); a completionTime in the future does not (the
-    end is the observation)."""
+    end is the observation, and then the start the submit: 500 s)."""
     job = {"status": {"startTime": at(10), "completionTime": at(70)}}
     got = attempts.charge(submitted_at=T0, observed_at=T0 + timedelta(seconds=500), pods=[],
                           job=job, deadline=900)  # fmt: skip
@@ -502,5 +505,5 @@ def test_with_no_pod_left_the_jobs_own_times_count() -> None:
     job["status"]["completionTime"] = at(10_000)
     got = attempts.charge(submitted_at=T0, observed_at=T0 + timedelta(seconds=500), pods=[],
                           job=job, deadline=900)  # fmt: skip
-    assert (got.seconds, got.end_from) == (490.0, "observed")
+    assert (got.seconds, got.start_from, got.end_from) == (500.0, "submitted", "observed")
     assert got.why is not None and got.why.startswith("no pod of the Job")

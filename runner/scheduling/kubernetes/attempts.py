@@ -20,7 +20,8 @@ The charging rule (:func:`charge`), with every time from the API server treated 
 - the end is the container's ``state.terminated.finishedAt`` when it counts and is not before
   the start; otherwise (missing, malformed, in the future, before the start, a container not
   terminated, a pod deleted) the moment the runner observed the end, and the record says so
-  (``endFrom: observed`` with the reason);
+  (``endFrom: observed`` with the reason), and then the start is the submit too (an API start
+  alone is not believed: a late one would charge a whole deadline's run about nothing);
 - from two API times, one second is added (Kubernetes writes whole seconds, cut down), so a
   pod that claims 0 s is charged 1 s; the charge is never negative and never more than the wall
   time from ``attempt.starting`` to the observation;
@@ -208,6 +209,9 @@ def charge(
         end, end_from, why = max(ends), "api", None
         seconds = (end - start).total_seconds() + (1.0 if start_from == "api" else 0.0)
     else:
+        # No end the API gives: its start alone is not believed either (a late startTime
+        # would charge an attempt that ran its whole deadline about nothing): from the submit.
+        start, start_from = submitted_at, "submitted"
         end, end_from = observed_at, "observed"
         seconds = (end - start).total_seconds()
     seconds = min(max(seconds, 0.0), wall)
