@@ -166,6 +166,24 @@ def host_run_options(
     )
 
 
+LEASE_MIN_SECONDS = 10.0
+"""The shortest ``--lease`` a host may choose."""
+
+
+def checked_lease(lease: float | None, heartbeat: float) -> float | None:
+    """``--lease`` as given (None: the default), refused (exit 2) when under three heartbeats
+    or :data:`LEASE_MIN_SECONDS`: the runner would take its own slow moment for a lost lease."""
+    if lease is None:
+        return None
+    least = max(3 * heartbeat, LEASE_MIN_SECONDS)
+    if not lease >= least:  # NaN too
+        usage(
+            f"--lease {lease:g}: at least three heartbeats (--heartbeat {heartbeat:g}) and "
+            f"{LEASE_MIN_SECONDS:g} s, so at least {least:g}"
+        )
+    return lease
+
+
 def usage(message: str) -> NoReturn:
     """A command-line mistake: say so and exit 2, as argparse does."""
     print(f"runner: error: {message}", file=sys.stderr)

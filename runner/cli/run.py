@@ -16,6 +16,7 @@ from runner.cli._common import (
     HumanProgress,
     NotesOnly,
     batch_exit,
+    checked_lease,
     envelope_exit,
     host_options,
     host_run_options,
@@ -120,6 +121,15 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         help="seconds between SIGTERM and SIGKILL when stopping the job (default 5)",
     )
     run.add_argument(
+        "--lease",
+        type=float,
+        metavar="SECONDS",
+        help="how long this runner may go without writing a heartbeat before it removes its "
+        "own container, and, after two of them, another host may take the job over (default "
+        "three heartbeats and at least 120; at least three heartbeats and 10 s): shorter "
+        "takes a lost host's job over sooner, and takes a slow moment for a lost host sooner",
+    )
+    run.add_argument(
         "--no-resource-sampling",
         dest="resource_sampling",
         action="store_false",
@@ -159,6 +169,7 @@ def _run_options(
         rerun=args.rerun,
         bundle=Path(args.bundle) if args.bundle else None,
         resource_sampling=args.resource_sampling,
+        lease=checked_lease(args.lease, args.heartbeat),
     )
 
 

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.app import host
-from runner.cli._common import EXIT_SUCCEEDED, HOST_HELP, host_options, load_host, usage
+from runner.cli._common import (
+    EXIT_SUCCEEDED,
+    HOST_HELP,
+    checked_lease,
+    host_options,
+    load_host,
+    usage,
+)
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
@@ -129,6 +136,13 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         help="as `runner run --stop-grace` (default 5); must fit Slurm's KillWait",
     )
     p.add_argument(
+        "--lease",
+        type=float,
+        metavar="SECONDS",
+        help="as `runner run --lease` (default: its default): how long before another node "
+        "may take a lost node's job over (two leases)",
+    )
+    p.add_argument(
         "--label",
         action="append",
         default=[],
@@ -143,6 +157,8 @@ def register(sub: Subparsers, name: str, help: str) -> None:
 def _run_args(args: argparse.Namespace) -> list[str]:
     """The host options `runner run` on the node gets, as given here (paths made absolute)."""
     out = ["--stop-grace", f"{args.stop_grace:g}"]
+    if args.lease is not None:  # the node's runner heartbeats at its default
+        out += ["--lease", f"{checked_lease(args.lease, 5.0):g}"]
     if args.policy:
         out += ["--policy", str(Path(args.policy).resolve())]
     if args.trusted_keys:

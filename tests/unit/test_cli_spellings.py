@@ -249,3 +249,16 @@ def test_dispatch_imports_only_the_module_of_the_command_given() -> None:
     listing, one = proc.stdout.splitlines()
     assert listing == "['runner.cli._common']"
     assert one == "['runner.cli._common', 'runner.cli.bundle']"
+
+
+def test_a_lease_shorter_than_three_heartbeats_or_ten_seconds_is_refused_naming_both() -> None:
+    """`runner run --lease` and `runner cluster submit --lease` (which passes it to the node's
+    runner): a lease the runner would take its own slow moment for is a usage error."""
+    from runner.cli._common import checked_lease
+
+    assert checked_lease(None, 5.0) is None
+    assert checked_lease(15.0, 5.0) == 15.0
+    for lease, heartbeat in ((14.9, 5.0), (9.0, 1.0), (float("nan"), 5.0)):
+        with pytest.raises(SystemExit) as exc:
+            checked_lease(lease, heartbeat)
+        assert exc.value.code == 2
