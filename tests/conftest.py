@@ -93,7 +93,7 @@ _MISSING = pytest.StashKey[str]()
 _ENGINE_TESTS = pytest.StashKey[bool]()
 """Whether the session collected a test marked ``docker``."""
 LONGEST_FILES = ("test_slurm_two_nodes.py",)
-"""Measured the longest file of all (about 6 min on one worker: a lost node's two leases):
+"""Measured among the longest files (about 2 min on one worker: a lost node requeued):
 first of the slow ones."""
 
 _ENGINE_MISSING = pytest.StashKey[bool]()
