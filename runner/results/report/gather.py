@@ -114,10 +114,11 @@ def _envelope(root: Path, rel: str) -> tuple[ResultEnvelope, dict[str, Any]]:
 
 def _attempts(envelope: ResultEnvelope, ledger_path: Path) -> list[dict[str, Any]]:
     started: dict[int, str] = {}
-    try:
-        st = safefs.lstat_under(ledger_path.parent, ledger_path.name)
-        if st.st_size <= LEDGER_CAP:
-            for a in ledger.read_state(ledger_path).attempts:
+    try:  # a regular file, no link followed (not one to /dev/zero, nor a FIFO), capped
+        with safefs.open_under(ledger_path.parent, ledger_path.name) as f:
+            raw = f.read(LEDGER_CAP + 1)
+        if len(raw) <= LEDGER_CAP:
+            for a in ledger.state_of(raw).attempts:
                 started[a.number] = a.starting_at.isoformat()
     except (safefs.UnsafePath, OSError, ValueError):
         pass
