@@ -36,3 +36,63 @@ def test_the_reports_ledger_is_read_without_following_a_link(
     ledger.unlink()
     os.mkfifo(ledger)  # no writer: an open that blocks would hang here
     assert report.from_job(job, _own_keys()).attempts[0]["startedAt"] is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="takes another user's uid (root only)")
+def test_another_local_user_cannot_hold_a_jobs_lock() -> None:
+    """record/lock was made 0666 less the umask (0644): any local user could open it read-only
+    and flock it (flock needs no write access), and hold it for as long as they liked: every
+    runner of the job refused (JobBusy), and the Slurm Epilog's `runner cleanup --orphans`
+    reading the lock as held by a runner owner.json does not name ("a runner is watching it")
+    left a killed runner's container running. The job's lock is now its owner's alone (0600,
+    made so when found otherwise)."""
+    import fcntl
+    import tempfile
+
+    from runner.core.errors import JobBusy
+    from runner.execution.sweeper import runner_alive
+    from runner.state.jobdir import JobDir
+
+    top = Path(tempfile.mkdtemp())
+    try:
+        top.chmod(0o755)  # a state folder other users may pass through, as a home's often is
+        job = JobDir(top / "jobs" / "j")
+        job.record.mkdir(parents=True)
+        job.record.chmod(0o755)
+        with job.locked():
+            pass
+        ready_r, ready_w = os.pipe()
+        done_r, done_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the other user: nobody
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                fd = os.open(job.lock, os.O_RDONLY | os.O_NOFOLLOW)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                code = 0
+            except OSError:
+                code = 3
+            finally:
+                os.write(ready_w, bytes([code]))
+                os.read(done_r, 1)
+                os._exit(code)
+        try:
+            got = os.read(ready_r, 1)[0]
+            held = runner_alive(job.root)
+            busy = False
+            try:
+                with job.locked():
+                    pass
+            except JobBusy:
+                busy = True
+        finally:
+            os.write(done_w, b"x")
+            os.waitpid(pid, 0)
+        assert got == 3, "another user opened and locked the job's lock"
+        assert not held and not busy
+    finally:
+        import shutil as _shutil
+
+        _shutil.rmtree(top)
