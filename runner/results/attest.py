@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.core import jsondepth
+from runner.core import jsondepth, safefs
 from runner.core.errors import SignatureInvalid
 from runner.models.envelope import ResultEnvelope
 from runner.trust import signing
@@ -368,8 +368,12 @@ class Verified:
 def _statement(
     path: Path, trusted: list[signing.TrustedKey]
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    try:
-        dsse = jsondepth.loads(path.read_bytes())
+    try:  # a file of a job folder anyone may have made: a regular file, capped
+        dsse = jsondepth.loads(safefs.read_named(path, MAX_BYTES))
+    except safefs.UnsafePath as exc:
+        raise SignatureInvalid(
+            f"{path} is not a readable signed result: it {exc.problem}"
+        ) from None
     except (OSError, ValueError) as exc:
         raise SignatureInvalid(f"{path} is not a readable signed result: {exc}") from exc
     if not isinstance(dsse, dict):
@@ -409,7 +413,10 @@ def verify_result(
     notes: list[str] = []
     statements: list[tuple[Path, str]] = []
     envelope: dict[str, Any] | None = None
-    written = loc.envelope.read_bytes() if loc.envelope else None
+    try:
+        written = safefs.read_named(loc.envelope, MAX_BYTES) if loc.envelope else None
+    except (safefs.UnsafePath, OSError) as exc:
+        raise SignatureInvalid(f"{loc.envelope} is not a readable envelope: {exc}") from None
     prov: dict[str, Any] | None = None
     try:
         if loc.provenance is not None:

@@ -39,6 +39,51 @@ def test_the_reports_ledger_is_read_without_following_a_link(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="takes another user's uid (root only)")
+def test_a_job_folders_signed_statements_are_read_under_a_cap(
+    tmp_path: Path, fake: FakeBackend
+) -> None:
+    """`runner report JOB` and `runner verify result JOB` read result.envelope.intoto.json
+    (and verify result also result.json) whole (Path.read_bytes after is_file): a crafted job
+    folder with a sparse 16 GiB file there (no disk used) took 16 GiB of memory (MemoryError
+    under a 1.5 GiB address-space limit; without one, what the host has). They are read under
+    the envelope's cap now (a FIFO or device refused unopened), and the result does not
+    verify."""
+    import subprocess
+    import sys
+
+    job = _job(tmp_path, fake)
+    with (job / "result.envelope.intoto.json").open("r+b") as f:
+        f.truncate(16 * 1024**3)
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29))\n"
+        "from pathlib import Path\n"
+        "from runner.cli._common import own_runner_keys\n"
+        "from runner.results import report\n"
+        "data = report.from_job(Path(sys.argv[1]), own_runner_keys())\n"
+        "assert not data.verification.valid, data.verification\n"
+        "print(data.verification.summary)\n"
+        "from runner.core.errors import SignatureInvalid\n"
+        "from runner.results import attest\n"
+        "with open(Path(sys.argv[1]) / 'result.json', 'r+b') as f:\n"
+        "    f.truncate(16 * 1024**3)\n"
+        "try:\n"
+        "    attest.verify_result(Path(sys.argv[1]), own_runner_keys())\n"
+        "except SignatureInvalid as exc:\n"
+        "    print(exc.message)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(job)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("larger than") == 2, proc.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="takes another user's uid (root only)")
 def test_another_local_user_cannot_hold_a_jobs_lock() -> None:
     """record/lock was made 0666 less the umask (0644): any local user could open it read-only
     and flock it (flock needs no write access), and hold it for as long as they liked: every
