@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,6 @@ def test_the_reports_ledger_is_read_without_following_a_link(
     assert report.from_job(job, _own_keys()).attempts[0]["startedAt"] is None
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="takes another user's uid (root only)")
 def test_a_job_folders_signed_statements_are_read_under_a_cap(
     tmp_path: Path, fake: FakeBackend
 ) -> None:
@@ -81,6 +81,49 @@ def test_a_job_folders_signed_statements_are_read_under_a_cap(
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("larger than") == 2, proc.stdout
+
+
+def test_a_replays_original_ledger_is_read_under_a_cap(tmp_path: Path, virtual_clock: Any) -> None:
+    """`runner replay FOLDER` read the folder's record/ledger.jsonl whole (is_file, then
+    read_bytes): a crafted folder with a sparse 16 GiB ledger took 16 GiB of memory
+    (MemoryError under a 1.5 GiB address-space limit), and a link there was followed. It is
+    read as the rest of the folder now: a regular file, no link followed, capped; over the cap
+    the replay is refused."""
+    import subprocess
+    import sys
+
+    from runner.backends.fake import FakeBackend, FakeJob
+    from tests.unit.test_replay import _original, _writer
+
+    fake = FakeBackend(jobs=FakeJob(work=_writer(lambda: '{"accuracy": 0.819}\n')))
+    root, options = _original(tmp_path, fake)
+    with (root / "record" / "ledger.jsonl").open("r+b") as f:
+        f.truncate(16 * 1024**3)
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29))\n"
+        "from pathlib import Path\n"
+        "from runner.app import replay\n"
+        "from runner.contract import Trust\n"
+        "from runner.core.errors import RefusedError\n"
+        "from runner.execution.options import RunOptions\n"
+        "from runner.planning import policy\n"
+        "pol = policy.LoadedPolicy(policy.HostPolicy(acceptUnsigned=True).resolved(), 't')\n"
+        "opts = RunOptions(state_dir=Path(sys.argv[2]), policy=pol, trust=Trust(keys=[]))\n"
+        "try:\n"
+        "    replay.original(Path(sys.argv[1]), opts)\n"
+        "except RefusedError as exc:\n"
+        "    print('refused:', exc.message)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(root), str(options.state_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("refused:"), proc.stdout
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="takes another user's uid (root only)")
