@@ -184,3 +184,42 @@ def test_another_local_user_cannot_hold_a_jobs_lock() -> None:
         import shutil as _shutil
 
         _shutil.rmtree(top)
+
+
+def test_the_reports_series_are_read_for_as_many_attempts_and_points_as_are_drawn(
+    tmp_path: Path,
+) -> None:
+    """The page draws the series of at most ROWS_CAP attempts and 2,000 points of each, but
+    every attempt the envelope names had its series read, validated and kept whole: an
+    envelope of a thousand attempts naming one 4 MiB record (a few hundred thousand points)
+    read it a thousand times and kept every point each time. Now only as many are read, and
+    kept, as the page draws."""
+    from runner.models.resources import AttemptResources, ResourceRecord, ResourceSeries
+    from runner.results.report import gather
+    from runner.results.report.markup import ROWS_CAP
+
+    base: dict[str, object] = dict.fromkeys(AttemptResources.model_fields, None)
+    base.update(engine="docker", runtime="runc", samples=1, gpus=[])
+    points = 3000
+    series = ResourceSeries(
+        intervalSeconds=1.0,
+        maxPoints=256,
+        t=[float(i) for i in range(points)],
+        cpuSeconds=[float(i) for i in range(points)],
+        memoryBytes=[i for i in range(points)],
+        ioReadBytes=[None] * points,
+        ioWriteBytes=[None] * points,
+        pids=[None] * points,
+    )
+    figures = AttemptResources.model_validate(base)
+    record = ResourceRecord(attempt=1, figures=figures, series=series)
+    folder = tmp_path / "record" / "attempts" / "1"
+    folder.mkdir(parents=True)
+    (folder / "resources.json").write_text(record.model_dump_json())
+    res = {"samples": 1, "series": "record/attempts/1/resources.json"}
+    env = {"attempts": [{"attempt": n, "resources": res} for n in range(1, 5 * ROWS_CAP + 1)]}
+    shown = gather.resources_of(env, tmp_path)
+    drawn = [s["series"] for s in shown if "series" in s]
+    assert len(shown) == 5 * ROWS_CAP  # every attempt's figures are listed
+    assert len(drawn) == ROWS_CAP, len(drawn)
+    assert all(len(d) == gather.SERIES_POINTS_CAP for d in drawn)
