@@ -41,7 +41,7 @@ from runner.models.envelope import ResultEnvelope
 from runner.models.replay import REPORT_FILE, ReplayLink, ReplayReport, ReplayRun
 from runner.results import replay as compare
 from runner.state.jobdir import JobDir, atomic_write
-from runner.state.ledger import read_state
+from runner.state.ledger import state_of
 
 __all__ = [
     "MAX_TIMES",
@@ -57,6 +57,8 @@ MAX_TIMES = 20
 LINK = "replay-of.json"
 """A replay's link to its original, in the replay's ``record/``."""
 MAX_ENVELOPE_BYTES = 64 * 1024 * 1024
+MAX_LEDGER_BYTES = 256 * 1024 * 1024
+"""The most of the original's ledger read (a heartbeat every 5 s for months fits)."""
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,11 @@ def original(root: Path, options: RunOptions) -> Original:
             f"{job.envelope} records no contract: the run was refused before it had a job",
             "replay a job that ran (its envelope names its contract and job id)",
         )
-    try:
-        state = read_state(job.ledger) if job.ledger.is_file() else None
-    except OSError:
+    try:  # as hostile as the rest of the folder: a regular file, no link followed, capped
+        with safefs.open_under(job.record, job.ledger.name) as f:
+            data = f.read(MAX_LEDGER_BYTES + 1)
+        state = state_of(data) if len(data) <= MAX_LEDGER_BYTES else None
+    except (safefs.UnsafePath, OSError):
         state = None
     accepted = (state.accepted or {}).get("contractDigest") if state else None
     if accepted != digest:

@@ -24,6 +24,7 @@ __all__ = [
     "is_held",
     "open_lock_file",
     "open_own_lock_file",
+    "open_private_lock_file",
     "release",
     "share",
     "try_lock",
@@ -44,15 +45,34 @@ def open_own_lock_file(path: Path) -> int:
     """:func:`open_lock_file` that never follows a link at ``path``: a link found there
     (planted by someone who can write the folder) is removed and the runner's own file made
     in its place, so no file is created or locked where the link leads."""
+    return _open_own(path, 0o666)
+
+
+def open_private_lock_file(path: Path) -> int:
+    """:func:`open_own_lock_file` of a lock no other user may hold: made ``0600``, and made so
+    when found readable by others (flock needs only a descriptor open for reading, so a lock
+    file others can read is one any local user can hold for as long as they like)."""
+    fd = _open_own(path, 0o600)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_own(path: Path, mode: int) -> int:
     for _ in range(3):
         try:
-            return open_lock_file(path, follow_links=False)
+            return open_lock_file(path, mode=mode, follow_links=False)
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-    return open_lock_file(path, follow_links=False)
+    return open_lock_file(path, mode=mode, follow_links=False)
 
 
 def share(fd: int) -> None:

@@ -1,5 +1,8 @@
 """A result anyone can verify: two signed in-toto statements beside ``result.json``.
 
+Long on purpose: what is signed and how it is checked again (every file read as hostile,
+capped) stay side by side, so that the two never drift apart.
+
 After writing ``result.json`` the runner signs two in-toto Statements v1, each in its own DSSE
 envelope (one statement per file, as every DSSE reader takes it), with its own Ed25519 key
 (made on first use):
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.core import jsondepth
+from runner.core import jsondepth, safefs
 from runner.core.errors import SignatureInvalid
 from runner.models.envelope import ResultEnvelope
 from runner.trust import signing
@@ -368,9 +371,9 @@ class Verified:
 def _statement(
     path: Path, trusted: list[signing.TrustedKey]
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    try:
-        dsse = jsondepth.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+    try:  # a file of a job folder anyone may have made: a regular file, capped
+        dsse = jsondepth.loads(safefs.read_named(path, MAX_BYTES))
+    except (safefs.UnsafePath, OSError, ValueError) as exc:
         raise SignatureInvalid(f"{path} is not a readable signed result: {exc}") from exc
     if not isinstance(dsse, dict):
         raise SignatureInvalid(f"{path} is not a DSSE envelope")
@@ -382,6 +385,13 @@ def _statement(
     if not isinstance(stmt, dict) or stmt.get("_type") != STATEMENT_TYPE:
         raise SignatureInvalid(f"{path} is not an in-toto Statement v1")
     return stmt, verified.keyids
+
+
+def _envelope_bytes(path: Path) -> bytes:
+    try:  # as capped as the statements (a sparse 16 GiB one is refused, not read)
+        return safefs.read_named(path, MAX_BYTES)
+    except (safefs.UnsafePath, OSError) as exc:
+        raise SignatureInvalid(f"{path} is not a readable envelope: {exc}") from None
 
 
 def _check_provenance(path: Path, stmt: dict[str, Any]) -> None:
@@ -409,7 +419,7 @@ def verify_result(
     notes: list[str] = []
     statements: list[tuple[Path, str]] = []
     envelope: dict[str, Any] | None = None
-    written = loc.envelope.read_bytes() if loc.envelope else None
+    written = _envelope_bytes(loc.envelope) if loc.envelope else None
     prov: dict[str, Any] | None = None
     try:
         if loc.provenance is not None:

@@ -116,7 +116,9 @@ class JobDir:
         """One runner per job directory at a time: a second is refused, never run beside it."""
         # Onlookers (runner cleanup, the GPU allocator) probe the lock for an instant:
         # wait out such a probe rather than mistake it for another runner.
-        with locks.flocked(self.lock, timeout=2.0, poll=0.1, parents=False) as got:
+        # The owner's alone (0600): a lock others may read is one any local user may hold.
+        opener = locks.open_private_lock_file
+        with locks.flocked(self.lock, timeout=2.0, poll=0.1, opener=opener, parents=False) as got:
             if not got:
                 raise JobBusy(
                     f"job {self.root.name} is being run by another runner on this host right now",

@@ -59,6 +59,7 @@ __all__ = [
     "LedgerState",
     "parse_time",
     "read_state",
+    "state_of",
     "verify_file",
 ]
 
@@ -457,7 +458,12 @@ class Ledger:
 def read_state(path: Path) -> LedgerState:
     """The state from the complete lines of a ledger, changing nothing (for onlookers such as
     the sweeper; a runner uses :meth:`Ledger.open`)."""
-    data = path.read_bytes()
+    return state_of(path.read_bytes())
+
+
+def state_of(data: bytes) -> LedgerState:
+    """The state from the complete lines of a ledger's bytes (read by the caller: one of a
+    folder it does not trust reads them without following a link, under a cap)."""
     lines = data.splitlines()
     if data and not data.endswith(b"\n"):
         lines = lines[:-1]

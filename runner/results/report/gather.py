@@ -25,6 +25,7 @@ from runner.models.envelope import ResultEnvelope
 from runner.models.replay import REPORT_FILE, ReplayReport
 from runner.models.resources import ResourceRecord
 from runner.results.report.excerpt import Excerpt, excerpt
+from runner.results.report.markup import ROWS_CAP
 from runner.state import ledger
 from runner.trust.signing import TrustedKey
 
@@ -33,6 +34,7 @@ __all__ = [
     "EXCERPTS_CAP",
     "REPLAY_CAP",
     "SERIES_CAP",
+    "SERIES_POINTS_CAP",
     "Check",
     "ReportData",
     "Verification",
@@ -114,10 +116,11 @@ def _envelope(root: Path, rel: str) -> tuple[ResultEnvelope, dict[str, Any]]:
 
 def _attempts(envelope: ResultEnvelope, ledger_path: Path) -> list[dict[str, Any]]:
     started: dict[int, str] = {}
-    try:
-        st = safefs.lstat_under(ledger_path.parent, ledger_path.name)
-        if st.st_size <= LEDGER_CAP:
-            for a in ledger.read_state(ledger_path).attempts:
+    try:  # a regular file, no link followed (not one to /dev/zero, nor a FIFO), capped
+        with safefs.open_under(ledger_path.parent, ledger_path.name) as f:
+            raw = f.read(LEDGER_CAP + 1)
+        if len(raw) <= LEDGER_CAP:
+            for a in ledger.state_of(raw).attempts:
                 started[a.number] = a.starting_at.isoformat()
     except (safefs.UnsafePath, OSError, ValueError):
         pass
@@ -136,6 +139,11 @@ def _attempts(envelope: ResultEnvelope, ledger_path: Path) -> list[dict[str, Any
 
 SERIES_CAP = 4 * 1024 * 1024
 """The most of one attempt's ``record/attempts/<n>/resources.json`` read (256 points fit)."""
+
+SERIES_POINTS_CAP = 2000
+"""The most points of one series kept (and drawn); the series of at most
+:data:`~runner.results.report.markup.ROWS_CAP` attempts are read (the page draws as many):
+an envelope naming one big record for a thousand attempts reads it no more often."""
 
 _SERIES_PATH = re.compile(r"record/attempts/[0-9]{1,6}/resources\.json")
 _CAPS = {"memoryBytes": "memoryLimitBytes", "pids": "pidsLimit"}
@@ -166,7 +174,7 @@ def _series(job: Path, rel: object) -> list[dict[str, Any]] | None:
     }
     return [
         {"t": t, **{k: v[i] for k, v in curves.items() if i < len(v) and v[i] is not None}}
-        for i, t in enumerate(series.t)
+        for i, t in enumerate(series.t[:SERIES_POINTS_CAP])
     ]
 
 
@@ -175,7 +183,7 @@ def resources_of(envelope: Mapping[str, Any], job: Path | None = None) -> list[d
     attempt's number, its caps (``caps``: each curve's, from the figures) and, when ``job`` is
     the folder beside the envelope, its time series (``series``: samples with a time ``t``).
     Empty when the envelope records none (the page then leaves the section out)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for a in envelope.get("attempts") or []:
         res = a.get("resources") if isinstance(a, Mapping) else None
         if not isinstance(res, Mapping):
@@ -183,7 +191,8 @@ def resources_of(envelope: Mapping[str, Any], job: Path | None = None) -> list[d
         figures = {k: v for k, v in res.items() if k != "series"}
         caps = {curve: res.get(cap) for curve, cap in _CAPS.items() if res.get(cap) is not None}
         shown: dict[str, Any] = {"attempt": a.get("attempt"), **figures, "caps": caps}
-        samples = _series(job, res.get("series")) if job is not None else None
+        read = job is not None and len(out) < ROWS_CAP
+        samples = _series(job, res.get("series")) if read and job is not None else None
         if samples:
             shown["series"] = samples
         out.append(shown)

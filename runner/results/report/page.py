@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 from runner.results.report.excerpt import Excerpt
-from runner.results.report.gather import ReportData
+from runner.results.report.gather import SERIES_POINTS_CAP, ReportData
 from runner.results.report.markup import (
     CSS,
     PALETTE,
@@ -210,7 +210,7 @@ def resources_section(data: ReportData) -> str | None:
         parts.append(f"<h3>attempt {num(res.get('attempt'))}</h3>{pairs(scalars)}")
         series = res.get("series")
         if isinstance(series, list):
-            samples = [s for s in series[:2000] if isinstance(s, Mapping)]
+            samples = [s for s in series[:SERIES_POINTS_CAP] if isinstance(s, Mapping)]
             keys = sorted({k for s in samples for k in s if k != "t"})[:12]
             for k in keys:
                 pts = [
