@@ -114,14 +114,15 @@ def engine_refs(value: object) -> tuple[str, ...]:
     )
 
 
-def engine_size(value: object) -> int:
-    """A size an engine gives: a non-negative integer, else 0 (never a crash on its word)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
 ENGINE_COUNT_MAX = 2**62
 """The largest counter kept from an engine's answer (bytes, nanoseconds, tasks): past it, a
 figure is taken as not given (no real counter reaches it: 2**62 ns is 146 years)."""
+
+
+def engine_size(value: object) -> int:
+    """A size an engine gives, as :func:`engine_count` reads it; 0 when it gives none (never a
+    crash on its word)."""
+    return engine_count(value) or 0
 
 
 def engine_count(value: object, cap: int = ENGINE_COUNT_MAX) -> int | None:

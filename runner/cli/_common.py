@@ -166,6 +166,9 @@ def host_run_options(
     )
 
 
+HEARTBEAT_SECONDS = 5.0
+"""``runner run --heartbeat``'s default (and so the node's runner's, under ``cluster submit``)."""
+
 LEASE_MIN_SECONDS = 10.0
 """The shortest ``--lease`` a host may choose."""
 

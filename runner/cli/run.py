@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from runner.app import host
 from runner.cli._common import (
     EXIT_CODES_HELP,
+    HEARTBEAT_SECONDS,
     HOST_HELP,
     HumanProgress,
     NotesOnly,
@@ -109,7 +110,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
     run.add_argument(
         "--heartbeat",
         type=float,
-        default=5.0,
+        default=HEARTBEAT_SECONDS,
         metavar="SECONDS",
         help="how often the budget ledger and runtime-budget.json are updated (default 5)",
     )

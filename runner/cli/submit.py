@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from runner.app import host
 from runner.cli._common import (
     EXIT_SUCCEEDED,
+    HEARTBEAT_SECONDS,
     HOST_HELP,
     checked_lease,
     host_options,
@@ -158,7 +159,7 @@ def _run_args(args: argparse.Namespace) -> list[str]:
     """The host options `runner run` on the node gets, as given here (paths made absolute)."""
     out = ["--stop-grace", f"{args.stop_grace:g}"]
     if args.lease is not None:  # the node's runner heartbeats at its default
-        out += ["--lease", f"{checked_lease(args.lease, 5.0):g}"]
+        out += ["--lease", f"{checked_lease(args.lease, HEARTBEAT_SECONDS):g}"]
     if args.policy:
         out += ["--policy", str(Path(args.policy).resolve())]
     if args.trusted_keys:
