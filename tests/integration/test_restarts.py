@@ -39,15 +39,22 @@ def _ledger(state: Path) -> Path:
     return job / "record" / "ledger.jsonl"
 
 
-def _wait_for(state: Path, event: str, count: int = 1, timeout: float = 60) -> None:
+def _wait_for(
+    state: Path, event: str, count: int = 1, timeout: float = 60, *, reattached: bool = False
+) -> None:
+    """Until the ledger holds ``count`` events of type ``event`` (``reattached``: heartbeats a
+    reattaching runner wrote, which it writes once it watches the container)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         jobs = state / "jobs"
         if jobs.exists() and any(jobs.iterdir()):
             path = _ledger(state)
             if path.exists():
-                types = [json.loads(x)["type"] for x in path.read_bytes().splitlines() if x]
-                if types.count(event) >= count:
+                events = [json.loads(x) for x in path.read_bytes().splitlines() if x]
+                seen = [e for e in events if e["type"] == event]
+                if reattached:
+                    seen = [e for e in seen if e["data"].get("reattached")]
+                if len(seen) >= count:
                     return
         time.sleep(0.1)
     pytest.fail(f"no {event} in the ledger after {timeout} s")
@@ -271,11 +278,13 @@ def test_status_and_cleanup(tmp_path: Path, image_id: str) -> None:
     (name,) = [n for n in kept if job_id in n]
     assert "reattaches" in kept[name]
     # Interrupt the reattached runner: the container is stopped and removed, budget kept.
+    # Once it watches the container (its first heartbeat says it reattached): a runner stopped
+    # before then leaves the container to the next one, as the one killed above did.
     proc = _start(contract, state)
-    _wait_for(state, "heartbeat", 3)
+    _wait_for(state, "heartbeat", reattached=True)
     proc.send_signal(2)
-    code, env, _ = _finish(proc)
-    assert code == 130 and env["failure"]["category"] == "cancelled"
+    code, env, err = _finish(proc)
+    assert code == 130 and env["failure"]["category"] == "cancelled", (env["failure"], err)
     assert _containers(job_id) == []
 
 

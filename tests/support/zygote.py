@@ -136,7 +136,9 @@ def child(request: dict[str, Any], stdio: list[int]) -> None:
     code = 1
     killed_by: int | None = None
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # the zygote ignores it
+        # The zygote ignores SIGINT and forks with it blocked: one sent before the module runs
+        # is pending, not lost, and taken (unblocked) where the module's would be.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # a fresh process has only 0, 1 and 2
@@ -156,6 +158,7 @@ def child(request: dict[str, Any], stdio: list[int]) -> None:
 
         try:
             module = request.get("module", "runner")
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
             code = 0
         except SystemExit as exc:
@@ -238,9 +241,13 @@ def main() -> None:
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
+            # SIGINT blocked across the fork: the test may signal the pid as soon as it has it,
+            # before the child sets its handler (an ignored signal would be dropped).
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             pid = os.fork()
             if pid == 0:
                 child(request, stdio)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
             for fd in stdio:
                 os.close(fd)
             with contextlib.suppress(OSError):

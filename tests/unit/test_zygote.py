@@ -262,3 +262,15 @@ def test_a_background_command_is_a_popen_with_signals(probe: Path) -> None:
         assert isinstance(forked_one, cli.Forked)
         forked_one.communicate(timeout=30)
     assert results[0] == results[1] == (7, 7, "got SIGTERM\n", "")
+
+
+def test_a_sigint_sent_as_soon_as_the_pid_is_known_is_not_lost(probe: Path) -> None:
+    """The zygote ignores SIGINT; a fork signalled before it set its own handler once dropped
+    the signal and ran on (a reattaching runner Ctrl-C'd at once ran its job to the end). The
+    fork now holds it pending, and ends by it as a fresh interpreter does."""
+    for _ in range(5):
+        proc = cli.popen(["sleep"], env=dict(os.environ), cwd=probe, module="zprobe")
+        assert isinstance(proc, cli.Forked)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGINT, proc.returncode
