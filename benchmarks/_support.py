@@ -500,9 +500,9 @@ def timed_command(b: Bench, argv: list[str], env: dict[str, str] | None = None) 
 
 
 @contextlib.contextmanager
-def served(b: Bench, name: str) -> Iterator[tuple[dict[str, str], Callable[[], int]]]:
+def served(b: Bench, name: str) -> Iterator[tuple[dict[str, str], Callable[[], int], int]]:
     """A `runner serve` for the duration: the environment that sends `runner run` and
-    `runner verify` to it, and a count of the commands it has served so far."""
+    `runner verify` to it, a count of the commands it has served so far, and its pid."""
     env = {**b.s.env, "RUNNER_SERVER": str(b.s.sockets / f"{name}.sock")}
     log = b.s.tmp / f"{name}.log"
     with log.open("wb") as sink:
@@ -513,7 +513,7 @@ def served(b: Bench, name: str) -> Iterator[tuple[dict[str, str], Callable[[], i
             if server.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"runner serve did not start: {log.read_text()[-2000:]}")
             time.sleep(0.05)
-        yield env, lambda: log.read_text().count(": runner ")
+        yield env, lambda: log.read_text().count(": runner "), server.pid
     finally:
         if server.returncode is None:  # not reaped by poll() above
             server.send_signal(signal.SIGTERM)

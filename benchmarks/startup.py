@@ -33,7 +33,7 @@ def fig_startup(b: Bench, reps: int) -> list[Row]:
     nocache = {**b.s.env_as_given, "PYTHONDONTWRITEBYTECODE": "1", "RUNNER_SERVER": "off"}
     names = ["pass", "help", "verify", "help-no-bytecode", "verify-served"]
     samples: dict[str, list[float]] = {name: [] for name in names}
-    with served(b, "startup-server") as (served_env, count):
+    with served(b, "startup-server") as (served_env, count, _):
 
         def timed(name: str) -> float:
             if name == "pass":

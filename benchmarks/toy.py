@@ -20,6 +20,8 @@ from benchmarks._support import (
     sh,
     summary,
 )
+from benchmarks.cpu import CpuMeter, CpuUse, per_job
+from benchmarks.cpu import note as cpu_note
 from runner.state.jobdir import StateDir
 from runner.testing import IMAGE, TOY
 
@@ -119,9 +121,12 @@ def fig_toy(b: Bench, reps: int) -> Row:
     evidence: list[str] = []
 
     parts: dict[str, list[float]] = {}
+    meter = CpuMeter()
+    cpu: dict[str, list[CpuUse]] = {"runner": [], "docker": []}
 
     def runner() -> float:
-        seconds, envelope, _, job_id = b.runner_job(b.toy, "toy")
+        with meter.window(cpu["runner"]):
+            seconds, envelope, _, job_id = b.runner_job(b.toy, "toy")
         log = StateDir(b.state).job(job_id).output / "logs" / "evaluation.log"
         evidence.append(log.read_text())
         t = envelope["timings"]
@@ -138,9 +143,11 @@ def fig_toy(b: Bench, reps: int) -> Row:
         return seconds
 
     def baseline() -> float:
-        return toy_baseline(b, command, evidence)
+        with meter.window(cpu["docker"]):
+            return toy_baseline(b, command, evidence)
 
     baseline()  # warm-up (the runner's was setup_toy)
+    cpu["docker"].clear()
     xs, ys = interleave(reps, runner, baseline)
     notes = []
     if len(set(evidence)) != 1:
@@ -155,7 +162,15 @@ def fig_toy(b: Bench, reps: int) -> Row:
     )
     row = toy_row("toy evaluation, whole `runner run` wall time", "toy", xs, ys, notes)
     row.extra["runnerBreakdownMedianSeconds"] = med
+    _cpu_of(row, cpu, "`runner run`")
     return row
+
+
+def _cpu_of(row: Row, cpu: dict[str, list[CpuUse]], own_name: str) -> None:
+    """Add a run's CPU shares (benchmarks.cpu), the runner's against the baseline's."""
+    runner, docker = per_job(cpu["runner"], 1), per_job(cpu["docker"], 1)
+    row.extra["cpuSecondsPerJob"] = {"runner": runner, "baseline": docker}
+    row.notes.append(cpu_note(runner, docker, own_name))
 
 
 def toy_baseline(b: Bench, command: list[str], evidence: list[str] | None = None) -> float:
@@ -223,17 +238,25 @@ def fig_toy_sampling(b: Bench, reps: int) -> Row:
 def fig_toy_served(b: Bench, reps: int) -> Row:
     """The toy run again, with a `runner serve` running that `runner run` hands it to."""
     command = json.loads(b.toy.read_text())["protocol"]["command"]
-    with served(b, "toy-server") as (env, count):
+    cpu: dict[str, list[CpuUse]] = {"runner": [], "docker": []}
+    with served(b, "toy-server") as (env, count, server):
+        on_server, meter = CpuMeter(server), CpuMeter()
 
         def runner() -> float:
-            return b.runner_job(b.toy, "toy-served", env=env)[0]
+            with on_server.window(cpu["runner"]):
+                return b.runner_job(b.toy, "toy-served", env=env)[0]
+
+        def baseline() -> float:
+            with meter.window(cpu["docker"]):
+                return toy_baseline(b, command)
 
         runner()  # warm-up: the server's first fork
-        xs, ys = interleave(reps, runner, lambda: toy_baseline(b, command))
+        cpu["runner"].clear()
+        xs, ys = interleave(reps, runner, baseline)
         handed = count()
     if handed < len(xs) + 1:
         raise RuntimeError(f"only {handed} of {len(xs) + 1} runs went through the server")
-    return toy_row(
+    row = toy_row(
         "toy evaluation, whole `runner run` wall time, with `runner serve` running",
         "toyServed",
         xs,
@@ -242,3 +265,5 @@ def fig_toy_served(b: Bench, reps: int) -> Row:
          "`runner run` itself, which hands its command line, directory, environment and "
          "terminal to a fork of the server"],
     )  # fmt: skip
+    _cpu_of(row, cpu, "the client, the server and its fork")
+    return row
