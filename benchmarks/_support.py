@@ -220,6 +220,7 @@ def machine_facts() -> dict[str, Any]:
         "cgroupVersion": info.get("CgroupVersion"),
         "cgroupDriver": info.get("CgroupDriver"),
         "runningContainersAtStart": info.get("ContainersRunning"),
+        "memoryCgroupsAtStart": memory_cgroups(),
         "loadAverageAtStart": os.getloadavg(),
         "runnerCommit": commit,
         "runnerUncommitted": subprocess.run(
@@ -230,6 +231,17 @@ def machine_facts() -> dict[str, Any]:
         ).stdout.split("\n")[:-1],
         "pythonDontWriteBytecode": os.environ.get("PYTHONDONTWRITEBYTECODE", ""),
     }
+
+
+def memory_cgroups() -> int | None:
+    """How many memory cgroups the kernel holds (/proc/cgroups), the dying ones of removed
+    containers included: hundreds of them slow the engine (docs/development/tests.md)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/cgroups").read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 3 and fields[0] == "memory":
+                return int(fields[2])
+    return None
 
 
 def runner_cli() -> list[str]:

@@ -68,7 +68,9 @@ def markdown(report: dict[str, Any], rows: list[Row]) -> str:
         f"({m['storageDriver']}, cgroup v{m['cgroupVersion']}); Python {m['python']}; "
         f"runner {m['runnerCommit']} ({len(m['runnerUncommitted'])} uncommitted files under "
         f"runner/). Load average at start {m['loadAverageAtStart'][0]:.2f}, "
-        f"at end {report['loadAverageAtEnd'][0]:.2f}; the engine is shared with other users.",
+        f"at end {report['loadAverageAtEnd'][0]:.2f}; memory cgroups at start "
+        f"{m.get('memoryCgroupsAtStart', 'not recorded')} (the dying ones of removed containers "
+        "included: hundreds slow the engine); the engine is shared with other users.",
         "",
         "Medians with [min to max] over the interleaved repeats; the ratio is runner / baseline "
         "of the medians (throughput for the concurrent jobs, time otherwise), with the range of "

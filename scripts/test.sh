@@ -67,9 +67,29 @@ workers() { # PART
     *) echo "-n ${TEST_INTEGRATION_WORKERS:-4} --dist loadfile" ;;
   esac
 }
+# The memory cgroups of removed containers live on ("dying") as long as page cache charged to
+# them stays cached, and hundreds of them (an earlier test run, a day of jobs) slow every
+# container the engine makes and every stats read: here the same batch of 20 toy jobs cost
+# dockerd 1.30 CPU seconds with 601 memory cgroups and 0.96 s with 15, and 4.0 s against 3.6 s
+# of wall time. Under CI (as root) the clean page cache is dropped before the engine's tests,
+# which releases them; never on a developer's machine unasked.
+memcgs() { awk '$1 == "memory" { print $3 }' /proc/cgroups 2>/dev/null; }
+release_dying_memcgs() {
+  [ "${CI:-}" = "true" ] && [ "$(id -u)" -eq 0 ] || return 0
+  local before
+  before="$(memcgs)"
+  sync
+  if { echo 1 >/proc/sys/vm/drop_caches; } 2>/dev/null; then
+    log "test: page cache dropped before the engine's tests: memory cgroups ${before:-?} -> $(memcgs)"
+  else
+    log "test: could not drop the page cache (memory cgroups: ${before:-?}); going on"
+  fi
+}
+
 ran=0
 empty=()
 for part in "${parts[@]}"; do
+  [ "$part" = tests/integration ] && release_dying_memcgs
   log "test: pytest ${part:+$part }$*"
   rc=0
   # shellcheck disable=SC2046 # the options are words
