@@ -62,14 +62,20 @@ class CpuMeter:
             own += t.user + t.system + t.children_user + t.children_system
         return own
 
-    def _others(self) -> tuple[float, float]:
-        engine = 0.0
+    def _engine_cpu(self) -> dict[int, float]:
+        """Each engine daemon's CPU seconds so far, by pid (one gone or restarted since the
+        meter was made is left out: only pids read at both ends are counted)."""
+        seen: dict[int, float] = {}
         for p in self._engine:
-            with contextlib.suppress(psutil.Error):  # a daemon restarted: it counts no more
+            with contextlib.suppress(psutil.Error):
                 t = p.cpu_times()
-                engine += t.user + t.system
+                seen[p.pid] = t.user + t.system
+        return seen
+
+    @staticmethod
+    def _machine() -> float:
         m = psutil.cpu_times()
-        return engine, m.user + m.nice + m.system + m.irq + m.softirq + m.steal
+        return m.user + m.nice + m.system + m.irq + m.softirq + m.steal
 
     def _settle(self) -> None:
         if self._server is None:
@@ -84,11 +90,12 @@ class CpuMeter:
         """Measure the block; its :class:`CpuUse` is appended to ``uses``. The engine's and
         the machine's counters are read when the block ends, the run's own once a server
         has reaped its forks (their CPU was spent within the block)."""
-        own0, (engine0, machine0) = self._own(), self._others()
+        own0, engine0, machine0 = self._own(), self._engine_cpu(), self._machine()
         yield
-        engine1, machine1 = self._others()
+        engine1, machine1 = self._engine_cpu(), self._machine()
         self._settle()
-        uses.append(CpuUse(self._own() - own0, engine1 - engine0, machine1 - machine0))
+        engine = sum(engine1[pid] - engine0[pid] for pid in engine1.keys() & engine0.keys())
+        uses.append(CpuUse(self._own() - own0, engine, machine1 - machine0))
 
 
 def per_job(uses: Sequence[CpuUse], jobs: int) -> dict[str, float]:
