@@ -39,6 +39,7 @@ from runner.state.jobdir import JobDir, write_json
 from runner.state.ledger import Attempt, parse_time
 
 __all__ = [
+    "EndWindow",
     "NotStarted",
     "Outcome",
     "Progress",
@@ -211,16 +212,40 @@ class Watch:
 
 
 @dataclass(frozen=True)
+class EndWindow:
+    """Where the end of a container that ended by itself lies on this host's monotonic clock
+    (``runner.core.clock``): after ``running``, the last moment the engine answered that it
+    still ran (the send of the last wait that came back without an end, or the watch's
+    start), and no later than ``seen``, when the runner learnt of the end. ``origin`` is the
+    attempt's start on the same clock."""
+
+    origin: float
+    running: float
+    seen: float
+
+    def seconds(self, finished_at: str | None) -> float:
+        """The attempt's running seconds to the engine's own ``FinishedAt``, kept within the
+        window (a remote engine's clock may differ); to ``seen`` when the engine cannot say.
+        An engine that tells of an end late (Podman under load: 0.6 s after it) is not
+        charged for: the job did not run then."""
+        return round(_on_this_clock(finished_at, self.running, self.seen) - self.origin, 3)
+
+
+@dataclass(frozen=True)
 class Watched:
     timed_out: bool
     cancelled: bool
     seconds: float
-    """The attempt's running seconds (across reattaches)."""
+    """The attempt's running seconds (across reattaches), to the moment the runner learnt of
+    its end or stopped it."""
     stopped_for: str | None
     """The guard's reason when the runner stopped it for a quota."""
     stop: Stop | None = None
     sampler: Sampler | None = None
     """What the engine's counters said while it ran (stopped; written by :func:`finish`)."""
+    ended_by_itself: EndWindow | None = None
+    """Set when the container ended by itself (no stop, timeout or Ctrl-C): :func:`finish`
+    then charges it to the engine's ``FinishedAt`` within this window."""
 
 
 def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> Watched:
@@ -238,6 +263,7 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
     stop: Stop | None = None
     lease = Lease(backend, container_id, w.lease)
     sampler: Sampler | None = None
+    running = start  # the last moment the engine answered that the container still ran
 
     def stop_it() -> None:
         nonlocal stop
@@ -280,8 +306,10 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
                 stop_it()
                 break
             wait_for = min(w.tick, deadline - now, max(next_beat - now, 0.01))
+            asked = clock.monotonic()
             if backend.wait(container_id, wait_for) is not None:
                 break
+            running = asked
             if clock.monotonic() >= deadline:
                 continue  # the budget's end first: no quota walk or heartbeat before the stop
             stopped_for = w.guard()
@@ -309,7 +337,10 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
     if lease.fired:
         raise lease.lost()
     seconds = round(ended - origin, 3)
-    return Watched(timed_out, cancelled, seconds, stopped_for, stop, sampler)
+    by_itself = None
+    if not (timed_out or cancelled or stop is not None):
+        by_itself = EndWindow(origin, running, ended)
+    return Watched(timed_out, cancelled, seconds, stopped_for, stop, sampler, by_itself)
 
 
 def finish(
@@ -326,9 +357,12 @@ def finish(
     the caller to remove once the attempt's end is in the ledger: a runner dying in between
     then finds the end recorded, not a vanished container to run again."""
     state = backend.state(container_id)
+    seconds = watched.seconds
     if state.running:
         backend.kill(container_id)
         state = backend.state(container_id)
+    elif watched.ended_by_itself is not None:  # to the engine's own end, not our learning of it
+        seconds = watched.ended_by_itself.seconds(state.finished_at)
     record_dir.mkdir(parents=True, exist_ok=True)
     write_json(record_dir / "container-state.json", state.raw)
     if watched.sampler is not None:  # record/attempts/<n>/resources.json
@@ -340,7 +374,7 @@ def finish(
         state,
         container_id,
         name,
-        watched.seconds,
+        seconds,
         watched.timed_out,
         watched.cancelled,
         how,
@@ -415,13 +449,21 @@ def started_at(backend: Backend, container_id: str, before: float, after: float)
     within that call (a remote engine's clock may differ); ``after`` when the engine cannot
     say. Counting from there, no moment the job ran goes uncharged."""
     try:
-        when = parse_time(backend.state(container_id).started_at)
+        when = backend.state(container_id).started_at
     except RunnerError:
         return after
+    return _on_this_clock(when, before, after)
+
+
+def _on_this_clock(engine_time: str | None, low: float, high: float) -> float:
+    """An engine's time (``StartedAt``, ``FinishedAt``) on this host's monotonic clock, kept
+    within ``low`` and ``high``, what this runner saw of it; ``high`` when the engine gives
+    none."""
+    when = parse_time(engine_time)
     if when is None:
-        return after
+        return high
     mono, wall = clock.monotonic(), clock.now()
-    return min(max(mono - (wall - when).total_seconds(), before), after)
+    return min(max(mono - (wall - when).total_seconds(), low), high)
 
 
 @dataclass(frozen=True)

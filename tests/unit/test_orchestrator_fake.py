@@ -20,6 +20,7 @@ from runner.backends.base import ContainerState
 from runner.backends.fake import FakeBackend, FakeJob
 from runner.backends.types import ImageInfo
 from runner.contract import Trust, with_digest
+from runner.core import clock
 from runner.core.errors import Category
 from runner.execution import orchestrator
 from runner.execution.container import Outcome
@@ -403,3 +404,58 @@ def test_a_crash_is_counted_until_now_never_less(
     ledger = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl")
     assert ledger.attempts[0].seconds >= 0.4  # from the last heartbeat until now
     assert env["budget"]["consumedSeconds"] >= 0.4
+
+
+class _LateEngine(FakeBackend):
+    """An engine that tells of a container's end ``late`` seconds after it (Podman's wait
+    under load: 0.6 s after the FinishedAt it then reports)."""
+
+    late: float = 0.7
+
+    def wait(self, container_id: str, timeout: float) -> int | None:
+        code = super().wait(container_id, timeout)
+        if code is not None:
+            clock.sleep(self.late)  # the virtual clock's (the module's autouse fixture)
+        return code
+
+
+def test_an_end_the_engine_tells_of_late_is_charged_to_the_engines_own_end(
+    tmp_path: Path,
+) -> None:
+    """A job that ends by itself is charged to the engine's FinishedAt, not to the moment the
+    runner learnt of it: 3 s of running, told of 0.7 s late, are 3 s (they were 3.7)."""
+    late = _LateEngine(jobs=FakeJob(seconds=3.0, work=_writes()))
+    late.add_image()
+    contract = _contract(tmp_path, _image(late))
+    env = _run(contract, _options(tmp_path), late)
+    assert env["status"] == "succeeded"
+    (attempt,) = read_state(
+        tmp_path / "state" / "jobs" / env["jobId"] / "record" / "ledger.jsonl"
+    ).attempts
+    assert attempt.finished is not None
+    assert attempt.finished["seconds"] == pytest.approx(3.0, abs=0.02)
+    assert env["budget"]["consumedSeconds"] == pytest.approx(3.0, abs=0.02)
+
+
+def test_an_end_is_never_charged_before_the_engine_last_said_it_ran(tmp_path: Path) -> None:
+    """An engine whose FinishedAt lies before its last answer that the job still ran (a clock
+    behind this host's): the charge runs to that answer at least, so a skewed clock cannot
+    shrink it below what the runner saw."""
+    skewed = FakeBackend(jobs=FakeJob(seconds=3.0, work=_writes()))
+    skewed.add_image()
+    real_state = skewed.state
+
+    def state(container_id: str) -> ContainerState:
+        st = real_state(container_id)
+        if st.status != "exited":
+            return st
+        return ContainerState.from_engine(
+            {**st.raw, "FinishedAt": "2001-01-01T00:00:00Z"}, container_id
+        )
+
+    skewed.state = state  # type: ignore[method-assign]
+    contract = _contract(tmp_path, _image(skewed))
+    env = _run(contract, _options(tmp_path), skewed)
+    assert env["status"] == "succeeded"
+    # The last wait that found it running was asked at most one tick (0.01 s) before the end.
+    assert 2.98 <= env["budget"]["consumedSeconds"] <= 3.0 + 0.02
