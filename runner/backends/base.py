@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runner.backends.stats import StatsSample
-from runner.backends.types import DeviceEdits, DeviceNode, EngineInfo, ImageInfo, Limits, PathStat
+from runner.backends.types import (
+    DeviceEdits,
+    DeviceNode,
+    EngineInfo,
+    ImageInfo,
+    Limits,
+    PathStat,
+    engine_text,
+)
 
 __all__ = [
     "BACKSTOP_SCRIPT",
@@ -144,14 +152,20 @@ class ContainerState:
     def from_engine(raw: dict[str, Any], container_id: str = "") -> ContainerState:
         """From the engine's ``State`` object (``docker inspect``'s ``.State``)."""
         running = bool(raw.get("Running"))
+        code = raw.get("ExitCode", -1)
+
+        def time_of(key: str) -> str | None:  # a string only: it reaches the envelope's times
+            value = raw.get(key)
+            return engine_text(value) or None if isinstance(value, str) else None
+
         return ContainerState(
             status=str(raw.get("Status", "")),
             running=running,
-            exit_code=None if running else int(raw.get("ExitCode", -1)),
+            exit_code=None if running else code if type(code) is int else -1,
             oom_killed=bool(raw.get("OOMKilled")),
             error=str(raw.get("Error") or ""),
-            started_at=raw.get("StartedAt"),
-            finished_at=raw.get("FinishedAt"),
+            started_at=time_of("StartedAt"),
+            finished_at=time_of("FinishedAt"),
             raw=raw,
             id=container_id,
         )

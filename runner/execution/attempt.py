@@ -241,6 +241,7 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         progress.stage("recover", f"reattaching to attempt {n} (ran {found.seconds:.1f} s so far)")
         uuids = tuple(g.uuid for g in known.gpus)
         w = _watch(job, n, before, found.seconds, guards, as_of=found.at, gpu_uuids=uuids)
+        w = replace(w, engine_clock_agrees=found.engine_clock_agrees)
         watched = container.watch(job.backend, cid, w, progress)
         outcome = container.finish(
             job.backend, cid, last.container_name, job.dir.attempt_record(n), watched=watched,

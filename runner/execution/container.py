@@ -32,6 +32,7 @@ from runner.core.errors import (
     InfrastructureError,
     RunnerError,
 )
+from runner.execution.enginetime import EndWindow, started_at
 from runner.execution.lease import Lease
 from runner.execution.resources import Sampler, Sampling
 from runner.planning.plan import ExecutionPlan
@@ -39,7 +40,6 @@ from runner.state.jobdir import JobDir, write_json
 from runner.state.ledger import Attempt, parse_time
 
 __all__ = [
-    "EndWindow",
     "NotStarted",
     "Outcome",
     "Progress",
@@ -205,30 +205,15 @@ class Watch:
     sampling: Sampling | None = None
     """Follow the engine's stats of the container while it runs (``runner.execution.resources``);
     None: no stats stream is opened."""
+    engine_clock_agrees: bool = False
+    """The engine's clock was found to agree with this host's (its ``StartedAt`` fell within
+    the start call, or within the ledger's attempt.starting and attempt.started): a container
+    that ends by itself is then charged to the engine's ``FinishedAt`` (:class:`EndWindow`),
+    else to the moment the runner learnt of its end."""
     lease: float = 0.0
     """Seconds the attempt may go without a heartbeat written before the container is removed
     (:class:`~runner.execution.lease.Lease`), so that a runner that can no longer prove it is
     alive never runs the job beside another host's; 0: no such limit."""
-
-
-@dataclass(frozen=True)
-class EndWindow:
-    """Where the end of a container that ended by itself lies on this host's monotonic clock
-    (``runner.core.clock``): after ``running``, the last moment the engine answered that it
-    still ran (the send of the last wait that came back without an end, or the watch's
-    start), and no later than ``seen``, when the runner learnt of the end. ``origin`` is the
-    attempt's start on the same clock."""
-
-    origin: float
-    running: float
-    seen: float
-
-    def seconds(self, finished_at: str | None) -> float:
-        """The attempt's running seconds to the engine's own ``FinishedAt``, kept within the
-        window (a remote engine's clock may differ); to ``seen`` when the engine cannot say.
-        An engine that tells of an end late (Podman under load: 0.6 s after it) is not
-        charged for: the job did not run then."""
-        return round(_on_this_clock(finished_at, self.running, self.seen) - self.origin, 3)
 
 
 @dataclass(frozen=True)
@@ -263,7 +248,6 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
     stop: Stop | None = None
     lease = Lease(backend, container_id, w.lease)
     sampler: Sampler | None = None
-    running = start  # the last moment the engine answered that the container still ran
 
     def stop_it() -> None:
         nonlocal stop
@@ -306,10 +290,8 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
                 stop_it()
                 break
             wait_for = min(w.tick, deadline - now, max(next_beat - now, 0.01))
-            asked = clock.monotonic()
             if backend.wait(container_id, wait_for) is not None:
                 break
-            running = asked
             if clock.monotonic() >= deadline:
                 continue  # the budget's end first: no quota walk or heartbeat before the stop
             stopped_for = w.guard()
@@ -338,8 +320,8 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
         raise lease.lost()
     seconds = round(ended - origin, 3)
     by_itself = None
-    if not (timed_out or cancelled or stop is not None):
-        by_itself = EndWindow(origin, running, ended)
+    if w.engine_clock_agrees and not (timed_out or cancelled or stop is not None):
+        by_itself = EndWindow(origin, start, ended)
     return Watched(timed_out, cancelled, seconds, stopped_for, stop, sampler, by_itself)
 
 
@@ -416,7 +398,8 @@ def run_attempt(
         on_created(container_id)
         before = clock.monotonic()
         backend.start(container_id)
-        w = replace(w, as_of=started_at(backend, container_id, before, clock.monotonic()))
+        as_of, agrees = started_at(backend, container_id, before, clock.monotonic())
+        w = replace(w, as_of=as_of, engine_clock_agrees=agrees)
     except (RunnerError, KeyboardInterrupt) as exc:
         backend.remove(container_id)
         if isinstance(exc, GpuUnavailable) and container.gpu_ids:  # name the devices asked for
@@ -443,29 +426,6 @@ def run_attempt(
     )
 
 
-def started_at(backend: Backend, container_id: str, before: float, after: float) -> float:
-    """When the container started, on this host's monotonic clock (``runner.core.clock``): the
-    engine's ``StartedAt`` of the start this runner asked for between ``before`` and ``after``, kept
-    within that call (a remote engine's clock may differ); ``after`` when the engine cannot
-    say. Counting from there, no moment the job ran goes uncharged."""
-    try:
-        when = backend.state(container_id).started_at
-    except RunnerError:
-        return after
-    return _on_this_clock(when, before, after)
-
-
-def _on_this_clock(engine_time: str | None, low: float, high: float) -> float:
-    """An engine's time (``StartedAt``, ``FinishedAt``) on this host's monotonic clock, kept
-    within ``low`` and ``high``, what this runner saw of it; ``high`` when the engine gives
-    none."""
-    when = parse_time(engine_time)
-    if when is None:
-        return high
-    mono, wall = clock.monotonic(), clock.now()
-    return min(max(mono - (wall - when).total_seconds(), low), high)
-
-
 @dataclass(frozen=True)
 class Found:
     """What :func:`recover` learnt about an attempt left in flight."""
@@ -476,6 +436,10 @@ class Found:
     """The attempt's running time up to now (running) or to its end (exited), never less."""
     at: float
     """The ``clock.monotonic()`` at which ``seconds`` held (for a reattach's deadline)."""
+    engine_clock_agrees: bool = False
+    """The engine's ``StartedAt`` lies between the ledger's attempt.starting and
+    attempt.started, as it must when its clock agrees with this host's
+    (:attr:`Watch.engine_clock_agrees`)."""
 
 
 def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> Found:
@@ -492,7 +456,10 @@ def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> 
     except ContainerVanished:
         return Found(None, attempt.seconds + max((now - since).total_seconds(), 0.0), at)
     if state.running or state.status in {"restarting", "paused"}:
-        return Found(state, attempt.seconds + max((now - since).total_seconds(), 0.0), at)
+        started, low, high = parse_time(state.started_at), attempt.starting_at, attempt.started_at
+        agrees = started is not None and high is not None and low <= started <= high
+        seconds = attempt.seconds + max((now - since).total_seconds(), 0.0)
+        return Found(state, seconds, at, agrees)
     if state.status == "created":
         return Found(state, attempt.seconds, at)
     ended = parse_time(state.finished_at)

@@ -101,8 +101,10 @@ def _now() -> str:
 
 
 def parse_time(text: str | None) -> datetime | None:
-    """An ISO 8601 / RFC 3339 time (engine times have nanoseconds); None when absent or zero."""
-    if not text or text.startswith("0001-01-01"):
+    """An ISO 8601 / RFC 3339 time (engine times have nanoseconds); None when absent, zero, not
+    a string, or without a time zone (an engine's answer is compared with this host's
+    clock, which a time of no zone cannot be)."""
+    if not isinstance(text, str) or not text or text.startswith("0001-01-01"):
         return None
     text = text.replace("Z", "+00:00")
     head, dot, rest = text.partition(".")
@@ -111,9 +113,10 @@ def parse_time(text: str | None) -> datetime | None:
         zone = rest[len(digits) :]
         text = f"{head}.{digits[:6]}{zone}"
     try:
-        return datetime.fromisoformat(text)
+        when = datetime.fromisoformat(text)
     except ValueError:
         return None
+    return when if when.tzinfo is not None else None
 
 
 def _line_hash(line: bytes) -> str:

@@ -11,6 +11,7 @@ import json
 import shutil
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from runner.execution.outcome import classify
 from runner.gpu.gpus import Gpu
 from runner.models.envelope import ResultEnvelope
 from runner.planning import policy
-from runner.state.ledger import read_state
+from runner.state.ledger import parse_time, read_state
 from tests.support import TOY
 from tests.support.clock import VirtualClock
 
@@ -407,16 +408,32 @@ def test_a_crash_is_counted_until_now_never_less(
 
 
 class _LateEngine(FakeBackend):
-    """An engine that tells of a container's end ``late`` seconds after it (Podman's wait
-    under load: 0.6 s after the FinishedAt it then reports)."""
+    """An engine that tells of a container's end ``late`` seconds after it (rootful Podman's
+    wait under load told of one 0.65 s after the FinishedAt it then reported): until then
+    each wait runs its whole timeout and answers that the container still runs."""
 
     late: float = 0.7
+    told_at: float | None = None
 
     def wait(self, container_id: str, timeout: float) -> int | None:
         code = super().wait(container_id, timeout)
-        if code is not None:
-            clock.sleep(self.late)  # the virtual clock's (the module's autouse fixture)
+        if code is None:
+            return None
+        if self.told_at is None:
+            self.told_at = clock.monotonic() + self.late
+        left = self.told_at - clock.monotonic()
+        if left > 0:
+            clock.sleep(min(left, timeout))
+            if self.told_at - clock.monotonic() > 0:
+                return None
         return code
+
+
+def _ledger_seconds(tmp_path: Path, env: dict[str, Any]) -> float:
+    ledger = tmp_path / "state" / "jobs" / env["jobId"] / "record" / "ledger.jsonl"
+    (attempt,) = read_state(ledger).attempts
+    assert attempt.finished is not None
+    return float(attempt.finished["seconds"])
 
 
 def test_an_end_the_engine_tells_of_late_is_charged_to_the_engines_own_end(
@@ -426,36 +443,62 @@ def test_an_end_the_engine_tells_of_late_is_charged_to_the_engines_own_end(
     runner learnt of it: 3 s of running, told of 0.7 s late, are 3 s (they were 3.7)."""
     late = _LateEngine(jobs=FakeJob(seconds=3.0, work=_writes()))
     late.add_image()
-    contract = _contract(tmp_path, _image(late))
-    env = _run(contract, _options(tmp_path), late)
+    env = _run(_contract(tmp_path, _image(late)), _options(tmp_path), late)
     assert env["status"] == "succeeded"
-    (attempt,) = read_state(
-        tmp_path / "state" / "jobs" / env["jobId"] / "record" / "ledger.jsonl"
-    ).attempts
-    assert attempt.finished is not None
-    assert attempt.finished["seconds"] == pytest.approx(3.0, abs=0.02)
+    assert _ledger_seconds(tmp_path, env) == pytest.approx(3.0, abs=0.02)
     assert env["budget"]["consumedSeconds"] == pytest.approx(3.0, abs=0.02)
 
 
-def test_an_end_is_never_charged_before_the_engine_last_said_it_ran(tmp_path: Path) -> None:
-    """An engine whose FinishedAt lies before its last answer that the job still ran (a clock
-    behind this host's): the charge runs to that answer at least, so a skewed clock cannot
-    shrink it below what the runner saw."""
-    skewed = FakeBackend(jobs=FakeJob(seconds=3.0, work=_writes()))
-    skewed.add_image()
-    real_state = skewed.state
+def _shifted(backend: FakeBackend, seconds: float) -> None:
+    """The engine's clock ``seconds`` off this host's: its StartedAt and FinishedAt shifted."""
+    real = backend.state
 
     def state(container_id: str) -> ContainerState:
-        st = real_state(container_id)
-        if st.status != "exited":
-            return st
-        return ContainerState.from_engine(
-            {**st.raw, "FinishedAt": "2001-01-01T00:00:00Z"}, container_id
-        )
+        st = real(container_id)
+        raw = dict(st.raw)
+        for key in ("StartedAt", "FinishedAt"):
+            when = parse_time(raw.get(key))
+            if when is not None:
+                raw[key] = (when + timedelta(seconds=seconds)).isoformat()
+        return ContainerState.from_engine(raw, container_id)
 
-    skewed.state = state  # type: ignore[method-assign]
-    contract = _contract(tmp_path, _image(skewed))
-    env = _run(contract, _options(tmp_path), skewed)
+    backend.state = state  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("skew", [-5.0, 5.0])
+def test_an_engine_clock_that_disagrees_is_not_believed_for_the_end(
+    tmp_path: Path, skew: float
+) -> None:
+    """An engine whose clock is 5 s behind (or ahead of) this host's, and late to tell of the
+    end: its StartedAt falls outside the start call, so its FinishedAt is not believed and
+    the job is charged to the moment the runner learnt of the end, never less than it ran."""
+    late = _LateEngine(jobs=FakeJob(seconds=3.0, work=_writes()))
+    late.add_image()
+    _shifted(late, skew)
+    env = _run(_contract(tmp_path, _image(late)), _options(tmp_path), late)
     assert env["status"] == "succeeded"
-    # The last wait that found it running was asked at most one tick (0.01 s) before the end.
-    assert 2.98 <= env["budget"]["consumedSeconds"] <= 3.0 + 0.02
+    assert 3.7 - 0.02 <= _ledger_seconds(tmp_path, env) <= 3.7 + 0.05
+
+
+def test_a_reattach_believes_the_engines_end_only_when_its_clock_agrees(
+    tmp_path: Path,
+) -> None:
+    """The reattach path: the engine's StartedAt lies between the ledger's attempt.starting
+    and attempt.started (its clock agrees), so an end told of late is charged to FinishedAt;
+    shifted by 5 s it does not, and the late telling is charged."""
+    for skew, charged in ((0.0, 3.0), (-5.0, 3.7)):
+        folder = tmp_path / f"skew{skew}"
+        folder.mkdir()
+        late = _LateEngine(jobs=FakeJob(seconds=3.0, work=_writes()))
+        late.add_image()
+        contract = _contract(folder, _image(late))
+        _crash_mid_run(contract, folder, late)  # kill -9 at its first running tick
+        assert len(late.running()) == 1
+        if skew:
+            _shifted(late, skew)
+        env = _run(contract, _options(folder), late)
+        assert env["status"] == "succeeded", env.get("failure")
+        ledger = folder / "state" / "jobs" / env["jobId"] / "record" / "ledger.jsonl"
+        (attempt,) = read_state(ledger).attempts
+        assert attempt.finished is not None and attempt.finished["how"] == "reattached"
+        assert attempt.finished["seconds"] == pytest.approx(charged, abs=0.1), skew
