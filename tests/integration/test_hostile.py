@@ -78,8 +78,10 @@ def test_memory_bomb(tmp_path: Path, image_id: str, runtime: str) -> None:
     assert code == 1, (env, err)
     if runtime == "runsc" and env["failure"]["category"] == "nonzero_exit":
         # gVisor may refuse the allocation itself: Python then raises MemoryError and exits 1.
+        # Or the sandbox is killed at the cap (exit 137, SIGKILL) and the engine does not
+        # report OOMKilled under runsc (seen once in a gate: 137, OOMKilled false, no stderr).
         stderr_log = Path(env["jobDir"]) / "output" / env["stderrPath"]
-        assert "MemoryError" in stderr_log.read_text()
+        assert env["exitCode"] == 137 or "MemoryError" in stderr_log.read_text(), env
     else:
         assert env["failure"]["category"] == "oom"
     record("memory bomb", runtime, env, held=True, runnerPeakRss=peak)
