@@ -82,6 +82,10 @@ write_conf() {
   want="$(cat <<EOF
 # Written by scripts/setup_slurm_nodes.sh: the two-node cluster of the runner's tests.
 ClusterName=runner-nodes
+# Its job ids never meet the single-node cluster's (numbered from 1): both clusters' jobs
+# run on this host's one engine, and an Epilog's cleanup --orphans --label slurm.job-id=N
+# would stop the other cluster's job N too.
+FirstJobId=500000
 SlurmctldHost=$CTLD_HOST
 SlurmctldPort=$PORT
 SlurmUser=root

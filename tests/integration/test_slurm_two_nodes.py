@@ -144,11 +144,17 @@ def ledger_of(shared: Path, job_id: str) -> Path:
     return shared / "state" / "jobs" / job_id / "record" / "ledger.jsonl"
 
 
+NAMES = "runner-two-"
+"""The start of this file's containers' names (its jobs are two-...): the single-node
+cluster's jobs run on the same engine, with Slurm job ids of their own."""
+
+
 def containers(slurm_job: str, every: bool = False) -> list[str]:
     """The job's containers on this host's engine, by the label its batch script puts on them:
     running ones (``every``: in any state)."""
     return docker(
-        "ps", *(["-a"] if every else []), "-q", "--filter", f"label=slurm.job-id={slurm_job}"
+        "ps", *(["-a"] if every else []), "-q", "--filter", f"label=slurm.job-id={slurm_job}",
+        "--filter", f"name={NAMES}",
     ).stdout.split()  # fmt: skip
 
 
@@ -165,7 +171,7 @@ class Watch(threading.Thread):
         while not self.done.is_set():
             out = docker(
                 "ps", "--filter", f"label=slurm.job-id={self.slurm_job}",
-                "--format", '{{.Label "org.runner.attempt"}}',
+                "--filter", f"name={NAMES}", "--format", '{{.Label "org.runner.attempt"}}',
             ).stdout.split()  # fmt: skip
             self.most = max(self.most, len(out))
             self.attempts.update(out)

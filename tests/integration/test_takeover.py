@@ -70,6 +70,13 @@ def _wait_beat(state: Path) -> Path:
     pytest.fail("no heartbeat within 60 s")
 
 
+# Slurm job ids no cluster of the test command reaches: the single-node and the two-node
+# clusters share this engine and number their jobs from 1, so a made-up "40" was a real job
+# of the two-node test running beside this one, and this test's sweep stopped its container.
+OURS = "slurm.job-id=4000000041"
+OTHER = "slurm.job-id=4000000040"
+
+
 @pytest.mark.docker
 def test_cleanup_orphans_stops_a_dead_runners_container_and_records_its_end(
     tmp_path: Path, image_id: str
@@ -83,7 +90,7 @@ def test_cleanup_orphans_stops_a_dead_runners_container_and_records_its_end(
         environment={"timeoutMinutes": 3},
     )  # fmt: skip
     state = tmp_path / "state"
-    proc = start_job(contract, state, "--heartbeat", "0.5", "--label", "slurm.job-id=41")
+    proc = start_job(contract, state, "--heartbeat", "0.5", "--label", OURS)
     path = _wait_beat(state)
     time.sleep(1)
     proc.kill()
@@ -91,14 +98,14 @@ def test_cleanup_orphans_stops_a_dead_runners_container_and_records_its_end(
     job = path.parent.parent
     label = f"label=org.runner.job-id={job.name}"
     assert docker("ps", "-q", "--filter", label).stdout.split(), "it runs on, unwatched"
-    other = run_cli("cleanup", "--orphans", "--label", "slurm.job-id=40", "--json")
+    other = run_cli("cleanup", "--orphans", "--label", OTHER, "--json")
     assert other.returncode == 0, other.stderr
     assert json.loads(other.stdout)["removed"] == [], "another Slurm job's label: left alone"
-    plain = run_cli("cleanup", "--label", "slurm.job-id=41", "--json")
+    plain = run_cli("cleanup", "--label", OURS, "--json")
     assert [k["why"] for k in json.loads(plain.stdout)["kept"]] == [
         "its ledger says it still runs; `runner run` on the job reattaches to it"
     ]
-    swept = run_cli("cleanup", "--orphans", "--label", "slurm.job-id=41", "--json")
+    swept = run_cli("cleanup", "--orphans", "--label", OURS, "--json")
     assert swept.returncode == 0, swept.stderr
     (gone,) = json.loads(swept.stdout)["removed"]
     assert "stopped, attempt 1 recorded interrupted" in gone["why"]
