@@ -155,8 +155,7 @@ class ContainerState:
         code = raw.get("ExitCode", -1)
 
         def time_of(key: str) -> str | None:  # a string only: it reaches the envelope's times
-            value = raw.get(key)
-            return engine_text(value) or None if isinstance(value, str) else None
+            return engine_text(raw.get(key)) or None
 
         return ContainerState(
             status=str(raw.get("Status", "")),

@@ -32,7 +32,7 @@ from runner.core.errors import (
     InfrastructureError,
     RunnerError,
 )
-from runner.execution.enginetime import EndWindow, started_at
+from runner.execution.enginetime import EndWindow, started_at, started_between
 from runner.execution.lease import Lease
 from runner.execution.resources import Sampler, Sampling
 from runner.planning.plan import ExecutionPlan
@@ -456,8 +456,7 @@ def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> 
     except ContainerVanished:
         return Found(None, attempt.seconds + max((now - since).total_seconds(), 0.0), at)
     if state.running or state.status in {"restarting", "paused"}:
-        started, low, high = parse_time(state.started_at), attempt.starting_at, attempt.started_at
-        agrees = started is not None and high is not None and low <= started <= high
+        agrees = started_between(state.started_at, attempt.starting_at, attempt.started_at)
         seconds = attempt.seconds + max((now - since).total_seconds(), 0.0)
         return Found(state, seconds, at, agrees)
     if state.status == "created":

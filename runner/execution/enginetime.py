@@ -12,13 +12,14 @@ engine told of it (:class:`EndWindow`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from runner.backends.base import Backend
 from runner.core import clock
 from runner.core.errors import RunnerError
 from runner.state.ledger import parse_time
 
-__all__ = ["EndWindow", "on_this_clock", "started_at"]
+__all__ = ["EndWindow", "on_this_clock", "started_at", "started_between"]
 
 
 @dataclass(frozen=True)
@@ -70,3 +71,11 @@ def on_this_clock(engine_time: str | None, low: float, high: float) -> float:
         return min(max(mono - (wall - when).total_seconds(), low), high)
     except OverflowError:  # a year-9999 answer
         return high
+
+
+def started_between(engine_time: str | None, low: datetime, high: datetime | None) -> bool:
+    """Whether the engine's ``StartedAt`` lies between two of this host's times that must hold
+    it (a reattach's: the ledger's attempt.starting and attempt.started), as it does when the
+    engine's clock agrees with this host's."""
+    started = parse_time(engine_time)
+    return started is not None and high is not None and low <= started <= high
