@@ -40,7 +40,7 @@ def table(rows: list[Row], previous: list[dict[str, Any] | None] | None = None) 
             delta = f"{p['change']:+.0%}" + (" **regressed**" if p["regressed"] else "")
         out.append(
             f"| {r.figure} | {spread(r.baseline, r.unit)} | {spread(r.runner, r.unit)} | "
-            f"{ratio} | {r.target} | {'yes' if r.met else '**no**'} | {before} | {delta} |"
+            f"{ratio} | {r.target or '—'} | {_met(r)} | {before} | {delta} |"
         )
     return out
 
@@ -167,3 +167,11 @@ def row_json(r: Row) -> dict[str, Any]:
         "extra": r.extra,
         "notes": r.notes,
     }
+
+
+def _met(row: Row) -> str:
+    """The met column: yes, **no**, or a dash for a row that has no target (a figure shown
+    for what it tells, as an opt-in's)."""
+    if not row.target:
+        return "—"
+    return "yes" if row.met else "**no**"

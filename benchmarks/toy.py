@@ -267,3 +267,45 @@ def fig_toy_served(b: Bench, reps: int) -> Row:
     )  # fmt: skip
     _cpu_of(row, cpu, "the client, the server and its fork")
     return row
+
+
+def fig_toy_autoserve(b: Bench, reps: int) -> Row:
+    """The toy run as fresh `runner run` processes with ``RUNNER_AUTOSERVE`` set and no server
+    running: the first starts one in the background (its time is a note), the rest use it."""
+    import os
+    import re
+    import signal
+
+    command = json.loads(b.toy.read_text())["protocol"]["command"]
+    sock = b.s.sockets / "auto.sock"
+    log = sock.with_name(sock.name + ".log")
+    env = {**b.s.env, "RUNNER_SERVER": str(sock), "RUNNER_AUTOSERVE": "5m"}
+    first = b.runner_job(b.toy, "toy-auto", env=env)[0]
+    try:
+        deadline = time.monotonic() + 60
+        while "listening on" not in (log.read_text() if log.exists() else ""):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"RUNNER_AUTOSERVE started no server: {log}")
+            time.sleep(0.05)
+        xs, ys = interleave(
+            reps,
+            lambda: b.runner_job(b.toy, "toy-auto", env=env)[0],
+            lambda: toy_baseline(b, command),
+        )
+        handed = log.read_text().count(": runner run")
+    finally:
+        found = re.search(r"\(pid (\d+)\)", log.read_text()) if log.exists() else None
+        if found:
+            os.kill(int(found.group(1)), signal.SIGTERM)
+    if handed < len(xs):
+        raise RuntimeError(f"only {handed} of {len(xs)} runs went through the started server")
+    return toy_row(
+        "toy evaluation, whole `runner run` wall time, fresh processes with `RUNNER_AUTOSERVE`",
+        "toyAutoserve",
+        xs,
+        ys,
+        [f"no server at first: the first run took {first:.3f} s (it ran in its own process "
+         "and started `runner serve --idle-exit 5m` in the background); the "
+         f"{handed} runs after it went through that server (its log counts them). Opt-in: "
+         "the default `runner run` (the first row) starts no server"],
+    )  # fmt: skip

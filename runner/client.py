@@ -16,7 +16,13 @@ if TYPE_CHECKING:
     from types import FrameType
     from typing import NoReturn
 
-__all__ = ["main", "served"]
+__all__ = ["autostart", "main", "served"]
+
+AUTOSERVE_OFF = frozenset({"", "0", "off", "no", "false"})
+"""``RUNNER_AUTOSERVE`` values that start no server (as unset)."""
+
+LOG_MAX_BYTES = 1 << 20
+"""A started server's log (``<socket>.log``) begins afresh when it has grown past this."""
 
 
 def try_client(path: str, argv: list[str]) -> int | None:
@@ -83,6 +89,77 @@ def try_client(path: str, argv: list[str]) -> int | None:
     return int(answer["exit"])
 
 
+def autostart(path: str, idle: str) -> bool:
+    """``RUNNER_AUTOSERVE``: no server answered at ``path``, so start ``runner serve
+    --idle-exit <idle>`` there in the background, in a session of its own, unless one holds
+    the socket's lock (it listens, or is starting); whether one was started. The command that
+    found no server runs in its own process all the same: it does not wait for the server.
+
+    The lock is taken here, before the server starts, and handed to it open, so that clients
+    started at once start one server between them. Its log (``<socket>.log``, yours alone)
+    begins afresh past :data:`LOG_MAX_BYTES`. A value that is not a duration, or a server
+    that cannot be started, is said on stderr; the command runs on."""
+    if idle.strip().lower() in AUTOSERVE_OFF:
+        return False
+    import stat
+    import subprocess
+    from pathlib import Path
+
+    from runner.app.host import server_lock
+    from runner.core import locks, units
+
+    try:
+        if units.parse_seconds(idle) <= 0:
+            raise units.BadDuration(f"not a duration above 0: {idle!r}")
+    except units.BadDuration as exc:
+        print(f"runner: RUNNER_AUTOSERVE: {exc}; no server started", file=sys.stderr)
+        return False
+    socket_file = Path(os.path.abspath(path))
+    if len(str(socket_file)) > 100:  # as `runner serve` refuses it (a Unix socket's limit)
+        print(f"runner: RUNNER_AUTOSERVE: {socket_file} is too long for a socket", file=sys.stderr)
+        return False
+    try:
+        socket_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock = locks.try_lock(
+            Path(server_lock(str(socket_file))), opener=locks.open_private_lock_file
+        )
+    except OSError as exc:
+        print(f"runner: RUNNER_AUTOSERVE: no server started: {exc}", file=sys.stderr)
+        return False
+    if lock is None:
+        return False  # a server holds it: it listens, or is about to
+    log_file = socket_file.with_name(socket_file.name + ".log")
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        log = os.open(log_file, flags | os.O_NONBLOCK, 0o600)  # a FIFO there: no wait
+        try:
+            if not stat.S_ISREG(os.fstat(log).st_mode):
+                raise OSError(f"{log_file} is not a regular file")
+            os.set_blocking(log, True)
+            if os.fstat(log).st_size > LOG_MAX_BYTES:
+                os.ftruncate(log, 0)
+            subprocess.Popen(
+                # -P and cwd /: the runner the client runs, never a runner/ in its folder
+                [sys.executable, "-P", "-m", "runner", "serve", "--idle-exit", idle.strip(),
+                 "--lock-fd", str(lock)],
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(lock,),
+                start_new_session=True,  # not in the client's process group: Ctrl-C is not its
+                env={**os.environ, "RUNNER_SERVER": str(socket_file)},
+            )  # fmt: skip
+        finally:
+            os.close(log)
+    except OSError as exc:
+        print(f"runner: RUNNER_AUTOSERVE: no server started: {exc}", file=sys.stderr)
+        return False
+    finally:
+        os.close(lock)  # the server holds it now (the same open file), or no one
+    return True
+
+
 def served(given: list[str]) -> bool:
     """Whether the command line ``given`` is one a client hands to a server: one that starts
     with ``run`` or ``verify`` (one that starts with a logging option runs here, as before)
@@ -104,6 +181,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         code = try_client(path, given) if path is not None else None
         if code is not None:
             sys.exit(code)
+        if path is not None and os.environ.get("RUNNER_AUTOSERVE"):
+            autostart(path, os.environ["RUNNER_AUTOSERVE"])
     from runner.cli import dispatch
 
     sys.exit(dispatch(given))

@@ -28,6 +28,8 @@ operator switches          ``RUNNER_ALLOW_NETWORK``, ``RUNNER_ALLOW_UNSIGNED``,
                            ``RUNNER_ALLOW_UNPINNED_IMAGES`` (or their flags)
 server socket              ``$RUNNER_SERVER`` (``off`` switches serving off), else
                            ``<config>/server.sock``
+a server started on demand ``$RUNNER_AUTOSERVE`` (a duration: its idle time; unset, ``0`` or
+                           ``off``: none)
 =========================  =========================================================
 """
 
@@ -55,6 +57,7 @@ __all__ = [
     "policy_path",
     "result_key_path",
     "served",
+    "server_lock",
     "socket_path",
     "split_logging_options",
     "state_dir",
@@ -229,6 +232,12 @@ def socket_path() -> str | None:
     if configured:
         return configured
     return os.path.join(config_dir(), "server.sock")
+
+
+def server_lock(path: str) -> str:
+    """The lock a server at socket ``path`` holds while it lives (``<socket>.lock``): one
+    server a socket (runner.app.server), and a client that starts one takes it first."""
+    return path + ".lock"
 
 
 def code_fingerprint() -> str:

@@ -36,11 +36,12 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from runner.app.host import code_fingerprint
+from runner.app.host import code_fingerprint, server_lock
 from runner.app.warmup import warm_up
+from runner.core import locks
 from runner.state import jobdir
 
-__all__ = ["serve"]
+__all__ = ["retiring", "serve"]
 
 _MAX_REQUEST = 1 << 20
 """The largest request (command line, directory, environment) a server reads."""
@@ -133,9 +134,27 @@ def _watch_client(conn: socket.socket) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def serve(path: Path, dispatch: Callable[[list[str]], int], announce: Callable[[str], None]) -> int:
-    """Listen on ``path`` until SIGINT or SIGTERM; each request runs in its own fork."""
+def serve(
+    path: Path,
+    dispatch: Callable[[list[str]], int],
+    announce: Callable[[str], None],
+    *,
+    idle_exit: float | None = None,
+    lock_fd: int | None = None,
+) -> int:
+    """Listen on ``path`` until SIGINT or SIGTERM; each request runs in its own fork.
+
+    One server a socket: it holds ``<socket>.lock`` (:func:`runner.app.host.server_lock`)
+    while it lives, taken before the rest, so that servers started at once end with one
+    listening; ``lock_fd`` is that lock taken already (by the client that started this
+    server, runner.client.autostart). With ``idle_exit`` seconds it stops by itself once
+    that long has passed with no command running or received, or as soon as the runner's
+    code on disk changes (see :func:`retiring`): the next client starts a fresh one."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    lock = _hold_lock(path, lock_fd)
+    if lock is None:
+        announce(f"a runner server already listens on {path}, or is starting")
+        return 2
     if path.exists():
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -165,35 +184,107 @@ def serve(path: Path, dispatch: Callable[[list[str]], int], announce: Callable[[
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    announce(f"listening on {path} (pid {os.getpid()}); `runner run` and `runner verify` use it")
+    announce(
+        f"listening on {path} (pid {os.getpid()}); `runner run` and `runner verify` use it"
+        + (f"; stops after {idle_exit:g} s idle" if idle_exit is not None else "")
+    )
     children: dict[int, str] = {}
+    last_busy = time.monotonic()
+    checked = last_busy
+
+    def reap() -> None:
+        nonlocal last_busy
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                announce(f"{children.pop(pid)}: exit {code}")
+                last_busy = time.monotonic()
+
+    def take(conn: socket.socket) -> None:
+        nonlocal last_busy
+        last_busy = time.monotonic()
+        peer_pid, peer_uid = _peer(conn)
+        if peer_uid != os.getuid():
+            announce(f"refused pid {peer_pid}: uid {peer_uid} is not this server's")
+            conn.close()
+            return
+        label = f"{time.strftime('%H:%M:%S')} pid {peer_pid}"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        child = os.fork()
+        if child == 0:
+            listener.close()
+            os.close(lock)  # closed, not unlocked: the lock is the server's, not this job's
+            _handle(conn, fingerprint, dispatch, label)
+        conn.close()
+        children[child] = label
+
+    why = "stopped"
     try:
         while not stopping:
-            for pid in list(children):
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    code = os.waitstatus_to_exitcode(status)
-                    announce(f"{children.pop(pid)}: exit {code}")
+            reap()
+            if idle_exit is not None:
+                now = time.monotonic()
+                code_now = None
+                if now - checked >= _CODE_CHECK_SECONDS:
+                    checked, code_now = now, code_fingerprint()
+                reason = retiring(idle_exit, now - last_busy, len(children), fingerprint, code_now)
+                if reason is not None:
+                    why = reason
+                    path.unlink(missing_ok=True)  # no new client finds it; then those queued
+                    _drain(listener, take)
+                    break
             try:
                 conn, _ = listener.accept()
             except (TimeoutError, InterruptedError):
                 continue
-            peer_pid, peer_uid = _peer(conn)
-            if peer_uid != os.getuid():
-                announce(f"refused pid {peer_pid}: uid {peer_uid} is not this server's")
-                conn.close()
-                continue
-            label = f"{time.strftime('%H:%M:%S')} pid {peer_pid}"
-            sys.stdout.flush()
-            sys.stderr.flush()
-            child = os.fork()
-            if child == 0:
-                listener.close()
-                _handle(conn, fingerprint, dispatch, label)
-            conn.close()
-            children[child] = label
+            take(conn)
     finally:
         listener.close()
         path.unlink(missing_ok=True)
-    announce(f"stopped; {len(children)} command(s) still running go on by themselves")
+        locks.release(lock)
+    announce(f"{why}; {len(children)} command(s) still running go on by themselves")
     return 0
+
+
+_CODE_CHECK_SECONDS = 5.0
+"""How often a server that stops by itself (``idle_exit``) looks whether its code changed."""
+
+
+def _hold_lock(path: Path, given: int | None) -> int | None:
+    """The server's lock, taken (or ``given`` taken already), never handed to a program it
+    starts; None when another server holds it."""
+    if given is None:
+        return locks.try_lock(Path(server_lock(str(path))), opener=locks.open_private_lock_file)
+    os.set_inheritable(given, False)
+    if not locks.acquire(given, wait=False):  # ours already: a no-op; else not ours
+        os.close(given)
+        return None
+    return given
+
+
+def retiring(
+    idle_exit: float, idle: float, running: int, fingerprint: str, code_now: str | None
+) -> str | None:
+    """Why a server with ``idle_exit`` stops now, or None: its runner code on disk changed
+    (``code_now``, when looked at, differs from the ``fingerprint`` it started with: it would
+    refuse every client); or nothing ran for ``idle_exit`` seconds (``idle``, with no command
+    ``running``)."""
+    if code_now is not None and code_now != fingerprint:
+        return "stopped: the runner's code changed since it started"
+    if running == 0 and idle >= idle_exit:
+        return f"stopped after {idle_exit:g} s idle"
+    return None
+
+
+def _drain(listener: socket.socket, take: Callable[[socket.socket], None]) -> None:
+    """Serve the clients that connected before the socket's name was removed."""
+    listener.setblocking(False)
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        conn.setblocking(True)
+        take(conn)

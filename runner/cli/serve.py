@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from runner.app import host
 from runner.cli._common import EXIT_USAGE, usage
+from runner.core import units
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -30,9 +31,33 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         "it: the same output and exit codes, without the start-up (about 0.3 s a run). "
         "It runs no other command a client sends (a usage error, exit 2). "
         "Ctrl-C on a client stops its job; a server running older code is not used. "
-        "RUNNER_SERVER=off keeps commands in their own process.",
+        "RUNNER_SERVER=off keeps commands in their own process; RUNNER_AUTOSERVE=<duration> "
+        "has a command that finds no server start one in the background "
+        "(`runner serve --idle-exit <duration>`). One server a socket: a second is refused "
+        "(exit 2).",
     )
+    serve.add_argument(
+        "--idle-exit",
+        metavar="DURATION",
+        type=_idle,
+        help="stop by itself once DURATION has passed with no command running or received, "
+        "or as soon as the runner's code on disk changes (its clients would not use it); "
+        f"{units.DURATION_FORMS}. Without it, it runs until SIGINT or SIGTERM",
+    )
+    # The lock of the socket (runner.app.server.lock_path), taken by the client that started
+    # this server (RUNNER_AUTOSERVE, runner.client) and handed down open.
+    serve.add_argument("--lock-fd", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
+
+
+def _idle(text: str) -> float:
+    try:
+        seconds = units.parse_seconds(text)
+    except units.BadDuration as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the idle time must be more than 0")
+    return seconds
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -59,7 +84,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"runner serve: {line}", file=sys.stderr, flush=True)
 
     load_all()  # every command's module, as the server's warm-up does the rest of the runner
-    return server.serve(path, served_only(dispatch), announce)
+    return server.serve(
+        path, served_only(dispatch), announce, idle_exit=args.idle_exit, lock_fd=args.lock_fd
+    )
 
 
 def served_only(dispatch: Callable[[list[str]], int]) -> Callable[[list[str]], int]:

@@ -72,6 +72,14 @@ READ: tuple[EnvVar, ...] = (
         "`<config>/server.sock`",
     ),
     EnvVar(
+        "RUNNER_AUTOSERVE",
+        "A duration (`10m`): a `runner run` or `runner verify contract` that finds no server "
+        "starts `runner serve --idle-exit <duration>` in the background (its log: "
+        "`<socket>.log`) and runs itself as usual; later commands use the server. `0` or `off`: "
+        "none.",
+        "off",
+    ),
+    EnvVar(
         "RUNNER_LOG_LEVEL",
         "The log level (`debug`, `info`, `warning`, `error`), as `--log-level`.",
         "no log",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -165,3 +166,87 @@ def test_no_server_or_a_dead_one_means_in_process(tmp_path: Path, image_id: str)
         env = {**os.environ, "RUNNER_SERVER": value}
         proc = _run(env, "verify", str(contract), "--allow-unsigned")
         assert proc.returncode == 0 and proc.stdout.startswith("ok: "), (value, proc.stderr)
+
+
+def _server_pid(log: Path, timeout: float = 60) -> int:
+    """The pid a server's log says it listens with, once it does."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"listening on .* \(pid (\d+)\)", log.read_text() if log.exists() else "")
+        if found:
+            return int(found.group(1))
+        time.sleep(0.05)
+    raise AssertionError(f"no server listened: {log.read_text() if log.exists() else ''}")
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_autoserve_starts_one_server_that_later_commands_use(tmp_path: Path, image_id: str) -> None:
+    """RUNNER_AUTOSERVE: clients that find no server run their commands themselves, and
+    between them start exactly one server (each tried, one held the lock), in the
+    background; the next command is that server's."""
+    sock = tmp_path / "s.sock"
+    log = tmp_path / "s.sock.log"
+    env = {**os.environ, "RUNNER_SERVER": str(sock), "RUNNER_AUTOSERVE": "2m"}
+    contract = write_contract(tmp_path, image_id)
+    argv = [sys.executable, "-m", "runner", "verify", str(contract), "--allow-unsigned"]
+    clients = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(6)
+    ]
+    pid = None
+    try:
+        for client in clients:
+            out, err = client.communicate(timeout=120)
+            assert client.returncode == 0 and out.startswith(b"ok: "), err[-3000:]
+        pid = _server_pid(log)
+        again = _run(env, "verify", str(contract), "--allow-unsigned")
+        assert again.returncode == 0 and again.stdout.startswith("ok: "), again.stderr
+        text = log.read_text()
+        assert text.count("listening on") == 1, text
+        assert f"verify {contract} --allow-unsigned" in text  # served: the server logged it
+        assert "stops after 120 s idle" in text
+        assert sock.stat().st_mode & 0o777 == 0o600 and log.stat().st_mode & 0o777 == 0o600
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            assert _gone(pid, 30)
+    assert not sock.exists()
+
+
+def test_an_idle_server_stops_by_itself_and_one_socket_has_one_server(tmp_path: Path) -> None:
+    """`runner serve --idle-exit`: a second server on the same socket is refused (exit 2)
+    while the first lives; the first, with nothing to do, stops by itself and removes its
+    socket; then a server may start there again."""
+    env = {**os.environ, "RUNNER_SERVER": str(tmp_path / "s.sock")}
+    log = tmp_path / "server.log"
+    with log.open("wb") as sink:
+        first = subprocess.Popen(
+            [sys.executable, "-m", "runner", "serve", "--idle-exit", "2s"],
+            env=env,
+            stdout=sink,
+            stderr=sink,
+        )
+    try:
+        assert _server_pid(log) == first.pid
+        second = _run(env, "serve")
+        assert second.returncode == 2
+        assert "already listens" in second.stderr, second.stderr
+        assert first.wait(timeout=60) == 0
+        assert "stopped after 2 s idle" in log.read_text()
+        assert not (tmp_path / "s.sock").exists()
+        refused = _run(env, "serve", "--idle-exit", "0")
+        assert refused.returncode == 2 and "--idle-exit" in refused.stderr
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()

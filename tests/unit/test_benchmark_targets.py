@@ -92,6 +92,18 @@ def test_a_row_without_a_target_keeps_its_own() -> None:
     assert (row.target, row.met) == ("its own", True)
 
 
+def test_a_row_with_no_target_shows_a_dash_not_a_miss() -> None:
+    """A figure shown for what it tells (an opt-in's, as toyAutoserve) is neither met nor
+    missed in the table."""
+    from benchmarks.report import table
+
+    row = _row("toyAutoserve", 1.2)
+    judge(row)
+    assert row.target == ""
+    [line] = [t for t in table([row]) if "toyAutoserve" in t]
+    assert line.endswith("| — | — |  |  |") and "**no**" not in line
+
+
 @pytest.mark.parametrize(
     ("unit", "previous", "ratio", "regressed"),
     [
