@@ -105,3 +105,28 @@ def test_verify_contract_imports_only_what_verifying_needs(tmp_path: Path) -> No
     )
     assert packages(modules, run_only) == []
     assert "runner.parsers.json_scalar" in modules
+
+
+def test_the_slurm_step_imports_no_models_while_its_child_ends_by_itself(
+    tmp_path: Path,
+) -> None:
+    """The Slurm batch step (runner.scheduling.slurm.step) only waits for `runner run` in
+    every Slurm job: the job folder, the ledger and pydantic are for a child killed by a
+    signal alone (about 0.1 s of CPU a job otherwise)."""
+    out = tmp_path / "modules.json"
+    script = (
+        "import atexit, json, sys\n"
+        "atexit.register(lambda: open(sys.argv[1], 'w').write(json.dumps(sorted(sys.modules))))\n"
+        "from runner.scheduling.slurm.step import main\n"
+        "code = main(sys.argv[2:])\n"
+        "assert code == 3, code\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(out), "--state-dir", str(tmp_path), "--job-id", "j",
+         "--", sys.executable, "-c", "raise SystemExit(3)"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    modules = set(json.loads(out.read_text()))
+    assert packages(modules, (*LIGHT_ONLY, "runner.state")) == []

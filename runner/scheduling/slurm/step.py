@@ -39,7 +39,6 @@ from pathlib import Path
 from types import FrameType
 
 from runner.core import clock
-from runner.state.jobdir import StateDir
 
 __all__ = ["OWNER_GRACE_SECONDS", "POLL_SECONDS", "main"]
 
@@ -78,7 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("the command to run comes after --")
-    job = StateDir(Path(args.state_dir)).job(args.job_id)
     child = subprocess.Popen(command, preexec_fn=_dies_with(os.getpid()))
     target: list[int] = [child.pid]  # who gets a signal passed on: the child, then the owner
 
@@ -91,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     code = child.wait()
     if code >= 0:
         return code
+    # Only now: the job folder's module brings pydantic with the ledger (about 0.1 s of CPU
+    # in every Slurm job, where the step only waits for its child).
+    from runner.state.jobdir import StateDir
+
+    job = StateDir(Path(args.state_dir)).job(args.job_id)
     owner = job.owner_pid()
     grace = clock.monotonic() + OWNER_GRACE_SECONDS
     while owner is None and clock.monotonic() < grace:  # a served runner taking the lock now
