@@ -144,27 +144,6 @@ def served(tmp: Path, env: dict[str, str]) -> Iterator[dict[str, str]]:
         server.wait(timeout=60)
 
 
-@contextlib.contextmanager
-def autoserved(tmp: Path, env: dict[str, str], tag: str) -> Iterator[dict[str, str]]:
-    """No server at first, and ``RUNNER_AUTOSERVE`` set: the first `runner run` of the round
-    starts one (where it lives on depends on how Slurm tracks a job's processes); it is
-    stopped after the round, by the pid its log gives."""
-    import re
-
-    sock = tmp / f"auto-{tag}.sock"
-    env = {**env, "RUNNER_SERVER": str(sock), "RUNNER_AUTOSERVE": "5m"}
-    log = sock.with_name(sock.name + ".log")
-    try:
-        yield env
-    finally:
-        text = log.read_text() if log.exists() else ""
-        for pid in re.findall(r"listening on .* \(pid (\d+)\)", text):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGTERM)
-        print(f"    servers started: {text.count('listening on')}, commands served: "
-              f"{text.count(': runner run')}", file=sys.stderr, flush=True)  # fmt: skip
-
-
 def caps(tmp: Path, env: dict[str, str]) -> dict[str, Any]:
     """The caps `runner run` applies to the toy job (one local run's envelope)."""
     folder = tmp / "caps"
@@ -197,15 +176,12 @@ def main() -> int:
     # under this run's temporary folder, as the main benchmark does.
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
-    rounds: dict[str, list[tuple[float, int, int]]] = {
-        "runner": [], "served": [], "autoserve": [], "baseline": []
-    }  # fmt: skip
+    rounds: dict[str, list[tuple[float, int, int]]] = {"runner": [], "served": [], "baseline": []}
     try:
         limits = caps(tmp, env)
         half = [args.jobs // 2, args.jobs - args.jobs // 2]
         order = [("baseline", half[0]), ("runner", half[0]), ("served", half[0]),
-                 ("autoserve", half[0]), ("autoserve", half[1]), ("served", half[1]),
-                 ("runner", half[1]), ("baseline", half[1])]  # fmt: skip
+                 ("served", half[1]), ("runner", half[1]), ("baseline", half[1])]  # fmt: skip
         for k, (side, n) in enumerate(order):
             print(f"==> round {k + 1}: {side}, {n} jobs", file=sys.stderr, flush=True)
             if side == "runner":
@@ -213,9 +189,6 @@ def main() -> int:
             elif side == "served":
                 with served(tmp, env) as warm:
                     seconds, ok = runner_round(tmp, n, f"s{k}", warm)
-            elif side == "autoserve":
-                with autoserved(tmp, env, f"a{k}") as auto:
-                    seconds, ok = runner_round(tmp, n, f"a{k}", auto)
             else:
                 seconds, ok = baseline_round(tmp, n, f"b{k}", limits)
             rounds[side].append((seconds, n, ok))
@@ -241,7 +214,6 @@ def render(rounds: dict[str, list[tuple[float, int, int]]], limits: dict[str, An
     target = TARGETS["slurm"]
     rs, rj, rok, rt = side("runner")
     ss, sj, sok, st = side("served")
-    as_, aj, aok, at = side("autoserve")
     bs, bj, bok, bt = side("baseline")
     cpus = os.cpu_count()
     lines = [
@@ -250,20 +222,17 @@ def render(rounds: dict[str, list[tuple[float, int, int]]], limits: dict[str, An
         f"Measured {datetime.now(UTC).isoformat(timespec='minutes')} by `scripts/bench_slurm.py "
         f"--jobs {n}` on the single-node Slurm of scripts/setup_slurm.sh ({cpus} CPUs; each job "
         "asks 1 CPU and 1024 MiB, so at most "
-        f"{cpus} run at once). Rounds in the order baseline, runner, served, autoserve, "
-        f"autoserve, served, runner, baseline; {n // 2} + {n - n // 2} jobs a side.",
+        f"{cpus} run at once). Rounds in the order baseline, runner, served, served, runner, "
+        f"baseline; {n // 2} + {n - n // 2} jobs a side.",
         "",
         "| side | jobs | succeeded | seconds | jobs/s |",
         "|---|---|---|---|---|",
         f"| runner submit + runner wait | {rj} | {rok} | {rs:.1f} | {rt:.3f} |",
         f"| the same, `runner serve` on the node | {sj} | {sok} | {ss:.1f} | {st:.3f} |",
-        f"| the same, `RUNNER_AUTOSERVE=5m` and no server at first | {aj} | {aok} | "
-        f"{as_:.1f} | {at:.3f} |",
         f"| sbatch --wrap docker run + squeue | {bj} | {bok} | {bs:.1f} | {bt:.3f} |",
         "",
         f"**Throughput ratio (runner / baseline): {rt / bt:.2f}x**; with `runner serve` on the "
-        f"node: {st / bt:.2f}x; with `RUNNER_AUTOSERVE`: {at / bt:.2f}x (target, figure id "
-        "`slurm` of benchmarks/targets.py: "
+        f"node: {st / bt:.2f}x (target, figure id `slurm` of benchmarks/targets.py: "
         f"{target.text()}; {'met' if target.met(rt / bt, {}) else 'not met'} by the fresh "
         "process per job).",
         "",

@@ -82,7 +82,8 @@ def try_client(path: str, argv: list[str]) -> int | None:
     if "stale" in answer:
         print(
             f"runner: the runner server at {path} runs other code ({answer['stale']}); "
-            "running in this process (restart `runner serve` to use it again)",
+            "running in this process (restart `runner serve` to use it again; one that "
+            "RUNNER_AUTOSERVE started stops by itself once its code changed or it is idle)",
             file=sys.stderr,
         )
         return None
@@ -96,50 +97,59 @@ def autostart(path: str, idle: str) -> bool:
     found no server runs in its own process all the same: it does not wait for the server.
 
     The lock is taken here, before the server starts, and handed to it open, so that clients
-    started at once start one server between them. Its log (``<socket>.log``, yours alone)
-    begins afresh past :data:`LOG_MAX_BYTES`. A value that is not a duration, or a server
-    that cannot be started, is said on stderr; the command runs on."""
-    if idle.strip().lower() in AUTOSERVE_OFF:
+    started at once start one server between them. The server imports the runner this client
+    runs (its folder first on ``PYTHONPATH``; ``-P`` and ``/`` as its directory), and keeps
+    only the variables :func:`server_environment` lets through. Never under Slurm
+    (``SLURM_JOB_ID``): a server started inside one job's allocation would run the next job
+    on the node there too, and die with the first. Its log (``<socket>.log``, yours alone)
+    begins afresh past :data:`LOG_MAX_BYTES` when a server starts. A value that is not a
+    duration of at most :data:`AUTOSERVE_MAX_SECONDS`, something else than a socket at
+    ``path``, or a lock or log file of another user, a link or a FIFO: said on stderr, no
+    server, and the command runs on."""
+    if idle.strip().lower() in AUTOSERVE_OFF or os.environ.get("SLURM_JOB_ID"):
         return False
     import stat
     import subprocess
     from pathlib import Path
 
-    from runner.app.host import server_lock
+    from runner.app.host import open_server_lock
     from runner.core import locks, units
 
-    try:
-        if units.parse_seconds(idle) <= 0:
-            raise units.BadDuration(f"not a duration above 0: {idle!r}")
-    except units.BadDuration as exc:
-        print(f"runner: RUNNER_AUTOSERVE: {exc}; no server started", file=sys.stderr)
+    def refuse(why: object) -> bool:
+        print(f"runner: RUNNER_AUTOSERVE: no server started: {why}", file=sys.stderr)
         return False
+
+    try:
+        seconds = units.parse_seconds(idle)
+    except units.BadDuration as exc:
+        return refuse(exc)
+    if not 0 < seconds <= AUTOSERVE_MAX_SECONDS:
+        return refuse(f"{idle!r} is not a duration above 0 and at most 7 days")
     socket_file = Path(os.path.abspath(path))
     if len(str(socket_file)) > 100:  # as `runner serve` refuses it (a Unix socket's limit)
-        print(f"runner: RUNNER_AUTOSERVE: {socket_file} is too long for a socket", file=sys.stderr)
-        return False
+        return refuse(f"{socket_file} is too long for a socket")
+    try:
+        there = os.lstat(socket_file)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return refuse(exc)
+    else:
+        if not stat.S_ISSOCK(there.st_mode):  # a server would fail on it, every time
+            return refuse(f"{socket_file} is there and is not a socket")
     try:
         socket_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock = locks.try_lock(
-            Path(server_lock(str(socket_file))), opener=locks.open_private_lock_file
-        )
+        lock = open_server_lock(str(socket_file))
     except OSError as exc:
-        print(f"runner: RUNNER_AUTOSERVE: no server started: {exc}", file=sys.stderr)
-        return False
-    if lock is None:
-        return False  # a server holds it: it listens, or is about to
-    log_file = socket_file.with_name(socket_file.name + ".log")
+        return refuse(exc)
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        log = os.open(log_file, flags | os.O_NONBLOCK, 0o600)  # a FIFO there: no wait
+        if not locks.acquire(lock, wait=False):
+            return False  # a server holds it: it listens, or is about to
+        log = _open_log(socket_file.with_name(socket_file.name + ".log"))
         try:
-            if not stat.S_ISREG(os.fstat(log).st_mode):
-                raise OSError(f"{log_file} is not a regular file")
-            os.set_blocking(log, True)
-            if os.fstat(log).st_size > LOG_MAX_BYTES:
-                os.ftruncate(log, 0)
             subprocess.Popen(
-                # -P and cwd /: the runner the client runs, never a runner/ in its folder
+                # -P and cwd /: no runner/ of the working folder; this client's own runner
+                # comes first on the server's PYTHONPATH (server_environment)
                 [sys.executable, "-P", "-m", "runner", "serve", "--idle-exit", idle.strip(),
                  "--lock-fd", str(lock)],
                 cwd="/",
@@ -148,16 +158,72 @@ def autostart(path: str, idle: str) -> bool:
                 stderr=log,
                 pass_fds=(lock,),
                 start_new_session=True,  # not in the client's process group: Ctrl-C is not its
-                env={**os.environ, "RUNNER_SERVER": str(socket_file)},
+                env=server_environment(str(socket_file)),
             )  # fmt: skip
         finally:
             os.close(log)
     except OSError as exc:
-        print(f"runner: RUNNER_AUTOSERVE: no server started: {exc}", file=sys.stderr)
-        return False
+        return refuse(exc)
     finally:
         os.close(lock)  # the server holds it now (the same open file), or no one
     return True
+
+
+AUTOSERVE_MAX_SECONDS = 7 * 86400
+"""The longest idle time ``RUNNER_AUTOSERVE`` may give a server it starts."""
+
+SERVER_VARIABLES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV", "PYTHONHOME",
+     "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE", "PYTHONSAFEPATH"}
+)  # fmt: skip
+"""Besides the runner's own host variables (runner/core/envvars.py: the engine's, the config
+folder's, ...) and ``LC_*``: all of a client's environment a server it starts keeps. Each
+command still runs with its own client's whole environment; the server's is what it starts
+with, and shows in ``/proc/<pid>/environ`` of it and of every process forked from it."""
+
+
+def server_environment(socket_file: str) -> dict[str, str]:
+    """The environment of a server :func:`autostart` starts: :data:`SERVER_VARIABLES`, the
+    runner's own host variables but Slurm's, ``LC_*``; ``RUNNER_SERVER`` the absolute socket;
+    ``PYTHONPATH`` the folder this client's ``runner`` package is in, then the client's own
+    entries made absolute (the server runs in ``/``)."""
+    from runner.core.envvars import READ
+
+    own = {v.name for v in READ if not v.name.startswith("SLURM")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in SERVER_VARIABLES or k in own or k.startswith("LC_")
+    }
+    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # runner/ is in it
+    given = [os.path.abspath(e) for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    env["PYTHONPATH"] = os.pathsep.join([where, *given])
+    env["RUNNER_SERVER"] = socket_file
+    return env
+
+
+def _open_log(path: object) -> int:
+    """``<socket>.log`` opened to append, this user's own and private; a link, a FIFO, a file
+    of another user: OSError."""
+    import stat
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    log = os.open(str(path), flags | os.O_NONBLOCK, 0o600)  # a FIFO there: no wait
+    try:
+        st = os.fstat(log)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise OSError(f"{path} belongs to uid {st.st_uid}, not to this user")
+        if st.st_mode & 0o077:
+            os.fchmod(log, 0o600)
+        os.set_blocking(log, True)
+        if st.st_size > LOG_MAX_BYTES:
+            os.ftruncate(log, 0)
+    except BaseException:
+        os.close(log)
+        raise
+    return log
 
 
 def served(given: list[str]) -> bool:

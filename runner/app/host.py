@@ -54,6 +54,7 @@ __all__ = [
     "gpu_lock_dir",
     "install_signal_handlers",
     "load",
+    "open_server_lock",
     "policy_path",
     "result_key_path",
     "served",
@@ -238,6 +239,23 @@ def server_lock(path: str) -> str:
     """The lock a server at socket ``path`` holds while it lives (``<socket>.lock``): one
     server a socket (runner.app.server), and a client that starts one takes it first."""
     return path + ".lock"
+
+
+def open_server_lock(path: str) -> int:
+    """:func:`server_lock` of the socket ``path`` opened (not taken): made this user's own and
+    private; a link there replaced (runner.core.locks.open_private_lock_file). One of another
+    user (a socket in a shared folder, where anyone could hold it to keep every server away):
+    OSError saying so."""
+    from pathlib import Path
+
+    from runner.core import locks
+
+    fd = locks.open_private_lock_file(Path(server_lock(path)))
+    owner = os.fstat(fd).st_uid
+    if owner != os.geteuid():
+        os.close(fd)
+        raise PermissionError(f"{server_lock(path)} belongs to uid {owner}, not to this user")
+    return fd
 
 
 def code_fingerprint() -> str:

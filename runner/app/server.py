@@ -36,12 +36,16 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from runner.app.host import code_fingerprint, server_lock
+from runner.app.host import code_fingerprint, open_server_lock
 from runner.app.warmup import warm_up
 from runner.core import locks
 from runner.state import jobdir
 
 __all__ = ["retiring", "serve"]
+
+STALE_EXIT = 75
+"""The exit code of a server's fork that refused its client as running other code: served
+nothing, so it does not count as the server being busy (``--idle-exit``)."""
 
 _MAX_REQUEST = 1 << 20
 """The largest request (command line, directory, environment) a server reads."""
@@ -81,7 +85,7 @@ def _handle(
                 else f"{len(fds)} file descriptors passed, not stdin, stdout and stderr"
             )
             conn.sendall(json.dumps({"stale": why}).encode() + b"\n")
-            os._exit(0)
+            os._exit(STALE_EXIT)
         argv = [str(a) for a in request["argv"]]
         os.write(2, f"{log}: runner {' '.join(argv)}\n".encode())  # still the server's log
         for target, fd in enumerate(fds):
@@ -151,7 +155,11 @@ def serve(
     that long has passed with no command running or received, or as soon as the runner's
     code on disk changes (see :func:`retiring`): the next client starts a fresh one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = _hold_lock(path, lock_fd)
+    try:
+        lock = _hold_lock(path, lock_fd)
+    except OSError as exc:
+        announce(f"cannot take the socket's lock: {exc}")
+        return 2
     if lock is None:
         announce(f"a runner server already listens on {path}, or is starting")
         return 2
@@ -198,12 +206,13 @@ def serve(
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 code = os.waitstatus_to_exitcode(status)
+                if code == STALE_EXIT:  # it served nothing: the idle time runs on
+                    announce(f"{children.pop(pid)}: not served: the client runs other code")
+                    continue
                 announce(f"{children.pop(pid)}: exit {code}")
                 last_busy = time.monotonic()
 
     def take(conn: socket.socket) -> None:
-        nonlocal last_busy
-        last_busy = time.monotonic()
         peer_pid, peer_uid = _peer(conn)
         if peer_uid != os.getuid():
             announce(f"refused pid {peer_pid}: uid {peer_uid} is not this server's")
@@ -254,14 +263,13 @@ _CODE_CHECK_SECONDS = 5.0
 
 def _hold_lock(path: Path, given: int | None) -> int | None:
     """The server's lock, taken (or ``given`` taken already), never handed to a program it
-    starts; None when another server holds it."""
-    if given is None:
-        return locks.try_lock(Path(server_lock(str(path))), opener=locks.open_private_lock_file)
-    os.set_inheritable(given, False)
-    if not locks.acquire(given, wait=False):  # ours already: a no-op; else not ours
-        os.close(given)
+    starts; None when another server holds it. One of another user: OSError."""
+    fd = open_server_lock(str(path)) if given is None else given
+    os.set_inheritable(fd, False)
+    if not locks.acquire(fd, wait=False):  # given: ours already, a no-op
+        os.close(fd)
         return None
-    return given
+    return fd
 
 
 def retiring(

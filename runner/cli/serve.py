@@ -44,7 +44,7 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         "or as soon as the runner's code on disk changes (its clients would not use it); "
         f"{units.DURATION_FORMS}. Without it, it runs until SIGINT or SIGTERM",
     )
-    # The lock of the socket (runner.app.server.lock_path), taken by the client that started
+    # The lock of the socket (runner.app.host.server_lock), taken by the client that started
     # this server (RUNNER_AUTOSERVE, runner.client) and handed down open.
     serve.add_argument("--lock-fd", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
@@ -55,8 +55,8 @@ def _idle(text: str) -> float:
         seconds = units.parse_seconds(text)
     except units.BadDuration as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the idle time must be more than 0")
+    if not 0 < seconds <= 7 * 86400:
+        raise argparse.ArgumentTypeError(f"{text!r}: the idle time is more than 0, at most 7d")
     return seconds
 
 

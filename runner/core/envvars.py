@@ -73,11 +73,17 @@ READ: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "RUNNER_AUTOSERVE",
-        "A duration (`10m`): a `runner run` or `runner verify contract` that finds no server "
-        "starts `runner serve --idle-exit <duration>` in the background (its log: "
-        "`<socket>.log`) and runs itself as usual; later commands use the server. `0` or `off`: "
-        "none.",
+        "A duration of at most 7 days (`10m`): a `runner run` or `runner verify contract` that "
+        "finds no server starts `runner serve --idle-exit <duration>` in the background (its "
+        "log: `<socket>.log`) and runs itself as usual; later commands use the server. `0` or "
+        "`off`: none. Never under Slurm (`SLURM_JOB_ID` set).",
         "off",
+    ),
+    EnvVar(
+        "PYTHONPATH",
+        "Read by `RUNNER_AUTOSERVE` only: a server it starts gets this runner's folder, then "
+        "these entries made absolute.",
+        "",
     ),
     EnvVar(
         "RUNNER_LOG_LEVEL",

@@ -250,3 +250,43 @@ def test_an_idle_server_stops_by_itself_and_one_socket_has_one_server(tmp_path: 
         if first.poll() is None:
             first.kill()
             first.wait()
+
+
+def test_clients_running_other_code_do_not_keep_an_idle_server_up(tmp_path: Path) -> None:
+    """A stale request (another checkout's client) is refused and served nothing: a server with
+    --idle-exit stops all the same while such requests keep coming (they counted as work,
+    and a server no one could use stayed up as long as they came)."""
+    sock = tmp_path / "s.sock"
+    env = {**os.environ, "RUNNER_SERVER": str(sock)}
+    log = tmp_path / "server.log"
+    with log.open("wb") as sink:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "runner", "serve", "--idle-exit", "2s"],
+            env=env,
+            stdout=sink,
+            stderr=sink,
+        )
+    try:
+        _server_pid(log)
+        refused = 0
+        deadline = time.monotonic() + 120
+        while server.poll() is None and time.monotonic() < deadline:
+            conn = socket.socket(socket.AF_UNIX)
+            try:
+                conn.connect(str(sock))
+                request = {"argv": ["verify"], "cwd": "/", "env": {}, "code": "other"}
+                socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], [0, 1, 2])
+                if "stale" in conn.makefile().readline():
+                    refused += 1
+            except OSError:
+                pass  # the server went between its socket's removal and its end
+            finally:
+                conn.close()
+            time.sleep(0.3)
+        assert server.wait(timeout=30) == 0
+        assert refused >= 1 and "stopped after 2 s idle" in log.read_text()
+        assert "not served: the client runs other code" in log.read_text()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
