@@ -104,6 +104,10 @@ def _handle(
     except BaseException as exc:  # noqa: BLE001 - reported to the client as an exit code
         print(f"runner: infrastructure: the server failed: {exc!r}", file=sys.stderr)
     finally:
+        # The command is over: nothing is left to cancel. A cancel from here on (the client
+        # leaving once it has the answer is one, under Slurm) must not raise in this frame.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
@@ -223,9 +227,12 @@ def serve(
         sys.stderr.flush()
         child = os.fork()
         if child == 0:
-            listener.close()
-            os.close(lock)  # closed, not unlocked: the lock is the server's, not this job's
-            _handle(conn, fingerprint, dispatch, label)
+            try:
+                listener.close()
+                os.close(lock)  # closed, not unlocked: the lock is the server's, not this job's
+                _handle(conn, fingerprint, dispatch, label)
+            finally:  # never back into this loop, whatever escaped: its finally would remove
+                os._exit(70)  # the server's socket (EX_SOFTWARE; _handle exits by itself)
         conn.close()
         children[child] = label
 

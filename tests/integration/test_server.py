@@ -290,3 +290,23 @@ def test_clients_running_other_code_do_not_keep_an_idle_server_up(tmp_path: Path
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_a_slurm_client_that_ends_leaves_the_server_and_its_socket(
+    tmp_path: Path, image_id: str, served: tuple[dict[str, str], Path]
+) -> None:
+    """Under Slurm a served fork cancels its job when its client goes away before the job's
+    lock is taken; after the command, the client's leaving raced the fork's reply: the
+    fork's SIGTERM to itself, raised as KeyboardInterrupt after the reply and before its
+    exit, unwound the fork into the server's own loop, which removed the server's socket (only
+    the first jobs on a Slurm node were served). Now every later command is served too."""
+    env, log = served
+    env = {**env, "SLURM_JOB_ID": "4242"}
+    contract = write_contract(tmp_path, image_id)
+    for _ in range(6):
+        done = _run(env, "verify", str(contract), "--allow-unsigned")
+        assert done.returncode == 0 and done.stdout.startswith("ok: "), done.stderr
+        assert Path(env["RUNNER_SERVER"]).exists(), log.read_text()
+    served_lines = [line for line in log.read_text().splitlines() if ": runner verify" in line]
+    assert len(served_lines) == 6, log.read_text()
+    assert "exit 130" not in log.read_text()
