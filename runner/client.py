@@ -34,14 +34,23 @@ def try_client(path: str, argv: list[str]) -> int | None:
     import signal
     import socket
 
-    from runner.app.host import code_fingerprint
+    from runner.app.host import code_fingerprint, peer
 
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
+        _, uid = peer(conn)
     except OSError:
         conn.close()
         return None  # a socket left by a server that is gone
+    if uid != os.geteuid():  # never our environment and terminal to another user's process
+        conn.close()
+        print(
+            f"runner: the socket {path} is served by uid {uid}, not by you: not used "
+            "(set RUNNER_SERVER to a socket of your own, or off)",
+            file=sys.stderr,
+        )
+        return None
     request = {
         "argv": argv,
         "cwd": os.getcwd(),
@@ -125,6 +134,9 @@ def autostart(path: str, idle: str) -> bool:
         return refuse(exc)
     if not 0 < seconds <= AUTOSERVE_MAX_SECONDS:
         return refuse(f"{idle!r} is not a duration above 0 and at most 7 days")
+    where = runner_folder()
+    if where is not None and os.pathsep in where:  # PYTHONPATH could not name it
+        return refuse(f"the runner's folder {where} has a {os.pathsep!r} in its name")
     socket_file = Path(os.path.abspath(path))
     if len(str(socket_file)) > 100:  # as `runner serve` refuses it (a Unix socket's limit)
         return refuse(f"{socket_file} is too long for a socket")
@@ -172,12 +184,11 @@ def autostart(path: str, idle: str) -> bool:
 AUTOSERVE_MAX_SECONDS = 7 * 86400
 """The longest idle time ``RUNNER_AUTOSERVE`` may give a server it starts."""
 
-SERVER_VARIABLES = frozenset(
-    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV", "PYTHONHOME",
-     "PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE", "PYTHONSAFEPATH"}
-)  # fmt: skip
+SERVER_VARIABLES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR",
+                              "VIRTUAL_ENV"})  # fmt: skip
 """Besides the runner's own host variables (runner/core/envvars.py: the engine's, the config
-folder's, ...) and ``LC_*``: all of a client's environment a server it starts keeps. Each
+folder's, ...), ``LC_*`` and Python's own ``PYTHON*`` (``PYTHONPATH`` made anew): all of a
+client's environment a server it starts keeps. Each
 command still runs with its own client's whole environment; the server's is what it starts
 with, and shows in ``/proc/<pid>/environ`` of it and of every process forked from it."""
 
@@ -193,13 +204,30 @@ def server_environment(socket_file: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k in SERVER_VARIABLES or k in own or k.startswith("LC_")
+        if k in SERVER_VARIABLES or k in own or k.startswith(("LC_", "PYTHON"))
     }
-    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # runner/ is in it
     given = [os.path.abspath(e) for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
-    env["PYTHONPATH"] = os.pathsep.join([where, *given])
+    where = runner_folder()
+    first = [] if where is None or where in given else [where]
+    env["PYTHONPATH"] = os.pathsep.join([*first, *given])
+    if not env["PYTHONPATH"]:
+        del env["PYTHONPATH"]
     env["RUNNER_SERVER"] = socket_file
     return env
+
+
+def runner_folder() -> str | None:
+    """The folder this client's ``runner`` package is in, when a server started with ``-P``
+    in ``/`` would not find it by itself (a checkout, an editable install, ``PYTHONPATH``);
+    None when it is an installed package's (in the interpreter's own site-packages, which
+    must not come before the standard library)."""
+    import site
+
+    where = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # runner/ is in it
+    installed = {os.path.abspath(p) for p in site.getsitepackages()}
+    if site.ENABLE_USER_SITE and site.getusersitepackages():
+        installed.add(os.path.abspath(site.getusersitepackages()))
+    return None if where in installed else where
 
 
 def _open_log(path: object) -> int:

@@ -40,6 +40,7 @@ import sys
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at start-up
 if TYPE_CHECKING:
+    import socket
     from pathlib import Path
     from types import FrameType
 
@@ -55,6 +56,7 @@ __all__ = [
     "install_signal_handlers",
     "load",
     "open_server_lock",
+    "peer",
     "policy_path",
     "result_key_path",
     "served",
@@ -233,6 +235,17 @@ def socket_path() -> str | None:
     if configured:
         return configured
     return os.path.join(config_dir(), "server.sock")
+
+
+def peer(conn: socket.socket) -> tuple[int, int]:
+    """The pid and uid of the process at the other end of the Unix socket ``conn``
+    (SO_PEERCRED): the server checks its client's, the client its server's."""
+    import socket as sockets
+    import struct
+
+    raw = conn.getsockopt(sockets.SOL_SOCKET, sockets.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return int(pid), int(uid)
 
 
 def server_lock(path: str) -> str:

@@ -28,7 +28,6 @@ import json
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -36,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from runner.app.host import code_fingerprint, open_server_lock
+from runner.app.host import code_fingerprint, open_server_lock, peer
 from runner.app.warmup import warm_up
 from runner.core import locks
 from runner.state import jobdir
@@ -51,13 +50,6 @@ _MAX_REQUEST = 1 << 20
 """The largest request (command line, directory, environment) a server reads."""
 
 # -- the server ---------------------------------------------------------------------------------
-
-
-def _peer(conn: socket.socket) -> tuple[int, int]:
-    """The connecting process's pid and uid (SO_PEERCRED)."""
-    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", raw)
-    return pid, uid
 
 
 def _handle(
@@ -104,10 +96,14 @@ def _handle(
     except BaseException as exc:  # noqa: BLE001 - reported to the client as an exit code
         print(f"runner: infrastructure: the server failed: {exc!r}", file=sys.stderr)
     finally:
-        # The command is over: nothing is left to cancel. A cancel from here on (the client
-        # leaving once it has the answer is one, under Slurm) must not raise in this frame.
+        # The command is over: a cancel from here on (the client leaving once it has the
+        # answer is one, under Slurm) ends this fork at once, with the command's code; it
+        # must not raise in this frame, nor wait for a flush that never ends.
+        def leave(signum: int, frame: FrameType | None) -> None:
+            os._exit(code & 0xFF)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+            signal.signal(sig, leave)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
@@ -217,7 +213,7 @@ def serve(
                 last_busy = time.monotonic()
 
     def take(conn: socket.socket) -> None:
-        peer_pid, peer_uid = _peer(conn)
+        peer_pid, peer_uid = peer(conn)
         if peer_uid != os.getuid():
             announce(f"refused pid {peer_pid}: uid {peer_uid} is not this server's")
             conn.close()

@@ -310,3 +310,52 @@ def test_a_slurm_client_that_ends_leaves_the_server_and_its_socket(
     served_lines = [line for line in log.read_text().splitlines() if ": runner verify" in line]
     assert len(served_lines) == 6, log.read_text()
     assert "exit 130" not in log.read_text()
+
+
+def test_a_fork_stuck_writing_to_its_client_ends_on_a_cancel(tmp_path: Path) -> None:
+    """A served command whose output goes to a pipe no one reads any more blocks in the
+    fork's last flush; a cancel then ends the fork with the command's code (it ignored
+    cancels there, and only kill -9 freed it and its server's --idle-exit)."""
+    from runner.app import server
+
+    ours, theirs = socket.socketpair()
+    r, w = os.pipe()  # stdout and stderr of the "client": never read
+    pid = os.fork()
+    if pid == 0:  # the server's fork, as take() makes it
+        try:
+            ours.close()
+
+            # As the server's own stdout: a buffered file on descriptor 1, which _handle
+            # points at the client's.
+            sys.stdout = open(1, "w", buffering=1 << 20, closefd=False)  # noqa: SIM115
+
+            def dispatch(argv: list[str]) -> int:
+                print("x" * (1 << 17))  # in the buffer: the fork's last flush blocks on it
+                return 0
+
+            server._handle(theirs, "code", dispatch, "test")
+        finally:
+            os._exit(70)
+    theirs.close()
+    try:
+        request = {"argv": ["verify"], "cwd": "/", "env": {}, "code": "code"}
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        socket.send_fds(ours, [json.dumps(request).encode() + b"\n"], [devnull, w, w])
+        os.close(devnull)
+        time.sleep(1)  # the fork writes until the pipe is full, then waits in the flush
+        ours.sendall(b"cancel\n")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the fork stayed stuck after a cancel")
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        ours.close()
+        os.close(r)
+        os.close(w)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,31 @@ def test_an_idle_time_past_a_week_is_refused(
 ) -> None:
     assert client.autostart(str(tmp_path / "s.sock"), value) is False
     assert no_spawn == [] and "at most 7 days" in capsys.readouterr().err
+
+
+def test_an_installed_runner_is_not_put_before_the_standard_library(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runner in site-packages is found by the server by itself; a checkout's (or an
+    editable install's) folder comes first on the server's PYTHONPATH."""
+    import site
+
+    where = client.runner_folder()
+    assert where is not None and os.path.isdir(os.path.join(where, "runner"))
+    monkeypatch.setattr(site, "getsitepackages", lambda: [where])
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert client.runner_folder() is None
+    assert "PYTHONPATH" not in client.server_environment("/run/s.sock")
+
+
+def test_a_runner_folder_with_a_path_separator_starts_nothing(
+    tmp_path: Path,
+    no_spawn: list[list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """PYTHONPATH cannot name it: the server would import another runner, and refuse every
+    client as stale."""
+    monkeypatch.setattr(client, "runner_folder", lambda: "/opt/a:b")
+    assert client.autostart(str(tmp_path / "s.sock"), "10m") is False
+    assert no_spawn == [] and "':' in its name" in capsys.readouterr().err

@@ -1,6 +1,7 @@
-"""Hostile review of ``RUNNER_AUTOSERVE`` (runner.client.autostart): what another user, a
-planted file or the client's own environment could make of a server started on demand. Real
-files and locks; no server is started (Popen recorded)."""
+"""Hostile review of ``RUNNER_AUTOSERVE`` (runner.client.autostart) and of the client's
+server: what another user, a planted file or the client's own environment could make of a
+server started on demand, or of a socket someone else listens on. Real files, locks and
+sockets; no server is started (Popen recorded)."""
 
 from __future__ import annotations
 
@@ -133,9 +134,38 @@ def test_the_started_server_keeps_little_of_the_client_environment(
     monkeypatch.setenv("LC_ALL", "C.UTF-8")
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("PYTHONPATH", f"lib{os.pathsep}/abs")
+    monkeypatch.setenv("PYTHONUNBUFFERED", "1")
     env = client.server_environment("/run/s.sock")
     assert "ANTHROPIC_API_KEY" not in env and "MY_TOKEN" not in env and "SLURM_JOB_ID" not in env
     assert env["DOCKER_HOST"] == "unix:///x.sock" and env["RUNNER_STATE_DIR"] == "/state"
     assert env["LC_ALL"] == "C.UTF-8" and env["RUNNER_SERVER"] == "/run/s.sock"
+    assert env["PYTHONUNBUFFERED"] == "1"  # Python's own settings: the forks' streams
     where = str(Path(runner.__file__).resolve().parent.parent)
     assert env["PYTHONPATH"].split(os.pathsep) == [where, str(tmp_path / "lib"), "/abs"]
+
+
+def test_a_server_of_another_user_is_never_handed_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hostile: a socket in a shared folder, listened on by another user's process, would be
+    handed the client's whole environment and its terminal, and its answer believed. The
+    client asks the listener's uid first (SO_PEERCRED) and runs the command itself. Another
+    user is this process seen with another effective uid."""
+    import socket
+
+    path = tmp_path / "s.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    monkeypatch.setenv("SECRET_TOKEN", "s3cr3t")
+    real = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: real + 1)
+    try:
+        assert client.try_client(str(path), ["verify", "task.json"]) is None
+        conn, _ = listener.accept()
+        conn.settimeout(5)
+        assert conn.recv(1 << 16) == b""  # closed before a byte was sent
+        conn.close()
+    finally:
+        listener.close()
+    assert f"served by uid {real}, not by you" in capsys.readouterr().err
