@@ -63,7 +63,10 @@ def test_fork_bomb(tmp_path: Path, image_id: str, runtime: str) -> None:
         assert env["limits"]["pidsLimit"] == 64
     else:
         assert env["limits"]["pidsLimit"] is None
-        assert env["failure"]["category"] in {"oom", "timeout"}, env["failure"]
+        # The memory cap ends it: oom, or (as with the memory bomb) the sandbox killed at the
+        # cap, exit 137, with no OOMKilled from the engine under runsc (seen in a gate).
+        held = env["failure"]["category"] in {"oom", "timeout"} or env["exitCode"] == 137
+        assert held, env["failure"]
         made = None
     record("fork bomb", runtime, env, held=True, processesMade=made, runnerPeakRss=peak)
 
