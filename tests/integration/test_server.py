@@ -223,19 +223,26 @@ def test_autoserve_starts_one_server_that_later_commands_use(tmp_path: Path, ima
     assert not sock.exists()
 
 
-def test_an_idle_server_stops_by_itself_and_one_socket_has_one_server(tmp_path: Path) -> None:
-    """`runner serve --idle-exit`: a second server on the same socket is refused (exit 2)
-    while the first lives; the first, with nothing to do, stops by itself and removes its
-    socket; then a server may start there again."""
+def _idle_server(tmp_path: Path) -> tuple[subprocess.Popen[bytes], dict[str, str], Path]:
+    """`runner serve --idle-exit 2s` on ``tmp_path/s.sock``: the process, the environment
+    that points clients at it, and its log."""
     env = {**os.environ, "RUNNER_SERVER": str(tmp_path / "s.sock")}
     log = tmp_path / "server.log"
     with log.open("wb") as sink:
-        first = subprocess.Popen(
+        server = subprocess.Popen(
             [sys.executable, "-m", "runner", "serve", "--idle-exit", "2s"],
             env=env,
             stdout=sink,
             stderr=sink,
         )
+    return server, env, log
+
+
+def test_an_idle_server_stops_by_itself_and_one_socket_has_one_server(tmp_path: Path) -> None:
+    """`runner serve --idle-exit`: a second server on the same socket is refused (exit 2)
+    while the first lives; the first, with nothing to do, stops by itself and removes its
+    socket; then a server may start there again."""
+    first, env, log = _idle_server(tmp_path)
     try:
         assert _server_pid(log) == first.pid
         second = _run(env, "serve")
@@ -257,15 +264,7 @@ def test_clients_running_other_code_do_not_keep_an_idle_server_up(tmp_path: Path
     --idle-exit stops all the same while such requests keep coming (they counted as work,
     and a server no one could use stayed up as long as they came)."""
     sock = tmp_path / "s.sock"
-    env = {**os.environ, "RUNNER_SERVER": str(sock)}
-    log = tmp_path / "server.log"
-    with log.open("wb") as sink:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "runner", "serve", "--idle-exit", "2s"],
-            env=env,
-            stdout=sink,
-            stderr=sink,
-        )
+    server, _, log = _idle_server(tmp_path)
     try:
         _server_pid(log)
         refused = 0

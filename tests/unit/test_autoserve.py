@@ -14,20 +14,6 @@ from runner.app.server import retiring
 from runner.core import locks
 
 
-@pytest.fixture
-def no_spawn(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """Popen recorded, never run: these tests are about when a server is not started."""
-    started: list[list[str]] = []
-
-    def record(argv: list[str], **kwargs: object) -> None:
-        started.append(argv)
-
-    import subprocess
-
-    monkeypatch.setattr(subprocess, "Popen", record)
-    return started
-
-
 @pytest.mark.parametrize("value", ["", "0", "off", "OFF", " no ", "false"])
 def test_off_values_start_nothing(tmp_path: Path, no_spawn: list[list[str]], value: str) -> None:
     assert client.autostart(str(tmp_path / "s.sock"), value) is False

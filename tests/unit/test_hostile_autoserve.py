@@ -15,20 +15,6 @@ from runner.app.host import server_lock
 from runner.core import locks
 
 
-@pytest.fixture
-def no_spawn(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """Popen recorded, never run: these tests are about when a server is not started."""
-    started: list[list[str]] = []
-
-    def record(argv: list[str], **kwargs: object) -> None:
-        started.append(argv)
-
-    import subprocess
-
-    monkeypatch.setattr(subprocess, "Popen", record)
-    return started
-
-
 def test_a_fifo_or_a_link_at_the_log_starts_nothing_and_frees_the_lock(
     tmp_path: Path, no_spawn: list[list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
