@@ -112,16 +112,16 @@ def autostart(path: str, idle: str) -> bool:
     (``SLURM_JOB_ID``): a server started inside one job's allocation would run the next job
     on the node there too, and die with the first. Its log (``<socket>.log``, yours alone)
     begins afresh past :data:`LOG_MAX_BYTES` when a server starts. A value that is not a
-    duration of at most :data:`AUTOSERVE_MAX_SECONDS`, something else than a socket at
-    ``path``, or a lock or log file of another user, a link or a FIFO: said on stderr, no
-    server, and the command runs on."""
+    duration of at most 7 days (:data:`runner.app.host.IDLE_EXIT_MAX_SECONDS`), something
+    else than a socket at ``path``, or a lock or log file of another user, a link or a FIFO:
+    said on stderr, no server, and the command runs on."""
     if idle.strip().lower() in AUTOSERVE_OFF or os.environ.get("SLURM_JOB_ID"):
         return False
     import stat
     import subprocess
     from pathlib import Path
 
-    from runner.app.host import open_server_lock
+    from runner.app.host import IDLE_EXIT_MAX_SECONDS, open_server_lock
     from runner.core import locks, units
 
     def refuse(why: object) -> bool:
@@ -132,7 +132,7 @@ def autostart(path: str, idle: str) -> bool:
         seconds = units.parse_seconds(idle)
     except units.BadDuration as exc:
         return refuse(exc)
-    if not 0 < seconds <= AUTOSERVE_MAX_SECONDS:
+    if not 0 < seconds <= IDLE_EXIT_MAX_SECONDS:
         return refuse(f"{idle!r} is not a duration above 0 and at most 7 days")
     where = runner_folder()
     if where is not None and os.pathsep in where:  # PYTHONPATH could not name it
@@ -180,9 +180,6 @@ def autostart(path: str, idle: str) -> bool:
         os.close(lock)  # the server holds it now (the same open file), or no one
     return True
 
-
-AUTOSERVE_MAX_SECONDS = 7 * 86400
-"""The longest idle time ``RUNNER_AUTOSERVE`` may give a server it starts."""
 
 SERVER_VARIABLES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR",
                               "VIRTUAL_ENV"})  # fmt: skip

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from runner.planning.policy import LoadedPolicy
 
 __all__ = [
+    "IDLE_EXIT_MAX_SECONDS",
     "SERVED",
     "cdi_dirs",
     "code_fingerprint",
@@ -246,6 +247,11 @@ def peer(conn: socket.socket) -> tuple[int, int]:
     raw = conn.getsockopt(sockets.SOL_SOCKET, sockets.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, _gid = struct.unpack("3i", raw)
     return int(pid), int(uid)
+
+
+IDLE_EXIT_MAX_SECONDS = 7 * 86400
+"""The longest idle time a server may be given (``runner serve --idle-exit``, and
+``RUNNER_AUTOSERVE`` for the one a client starts)."""
 
 
 def server_lock(path: str) -> str:

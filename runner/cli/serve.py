@@ -55,8 +55,10 @@ def _idle(text: str) -> float:
         seconds = units.parse_seconds(text)
     except units.BadDuration as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if not 0 < seconds <= 7 * 86400:
-        raise argparse.ArgumentTypeError(f"{text!r}: the idle time is more than 0, at most 7d")
+    if not 0 < seconds <= host.IDLE_EXIT_MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"the idle time must be more than 0 and at most 7d, not {text!r}"
+        )
     return seconds
 
 
