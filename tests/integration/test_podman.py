@@ -257,9 +257,10 @@ def test_the_engine_ends_a_job_whose_runner_died_at_its_deadline(
     state = tmp_path / "state"
     proc = restarts._start(contract, state, "--stop-grace", "1")
     restarts._wait_for(state, "attempt.started")
+    (cid,) = restarts._containers(restarts._job_id(state))
+    restarts._wait_started(cid)
     started = time.monotonic()
     restarts._kill9(proc)
-    (cid,) = restarts._containers(restarts._job_id(state))
     # what runner.execution.container.backstop gives: ceil(budget + grace) + 2
     deadline = budget + 1 + 2
     status = ""

@@ -165,15 +165,26 @@ ENDED = {"exited", "stopped"}
 """A container's status once its process has ended (Podman's "stopped": before its clean-up)."""
 
 
+def _wait_started(cid: str) -> None:
+    """Until the engine has started container ``cid``: ``attempt.started`` is in the ledger
+    once the container is created, before the start call, and a runner killed in between
+    leaves a container that never runs ("created"; seen in a gate under Podman)."""
+    deadline = time.monotonic() + 60
+    while json.loads(docker("inspect", cid).stdout)[0]["State"]["Status"] == "created":
+        assert time.monotonic() < deadline, "the engine never started the job's container"
+        time.sleep(0.05)
+
+
 def test_container_that_ended_while_the_runner_was_dead(tmp_path: Path, image_id: str) -> None:
     """Its end is recorded from the engine; nothing is started again."""
     contract = _contract(tmp_path, image_id, sleep=1.5)
     state = tmp_path / "state"
     proc = _start(contract, state)
     _wait_for(state, "attempt.started")
-    _kill9(proc)
     job_id = _job_id(state)
     (cid,) = _containers(job_id)
+    _wait_started(cid)
+    _kill9(proc)
     # It ends by itself while no runner runs (its 1.5 s, however long a loaded machine takes
     # to get there): waited for, not assumed after a fixed pause. Under Podman "stopped" is
     # that end too: its process has ended and conmon's clean-up, which would make it
