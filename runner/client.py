@@ -13,6 +13,7 @@ import sys
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at start-up
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import FrameType
     from typing import NoReturn
 
@@ -124,22 +125,25 @@ def autostart(path: str, idle: str) -> bool:
     from runner.app.host import IDLE_EXIT_MAX_SECONDS, open_server_lock
     from runner.core import locks, units
 
-    def refuse(why: object) -> bool:
-        print(f"runner: RUNNER_AUTOSERVE: no server started: {why}", file=sys.stderr)
+    def refuse(why: object, fix: str = SHARED_FIX) -> bool:
+        print(f"runner: RUNNER_AUTOSERVE: no server started: {why}\n  fix: {fix}", file=sys.stderr)
         return False
 
     try:
         seconds = units.parse_seconds(idle)
     except units.BadDuration as exc:
-        return refuse(exc)
+        return refuse(exc, DURATION_FIX)
     if not 0 < seconds <= IDLE_EXIT_MAX_SECONDS:
-        return refuse(f"{idle!r} is not a duration above 0 and at most 7 days")
+        return refuse(f"{idle!r} is not a duration above 0 and at most 7 days", DURATION_FIX)
     where = runner_folder()
     if where is not None and os.pathsep in where:  # PYTHONPATH could not name it
-        return refuse(f"the runner's folder {where} has a {os.pathsep!r} in its name")
+        return refuse(
+            f"the runner's folder {where} has a {os.pathsep!r} in its name",
+            "start `runner serve --idle-exit 10m` yourself, or move the runner",
+        )
     socket_file = Path(os.path.abspath(path))
     if len(str(socket_file)) > 100:  # as `runner serve` refuses it (a Unix socket's limit)
-        return refuse(f"{socket_file} is too long for a socket")
+        return refuse(f"{socket_file} is too long for a socket", "set RUNNER_SERVER shorter")
     try:
         there = os.lstat(socket_file)
     except FileNotFoundError:
@@ -148,7 +152,10 @@ def autostart(path: str, idle: str) -> bool:
         return refuse(exc)
     else:
         if not stat.S_ISSOCK(there.st_mode):  # a server would fail on it, every time
-            return refuse(f"{socket_file} is there and is not a socket")
+            return refuse(
+                f"{socket_file} is there and is not a socket",
+                "remove it, or set RUNNER_SERVER to another path",
+            )
     try:
         socket_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock = open_server_lock(str(socket_file))
@@ -170,7 +177,7 @@ def autostart(path: str, idle: str) -> bool:
                 stderr=log,
                 pass_fds=(lock,),
                 start_new_session=True,  # not in the client's process group: Ctrl-C is not its
-                env=server_environment(str(socket_file)),
+                env=server_environment(str(socket_file), where),
             )  # fmt: skip
         finally:
             os.close(log)
@@ -185,16 +192,21 @@ SERVER_VARIABLES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "
                               "VIRTUAL_ENV"})  # fmt: skip
 """Besides the runner's own host variables (runner/core/envvars.py: the engine's, the config
 folder's, ...), ``LC_*`` and Python's own ``PYTHON*`` (``PYTHONPATH`` made anew): all of a
-client's environment a server it starts keeps. Each
-command still runs with its own client's whole environment; the server's is what it starts
-with, and shows in ``/proc/<pid>/environ`` of it and of every process forked from it."""
+client's environment a server it starts keeps. Each command still runs with its own client's
+whole environment; the server's is what it starts with, and shows in ``/proc/<pid>/environ``
+of it and of every process forked from it."""
+
+DURATION_FIX = "set RUNNER_AUTOSERVE to a duration such as 10m (at most 7d), or to off"
+SHARED_FIX = "keep RUNNER_SERVER in a folder of your own (the default <config dir>/server.sock)"
+"""What a refusal of ``RUNNER_AUTOSERVE`` says to do (the command runs here meanwhile)."""
 
 
-def server_environment(socket_file: str) -> dict[str, str]:
+def server_environment(socket_file: str, where: str | None) -> dict[str, str]:
     """The environment of a server :func:`autostart` starts: :data:`SERVER_VARIABLES`, the
     runner's own host variables but Slurm's, ``LC_*``; ``RUNNER_SERVER`` the absolute socket;
-    ``PYTHONPATH`` the folder this client's ``runner`` package is in, then the client's own
-    entries made absolute (the server runs in ``/``)."""
+    ``PYTHONPATH`` ``where`` (:func:`runner_folder`: this client's ``runner`` package's folder,
+    None for an installed one), then the client's own entries made absolute (the server runs
+    in ``/``)."""
     from runner.core.envvars import READ
 
     own = {v.name for v in READ if not v.name.startswith("SLURM")}
@@ -204,7 +216,6 @@ def server_environment(socket_file: str) -> dict[str, str]:
         if k in SERVER_VARIABLES or k in own or k.startswith(("LC_", "PYTHON"))
     }
     given = [os.path.abspath(e) for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
-    where = runner_folder()
     first = [] if where is None or where in given else [where]
     env["PYTHONPATH"] = os.pathsep.join([*first, *given])
     if not env["PYTHONPATH"]:
@@ -227,7 +238,7 @@ def runner_folder() -> str | None:
     return None if where in installed else where
 
 
-def _open_log(path: object) -> int:
+def _open_log(path: Path) -> int:
     """``<socket>.log`` opened to append, this user's own and private; a link, a FIFO, a file
     of another user: OSError."""
     import stat

@@ -90,7 +90,7 @@ def test_an_installed_runner_is_not_put_before_the_standard_library(
     monkeypatch.setattr(site, "getsitepackages", lambda: [where])
     monkeypatch.delenv("PYTHONPATH", raising=False)
     assert client.runner_folder() is None
-    assert "PYTHONPATH" not in client.server_environment("/run/s.sock")
+    assert "PYTHONPATH" not in client.server_environment("/run/s.sock", client.runner_folder())
 
 
 def test_a_runner_folder_with_a_path_separator_starts_nothing(

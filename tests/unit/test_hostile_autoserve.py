@@ -121,7 +121,7 @@ def test_the_started_server_keeps_little_of_the_client_environment(
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("PYTHONPATH", f"lib{os.pathsep}/abs")
     monkeypatch.setenv("PYTHONUNBUFFERED", "1")
-    env = client.server_environment("/run/s.sock")
+    env = client.server_environment("/run/s.sock", client.runner_folder())
     assert "ANTHROPIC_API_KEY" not in env and "MY_TOKEN" not in env and "SLURM_JOB_ID" not in env
     assert env["DOCKER_HOST"] == "unix:///x.sock" and env["RUNNER_STATE_DIR"] == "/state"
     assert env["LC_ALL"] == "C.UTF-8" and env["RUNNER_SERVER"] == "/run/s.sock"
