@@ -127,8 +127,18 @@ def test_memory_past_the_cap_is_oom(tmp_path: Path, image_id: str) -> None:
     )
     code, env, _ = run_job(contract, tmp_path / "state")
     assert code == 1
-    assert env["failure"]["category"] == "oom"
-    assert env["container"]["oomKilled"] is True
+    if env["failure"]["category"] == "nonzero_exit":
+        # The kernel may refuse the allocation instead (a memory cgroup at its limit fails a
+        # kernel allocation charged to it, such as a new mapping, with ENOMEM rather than
+        # invoking the OOM killer): Python raises MemoryError and exits 1, the cap held. Seen
+        # once in a gate under load; the OOMKilled -> oom mapping is checked here otherwise,
+        # by the memory bomb of test_hostile.py and on the fake engine.
+        stderr_log = Path(env["jobDir"]) / "output" / env["stderrPath"]
+        assert env["exitCode"] == 1 and "MemoryError" in stderr_log.read_text(), env
+        assert env["container"]["oomKilled"] is False
+    else:
+        assert env["failure"]["category"] == "oom"
+        assert env["container"]["oomKilled"] is True
     _no_leftovers(env)
 
 
