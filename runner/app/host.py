@@ -40,7 +40,7 @@ import sys
 
 TYPE_CHECKING = False  # as typing.TYPE_CHECKING, without importing typing at start-up
 if TYPE_CHECKING:
-    import socket
+    import _socket
     from pathlib import Path
     from types import FrameType
 
@@ -238,10 +238,11 @@ def socket_path() -> str | None:
     return os.path.join(config_dir(), "server.sock")
 
 
-def peer(conn: socket.socket) -> tuple[int, int]:
+def peer(conn: _socket.socket) -> tuple[int, int]:
     """The pid and uid of the process at the other end of the Unix socket ``conn``
-    (SO_PEERCRED): the server checks its client's, the client its server's."""
-    import socket as sockets
+    (SO_PEERCRED): the server checks its client's, the client its server's. ``conn`` may be
+    a ``socket.socket`` or the ``_socket.socket`` under it (the client's, runner.client)."""
+    import _socket as sockets
     import struct
 
     raw = conn.getsockopt(sockets.SOL_SOCKET, sockets.SO_PEERCRED, struct.calcsize("3i"))

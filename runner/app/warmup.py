@@ -16,6 +16,7 @@ def warm_up() -> None:
     change, so that no command forked from this process pays for it (a server's or a
     batch's); then freeze it out of the collector's sight, so that the forks share its pages
     instead of copying them (the documented use of gc.freeze before fork)."""
+    import codecs
     import gc
 
     import ijson  # type: ignore[import-untyped]  # noqa: F401
@@ -37,8 +38,14 @@ def warm_up() -> None:
         policy,  # noqa: F401
     )
     from runner.results import attest  # noqa: F401
+    from runner.scheduling.slurm import fence  # noqa: F401  # every run's options hold one
 
+    # Codecs a job looks up by name (RFC 8785 sorts keys by their UTF-16 code units; the boot
+    # id is read as ASCII): each lookup imports its module on first use.
+    for name in ("utf-16-be", "ascii"):
+        codecs.lookup(name)
     selfreport.schema_bytes()  # staged into every job's input/
+    registry.catalog_json()  # staged into every job's input/ too
     for parser_id, version in registry.available():
         with contextlib.suppress(RunnerError):  # a broken plug-in schema: its binding says so
             registry.compiled_validator(parser_id, version)

@@ -149,7 +149,7 @@ def host_run_options(
 
     from runner.app import host
     from runner.execution.options import RunOptions
-    from runner.scheduling.slurm.cluster import SlurmFence
+    from runner.scheduling.slurm.fence import SlurmFence
 
     return RunOptions(
         state_dir=host.state_dir(state_dir),

@@ -64,7 +64,7 @@ def _idle(text: str) -> float:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from runner.app import server
-    from runner.cli import dispatch, load_all
+    from runner.cli import dispatch, load_all, warm_served_parsers
 
     where = host.socket_path()
     if where is None:
@@ -86,6 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"runner serve: {line}", file=sys.stderr, flush=True)
 
     load_all()  # every command's module, as the server's warm-up does the rest of the runner
+    warm_served_parsers()
     return server.serve(
         path, served_only(dispatch), announce, idle_exit=args.idle_exit, lock_fd=args.lock_fd
     )

@@ -74,7 +74,7 @@ class RunOptions:
     """See :attr:`lease_seconds`; None: the default derived from the heartbeat."""
     scheduler: Scheduler | None = None
     """The cluster scheduler a takeover asks whether the earlier attempt's job still runs
-    (`runner run` passes Slurm's: :class:`runner.scheduling.slurm.cluster.SlurmFence`); None:
+    (`runner run` passes Slurm's: :class:`runner.scheduling.slurm.fence.SlurmFence`); None:
     the lease rule alone (:mod:`runner.execution.takeover`)."""
 
     @property

@@ -22,6 +22,7 @@ reads top to bottom in one place; each step is a call into the module that owns 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -38,7 +39,7 @@ from runner.core import errors, log, redaction, safefs
 from runner.core.errors import Category, JobAlreadyFinished, JobBusy, PolicyViolation, RunnerError
 from runner.evidence import read as evidence
 from runner.evidence import selfreport
-from runner.execution import agent_run, attempt, records, resources
+from runner.execution import agent_run, attempt, container, records, resources
 from runner.execution.container import Progress
 from runner.execution.options import RunOptions
 from runner.execution.outcome import classify, inputs_changed
@@ -196,23 +197,35 @@ def _locked(
     # one step for all it writes and signs; blind when any attempt's secrets are not known
     redact = agent_run.checked(got.redactor, p, ledger.state)
     with stage("container", known):
-        failure, budget = _record_end(got, ledger, p, job, backend, limit)
+        failure, budget = _record_end(got, ledger, p, job, limit)
+        # Only now, with its end in the ledger, may the container go (see container.finish);
+        # while the evidence is read, unless its egress allowlist must go after it.
+        removal = container.Removal(backend, got.outcome.container_id or got.outcome.name)
+        if p.egress is not None:
+            removal.wait()
         # The attempt's egress allowlist goes once its container has: the proxy's log is kept.
         eg = attempt.egress_down(backend, ledger, job, got.number, redact)
         known = replace(known, egress=eg)
-    agent, usage = agent_run.records(p, ledger.state, got.number, job)  # (None, None): none
-    known = replace(known, budget=budget, agent=agent, agent_usage=usage)
-    with stage("parsers", known):
-        envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
-        # What the runner keeps of each attempt (an earlier one's too, when a crash ended it),
-        # the output manifest just written included, redacted before it is hashed.
-        agent_run.redact_records(redact, job)
-        kept = records.attempt_records(ledger.state, job, _max_evidence(opts))
-        envelope = envelope.model_copy(
-            update={"attempts": kept, "resources": resources.totals(kept)}
-        )
-        envelope = agent_run.withhold(redact, job, envelope)
-        ledger.check_owned()  # fenced meanwhile (another host took the job over): not ours
+    try:
+        agent, usage = agent_run.records(p, ledger.state, got.number, job)  # (None, None): none
+        known = replace(known, budget=budget, agent=agent, agent_usage=usage)
+        with stage("parsers", known):
+            envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
+            # What the runner keeps of each attempt (an earlier one's too, when a crash ended
+            # it), the output manifest just written included, redacted before it is hashed.
+            agent_run.redact_records(redact, job)
+            kept = records.attempt_records(ledger.state, job, _max_evidence(opts))
+            envelope = envelope.model_copy(
+                update={"attempts": kept, "resources": resources.totals(kept)}
+            )
+            envelope = agent_run.withhold(redact, job, envelope)
+            ledger.check_owned()  # fenced meanwhile (another host took the job over): not ours
+    except BaseException:
+        with contextlib.suppress(Exception):
+            removal.wait()  # what failed here is what the run says
+        raise
+    with stage("container", known):
+        removal.wait()
     write_envelope(job, envelope)
     known = replace(known, written=True)
     with stage("envelope", known):
@@ -285,10 +298,9 @@ def _record_end(
     ledger: Ledger,
     p: ExecutionPlan,
     job: JobDir,
-    backend: Backend,
     limit: float,
 ) -> tuple[Failure | None, BudgetRecord]:
-    """Classify the attempt's end, put it in the ledger, then remove its container."""
+    """Classify the attempt's end and put it in the ledger (its container may go after)."""
     outcome = got.outcome
     st = ledger.state
     n = len(st.attempts)
@@ -331,8 +343,6 @@ def _record_end(
         category=failure.category if failure else None,
         seconds=outcome.run_seconds,
     )
-    # Only now, with its end in the ledger, may the container go (see container.finish).
-    backend.remove(outcome.container_id or outcome.name)
     budget = st.budget(limit)
     job.write_budget(budget)  # fsynced: the one left after the job (a bundle exports it)
     return failure, BudgetRecord(**budget.as_json(), attempts=n)

@@ -11,7 +11,7 @@ managing to, and stops at once when it finds the ledger written by someone else.
 Under a cluster scheduler the rule does not stand alone (:func:`fence`): an attempt started in
 a Slurm job records that job (``slurm`` in ``attempt.starting``), and before the takeover
 charges it, the runner asks the scheduler (the :class:`Scheduler` seam; Slurm's is
-``runner.scheduling.slurm.cluster.SlurmFence``) whether that job still runs; one that does is
+``runner.scheduling.slurm.fence.SlurmFence``) whether that job still runs; one that does is
 cancelled, and the takeover waits (at most :meth:`Scheduler.end_wait_seconds`) for Slurm to
 say it has ended, its Epilog included, before a new attempt starts.
 """

@@ -15,6 +15,7 @@ contract that binds ``json.scalar`` imports that one parser and scans no install
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from dataclasses import dataclass
 from functools import cache
@@ -32,6 +33,7 @@ __all__ = [
     "available",
     "broken",
     "catalog",
+    "catalog_json",
     "check_binding",
     "compiled_validator",
     "get",
@@ -189,6 +191,21 @@ def catalog() -> list[dict[str, Any]]:
         }
         for parser in (get(*key) for key in available())
     ]
+
+
+_CATALOG_JSON: dict[tuple[tuple[tuple[str, str], int], ...], bytes] = {}
+
+
+def catalog_json() -> bytes:
+    """:func:`catalog` as the JSON document staged at ``/job/input/parser-catalog.json``
+    (indented, one final newline), rendered once a process for the same registered parsers:
+    every job stages it, and a server's or a batch's forks find it rendered."""
+    parsers = _load_all()
+    key = tuple((k, id(parsers[k])) for k in sorted(parsers))
+    if key not in _CATALOG_JSON:
+        _CATALOG_JSON.clear()
+        _CATALOG_JSON[key] = (json.dumps(catalog(), indent=2) + "\n").encode()
+    return _CATALOG_JSON[key]
 
 
 @cache

@@ -383,7 +383,7 @@ def stage_inputs(
     own: list[tuple[str, bytes]] = [("task.json", contract.raw)]
     from runner.parsers import registry
 
-    own.append(("parser-catalog.json", (json.dumps(registry.catalog(), indent=2) + "\n").encode()))
+    own.append(("parser-catalog.json", registry.catalog_json()))
     if contract.signature is not None:
         own.append(("task.dsse.json", contract.signature.envelope))
     for name, data in own:

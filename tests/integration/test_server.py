@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -32,14 +33,15 @@ EVALUATE = (
 )
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
-    """A running `runner serve`; the environment that points clients at it, and its log."""
+@contextlib.contextmanager
+def _serving(tmp_path: Path, *flags: str) -> Iterator[tuple[dict[str, str], Path]]:
+    """A running `runner serve` (its interpreter given ``flags``); the environment that points
+    clients at it, and its log."""
     env = {**os.environ, "RUNNER_SERVER": str(tmp_path / "s.sock")}
     log = tmp_path / "server.log"
     with log.open("wb") as sink:
         server = subprocess.Popen(
-            [sys.executable, "-m", "runner", "serve"], env=env, stdout=sink, stderr=sink
+            [sys.executable, *flags, "-m", "runner", "serve"], env=env, stdout=sink, stderr=sink
         )
     try:
         deadline = time.monotonic() + 60
@@ -52,6 +54,13 @@ def served(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     assert not (tmp_path / "s.sock").exists()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
+    """A running `runner serve`; the environment that points clients at it, and its log."""
+    with _serving(tmp_path) as found:
+        yield found
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -102,6 +111,25 @@ def test_run_and_verify_through_the_server(
     served_lines = [line for line in log.read_text().splitlines() if ": runner " in line]
     assert len(served_lines) == 5, log.read_text()
     assert session_containers() == []
+
+
+def test_a_served_job_imports_nothing_the_server_did_not(tmp_path: Path, image_id: str) -> None:
+    """Every module a served `runner run` or `runner verify` needs is imported once, by the
+    server before it forks (runner.app.warmup), not again by each fork: the server runs with
+    ``-X importtime``, whose lines a fork writes to its client's stderr."""
+    contract = write_contract(tmp_path, image_id)
+    with _serving(tmp_path, "-X", "importtime") as (env, log):
+        ran = _run(env, "run", str(contract), "--json", *_job_args(tmp_path / "state"))
+        verified = _run(env, "verify", str(contract), "--allow-unsigned")
+    assert "import time:" in log.read_text()  # the flag took: the server's own imports
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert json.loads(ran.stdout)["status"] == "succeeded"
+    assert verified.returncode == 0, verified.stderr[-3000:]
+    for proc in (ran, verified):
+        imports = [line for line in proc.stderr.splitlines() if line.startswith("import time:")]
+        assert imports == [], "\n".join(imports)
+    served_lines = [line for line in log.read_text().splitlines() if ": runner " in line]
+    assert len(served_lines) == 2, log.read_text()[-3000:]
 
 
 def test_ctrl_c_on_a_client_cancels_its_job(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -22,7 +23,7 @@ from runner.backends.fake import FakeBackend, FakeJob
 from runner.backends.types import ImageInfo
 from runner.contract import Trust, with_digest
 from runner.core import clock
-from runner.core.errors import Category
+from runner.core.errors import Category, InfrastructureError
 from runner.execution import orchestrator
 from runner.execution.container import Outcome
 from runner.execution.outcome import classify
@@ -502,3 +503,35 @@ def test_a_reattach_believes_the_engines_end_only_when_its_clock_agrees(
         (attempt,) = read_state(ledger).attempts
         assert attempt.finished is not None and attempt.finished["how"] == "reattached"
         assert attempt.finished["seconds"] == pytest.approx(charged, abs=0.1), skew
+
+
+def test_a_removal_that_fails_ends_the_job_as_before_the_envelope(
+    tmp_path: Path, fake: FakeBackend
+) -> None:
+    """The ended container is removed while the evidence is read (container.Removal); an
+    engine that fails the removal ends the run as it did when the runner waited for it at
+    once: an infrastructure failure of the container stage, the attempt's end in the ledger
+    and the job not finished (the next run finds the container and removes it)."""
+    fake.fail["remove"] = InfrastructureError("removing the job container: the engine said no")
+    env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
+    assert env["status"] == "failed"
+    assert env["failure"]["category"] == "infrastructure"
+    assert env["failure"]["stage"] == "container"
+    assert "the engine said no" in env["failure"]["reason"]
+    state = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl")
+    assert state.attempts[0].finished is not None and state.finished is None
+    assert env["measurements"] == []  # the envelope of the failure, not of the evidence
+    assert [m for m, _ in fake.calls].count("remove") == 1
+
+
+def test_the_ended_container_is_removed_while_the_evidence_is_read(
+    tmp_path: Path, fake: FakeBackend
+) -> None:
+    """Without an egress allowlist (which must go after its container) the removal runs in a
+    thread of its own, joined before the envelope is written: the envelope is the same."""
+    removed_by: list[str] = []
+    fake.fail["remove"] = lambda _: removed_by.append(threading.current_thread().name)
+    env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
+    assert env["status"] == "succeeded", env["failure"]
+    assert removed_by == ["runner-remove"] and fake.containers == {}
+    assert "runner-remove" not in {t.name for t in threading.enumerate()}  # joined

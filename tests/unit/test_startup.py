@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +107,59 @@ def test_verify_contract_imports_only_what_verifying_needs(tmp_path: Path) -> No
     )
     assert packages(modules, run_only) == []
     assert "runner.parsers.json_scalar" in modules
+
+
+def test_a_run_imports_no_slurm_commands(tmp_path: Path) -> None:
+    """Every run's options hold Slurm's fence for a takeover (runner.scheduling.slurm.fence),
+    which imports the Slurm commands only when a takeover asks it (about 5 ms a start)."""
+    data: dict[str, Any] = json.loads((TOY / "task.json").read_text())
+    data["environment"]["image"] = "sha256:" + "ab" * 32
+    contract = tmp_path / "task.json"
+    contract.write_text(json.dumps(with_digest(data)))
+    code, modules = imported(
+        tmp_path, "run", str(contract), "--allow-unsigned", "--state-dir", str(tmp_path / "s")
+    )
+    assert code != 0  # no engine answers
+    assert {"runner.execution.orchestrator", "runner.scheduling.slurm.fence"} <= modules
+    assert (
+        packages(modules, ("runner.scheduling.slurm.cluster", "runner.scheduling.slurm.batch"))
+        == []
+    )
+
+
+def test_a_served_command_imports_only_what_its_client_needs(tmp_path: Path) -> None:
+    """A command a server runs is handed over by a client that imports neither the CLI nor
+    ``socket`` or ``contextlib`` (it speaks through ``_socket``): a few milliseconds of every
+    served command. The server here answers every request with exit 7."""
+    path = tmp_path / "s.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen(1)
+    got: list[dict[str, Any]] = []
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            for fd in fds:
+                os.close(fd)
+            got.append(json.loads(data))
+            conn.sendall(b'{"exit": 7}\n')
+
+    server = threading.Thread(target=answer)
+    server.start()
+    out = tmp_path / "modules.json"
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(out), "verify", "contract", "task.json"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "RUNNER_SERVER": str(path)},
+    )  # fmt: skip
+    server.join(timeout=60)
+    listener.close()
+    assert proc.returncode == 7, proc.stderr
+    assert got[0]["argv"] == ["verify", "contract", "task.json"]
+    modules = set(json.loads(out.read_text()))
+    assert packages(modules, ("runner.cli", "socket", "contextlib", "argparse", *LIGHT_ONLY)) == []
 
 
 def test_the_slurm_step_imports_no_models_while_its_child_ends_by_itself(

@@ -16,7 +16,8 @@ import pytest
 from runner.core.errors import InfrastructureError, JobBusy
 from runner.execution import takeover
 from runner.planning.allocation import slurm_job
-from runner.scheduling.slurm.cluster import Cluster, SlurmFence, _read_capped
+from runner.scheduling.slurm.cluster import Cluster, _read_capped
+from runner.scheduling.slurm.fence import SlurmFence
 from runner.state.ledger import Attempt, Ledger, read_state
 from tests.support.clock import VirtualClock
 

@@ -29,15 +29,12 @@ __all__ = [
     "MAX_ENVELOPE_BYTES",
     "Cluster",
     "Ended",
-    "SlurmFence",
     "check_end",
     "describe",
     "parse_fields",
 ]
 
 COMMAND_TIMEOUT_SECONDS = 60
-FENCE_COMMAND_TIMEOUT_SECONDS = 20
-"""A takeover's questions to Slurm: one that does not answer in time cannot tell."""
 ACTIVE_STATES = frozenset(
     {
         "PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING", "REQUEUED",
@@ -253,50 +250,6 @@ def _read_capped(proc: subprocess.Popen[bytes], timeout: float, cap: int) -> tup
         proc.stdout.close()
         proc.stderr.close()
     return bytes(bufs[out_fd]), bytes(bufs[err_fd])
-
-
-FENCE_EPILOG_SECONDS = 60
-"""Allowed beyond Slurm's KillWait for a cancelled job to end: its Epilog (which stops what
-a killed runner left, ``scripts/slurm-epilog.sh``) and slurmctld noting the end."""
-
-
-class SlurmFence:
-    """Slurm as a takeover asks it about the job an earlier attempt ran in (the seam
-    ``runner.execution.takeover.Scheduler``; `runner run` passes one): the job's state from
-    ``scontrol`` / ``sacct`` / the jobcomp file, ``scancel``, and how long a cancelled job may
-    take to end (KillWait + :data:`FENCE_EPILOG_SECONDS`). Ids are ASCII digits only."""
-
-    def __init__(self, cluster: Cluster | None = None) -> None:
-        self._cluster = cluster
-
-    @property
-    def cluster(self) -> Cluster:
-        if self._cluster is None:
-            self._cluster = Cluster(timeout=FENCE_COMMAND_TIMEOUT_SECONDS)
-        return self._cluster
-
-    def job(self, job_id: str) -> tuple[str, bool] | None:
-        if not (job_id.isascii() and job_id.isdigit()):
-            return None
-        try:
-            info = self.cluster.job(job_id)
-        except InfrastructureError:  # no Slurm here, or it does not answer: it cannot tell
-            return None
-        if info is None:
-            return None
-        return info.state[:32], info.ended
-
-    def cancel(self, job_id: str) -> None:
-        if not (job_id.isascii() and job_id.isdigit()):
-            raise InfrastructureError(f"not a Slurm job id: {job_id!r}")
-        self.cluster.cancel(job_id)
-
-    def end_wait_seconds(self) -> float:
-        try:
-            kill_wait = self.cluster.kill_wait()
-        except InfrastructureError:
-            kill_wait = 30
-        return float(kill_wait + FENCE_EPILOG_SECONDS)
 
 
 @dataclass(frozen=True)
