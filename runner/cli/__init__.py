@@ -39,6 +39,9 @@ module               commands
 ``serve.py``         serve
 ``_common.py``       exit codes, help texts, host options, progress, the summary
 ===================  ==========================================================
+
+Long on purpose: the tables of commands, groups and earlier spellings, the parser built from
+them and the dispatch are one idea (which module answers which command line), read together.
 """
 
 from __future__ import annotations
@@ -459,6 +462,9 @@ def dispatch(given: list[str]) -> int:
     # The same for a group's line that names none of its commands (`runner job --help`).
     listing = (command is None and COMMANDS.isdisjoint(given)) or (bool(actions) and not action)
     args = build_parser(only=command, action=action, listing=listing).parse_args(given)
+    for name, value in vars(args).items():  # an unused repeatable option's value is the
+        if isinstance(value, list):  # parser's own default list: a command changing it would
+            setattr(args, name, list(value))  # change the next parse of a kept parser
     try:
         code: int = args.func(args)
     except RunnerError as exc:

@@ -56,7 +56,7 @@ from runner.state.ledger import Budget, Ledger, LedgerState
 if TYPE_CHECKING:
     from runner.execution import agentimage
 
-__all__ = ["FINAL", "NO_NEW_ATTEMPT", "AttemptResult", "Job", "egress_down", "run"]
+__all__ = ["FINAL", "NO_NEW_ATTEMPT", "AttemptResult", "Job", "egress_down", "had_egress", "run"]
 
 FINAL = {"succeeded", *errors.FINAL}
 """Attempt classifications that end the job; after the others (cancelled, interrupted,
@@ -533,6 +533,13 @@ def _egress_lease(
     return egress.lease(
         job.backend, plan, name, opts.state_dir, labels=opts.labels, redactor=redactor
     )
+
+
+def had_egress(ledger: Ledger, n: int) -> bool:
+    """Whether attempt ``n``'s ``attempt.starting`` event recorded an egress lease (whose
+    allowlist :func:`egress_down` ends, after the attempt's container is gone)."""
+    mine = next((a for a in ledger.state.attempts if a.number == n), None)
+    return bool(mine is not None and mine.starting.get("egress"))
 
 
 def egress_down(

@@ -3,12 +3,17 @@
 create → start → watch against the runner's own deadline, with heartbeats → stop, then kill →
 inspect → keep the engine's log → remove. After a runner crash, :func:`recover` finds the
 attempt's container by its deterministic name and reattaches to it, or records how it ended.
+
+Long on purpose: one container's whole life (its spec, the watch against the deadline and
+the guards, the end kept, the removal, the recovery after a crash) reads in one place, where
+each step's order is what keeps the ledger's promises.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -25,7 +30,7 @@ from runner.backends.base import (
     DeviceEdits,
     Mount,
 )
-from runner.core import clock
+from runner.core import clock, log
 from runner.core.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -369,18 +374,24 @@ def finish(
 
 class Removal:
     """An ended container being removed (``backend.remove``) in a thread of its own, while the
-    runner reads the job's evidence: about 8 ms of the engine's time off every job's wall
-    time. :meth:`wait` joins it and raises what the removal raised; the runner waits before
-    it writes the envelope, so a removal that fails ends the job as it did when the runner
-    waited for it at once. Not a daemon thread: an interpreter that exits first waits for it.
-    """
+    runner reads the job's evidence: the engine's removal (about 8 ms) off the job's wall
+    time. The runner starts it where it removed the container before (its end just in the
+    ledger) and joins it before the envelope is written (:meth:`wait`), so a removal that fails
+    ends the job as it did then; on every other way out it joins it too
+    (:meth:`wait_quietly`): a batch's or a server's fork ends with ``os._exit``, which would
+    cut a removal still in flight. Without a thread to be had, it removes at once."""
 
     def __init__(self, backend: Backend, container_id: str) -> None:
         self._error: BaseException | None = None
-        self._thread = threading.Thread(
+        self._container = container_id
+        self._thread: threading.Thread | None = threading.Thread(
             target=self._remove, args=(backend, container_id), name="runner-remove"
         )
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError:  # no thread to be had (the host's limit): removed here and now
+            self._thread = None
+            backend.remove(container_id)
 
     def _remove(self, backend: Backend, container_id: str) -> None:
         try:
@@ -389,11 +400,36 @@ class Removal:
             self._error = exc
 
     def wait(self) -> None:
-        """Join the removal; raise its error, once."""
-        self._thread.join()
+        """Join the removal and raise its error, once. A Ctrl-C (or SIGTERM) meanwhile does
+        not cut the wait short: it is raised once the removal is done."""
+        interrupted: KeyboardInterrupt | None = None
+        while self._thread is not None and self._thread.is_alive():
+            try:
+                self._thread.join()
+            except KeyboardInterrupt as exc:
+                interrupted = exc
         error, self._error = self._error, None
+        if interrupted is not None:
+            if error is not None:
+                interrupted.add_note(self._not_removed(error))
+            raise interrupted
         if error is not None:
             raise error
+
+    def wait_quietly(self, cause: BaseException) -> None:
+        """Join the removal on the way out with ``cause``: what the removal raised is logged
+        and noted on ``cause``, which is what the run says."""
+        try:
+            self.wait()
+        except KeyboardInterrupt:
+            pass  # the removal was waited for; the run ends with its cause all the same
+        except Exception as exc:  # noqa: BLE001 - said, not raised: the cause is what ends the run
+            note = self._not_removed(exc)
+            log.event(logging.WARNING, note, stage="container")
+            cause.add_note(note)
+
+    def _not_removed(self, error: BaseException) -> str:
+        return f"the container {self._container} was not removed: {error}"
 
 
 def _attempt_of(record_dir: Path) -> int:

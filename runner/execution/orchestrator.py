@@ -22,7 +22,6 @@ reads top to bottom in one place; each step is a call into the module that owns 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -197,16 +196,20 @@ def _locked(
     # one step for all it writes and signs; blind when any attempt's secrets are not known
     redact = agent_run.checked(got.redactor, p, ledger.state)
     with stage("container", known):
-        failure, budget = _record_end(got, ledger, p, job, limit)
-        # Only now, with its end in the ledger, may the container go (see container.finish);
-        # while the evidence is read, unless its egress allowlist must go after it.
-        removal = container.Removal(backend, got.outcome.container_id or got.outcome.name)
-        if p.egress is not None:
-            removal.wait()
-        # The attempt's egress allowlist goes once its container has: the proxy's log is kept.
-        eg = attempt.egress_down(backend, ledger, job, got.number, redact)
-        known = replace(known, egress=eg)
+        failure = _record_end(got, ledger, p, job, limit)
+    removal: container.Removal | None = None
     try:
+        # Only now, with its end in the ledger, may the container go (see container.finish);
+        # while the evidence is read, joined before the envelope is written.
+        removal = container.Removal(backend, got.outcome.container_id or got.outcome.name)
+        with stage("container", known):
+            budget = _write_budget(ledger, job, limit)
+            if attempt.had_egress(ledger, got.number):  # its allowlist goes after it
+                removal.wait()
+            # The attempt's egress allowlist goes once its container has: the proxy's log is
+            # kept.
+            eg = attempt.egress_down(backend, ledger, job, got.number, redact)
+            known = replace(known, egress=eg)
         agent, usage = agent_run.records(p, ledger.state, got.number, job)  # (None, None): none
         known = replace(known, budget=budget, agent=agent, agent_usage=usage)
         with stage("parsers", known):
@@ -220,9 +223,9 @@ def _locked(
             )
             envelope = agent_run.withhold(redact, job, envelope)
             ledger.check_owned()  # fenced meanwhile (another host took the job over): not ours
-    except BaseException:
-        with contextlib.suppress(Exception):
-            removal.wait()  # what failed here is what the run says
+    except BaseException as exc:
+        if removal is not None:
+            removal.wait_quietly(exc)  # what failed here is what the run says
         raise
     with stage("container", known):
         removal.wait()
@@ -299,7 +302,7 @@ def _record_end(
     p: ExecutionPlan,
     job: JobDir,
     limit: float,
-) -> tuple[Failure | None, BudgetRecord]:
+) -> Failure | None:
     """Classify the attempt's end and put it in the ledger (its container may go after)."""
     outcome = got.outcome
     st = ledger.state
@@ -343,9 +346,16 @@ def _record_end(
         category=failure.category if failure else None,
         seconds=outcome.run_seconds,
     )
+    return failure
+
+
+def _write_budget(ledger: Ledger, job: JobDir, limit: float) -> BudgetRecord:
+    """The budget as the ledger has it after the attempt, in ``execution/`` (fsynced: the one
+    left after the job, which a bundle exports) and as the envelope records it."""
+    st = ledger.state
     budget = st.budget(limit)
-    job.write_budget(budget)  # fsynced: the one left after the job (a bundle exports it)
-    return failure, BudgetRecord(**budget.as_json(), attempts=n)
+    job.write_budget(budget)
+    return BudgetRecord(**budget.as_json(), attempts=len(st.attempts))
 
 
 def _read_evidence(

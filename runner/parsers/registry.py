@@ -193,19 +193,24 @@ def catalog() -> list[dict[str, Any]]:
     ]
 
 
-_CATALOG_JSON: dict[tuple[tuple[tuple[str, str], int], ...], bytes] = {}
+_CATALOG_JSON: list[tuple[tuple[Parser, ...], bytes]] = []
+"""The catalog rendered last, with the parsers it was rendered from."""
 
 
 def catalog_json() -> bytes:
     """:func:`catalog` as the JSON document staged at ``/job/input/parser-catalog.json``
-    (indented, one final newline), rendered once a process for the same registered parsers:
-    every job stages it, and a server's or a batch's forks find it rendered."""
+    (indented, one final newline), rendered again only when the registered parsers are not
+    the very ones it was rendered from: every job stages it, and a server's or a batch's
+    forks find it rendered."""
     parsers = _load_all()
-    key = tuple((k, id(parsers[k])) for k in sorted(parsers))
-    if key not in _CATALOG_JSON:
-        _CATALOG_JSON.clear()
-        _CATALOG_JSON[key] = (json.dumps(catalog(), indent=2) + "\n").encode()
-    return _CATALOG_JSON[key]
+    now = tuple(parsers[k] for k in sorted(parsers))
+    if _CATALOG_JSON:
+        then, rendered = _CATALOG_JSON[0]
+        if len(then) == len(now) and all(a is b for a, b in zip(then, now, strict=True)):
+            return rendered
+    rendered = (json.dumps(catalog(), indent=2) + "\n").encode()
+    _CATALOG_JSON[:] = [(now, rendered)]
+    return rendered
 
 
 @cache

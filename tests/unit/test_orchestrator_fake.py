@@ -7,7 +7,9 @@ fast coverage of the logic and replace none of them.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import shutil
 import threading
 from collections.abc import Callable
@@ -25,11 +27,12 @@ from runner.contract import Trust, with_digest
 from runner.core import clock
 from runner.core.errors import Category, InfrastructureError
 from runner.execution import orchestrator
-from runner.execution.container import Outcome
+from runner.execution.container import Outcome, Removal
 from runner.execution.outcome import classify
 from runner.gpu.gpus import Gpu
 from runner.models.envelope import ResultEnvelope
 from runner.planning import policy
+from runner.state.jobdir import JobDir
 from runner.state.ledger import parse_time, read_state
 from tests.support import TOY
 from tests.support.clock import VirtualClock
@@ -535,3 +538,97 @@ def test_the_ended_container_is_removed_while_the_evidence_is_read(
     assert env["status"] == "succeeded", env["failure"]
     assert removed_by == ["runner-remove"] and fake.containers == {}
     assert "runner-remove" not in {t.name for t in threading.enumerate()}  # joined
+
+
+def test_a_budget_write_that_fails_still_removes_the_container(
+    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The removal starts where the runner removed the container before: right after its end
+    is in the ledger, before the budget file is written (a full disk fails that write)."""
+
+    real = JobDir.write_budget
+
+    def full(self: JobDir, budget: Any, durable: bool = True) -> None:
+        if durable:  # the one after the attempt (staging writes it before, not fsynced)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, budget, durable=durable)
+
+    monkeypatch.setattr(JobDir, "write_budget", full)
+    env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
+    assert env["status"] == "failed" and env["failure"]["stage"] == "container"
+    assert fake.containers == {}
+    assert [m for m, _ in fake.calls].count("remove") == 1
+
+
+def test_a_removal_that_fails_while_the_evidence_fails_too_is_said(
+    tmp_path: Path,
+    fake: FakeBackend,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run ends with the evidence's failure; the removal's is logged, not swallowed."""
+    fake.fail["remove"] = InfrastructureError("removing the job container: the engine said no")
+
+    def boom(*args: Any, **kwargs: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(orchestrator, "_read_evidence", boom)
+    with caplog.at_level(logging.WARNING, logger="runner"):
+        env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
+    assert env["failure"]["stage"] == "parsers"
+    said = [r.getMessage() for r in caplog.records if "was not removed" in r.getMessage()]
+    assert len(said) == 1 and "the engine said no" in said[0]
+
+
+class _SlowRemoval(FakeBackend):
+    """A removal that takes until ``go`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.removed: list[str] = []
+
+    def remove(self, container_id: str) -> None:
+        assert self.go.wait(30)
+        self.removed.append(container_id)
+
+
+def test_a_ctrl_c_while_the_removal_is_joined_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C (or SIGTERM, which the CLI turns into one) arriving while the runner joins the
+    removal: it is raised once the removal is done, never with the removal still in flight
+    (a fork's os._exit would cut it)."""
+    backend = _SlowRemoval()
+    removal = Removal(backend, "c1")
+    thread = removal._thread
+    assert thread is not None
+    real_join = thread.join
+    interrupted: list[bool] = []
+
+    def join(timeout: float | None = None) -> None:
+        if not interrupted:
+            interrupted.append(True)
+            backend.go.set()  # the removal goes on meanwhile
+            raise KeyboardInterrupt
+        real_join(timeout)
+
+    monkeypatch.setattr(thread, "join", join)
+    with pytest.raises(KeyboardInterrupt):
+        removal.wait()
+    assert interrupted and not thread.is_alive() and backend.removed == ["c1"]
+
+
+def test_without_a_thread_to_be_had_the_container_is_removed_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = _SlowRemoval()
+    backend.go.set()
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    removal = Removal(backend, "c2")
+    assert backend.removed == ["c2"]
+    removal.wait()

@@ -389,3 +389,30 @@ def test_every_registered_config_schema_is_valid() -> None:
 
     for entry in registry.catalog():
         jsonschema.Draft202012Validator.check_schema(entry["configSchema"])
+
+
+def test_the_staged_catalog_follows_the_registered_parsers() -> None:
+    """``catalog_json`` (what every job stages as parser-catalog.json) is rendered once a
+    process, and again when the registered parsers change: one added, then the same key
+    taken by another object."""
+    before = registry.catalog_json()
+    assert json.loads(before) == registry.catalog() and registry.catalog_json() is before
+    one = SimpleNamespace(**{**vars(_Versioned()), "description": "version 9, one"})
+    other = SimpleNamespace(**{**vars(_Versioned()), "description": "version 9, another"})
+    key = ("json.scalar", "9")
+    try:
+        registry._REGISTRY.parsers[key] = one
+        assert "version 9, one" in registry.catalog_json().decode()
+        registry._REGISTRY.parsers[key] = other
+        assert "version 9, another" in registry.catalog_json().decode()
+    finally:
+        registry._REGISTRY.parsers.pop(key, None)
+    assert registry.catalog_json() == before
+
+
+class _Versioned:
+    def __init__(self) -> None:
+        self.id = "json.scalar"
+        self.version = "9"
+        self.description = ""
+        self.config_schema: dict[str, Any] = {"type": "object"}
