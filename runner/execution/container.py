@@ -375,37 +375,43 @@ def finish(
 class Removal:
     """An ended container being removed (``backend.remove``) in a thread of its own, while the
     runner reads the job's evidence: the engine's removal (about 8 ms) off the job's wall
-    time. The runner starts it where it removed the container before (its end just in the
-    ledger) and joins it before the envelope is written (:meth:`wait`), so a removal that fails
-    ends the job as it did then; on every other way out it joins it too
-    (:meth:`wait_quietly`): a batch's or a server's fork ends with ``os._exit``, which would
-    cut a removal still in flight. Without a thread to be had, it removes at once."""
+    time. The runner starts it (:meth:`start`) where it removed the container before (its end
+    just in the ledger) and waits for it before the envelope is written (:meth:`wait`), so a
+    removal that fails ends the job as it did then; on every other way out it waits for it
+    too (:meth:`wait_quietly`): a batch's or a server's fork ends with ``os._exit``, which
+    would cut a removal still in flight. Without a thread to be had, it removes at once."""
 
     def __init__(self, backend: Backend, container_id: str) -> None:
-        self._error: BaseException | None = None
+        self._backend = backend
         self._container = container_id
-        self._thread: threading.Thread | None = threading.Thread(
-            target=self._remove, args=(backend, container_id), name="runner-remove"
-        )
-        try:
-            self._thread.start()
-        except RuntimeError:  # no thread to be had (the host's limit): removed here and now
-            self._thread = None
-            backend.remove(container_id)
+        self._error: BaseException | None = None
+        self._started = False
+        self._done = threading.Event()
 
-    def _remove(self, backend: Backend, container_id: str) -> None:
+    def start(self) -> None:
+        self._started = True
         try:
-            backend.remove(container_id)
+            threading.Thread(target=self._remove, name="runner-remove").start()
+        except RuntimeError:  # no thread to be had (the host's limit): removed here and now
+            self._remove()
+
+    def _remove(self) -> None:
+        try:
+            self._backend.remove(self._container)
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter, raised there
             self._error = exc
+        finally:
+            self._done.set()
 
     def wait(self) -> None:
-        """Join the removal and raise its error, once. A Ctrl-C (or SIGTERM) meanwhile does
-        not cut the wait short: it is raised once the removal is done."""
+        """Wait for the removal and raise its error, once. A Ctrl-C (or SIGTERM) meanwhile
+        does not cut the wait short: it is raised once the removal is done. (An event, not
+        ``Thread.join``: on Python 3.11 a join interrupted by a signal marks a thread that
+        still runs as stopped.)"""
         interrupted: KeyboardInterrupt | None = None
-        while self._thread is not None and self._thread.is_alive():
+        while self._started and not self._done.is_set():
             try:
-                self._thread.join()
+                self._done.wait()
             except KeyboardInterrupt as exc:
                 interrupted = exc
         error, self._error = self._error, None
@@ -417,8 +423,8 @@ class Removal:
             raise error
 
     def wait_quietly(self, cause: BaseException) -> None:
-        """Join the removal on the way out with ``cause``: what the removal raised is logged
-        and noted on ``cause``, which is what the run says."""
+        """Wait for the removal on the way out with ``cause``: what the removal raised is
+        logged and noted on ``cause``, which is what the run says."""
         try:
             self.wait()
         except KeyboardInterrupt:

@@ -197,12 +197,12 @@ def _locked(
     redact = agent_run.checked(got.redactor, p, ledger.state)
     with stage("container", known):
         failure = _record_end(got, ledger, p, job, limit)
-    removal: container.Removal | None = None
+    removal = container.Removal(backend, got.outcome.container_id or got.outcome.name)
     try:
-        # Only now, with its end in the ledger, may the container go (see container.finish);
-        # while the evidence is read, joined before the envelope is written.
-        removal = container.Removal(backend, got.outcome.container_id or got.outcome.name)
         with stage("container", known):
+            # Only now, with its end in the ledger, may the container go (see
+            # container.finish); while the evidence is read, waited for before the envelope.
+            removal.start()
             budget = _write_budget(ledger, job, limit)
             if attempt.had_egress(ledger, got.number):  # its allowlist goes after it
                 removal.wait()
@@ -224,8 +224,7 @@ def _locked(
             envelope = agent_run.withhold(redact, job, envelope)
             ledger.check_owned()  # fenced meanwhile (another host took the job over): not ours
     except BaseException as exc:
-        if removal is not None:
-            removal.wait_quietly(exc)  # what failed here is what the run says
+        removal.wait_quietly(exc)  # what failed here is what the run says
         raise
     with stage("container", known):
         removal.wait()

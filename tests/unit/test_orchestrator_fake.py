@@ -11,7 +11,9 @@ import errno
 import json
 import logging
 import shutil
+import signal
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -581,54 +583,67 @@ def test_a_removal_that_fails_while_the_evidence_fails_too_is_said(
 
 
 class _SlowRemoval(FakeBackend):
-    """A removal that takes until ``go`` is set."""
+    """A removal that takes until ``go`` is set (or fails with ``error``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, error: Exception | None = None) -> None:
         super().__init__()
         self.go = threading.Event()
         self.removed: list[str] = []
+        self.error = error
+        self.after_go = 0.0
 
     def remove(self, container_id: str) -> None:
         assert self.go.wait(30)
+        time.sleep(self.after_go)  # the engine's own time, once asked
+        if self.error is not None:
+            raise self.error
         self.removed.append(container_id)
 
 
-def test_a_ctrl_c_while_the_removal_is_joined_waits_for_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Ctrl-C (or SIGTERM, which the CLI turns into one) arriving while the runner joins the
-    removal: it is raised once the removal is done, never with the removal still in flight
-    (a fork's os._exit would cut it)."""
+def test_a_ctrl_c_while_the_removal_is_waited_for_waits_for_it() -> None:
+    """A real signal (SIGALRM here, raising KeyboardInterrupt as the CLI's SIGINT and SIGTERM
+    handlers do) arriving while the runner waits for the removal: it is raised once the
+    removal is done, never with the removal still in flight (a fork's os._exit would cut it).
+    Python 3.11's Thread.join, interrupted so, gives a running thread up as stopped."""
     backend = _SlowRemoval()
-    removal = Removal(backend, "c1")
-    thread = removal._thread
-    assert thread is not None
-    real_join = thread.join
-    interrupted: list[bool] = []
+    backend.after_go = 0.2
 
-    def join(timeout: float | None = None) -> None:
-        if not interrupted:
-            interrupted.append(True)
-            backend.go.set()  # the removal goes on meanwhile
-            raise KeyboardInterrupt
-        real_join(timeout)
+    def interrupt(signum: int, frame: Any) -> None:
+        backend.go.set()  # the removal ends only once the interrupt is on its way
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(thread, "join", join)
-    with pytest.raises(KeyboardInterrupt):
-        removal.wait()
-    assert interrupted and not thread.is_alive() and backend.removed == ["c1"]
+    before = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        removal = Removal(backend, "c1")
+        removal.start()
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(KeyboardInterrupt):
+            removal.wait()
+        assert backend.removed == ["c1"]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def test_without_a_thread_to_be_had_the_container_is_removed_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    backend = _SlowRemoval()
-    backend.go.set()
+    """No thread (the host's limit): removed at once, and a failure is raised where the
+    runner waits for the removal (in the container stage), as from the thread."""
 
     def refuse(self: threading.Thread) -> None:
         raise RuntimeError("can't start new thread")
 
     monkeypatch.setattr(threading.Thread, "start", refuse)
+    backend = _SlowRemoval()
+    backend.go.set()
     removal = Removal(backend, "c2")
+    removal.start()
     assert backend.removed == ["c2"]
     removal.wait()
+    failing = _SlowRemoval(InfrastructureError("removing the job container: no"))
+    failing.go.set()
+    removal = Removal(failing, "c3")
+    removal.start()  # raises nothing here
+    with pytest.raises(InfrastructureError, match="no"):
+        removal.wait()

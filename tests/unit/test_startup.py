@@ -135,6 +135,7 @@ def test_a_served_command_imports_only_what_its_client_needs(tmp_path: Path) -> 
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
     listener.listen(1)
+    listener.settimeout(60)  # a client that never comes ends the thread, not the suite
     got: list[dict[str, Any]] = []
 
     def answer() -> None:
@@ -143,10 +144,15 @@ def test_a_served_command_imports_only_what_its_client_needs(tmp_path: Path) -> 
             data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
             for fd in fds:
                 os.close(fd)
+            while not data.endswith(b"\n"):  # a large environment comes in pieces
+                more = conn.recv(1 << 20)
+                if not more:
+                    break
+                data += more
             got.append(json.loads(data))
             conn.sendall(b'{"exit": 7}\n')
 
-    server = threading.Thread(target=answer)
+    server = threading.Thread(target=answer, daemon=True)
     server.start()
     out = tmp_path / "modules.json"
     proc = subprocess.run(
