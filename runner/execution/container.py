@@ -385,14 +385,15 @@ class Removal:
         self._backend = backend
         self._container = container_id
         self._error: BaseException | None = None
-        self._started = False
+        self._thread: threading.Thread | None = None
         self._done = threading.Event()
 
     def start(self) -> None:
-        self._started = True
+        self._thread = threading.Thread(target=self._remove, name="runner-remove")
         try:
-            threading.Thread(target=self._remove, name="runner-remove").start()
+            self._thread.start()
         except RuntimeError:  # no thread to be had (the host's limit): removed here and now
+            self._thread = None
             self._remove()
 
     def _remove(self) -> None:
@@ -409,9 +410,10 @@ class Removal:
         ``Thread.join``: on Python 3.11 a join interrupted by a signal marks a thread that
         still runs as stopped.)"""
         interrupted: KeyboardInterrupt | None = None
-        while self._started and not self._done.is_set():
+        thread = self._thread  # None: never started, or removed at once
+        while not self._done.is_set() and thread is not None and thread.is_alive():
             try:
-                self._done.wait()
+                self._done.wait(1.0)
             except KeyboardInterrupt as exc:
                 interrupted = exc
         error, self._error = self._error, None
