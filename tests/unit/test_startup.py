@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -191,3 +192,28 @@ def test_the_slurm_step_imports_no_models_while_its_child_ends_by_itself(
     assert proc.returncode == 0, proc.stderr
     modules = set(json.loads(out.read_text()))
     assert packages(modules, (*LIGHT_ONLY, "runner.state")) == []
+
+
+def _patterns(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+        return found + [p for v in node.values() for p in _patterns(v)]
+    if isinstance(node, list):
+        return [p for v in node for p in _patterns(v)]
+    return []
+
+
+def test_no_model_pattern_repeats_a_class_hundreds_of_times() -> None:
+    """Every process that builds a model compiles its patterns (pydantic-core's regex engine),
+    and a bounded repetition is unrolled: ``[^\\x00]{0,1023}`` over every Unicode character
+    cost about 15 ms of each `runner run` and `runner verify`. A length is a ``max_length``
+    of its own; a bound of up to 255 on an ASCII class costs well under a millisecond."""
+    big = re.compile(r"\{\d*,?(\d+)\}")
+    slow = [
+        f"{schema.name}: {pattern}"
+        for schema in sorted((ROOT / "contracts").glob("*.schema.json"))
+        for pattern in _patterns(json.loads(schema.read_text()))
+        if any(int(m.group(1)) > 255 for m in big.finditer(pattern))
+    ]
+    assert len(list((ROOT / "contracts").glob("*.schema.json"))) >= 5
+    assert slow == []
