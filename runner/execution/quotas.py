@@ -18,8 +18,7 @@ Docker cannot cap a bind mount on this filesystem, so the runner measures:
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
+import functools
 import os
 import stat
 import time
@@ -91,27 +90,30 @@ class DiskMeter:
         return self.last
 
 
+@functools.cache
 def _libc_fallocate() -> Callable[..., int] | None:
-    name = ctypes.util.find_library("c")
-    if not name:
+    """fallocate(2) from the libc this process runs with, looked up on the first hole punched:
+    at import, ``ctypes.util.find_library`` ran ``/sbin/ldconfig -p`` in every runner process
+    (and ctypes was imported) for a call few jobs need."""
+    import ctypes
+
+    try:
+        func = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
         return None
-    libc = ctypes.CDLL(name, use_errno=True)
-    func = libc.fallocate
     func.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
     func.restype = ctypes.c_int
     return func
 
 
-_FALLOCATE = _libc_fallocate()
-
-
 def punch_hole(fd: int, offset: int, length: int) -> bool:
     """Free ``length`` bytes at ``offset`` of the open file ``fd`` without changing its size;
     False when the filesystem cannot."""
-    if _FALLOCATE is None or length <= 0:
+    fallocate = _libc_fallocate() if length > 0 else None
+    if fallocate is None:
         return False
     mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
-    return bool(_FALLOCATE(fd, mode, offset, length) == 0)
+    return bool(fallocate(fd, mode, offset, length) == 0)
 
 
 @dataclass

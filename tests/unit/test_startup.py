@@ -110,7 +110,7 @@ def test_verify_contract_imports_only_what_verifying_needs(tmp_path: Path) -> No
     assert "runner.parsers.json_scalar" in modules
 
 
-def test_a_run_imports_no_slurm_commands(tmp_path: Path) -> None:
+def test_a_run_imports_no_slurm_commands_and_no_ctypes(tmp_path: Path) -> None:
     """Every run's options hold Slurm's fence for a takeover (runner.scheduling.slurm.fence),
     which imports the Slurm commands only when a takeover asks it (about 5 ms a start)."""
     data: dict[str, Any] = json.loads((TOY / "task.json").read_text())
@@ -126,6 +126,9 @@ def test_a_run_imports_no_slurm_commands(tmp_path: Path) -> None:
         packages(modules, ("runner.scheduling.slurm.cluster", "runner.scheduling.slurm.batch"))
         == []
     )
+    # Nor ctypes: runner.execution.quotas looked libc up at import with
+    # ctypes.util.find_library, which runs /sbin/ldconfig -p in a subprocess.
+    assert packages(modules, ("ctypes",)) == []
 
 
 def test_a_served_command_imports_only_what_its_client_needs(tmp_path: Path) -> None:
