@@ -11,7 +11,6 @@ import errno
 import json
 import logging
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +33,6 @@ from runner.execution.outcome import classify
 from runner.gpu.gpus import Gpu
 from runner.models.envelope import ResultEnvelope
 from runner.planning import policy
-from runner.state.jobdir import JobDir
 from runner.state.ledger import parse_time, read_state
 from tests.support import TOY
 from tests.support.clock import VirtualClock
@@ -542,26 +540,6 @@ def test_the_ended_container_is_removed_while_the_evidence_is_read(
     assert "runner-remove" not in {t.name for t in threading.enumerate()}  # joined
 
 
-def test_a_budget_write_that_fails_still_removes_the_container(
-    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The removal starts where the runner removed the container before: right after its end
-    is in the ledger, before the budget file is written (a full disk fails that write)."""
-
-    real = JobDir.write_budget
-
-    def full(self: JobDir, budget: Any, durable: bool = True) -> None:
-        if durable:  # the one after the attempt (staging writes it before, not fsynced)
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real(self, budget, durable=durable)
-
-    monkeypatch.setattr(JobDir, "write_budget", full)
-    env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
-    assert env["status"] == "failed" and env["failure"]["stage"] == "container"
-    assert fake.containers == {}
-    assert [m for m, _ in fake.calls].count("remove") == 1
-
-
 def test_a_removal_that_fails_while_the_evidence_fails_too_is_said(
     tmp_path: Path,
     fake: FakeBackend,
@@ -598,31 +576,6 @@ class _SlowRemoval(FakeBackend):
         if self.error is not None:
             raise self.error
         self.removed.append(container_id)
-
-
-def test_a_ctrl_c_while_the_removal_is_waited_for_waits_for_it() -> None:
-    """A real signal (SIGALRM here, raising KeyboardInterrupt as the CLI's SIGINT and SIGTERM
-    handlers do) arriving while the runner waits for the removal: it is raised once the
-    removal is done, never with the removal still in flight (a fork's os._exit would cut it).
-    Python 3.11's Thread.join, interrupted so, gives a running thread up as stopped."""
-    backend = _SlowRemoval()
-    backend.after_go = 0.2
-
-    def interrupt(signum: int, frame: Any) -> None:
-        backend.go.set()  # the removal ends only once the interrupt is on its way
-        raise KeyboardInterrupt
-
-    before = signal.signal(signal.SIGALRM, interrupt)
-    try:
-        removal = Removal(backend, "c1")
-        removal.start()
-        signal.setitimer(signal.ITIMER_REAL, 0.5)
-        with pytest.raises(KeyboardInterrupt):
-            removal.wait()
-        assert backend.removed == ["c1"]
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, before)
 
 
 def test_without_a_thread_to_be_had_the_container_is_removed_at_once(
