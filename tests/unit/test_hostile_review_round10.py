@@ -30,23 +30,13 @@ from tests.unit.test_orchestrator_fake import (
 pytestmark = pytest.mark.hostile
 
 
-@pytest.fixture(autouse=True)
-def _virtual_time(virtual_clock: VirtualClock) -> VirtualClock:
-    return virtual_clock
-
-
-@pytest.fixture
-def fake() -> FakeBackend:
-    backend = FakeBackend(jobs=FakeJob(work=_writes()))
-    backend.add_image()
-    return backend
-
-
 def test_a_budget_write_that_fails_still_removes_the_container(
-    tmp_path: Path, fake: FakeBackend, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, virtual_clock: VirtualClock
 ) -> None:
     """The removal starts where the runner removed the container before: right after its end
     is in the ledger, before the budget file is written (a full disk fails that write)."""
+    fake = FakeBackend(jobs=FakeJob(work=_writes()))
+    fake.add_image()
 
     real = JobDir.write_budget
 
