@@ -292,8 +292,11 @@ def code_fingerprint() -> str:
 
 def install_signal_handlers() -> None:
     """SIGTERM behaves as Ctrl-C: the first stops the job cleanly; later ones are ignored so
-    the clean-up is not cut short."""
+    the clean-up is not cut short. The KeyboardInterrupt waits for the end of a write that
+    must not be cut in two (runner.core.interrupts: a ledger append)."""
     import signal
+
+    from runner.core import interrupts
 
     fired = False
 
@@ -302,7 +305,7 @@ def install_signal_handlers() -> None:
         if fired:
             return
         fired = True
-        raise KeyboardInterrupt
+        interrupts.interrupt()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runner.core import clock, jsondepth
+from runner.core import clock, interrupts, jsondepth
 from runner.core.errors import (
     InfrastructureError,
     JobAlreadyFinished,
@@ -417,7 +417,14 @@ class Ledger:
             )
 
     def append(self, event_id: str, type_: EventType, data: dict[str, Any]) -> LedgerEvent:
-        """Append and fsync; the same ``event_id`` with the same data again is a no-op."""
+        """Append and fsync; the same ``event_id`` with the same data again is a no-op. A
+        Ctrl-C or SIGTERM meanwhile is raised once the event and this ledger's account of it
+        (its state, last hash and size) agree (runner.core.interrupts): raised between the
+        write and the account, it made this runner take its own event for another's."""
+        with interrupts.deferred():
+            return self._append(event_id, type_, data)
+
+    def _append(self, event_id: str, type_: EventType, data: dict[str, Any]) -> LedgerEvent:
         for old in self.events:
             if old.eventId == event_id:
                 if old.type == type_ and old.data == data:
