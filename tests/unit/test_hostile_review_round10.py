@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,24 @@ def test_an_interrupt_outside_a_deferred_block_is_raised_at_once_and_inside_at_i
     assert done == ["inner", "outer"]
     with interrupts.deferred():  # nothing held over from the block before
         pass
+
+
+def test_a_block_in_another_thread_holds_no_interrupt_of_the_main_thread() -> None:
+    """Signal handlers run in the main thread: a deferred block another thread is in must not
+    hold the main thread's interrupt (it would be raised in that thread, or never)."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        with interrupts.deferred():
+            inside.set()
+            assert leave.wait(30)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.interrupt()
+    finally:
+        leave.set()
+        thread.join(30)
