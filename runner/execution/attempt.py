@@ -538,7 +538,7 @@ def _egress_lease(
 def had_egress(ledger: Ledger, n: int) -> bool:
     """Whether attempt ``n``'s ``attempt.starting`` event recorded an egress lease (whose
     allowlist :func:`egress_down` ends, after the attempt's container is gone)."""
-    mine = next((a for a in ledger.state.attempts if a.number == n), None)
+    mine = ledger.state.attempt(n)
     return bool(mine is not None and mine.starting.get("egress"))
 
 
@@ -552,7 +552,7 @@ def egress_down(
     """End attempt ``n``'s egress lease, as its ``attempt.starting`` event recorded it,
     keeping its lines of the proxy's log, redacted, in its record; None when it had none.
     Safe to repeat."""
-    mine = next((a for a in ledger.state.attempts if a.number == n), None)
+    mine = ledger.state.attempt(n)
     started = mine.starting.get("egress") if mine is not None else None
     if not started or "slot" not in started:  # none, or an earlier runner's (the sweeper's)
         return None

@@ -71,7 +71,7 @@ def _verdict(labels: dict[str, str]) -> tuple[bool, str]:
         return False, "its job has no ledger; remove it by hand"
     state = ledger.read_state(path)
     attempt = int(labels.get("org.runner.attempt", "0") or 0)
-    mine = next((a for a in state.attempts if a.number == attempt), None)
+    mine = state.attempt(attempt)
     if mine is not None and (mine.finished is not None or state.finished is not None):
         # Ended in the ledger, whoever holds the job now (a runner on another host that took
         # it over, say): a container of an ended attempt never runs on.

@@ -162,7 +162,7 @@ def close(
             ledger.check_owned()
         except JobFenced:  # its runner (on SIGTERM) or the Epilog recorded its end
             ledger.reload()
-            now = next((a for a in ledger.state.attempts if a.number == n), None)
+            now = ledger.state.attempt(n)
             if now is not None and now.finished is not None:
                 progress.stage("recover", f"attempt {n} ended as its Slurm job did; recorded")
                 return

@@ -181,6 +181,10 @@ class LedgerState:
         """An agent's cost (USD) over every attempt recorded so far."""
         return round(sum(float(u.get("costUsd", 0.0)) for u in self.agent_usage.values()), 6)
 
+    def attempt(self, n: int) -> Attempt | None:
+        """Attempt ``n`` as the ledger has it, or None."""
+        return next((a for a in self.attempts if a.number == n), None)
+
     @property
     def in_flight(self) -> Attempt | None:
         last = self.attempts[-1] if self.attempts else None
