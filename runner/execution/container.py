@@ -437,7 +437,10 @@ class Removal:
             cause.add_note(note)
 
     def _not_removed(self, error: BaseException) -> str:
-        return f"the container {self._container} was not removed: {error}"
+        return (
+            f"the container {self._container} was not removed: {error} (`runner job cleanup` "
+            "removes the containers of ended attempts)"
+        )
 
 
 def _attempt_of(record_dir: Path) -> int:
