@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from runner.backends.base import (
     Backend,
@@ -38,7 +38,7 @@ from runner.core.errors import (
     InfrastructureError,
     RunnerError,
 )
-from runner.execution.enginetime import EndWindow, started_at, started_between
+from runner.execution.enginetime import EndWindow, on_this_clock, started_at, started_between
 from runner.execution.lease import Lease
 from runner.execution.resources import Sampler, Sampling
 from runner.planning.plan import ExecutionPlan
@@ -240,12 +240,15 @@ class Watched:
     then charges it to the engine's ``FinishedAt`` within this window."""
 
 
-def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> Watched:
+def watch(
+    backend: Backend, container_id: str, w: Watch, progress: Progress, *, interrupted: bool = False
+) -> Watched:
     """Wait for the container against the deadline and the guards (quotas). The deadline is
     checked before anything else each time the loop wakes (at the latest every tick), so the
     stop is asked for at the budget's end, not after a quota walk or a heartbeat write; a
     reattaching runner writes a heartbeat at once, before it stops a job whose budget ran
-    out while no runner watched."""
+    out while no runner watched. ``interrupted``: a Ctrl-C came while it started, so it is
+    stopped at once, as for one during the watch."""
     start = w.as_of if w.as_of is not None else clock.monotonic()
     origin = start - w.already
     deadline = start + w.budget_left
@@ -278,6 +281,8 @@ def watch(backend: Backend, container_id: str, w: Watch, progress: Progress) -> 
         lease.last_ok = clock.monotonic()
 
     try:
+        if interrupted:
+            raise KeyboardInterrupt
         w.on_start(container_id)
         if w.sampling is not None:  # its own thread and connection: no call in this loop
             sampler = Sampler(backend, container_id, w.sampling, origin).start()
@@ -472,6 +477,8 @@ def run_attempt(
         container_id = backend.create(container)
     except (RunnerError, KeyboardInterrupt) as exc:
         raise NotStarted(exc) from exc
+    before: float | None = None
+    interrupted = False
     try:
         on_created(container_id)
         before = clock.monotonic()
@@ -479,16 +486,16 @@ def run_attempt(
         as_of, agrees = started_at(backend, container_id, before, clock.monotonic())
         w = replace(w, as_of=as_of, engine_clock_agrees=agrees)
     except (RunnerError, KeyboardInterrupt) as exc:
-        backend.remove(container_id)
-        if isinstance(exc, GpuUnavailable) and container.gpu_ids:  # name the devices asked for
-            exc = GpuUnavailable(
-                "the engine could not start the container with GPU(s) "
-                f"{', '.join(container.gpu_ids)}: {exc.message}",
-                hint=exc.hint,
-            )
-        raise NotStarted(exc) from exc
+        ran = None
+        if isinstance(exc, KeyboardInterrupt) and before is not None:
+            ran = _ran_since(backend, container_id, before)
+        if ran is None:
+            _remove_unstarted(backend, container_id, container, exc)
+        # A Ctrl-C that came once the engine had started it (in the start call's answer, or
+        # in the look at its StartedAt): it ran, so it is stopped and charged as cancelled.
+        w, interrupted = replace(w, as_of=ran), True
     try:
-        watched = watch(backend, container_id, w, progress)
+        watched = watch(backend, container_id, w, progress, interrupted=interrupted)
     except EngineUnavailable:
         raise  # the container may well run on; the ledger keeps it in flight for a reattach
     except BaseException:
@@ -502,6 +509,36 @@ def run_attempt(
         watched=watched,
         log_max_bytes=container.log_max_bytes,
     )
+
+
+def _ran_since(backend: Backend, container_id: str, before: float) -> float | None:
+    """After a Ctrl-C during an attempt's start: when its container started, on this host's
+    clock (the engine's ``StartedAt`` kept within ``before`` and now), or None when the engine
+    says it never did. An engine that cannot say is taken to have started it, from
+    ``before``: no moment it may have run goes uncharged."""
+    try:
+        state = backend.state(container_id)
+    except ContainerVanished:
+        return None
+    except RunnerError:
+        return before
+    if parse_time(state.started_at) is None:
+        return None if state.status == "created" else before
+    return on_this_clock(state.started_at, before, clock.monotonic())
+
+
+def _remove_unstarted(
+    backend: Backend, container_id: str, container: ContainerSpec, exc: BaseException
+) -> NoReturn:
+    """Remove a container that never ran, and raise :class:`NotStarted` with why."""
+    backend.remove(container_id)
+    if isinstance(exc, GpuUnavailable) and container.gpu_ids:  # name the devices asked for
+        exc = GpuUnavailable(
+            "the engine could not start the container with GPU(s) "
+            f"{', '.join(container.gpu_ids)}: {exc.message}",
+            hint=exc.hint,
+        )
+    raise NotStarted(exc) from exc
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from runner.backends.fake import FakeBackend, FakeJob
 from runner.backends.types import ImageInfo
 from runner.contract import Trust, with_digest
 from runner.core import clock
-from runner.core.errors import Category, InfrastructureError
+from runner.core.errors import Category, EngineUnavailable, InfrastructureError
 from runner.execution import orchestrator
 from runner.execution.container import Outcome, Removal
 from runner.execution.outcome import classify
@@ -409,6 +409,88 @@ def test_a_crash_is_counted_until_now_never_less(
     ledger = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl")
     assert ledger.attempts[0].seconds >= 0.4  # from the last heartbeat until now
     assert env["budget"]["consumedSeconds"] >= 0.4
+
+
+class _CtrlCAtStart(FakeBackend):
+    """A Ctrl-C that comes while the container starts: ``at`` is "call" (before the engine
+    starts it), "answer" (the engine started it, its answer not yet read) or "look" (in the
+    look at its StartedAt after the start); ``ran`` seconds pass first."""
+
+    def __init__(self, at: str, ran: float = 2.0) -> None:
+        super().__init__(jobs=FakeJob(seconds=INF))
+        self.at, self.ran, self.started = at, ran, False
+
+    def start(self, container_id: str) -> None:
+        if self.at == "call":
+            raise KeyboardInterrupt
+        super().start(container_id)
+        self.started = True
+        if self.at == "answer":
+            clock.sleep(self.ran)
+            raise KeyboardInterrupt
+
+    def state(self, container_id: str) -> ContainerState:
+        if self.at == "look" and self.started:
+            self.started = False
+            clock.sleep(self.ran)
+            raise KeyboardInterrupt
+        return super().state(container_id)
+
+
+@pytest.mark.parametrize("at", ["answer", "look"])
+def test_a_ctrl_c_once_the_engine_started_the_container_charges_its_time(
+    tmp_path: Path, at: str
+) -> None:
+    """The container ran from the engine's start: a Ctrl-C in the start call's answer, or
+    in the look at its StartedAt, stops it as a cancel does and charges the time it ran
+    (it was recorded as never started, charged 0 s, its container removed unstopped)."""
+    fake = _CtrlCAtStart(at, ran=2.0)
+    fake.add_image()
+    env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
+    assert _category(env) == "cancelled"
+    assert env["container"] is not None and env["container"]["stoppedByRunner"] is True
+    (attempt,) = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl").attempts
+    assert attempt.finished is not None and attempt.finished["how"] != "not-started"
+    assert attempt.seconds >= 2.0
+    assert env["budget"]["consumedSeconds"] >= 2.0
+    assert ("stop", env["container"]["id"]) in fake.calls
+    assert fake.running() == [] and fake.containers == {}
+
+
+def test_a_ctrl_c_at_the_start_with_the_engine_gone_leaves_the_attempt_in_flight(
+    tmp_path: Path,
+) -> None:
+    """The engine stops answering as the Ctrl-C comes: whether the container ran is not
+    known, so it is neither removed nor charged 0 s; the attempt stays in flight, for the
+    next `runner run` to reattach or account for."""
+    fake = _CtrlCAtStart("answer")
+    fake.add_image()
+    gone = EngineUnavailable("the engine did not answer")
+    real_start = fake.start
+
+    def start(container_id: str) -> None:
+        fake.fail.update(state=gone, stop=gone, remove=gone)
+        real_start(container_id)
+
+    fake.start = start  # type: ignore[method-assign]
+    env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
+    assert _category(env) == "infrastructure", env["failure"]
+    (attempt,) = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl").attempts
+    assert attempt.finished is None
+    assert fake.running() != []
+
+
+def test_a_ctrl_c_before_the_engine_started_the_container_charges_nothing(
+    tmp_path: Path,
+) -> None:
+    """A Ctrl-C before the engine started it: never started, charged nothing, removed."""
+    fake = _CtrlCAtStart("call")
+    fake.add_image()
+    env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
+    assert _category(env) == "cancelled" and env["container"] is None
+    (attempt,) = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl").attempts
+    assert attempt.finished is not None and attempt.finished["how"] == "not-started"
+    assert attempt.seconds == 0.0 and fake.containers == {}
 
 
 class _LateEngine(FakeBackend):
