@@ -243,10 +243,10 @@ def peer(conn: _socket.socket) -> tuple[int, int]:
     (SO_PEERCRED): the server checks its client's, the client its server's. ``conn`` may be
     a ``socket.socket`` or the ``_socket.socket`` under it (the client's, runner.client)."""
     import _socket as sockets
-    import struct
+    import _struct  # not struct: the client imports nothing it can do without
 
-    raw = conn.getsockopt(sockets.SOL_SOCKET, sockets.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", raw)
+    raw = conn.getsockopt(sockets.SOL_SOCKET, sockets.SO_PEERCRED, _struct.calcsize("3i"))
+    pid, uid, _gid = _struct.unpack("3i", raw)
     return int(pid), int(uid)
 
 
