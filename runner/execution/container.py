@@ -281,9 +281,9 @@ def watch(
         lease.last_ok = clock.monotonic()
 
     try:
+        w.on_start(container_id)  # an agent's guard follows it even so: its turns count
         if interrupted:
             raise KeyboardInterrupt
-        w.on_start(container_id)
         if w.sampling is not None:  # its own thread and connection: no call in this loop
             sampler = Sampler(backend, container_id, w.sampling, origin).start()
         if w.already > 0:
@@ -513,8 +513,9 @@ def run_attempt(
 
 def _ran_since(backend: Backend, container_id: str, before: float) -> float | None:
     """After a Ctrl-C during an attempt's start: when its container started, on this host's
-    clock (the engine's ``StartedAt`` kept within ``before`` and now), or None when the engine
-    says it never did. An engine that cannot say is taken to have started it, from
+    clock (the engine's ``StartedAt``, when it falls between ``before`` and now, as it must
+    when the engine's clock agrees with this host's), or None when the engine says it never
+    did. An engine that cannot say, or whose clock disagrees, is taken to have started it at
     ``before``: no moment it may have run goes uncharged."""
     try:
         state = backend.state(container_id)
@@ -524,7 +525,9 @@ def _ran_since(backend: Backend, container_id: str, before: float) -> float | No
         return before
     if parse_time(state.started_at) is None:
         return None if state.status == "created" else before
-    return on_this_clock(state.started_at, before, clock.monotonic())
+    now = clock.monotonic()
+    mapped = on_this_clock(state.started_at, before - 1.0, now + 1.0)
+    return mapped if before <= mapped <= now else before  # a clock that disagrees: `before`
 
 
 def _remove_unstarted(

@@ -447,6 +447,58 @@ def test_an_attempt_that_vanished_counts_its_transcript_and_the_next_gets_the_re
     assert files_holding(Path(env["jobDir"]), b"sk-fake-engine-only") == []
 
 
+class _CtrlC(FakeBackend):
+    """Ctrl-C once the engine started the container: in the start call's answer ("start"),
+    or at the watch's third wait ("watch")."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__()
+        self.at, self.waits = at, 0
+
+    def start(self, container_id: str) -> None:
+        super().start(container_id)
+        if self.at == "start":
+            raise KeyboardInterrupt
+
+    def wait(self, container_id: str, timeout: float) -> int | None:
+        self.waits += 1
+        if self.at == "watch" and self.waits == 3:
+            raise KeyboardInterrupt
+        return super().wait(container_id, timeout)
+
+
+@pytest.mark.parametrize("at", ["watch", "start"])
+def test_an_agent_cancelled_once_started_has_its_turns_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: str
+) -> None:
+    """A Ctrl-C while the engine's start answers is a cancel of a container that ran, as one
+    during the watch: the agent's turns in it are counted, so the next attempt does not get
+    them again (the guard follows its output before the stop)."""
+    monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", "sk-fake-engine-only-0123456789")
+    fake = _CtrlC(at)
+    info = fake.add_image()
+    fake.jobs = FakeJob(seconds=float("inf"), work=lambda m: _turns(m, 0, 3))
+    contract = _contract(tmp_path, lambda d: d["agent"].update(maxTurns=10))
+    pol = HostPolicy.model_validate(
+        {
+            "acceptUnsigned": True,
+            "agents": {"scripted": {**SCRIPTED, "image": info.id, "runIn": "adapter-image"}},
+        }
+    )
+    options = orchestrator.RunOptions(
+        state_dir=tmp_path / "state",
+        policy=policy.LoadedPolicy(pol.resolved(), "test"),
+        tick_seconds=0.01,
+        heartbeat_seconds=0.05,
+        stop_grace_seconds=0.05,
+    )
+    env = orchestrator.as_json(orchestrator.run(contract, options, backend=fake))
+    assert env["failure"]["category"] == "cancelled"
+    assert env["container"] is not None and env["container"]["stoppedByRunner"] is True
+    usage = env["agentUsage"]
+    assert [(a["attempt"], a["turns"]) for a in usage["attempts"]] == [(1, 3)]
+
+
 def test_hostile_numbers_in_a_transcript_are_not_believed() -> None:
     """Infinite or absurd costs and token counts (a float overflow, a 400-digit integer) are
     skipped, never stored: the ledger and the envelope stay finite JSON."""

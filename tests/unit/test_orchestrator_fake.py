@@ -416,15 +416,18 @@ class _CtrlCAtStart(FakeBackend):
     starts it), "answer" (the engine started it, its answer not yet read) or "look" (in the
     look at its StartedAt after the start); ``ran`` seconds pass first."""
 
-    def __init__(self, at: str, ran: float = 2.0) -> None:
+    def __init__(self, at: str, ran: float = 2.0, skew: float = 0.0) -> None:
         super().__init__(jobs=FakeJob(seconds=INF))
-        self.at, self.ran, self.started = at, ran, False
+        self.at, self.ran, self.started, self.skew = at, ran, False, skew
 
     def start(self, container_id: str) -> None:
         if self.at == "call":
             raise KeyboardInterrupt
         super().start(container_id)
         self.started = True
+        for c in self.containers.values():  # an engine whose clock is ``skew`` s ahead
+            if c.started_at is not None:
+                c.started_at += timedelta(seconds=self.skew)
         if self.at == "answer":
             clock.sleep(self.ran)
             raise KeyboardInterrupt
@@ -437,14 +440,15 @@ class _CtrlCAtStart(FakeBackend):
         return super().state(container_id)
 
 
-@pytest.mark.parametrize("at", ["answer", "look"])
+@pytest.mark.parametrize(("at", "skew"), [("answer", 0.0), ("look", 0.0), ("answer", 3600.0)])
 def test_a_ctrl_c_once_the_engine_started_the_container_charges_its_time(
-    tmp_path: Path, at: str
+    tmp_path: Path, at: str, skew: float
 ) -> None:
     """The container ran from the engine's start: a Ctrl-C in the start call's answer, or
     in the look at its StartedAt, stops it as a cancel does and charges the time it ran
-    (it was recorded as never started, charged 0 s, its container removed unstopped)."""
-    fake = _CtrlCAtStart(at, ran=2.0)
+    (it was recorded as never started, charged 0 s, its container removed unstopped). An
+    engine whose clock runs ahead is not believed: charged from before the start call."""
+    fake = _CtrlCAtStart(at, ran=2.0, skew=skew)
     fake.add_image()
     env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
     assert _category(env) == "cancelled"
