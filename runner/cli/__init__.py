@@ -8,7 +8,7 @@ own, the command a person runs most. Each command lives in a module, which decla
 (``register``) and holds its command function; the tables below say which module has which
 command, and :func:`dispatch` imports only the module of the command given (building every
 parser, and importing every module's needs, would cost each start-up for nothing). The
-``runner`` command (bin/runner) calls ``runner.client.main``, which hands ``run`` and ``verify
+``runner`` command (the entry point ``runner.client:main``) hands ``run`` and ``verify
 contract`` to a running ``runner serve`` first.
 
 The earlier, flat spellings (``runner verify-result``, ``runner status``, ``runner submit``)
