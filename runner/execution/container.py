@@ -487,13 +487,14 @@ def run_attempt(
         w = replace(w, as_of=as_of, engine_clock_agrees=agrees)
     except (RunnerError, KeyboardInterrupt) as exc:
         ran = None
-        if isinstance(exc, KeyboardInterrupt) and before is not None:
+        if isinstance(exc, KeyboardInterrupt | EngineUnavailable) and before is not None:
             ran = _ran_since(backend, container_id, before)
         if ran is None:
             _remove_unstarted(backend, container_id, container, exc)
-        # A Ctrl-C that came once the engine had started it (in the start call's answer, or
-        # in the look at its StartedAt): it ran, so it is stopped and charged as cancelled.
-        w, interrupted = replace(w, as_of=ran), True
+        # The engine had started it: a Ctrl-C that came in the start call's answer or in the
+        # look at its StartedAt stops it and charges it as a cancel; a start call that timed
+        # out (an engine slow to answer) is watched as any start, from its StartedAt.
+        w, interrupted = replace(w, as_of=ran), isinstance(exc, KeyboardInterrupt)
     try:
         watched = watch(backend, container_id, w, progress, interrupted=interrupted)
     except EngineUnavailable:
@@ -512,11 +513,12 @@ def run_attempt(
 
 
 def _ran_since(backend: Backend, container_id: str, before: float) -> float | None:
-    """After a Ctrl-C during an attempt's start: when its container started, on this host's
-    clock (the engine's ``StartedAt``, when it falls between ``before`` and now, as it must
-    when the engine's clock agrees with this host's), or None when the engine says it never
-    did. An engine that cannot say, or whose clock disagrees, is taken to have started it at
-    ``before``: no moment it may have run goes uncharged."""
+    """After a Ctrl-C during an attempt's start, or a start call the engine did not answer in
+    time: when its container started, on this host's clock (the engine's ``StartedAt``, when
+    it falls between ``before`` and now, as it must when the engine's clock agrees with this
+    host's), or None when the engine says it never did. An engine that cannot say, or whose
+    clock disagrees, is taken to have started it at ``before``: no moment it may have run
+    goes uncharged."""
     try:
         state = backend.state(container_id)
     except ContainerVanished:

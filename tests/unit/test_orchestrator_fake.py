@@ -461,6 +461,43 @@ def test_a_ctrl_c_once_the_engine_started_the_container_charges_its_time(
     assert fake.running() == [] and fake.containers == {}
 
 
+class _SlowStart(FakeBackend):
+    """An engine that starts the container but answers the start call only after the
+    runner's read timeout (``slow`` seconds), or never starts it (``starts=False``)."""
+
+    def __init__(self, slow: float, *, starts: bool = True) -> None:
+        super().__init__(jobs=FakeJob(seconds=3.0, work=_writes()))
+        self.slow, self.starts = slow, starts
+
+    def start(self, container_id: str) -> None:
+        if self.starts:
+            super().start(container_id)
+        clock.sleep(self.slow)
+        raise EngineUnavailable("starting the job container: timed out") from TimeoutError()
+
+
+def test_a_start_the_engine_answered_too_late_is_watched_and_charged(tmp_path: Path) -> None:
+    """The engine started the container but its answer to the start call did not come in
+    time: the job runs on, watched and charged from its StartedAt (it was removed as never
+    started, the seconds it ran charged 0). One the engine never started is removed and
+    charged nothing, as before."""
+    fake = _SlowStart(slow=2.0)
+    fake.add_image()
+    env = _run(_contract(tmp_path, _image(fake)), _options(tmp_path), fake)
+    assert env["status"] == "succeeded", env["failure"]
+    (attempt,) = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl").attempts
+    assert attempt.seconds >= 3.0 and env["budget"]["consumedSeconds"] >= 3.0
+    never = _SlowStart(slow=2.0, starts=False)
+    never.add_image()
+    other = tmp_path / "never"
+    other.mkdir()
+    env = _run(_contract(other, _image(never)), _options(other), never)
+    assert _category(env) == "infrastructure" and env["container"] is None
+    (attempt,) = read_state(Path(env["jobDir"]) / "record" / "ledger.jsonl").attempts
+    assert attempt.finished is not None and attempt.finished["how"] == "not-started"
+    assert never.containers == {}
+
+
 def test_a_ctrl_c_at_the_start_with_the_engine_gone_leaves_the_attempt_in_flight(
     tmp_path: Path,
 ) -> None:
