@@ -419,13 +419,11 @@ def _stage(
     since = time.monotonic()
     with stage("stage", known):
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
-        files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via)
-        files.append(
-            layout.add_input(job.dir, "result.schema.json", selfreport.schema_bytes(), last=False)
-        )
+        own = [("result.schema.json", selfreport.schema_bytes())]
         prompt = agents.prompt_bytes(p.agent) if p.agent is not None else None
         if prompt is not None:  # the host's prompt (the contract names none): an input too
-            files.append(layout.add_input(job.dir, agents.HOST_PROMPT_NAME, prompt, last=False))
+            own.append((agents.HOST_PROMPT_NAME, prompt))
+        files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via, extra=own)
         layout.working_copy(job.dir, job.contract, p.limits.disk_quota_bytes)
         streams = [p.stdout_path, p.stderr_path]
         if n > 1:  # the last attempt's stdout and stderr move to its record, never truncated

@@ -154,19 +154,19 @@ class _Room:
                 os.close(out)
 
 
-def add_input(job: JobDir, name: str, data: bytes, *, last: bool = True) -> StagedFile:
-    """Place a runner-written file in ``input/`` and add it to the input manifest.
-
-    ``last=False``: another ``add_input`` follows before the attempt starts (the compute
-    decision always comes last), so the manifest and the listing written now are superseded
-    and not fsynced; the file itself is, as the listing's last write holds its hash."""
+def add_input(job: JobDir, name: str, data: bytes) -> StagedFile:
+    """Place a runner-written file in ``input/`` once the inputs are staged (the compute
+    decision, the last thing written before the attempt starts) and add it to the input
+    manifest and the listing, each fsynced: their last writes before the attempt. The
+    runner's files known at staging are staged with the inputs instead
+    (:func:`runner.staging.jobdir.stage_inputs`' ``extra``)."""
     atomic_write(job.input / name, data)
-    record_added_input(job, name, data, durable=last)
+    record_added_input(job, name, data)
     entry = StagedFile(name, hashlib.sha256(data).hexdigest(), len(data))
     manifest_path = job.execution / "input-manifest.json"
     manifest = json.loads(manifest_path.read_bytes())
     files = [f for f in manifest["files"] if f["path"] != name]
     files.append({"path": name, "sha256": entry.sha256, "size": entry.size})
     manifest["files"] = sorted(files, key=lambda f: str(f["path"]))
-    write_json(manifest_path, manifest, durable=last)
+    write_json(manifest_path, manifest)
     return entry

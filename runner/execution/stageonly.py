@@ -123,10 +123,8 @@ def stage(contract_path: Path, opts: RunOptions, *, host_uid: int, host_gid: int
         agent_run.refuse_spent(p, st)
         n = len(st.attempts) + 1
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job)
-        files = staging.stage_inputs(job, contract, opts.input_rules(), via=via)
-        files.append(
-            layout.add_input(job, "result.schema.json", selfreport.schema_bytes(), last=False)
-        )
+        own = [("result.schema.json", selfreport.schema_bytes())]
+        files = staging.stage_inputs(job, contract, opts.input_rules(), via=via, extra=own)
         layout.working_copy(job, contract, p.limits.disk_quota_bytes)
         streams = [p.stdout_path, p.stderr_path]
         if n > 1:  # as runner.execution.attempt: the last attempt's streams move to its record

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -337,10 +337,13 @@ def stage_inputs(
     rules: InputRules | None = None,
     *,
     via: Stager | None = None,
+    extra: Sequence[tuple[str, bytes]] = (),
 ) -> list[StagedFile]:
     """Copy the contract's inputs into ``input/`` (replacing what was there), hash them, check
     them against the digests (and the git commit) the contract binds, and place the verified
-    contract bytes at ``input/task.json``. Returns the input manifest.
+    contract bytes at ``input/task.json``, with ``extra`` (name, bytes): more files the runner
+    writes there (result.schema.json, the host's prompt), in the same manifest and listing
+    rather than added to them one by one. Returns the input manifest.
 
     Inputs are walked without following any link (:mod:`runner.core.safefs`), links below an
     input's folder are copied as links, special files are refused, and ``rules`` caps their
@@ -386,6 +389,7 @@ def stage_inputs(
     own.append(("parser-catalog.json", registry.catalog_json()))
     if contract.signature is not None:
         own.append(("task.dsse.json", contract.signature.envelope))
+    own.extend(extra)
     for name, data in own:
         atomic_write(job.input / name, data)
         files.append(StagedFile(name, hashlib.sha256(data).hexdigest(), len(data)))
@@ -496,7 +500,7 @@ def _record_tree(job: JobDir, staged: list[StagedInput], own: list[tuple[str, by
     )
 
 
-def record_added_input(job: JobDir, name: str, data: bytes, *, durable: bool = True) -> None:
+def record_added_input(job: JobDir, name: str, data: bytes) -> None:
     """Add a file the runner wrote into ``input/`` after staging (``compute-decision.json``)
     to the recorded listing, so the check after the job expects it."""
     path = job.record / "input-tree.json"
@@ -508,7 +512,7 @@ def record_added_input(job: JobDir, name: str, data: bytes, *, durable: bool = T
     whole[name] = inputs.Entry("F", name, hashlib.sha256(data).hexdigest())
     recorded["digest"] = inputs.tree_digest(whole.values())
     recorded["listing"] = inputs.listing(whole.values())
-    write_json(path, recorded, durable=durable)
+    write_json(path, recorded)
 
 
 @dataclass(frozen=True)
