@@ -58,6 +58,24 @@ def _policy(**adapter: Any) -> HostPolicy:
     return HostPolicy.model_validate({"agents": {"scripted": {**SCRIPTED, **adapter}}})
 
 
+def scripted_options(tmp_path: Path, image_id: str) -> orchestrator.RunOptions:
+    """Run options of a host whose policy accepts unsigned contracts and has the scripted
+    agent, run in its own image ``image_id``; fast ticks for the fake engine."""
+    pol = HostPolicy.model_validate(
+        {
+            "acceptUnsigned": True,
+            "agents": {"scripted": {**SCRIPTED, "image": image_id, "runIn": "adapter-image"}},
+        }
+    )
+    return orchestrator.RunOptions(
+        state_dir=tmp_path / "state",
+        policy=policy.LoadedPolicy(pol.resolved(), "test"),
+        tick_seconds=0.01,
+        heartbeat_seconds=0.05,
+        stop_grace_seconds=0.05,
+    )
+
+
 def _contract(tmp_path: Path, change: Any = None) -> Path:
     data = json.loads((EXAMPLE / "task.scripted.json").read_text())
     data["environment"]["image"] = CONTRACT_IMAGE
@@ -420,19 +438,7 @@ def test_an_attempt_that_vanished_counts_its_transcript_and_the_next_gets_the_re
 
     fake.jobs = jobs
     contract = _contract(tmp_path, lambda d: d["agent"].update(maxTurns=10))
-    pol = HostPolicy.model_validate(
-        {
-            "acceptUnsigned": True,
-            "agents": {"scripted": {**SCRIPTED, "image": info.id, "runIn": "adapter-image"}},
-        }
-    )
-    options = orchestrator.RunOptions(
-        state_dir=tmp_path / "state",
-        policy=policy.LoadedPolicy(pol.resolved(), "test"),
-        tick_seconds=0.01,
-        heartbeat_seconds=0.05,
-        stop_grace_seconds=0.05,
-    )
+    options = scripted_options(tmp_path, info.id)
     with pytest.raises(Crash):
         orchestrator.run(contract, options, backend=fake, progress=CrashingProgress(fake))
     fake.frozen = False
@@ -479,19 +485,7 @@ def test_an_agent_cancelled_once_started_has_its_turns_counted(
     info = fake.add_image()
     fake.jobs = FakeJob(seconds=float("inf"), work=lambda m: _turns(m, 0, 3))
     contract = _contract(tmp_path, lambda d: d["agent"].update(maxTurns=10))
-    pol = HostPolicy.model_validate(
-        {
-            "acceptUnsigned": True,
-            "agents": {"scripted": {**SCRIPTED, "image": info.id, "runIn": "adapter-image"}},
-        }
-    )
-    options = orchestrator.RunOptions(
-        state_dir=tmp_path / "state",
-        policy=policy.LoadedPolicy(pol.resolved(), "test"),
-        tick_seconds=0.01,
-        heartbeat_seconds=0.05,
-        stop_grace_seconds=0.05,
-    )
+    options = scripted_options(tmp_path, info.id)
     env = orchestrator.as_json(orchestrator.run(contract, options, backend=fake))
     assert env["failure"]["category"] == "cancelled"
     assert env["container"] is not None and env["container"]["stoppedByRunner"] is True

@@ -254,27 +254,13 @@ def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
     the export with why; a clean listed file is exported as it is."""
     from runner.backends.fake import FakeBackend, FakeJob
     from runner.execution import orchestrator
-    from runner.planning import policy
-    from runner.planning.policy import HostPolicy
-    from tests.unit.test_agents import SCRIPTED, _contract
+    from tests.unit.test_agents import _contract, scripted_options
 
     monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", KEY)
     fake = FakeBackend()
     info = fake.add_image()
     fake.jobs = lambda spec: FakeJob(work=_leaking_job)
-    pol = HostPolicy.model_validate(
-        {
-            "acceptUnsigned": True,
-            "agents": {"scripted": {**SCRIPTED, "image": info.id, "runIn": "adapter-image"}},
-        }
-    )
-    options = orchestrator.RunOptions(
-        state_dir=tmp_path / "state",
-        policy=policy.LoadedPolicy(pol.resolved(), "test"),
-        tick_seconds=0.01,
-        heartbeat_seconds=0.05,
-        stop_grace_seconds=0.05,
-    )
+    options = scripted_options(tmp_path, info.id)
     env = orchestrator.as_json(orchestrator.run(_contract(tmp_path), options, backend=fake))
     job = Path(env["jobDir"])
     assert env["measurements"][0]["value"] == 0.819, env["failure"]
