@@ -488,7 +488,8 @@ def run_attempt(
     except (RunnerError, KeyboardInterrupt) as exc:
         ran = None
         if isinstance(exc, KeyboardInterrupt | EngineUnavailable) and before is not None:
-            ran = _ran_since(backend, container_id, before)
+            unsure = exc if isinstance(exc, EngineUnavailable) else None
+            ran = _ran_since(backend, container_id, before, unsure=unsure)
         if ran is None:
             _remove_unstarted(backend, container_id, container, exc)
         # The engine had started it: a Ctrl-C that came in the start call's answer or in the
@@ -512,18 +513,25 @@ def run_attempt(
     )
 
 
-def _ran_since(backend: Backend, container_id: str, before: float) -> float | None:
+def _ran_since(
+    backend: Backend, container_id: str, before: float, *, unsure: EngineUnavailable | None = None
+) -> float | None:
     """After a Ctrl-C during an attempt's start, or a start call the engine did not answer in
     time: when its container started, on this host's clock (the engine's ``StartedAt``, when
     it falls between ``before`` and now, as it must when the engine's clock agrees with this
-    host's), or None when the engine says it never did. An engine that cannot say, or whose
-    clock disagrees, is taken to have started it at ``before``: no moment it may have run
-    goes uncharged."""
+    host's), or None when the engine says it never did. An engine whose clock disagrees is
+    taken to have started it at ``before``: no moment it may have run goes uncharged. One that
+    cannot say: after a Ctrl-C, ``before`` too (it is stopped at once); after a start call it
+    did not answer (``unsure``), that error is raised, leaving the attempt in flight for the
+    next run to find the container as it is (a container never started is no running one:
+    watched, the engine's ``wait`` would answer 0 for it at once)."""
     try:
         state = backend.state(container_id)
     except ContainerVanished:
         return None
     except RunnerError:
+        if unsure is not None:
+            raise unsure from None
         return before
     if parse_time(state.started_at) is None:
         return None if state.status == "created" else before

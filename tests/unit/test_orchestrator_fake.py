@@ -498,6 +498,48 @@ def test_a_start_the_engine_answered_too_late_is_watched_and_charged(tmp_path: P
     assert never.containers == {}
 
 
+class _HungStart(FakeBackend):
+    """An engine that hangs on the start call without starting the container, and on the
+    look that follows, then answers again: a created container, never started."""
+
+    def __init__(self) -> None:
+        super().__init__(jobs=FakeJob(work=_writes()))
+        self.hung = True
+
+    def start(self, container_id: str) -> None:
+        if not self.hung:
+            return super().start(container_id)
+        clock.sleep(60.0)
+        raise EngineUnavailable("starting the job container: timed out") from TimeoutError()
+
+    def state(self, container_id: str) -> ContainerState:
+        if self.hung:
+            self.hung = False  # it answers from here on
+            raise EngineUnavailable("inspecting the job container: timed out")
+        return super().state(container_id)
+
+
+def test_a_start_the_engine_did_not_answer_nor_tell_of_is_left_in_flight(
+    tmp_path: Path,
+) -> None:
+    """Hostile review of 8dc27cc: neither the start call nor the look after it answered, and
+    the container was never started. It is not watched (the engine's wait answers 0 at once
+    for a created container: a clean exit, charged, and evidence missing for good): the
+    attempt stays in flight, and the next run finds it never started, charged nothing."""
+    fake = _HungStart()
+    fake.add_image()
+    contract = _contract(tmp_path, _image(fake))
+    first = _run(contract, _options(tmp_path), fake)
+    assert _category(first) == "infrastructure" and first["failure"]["retryable"]
+    (attempt,) = read_state(Path(first["jobDir"]) / "record" / "ledger.jsonl").attempts
+    assert attempt.finished is None and attempt.seconds == 0.0
+    again = _run(contract, _options(tmp_path), fake)
+    assert again["status"] == "succeeded", again["failure"]
+    lost, ran = read_state(Path(again["jobDir"]) / "record" / "ledger.jsonl").attempts
+    assert lost.finished is not None and lost.seconds == 0.0
+    assert again["budget"]["consumedSeconds"] < 10.0
+
+
 def test_a_ctrl_c_at_the_start_with_the_engine_gone_leaves_the_attempt_in_flight(
     tmp_path: Path,
 ) -> None:
