@@ -433,6 +433,7 @@ def _charge(tally: _Tally, got: StagedInput) -> None:
 
 RUNNER_INPUTS = (
     "task.json",
+    "task.dsse.json",
     "parser-catalog.json",
     "result.schema.json",
     "compute-decision.json",
