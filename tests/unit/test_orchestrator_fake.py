@@ -536,7 +536,8 @@ def test_a_start_the_engine_did_not_answer_nor_tell_of_is_left_in_flight(
     again = _run(contract, _options(tmp_path), fake)
     assert again["status"] == "succeeded", again["failure"]
     lost, ran = read_state(Path(again["jobDir"]) / "record" / "ledger.jsonl").attempts
-    assert lost.finished is not None and lost.seconds == 0.0
+    assert lost.finished is not None and lost.finished["how"] == "never-started"
+    assert lost.seconds == 0.0 and ran.finished is not None
     assert again["budget"]["consumedSeconds"] < 10.0
 
 
