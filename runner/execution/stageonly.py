@@ -5,10 +5,11 @@ lays it out before it creates a container, for a runner (or a cluster's pod) to 
 this host's user, then, under the job folder's lock: accepts the job in its ledger (or checks
 that the ledger's job is this contract's, unfinished, with no attempt in flight and budget
 left), stages and verifies the inputs (``input/``, the input cache as `runner run` uses it,
-``input/result.schema.json``, the working copy ``workspace/repository``), moves an earlier
-attempt's stdout and stderr to its record, gives the writable folders to the job's user, and
-writes ``execution/runtime-budget.json`` and ``input/compute-decision.json``. The calls are
-the ones :func:`runner.execution.attempt._new` makes, in its order; nothing else is written to the
+``input/result.schema.json``, an agent's host prompt ``input/agent-prompt.md``, the working
+copy ``workspace/repository``), moves an earlier attempt's stdout and stderr to its record,
+gives the writable folders to the job's user, and writes ``execution/runtime-budget.json``
+and ``input/compute-decision.json``. The calls are the ones
+:func:`runner.execution.attempt._new` makes, in its order; nothing else is written to the
 ledger (no attempt starts), no image is looked at, no engine is contacted.
 
 What differs from `runner run`'s staging: no GPU is handed out, so ``compute-decision.json``
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from runner.agents import adapters as agents
 from runner.caches import inputcache
 from runner.contract import load_contract
 from runner.core.errors import JobAlreadyFinished, JobBusy, ResourceExhausted
@@ -124,6 +126,9 @@ def stage(contract_path: Path, opts: RunOptions, *, host_uid: int, host_gid: int
         n = len(st.attempts) + 1
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job)
         own = [("result.schema.json", selfreport.schema_bytes())]
+        prompt = agents.prompt_bytes(p.agent) if p.agent is not None else None
+        if prompt is not None:  # the host's prompt (the contract names none), as `runner run`
+            own.append((agents.HOST_PROMPT_NAME, prompt))
         files = staging.stage_inputs(job, contract, opts.input_rules(), via=via, extra=own)
         layout.working_copy(job, contract, p.limits.disk_quota_bytes)
         streams = [p.stdout_path, p.stderr_path]

@@ -175,3 +175,23 @@ def test_an_unsigned_contract_needs_the_switch(tmp_path: Path) -> None:
                    env=NO_ENGINE)  # fmt: skip
     assert proc.returncode == 3 and "signature" in proc.stderr.lower()
     assert not (tmp_path / "s" / "jobs").exists()
+
+
+def test_an_agent_job_is_staged_with_the_hosts_prompt(tmp_path: Path) -> None:
+    """An agent-planned contract that names no prompt of its own: `runner stage` stages the
+    host's prompt as `runner run` does (input/agent-prompt.md, in the manifest and the
+    listing), which it had left out."""
+    from runner.agents import adapters as agents
+    from tests.unit.test_agents import SCRIPTED, _contract
+
+    contract = _contract(tmp_path, lambda d: d["agent"].pop("promptPath"))
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"agents": {"scripted": {**SCRIPTED, "image": FAKE_IMAGE_ID}}}))
+    code, info, err = stage(contract, tmp_path / "state", "--policy", str(policy))
+    assert code == 0, err
+    job = JobDir(Path(info["jobDir"]))
+    manifest = json.loads((job.execution / "input-manifest.json").read_text())
+    listed = {f["path"] for f in manifest["files"]}
+    assert agents.HOST_PROMPT_NAME in listed and "result.schema.json" in listed
+    assert (job.input / agents.HOST_PROMPT_NAME).read_bytes().strip()
+    assert staging.recheck_inputs(job).unchanged is True
