@@ -23,14 +23,18 @@ def warm_up() -> None:
     import platformdirs  # noqa: F401
 
     from runner import backends
+    from runner.agents import transcript  # noqa: F401  # imported by a job that uses it only
     from runner.app import batch  # noqa: F401
+    from runner.caches import assets  # noqa: F401
     from runner.contract import load  # noqa: F401
     from runner.core.errors import RunnerError
+    from runner.egress import proxylog, slots  # noqa: F401
     from runner.evidence import read as evidence  # noqa: F401
     from runner.execution import (
         orchestrator,  # noqa: F401
         sweeper,  # noqa: F401
     )
+    from runner.gpu import cdi, gpus, usage  # noqa: F401
     from runner.models import selfreport
     from runner.parsers import registry
     from runner.planning import (

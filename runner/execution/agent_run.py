@@ -21,17 +21,14 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.agents import adapters as agents
-from runner.agents import transcript
 from runner.agents.adapters import AgentPlan
 from runner.backends.types import HostPort
 from runner.core import safefs
 from runner.core.errors import Category, HostConfigError, ResourceExhausted
 from runner.core.redaction import NONE, Redactor
-from runner.egress import proxylog
-from runner.egress import slots as egress
 from runner.execution.container import Outcome
 from runner.models.envelope import (
     AgentLimits,
@@ -47,6 +44,10 @@ from runner.planning.plan import ExecutionPlan
 from runner.results.bundle import output_files
 from runner.state.jobdir import JobDir, write_json
 from runner.state.ledger import Ledger, LedgerState, read_state
+
+if TYPE_CHECKING:  # imported where an agent's attempt needs them: a job without one never does
+    from runner.agents import transcript
+    from runner.egress import slots as egress
 
 __all__ = [
     "WITHHELD",
@@ -71,11 +72,13 @@ __all__ = [
 ]
 
 LIMITS = {"agent.maxTurns": "turns", "agent.maxBudgetUsd": "USD"}
-STOPS = {*LIMITS, transcript.TAMPERED}
-"""Why an attempt's agent was stopped, as the ledger's agent.usage records it."""
+"""The agent's limits a guard stops it at; with the transcript's TAMPERED, every reason the
+ledger's agent.usage records for a stop."""
 
 
 def prices(agent: AgentPlan) -> transcript.Prices | None:
+    from runner.agents import transcript
+
     p = agent.adapter.prices
     if p is None:
         return None
@@ -133,6 +136,8 @@ def guard(
     left of the agent's limits."""
     if p.agent is None or p.agent.adapter.usage == "none":
         return None
+    from runner.agents import transcript
+
     capture = transcript.Capture(
         job.attempt_record(n) / transcript.CAPTURE, prices(p.agent), p.limits.log_limit_bytes
     )
@@ -149,6 +154,8 @@ def keep_transcript(p: ExecutionPlan, job: JobDir, n: int) -> None:
     is replaced; no link is followed). The copy is never read for a budget decision."""
     if p.agent is None or p.agent.adapter.usage == "none":
         return  # its stdout went to output/ itself
+    from runner.agents import transcript
+
     with (
         contextlib.suppress(safefs.UnsafePath, OSError),
         safefs.open_under(job.attempt_record(n), transcript.CAPTURE) as src,
@@ -243,6 +250,10 @@ def scrub(
     what attempt ``n`` was given (``state``); where they cannot be, each of those files is
     replaced by a note saying why (fail closed: what cannot be redacted is not kept)."""
     redact = redactor(p, secrets, state, n)
+    if not redact:  # no agent, or one with no secrets: nothing to redact
+        return
+    from runner.agents import transcript
+
     if redact.blind is not None:
         note = UNREDACTED.format(why=redact.blind).encode()
         _replace(job.output, [p.stdout_path, p.stderr_path], note)
@@ -409,6 +420,8 @@ def usage_of(
     (never from the copy in output/, which the job could have written)."""
     if agent_guard is not None:
         return agent_guard.final()
+    from runner.agents import transcript
+
     if p.agent is None or p.agent.adapter.usage == "none":
         return transcript.Usage()
     meter = transcript.Meter(job.attempt_record(n), transcript.CAPTURE, prices(p.agent))
@@ -448,6 +461,8 @@ def no_model_use(
 
 def record(ledger: Ledger, n: int, usage: transcript.Usage, stopped_for: str | None = None) -> None:
     """Append attempt ``n``'s agent.usage (once: a second call for it changes nothing)."""
+    from runner.agents import transcript
+
     state = ledger.state
     if n in state.agent_usage:
         return
@@ -460,7 +475,7 @@ def record(ledger: Ledger, n: int, usage: transcript.Usage, stopped_for: str | N
         "answers": usage.answers,
         "requests": usage.requests,
         "tokens": usage.tokens,
-        "stoppedFor": stopped_for if stopped_for in STOPS else None,
+        "stoppedFor": stopped_for if stopped_for in {*LIMITS, transcript.TAMPERED} else None,
         "totalTurns": state.agent_turns + usage.turns,
         "totalCostUsd": round(state.agent_cost + usage.costUsd, 6),
     }
@@ -495,6 +510,8 @@ def proxy_requests(p: ExecutionPlan, job: JobDir | None, n: int) -> int | None:
     cannot touch. None when the attempt had no proxy."""
     if p.agent is None or job is None or not p.agent.adapter.allow:
         return None
+    from runner.egress import proxylog
+
     try:
         with safefs.open_under(job.attempt_record(n), "egress.log") as f:
             text = f.read(MAX_EGRESS_LOG).decode("utf-8", "replace")
@@ -577,6 +594,8 @@ def limit_reason(p: ExecutionPlan, state: LedgerState, which: str, why: str | No
     """Why an attempt stopped at an agent limit, with the usage so far. Turns are model
     answers (distinct answers in the agent's stream), floored by the model requests the egress
     proxy counted."""
+    from runner.agents import transcript
+
     agent = p.agent
     if agent is None:
         return which

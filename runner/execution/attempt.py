@@ -30,12 +30,10 @@ from runner.caches import inputcache
 from runner.contract import VerifiedContract
 from runner.core import errors, hostid, log, redaction
 from runner.core.errors import ContainerVanished, GpuUnavailable, PolicyViolation, ResourceExhausted
-from runner.egress import slots as egress
 from runner.execution import agent_run, container, layout, quotas, records, resources, takeover
 from runner.execution.container import Outcome, Progress, Watch
 from runner.execution.options import RunOptions
 from runner.execution.stages import Known, Stopped, stage
-from runner.gpu import cdi, gpus, usage
 from runner.images import pins as images
 from runner.models import selfreport
 from runner.models.envelope import (
@@ -54,7 +52,9 @@ from runner.state.jobdir import JobDir
 from runner.state.ledger import Budget, Ledger, LedgerState
 
 if TYPE_CHECKING:
+    from runner.egress import slots as egress  # imported where an attempt has egress
     from runner.execution import agentimage
+    from runner.gpu import gpus  # imported where an attempt has GPUs
 
 __all__ = ["FINAL", "NO_NEW_ATTEMPT", "AttemptResult", "Job", "egress_down", "had_egress", "run"]
 
@@ -174,7 +174,11 @@ def _resume(job: Job, known: Known) -> AttemptResult | None:
         allocation=_decided(job.dir, n),
     )
     started = last.starting.get("egress")
-    eg = egress.Egress.from_json(started) if started and "slot" in started else None
+    eg = None
+    if started and "slot" in started:
+        from runner.egress import slots as egress
+
+        eg = egress.Egress.from_json(started)
     guards = guards_for(job.plan, job.dir, st, n, eg)
     if last.finished is not None:
         if ledger.events[-1].type == "job.rerun" or last.finished["classification"] not in FINAL:
@@ -341,6 +345,8 @@ def _run_new(
         job.ledger.append(f"attempt-{n}.starting", "attempt.starting", starting)
     except BaseException:
         if eg is not None:  # not recorded: nothing will end its lease but this
+            from runner.egress import slots as egress
+
             egress.release(eg)
         raise
     guards = guards_for(p, job.dir, st, n, eg)
@@ -525,6 +531,8 @@ def _egress_lease(
 ) -> egress.Egress:
     """Lease a slot of the state folder's egress pool for the attempt named ``name`` (making
     one when none is free: the first attempt of a pool, or more at once than before)."""
+    from runner.egress import slots as egress
+
     job.progress.stage("egress", f"proxy for {', '.join(map(str, plan.allow))} via "
                        f"{plan.upstream_network}")  # fmt: skip
     opts = job.options
@@ -556,6 +564,8 @@ def egress_down(
         return None
     if mine is not None and hostid.elsewhere(mine.starting):  # that host's slot, its to reap
         return None
+    from runner.egress import slots as egress
+
     eg = egress.Egress.from_json(started)
     return egress.down(backend, eg, job.attempt_record(n), job.root, redactor)
 
@@ -637,7 +647,11 @@ def _watch(
     sampling = None
     if opts.resource_sampling:
         lim = job.plan.limits
-        reader = (opts.gpu_usage or usage.NvmlReader)() if gpu_uuids else None
+        reader = None
+        if gpu_uuids:
+            from runner.gpu import usage
+
+            reader = (opts.gpu_usage or usage.NvmlReader)()
         sampling = resources.Sampling(
             _engine_name(job.backend), lim.runtime, lim.pids, gpus=gpu_uuids, gpu_reader=reader
         )
@@ -668,6 +682,8 @@ def _engine_name(backend: Backend) -> str:
 
 
 def _gpu_allocator(job: Job) -> gpus.Allocator:
+    from runner.gpu import gpus
+
     backend = job.backend
 
     def alive(holder: dict[str, Any]) -> bool:
@@ -694,6 +710,8 @@ def _allocate_gpus(
     want = p.limits.gpus
     if want == "none":
         return (), (), p.gpu_fallback, None
+    from runner.gpu import cdi, gpus
+
     detector = job.options.gpu_detector or gpus.HostDetector()
     owner = {"jobDir": (job_dir := str(job.dir.root.resolve())), "containerName": name}
     try:

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runner.contract import Trust
-from runner.gpu import gpus, usage
 from runner.planning import policy
 from runner.planning.policy import LoadedPolicy
 from runner.staging.jobdir import InputRules
@@ -16,6 +15,7 @@ from runner.state.jobdir import StateDir
 
 if TYPE_CHECKING:
     from runner.execution.takeover import Scheduler
+    from runner.gpu import gpus, usage  # imported where a job uses it: a job without one never does
 
 __all__ = ["RunOptions"]
 

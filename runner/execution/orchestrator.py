@@ -28,11 +28,11 @@ import os
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner import backends
 from runner.backends.base import Backend, Mount
-from runner.caches import assets, inputcache
+from runner.caches import inputcache
 from runner.contract import VerifiedContract, load_contract
 from runner.core import errors, log, redaction, safefs
 from runner.core.errors import Category, JobAlreadyFinished, JobBusy, PolicyViolation, RunnerError
@@ -62,6 +62,9 @@ from runner.results.envelope import build
 from runner.staging import jobdir as staging
 from runner.state.jobdir import JobDir, atomic_write
 from runner.state.ledger import Ledger, LedgerCorrupt, read_state
+
+if TYPE_CHECKING:  # imported where a job uses it: a job without one never does
+    from runner.caches import assets
 
 __all__ = ["RunOptions", "as_json", "ended_early", "failure_exit_family", "refused", "run"]
 
@@ -248,6 +251,9 @@ def _assets(
     contract: VerifiedContract, job: JobDir, opts: RunOptions, progress: Progress
 ) -> tuple[Mount, ...]:
     """The contract's assets from the cache (fetched first where the policy allows)."""
+    if not contract.model.fetched_assets:
+        return ()
+    from runner.caches import assets
 
     def fetched(got: assets.Fetched) -> None:
         how = "cached" if got.cached else f"fetched {got.downloaded:,} bytes"

@@ -25,10 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from runner.agents import transcript
 from runner.core import safefs
+
+if TYPE_CHECKING:  # imported where a job uses it: a job without one never does
+    from runner.agents import transcript
 
 __all__ = ["DiskMeter", "Guards", "LogCap", "allocated_bytes"]
 

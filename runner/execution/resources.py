@@ -24,13 +24,13 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from runner.backends.base import Backend, LogFollow, StatsSample
 from runner.core import clock, safefs
 from runner.core.errors import RunnerError
-from runner.gpu.usage import GpuUsage, UsageReader
 from runner.models.envelope import AttemptRecord
 from runner.models.resources import (
     SERIES_MAX_POINTS,
@@ -40,6 +40,9 @@ from runner.models.resources import (
     ResourceTotals,
 )
 from runner.state.jobdir import JobDir, write_json
+
+if TYPE_CHECKING:  # imported for a GPU job's attempt only
+    from runner.gpu.usage import UsageReader
 
 __all__ = [
     "RECORD_NAME",
@@ -179,7 +182,11 @@ class Sampler:
         self._memory_most: int | None = None
         self._engine_peak: int | None = None
         self._pids_most: int | None = None
-        self._gpu = GpuUsage(how.gpus) if how.gpus and how.gpu_reader is not None else None
+        self._gpu = None
+        if how.gpus and how.gpu_reader is not None:
+            from runner.gpu.usage import GpuUsage
+
+            self._gpu = GpuUsage(how.gpus)
         self._lock = threading.Lock()
         self._handle = LogFollow()
         self._thread = threading.Thread(target=self._run, name="runner-stats", daemon=True)

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support import (
+    ROOT,
     SESSION_ID,
     SESSION_LABEL,
     TOY,
@@ -504,3 +506,29 @@ def test_a_relative_state_dir_is_taken_from_where_the_command_runs(
     assert code == 0, stderr
     assert Path(env["jobDir"]).is_absolute()
     assert Path(env["jobDir"]).parent.parent == tmp_path / "state"
+
+
+FEATURES = ("runner.gpu", "runner.egress", "runner.agents.transcript", "runner.caches.assets",
+            "runner.caches.download", "subprocess")  # fmt: skip
+"""What a job that uses no GPU, egress allowlist, agent or asset imports none of (issue #29:
+nothing on the path of a job that does not use a feature costs it anything)."""
+
+
+def test_a_job_without_features_imports_none_of_theirs(tmp_path: Path, image_id: str) -> None:
+    """The toy contract run by a fresh `runner` process, to its envelope: ``-X importtime``
+    lists none of :data:`FEATURES` (together about 12 ms of each fresh run before)."""
+    contract = write_contract(tmp_path, image_id)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RUNNER_SERVER": "off"}
+    argv = [sys.executable, "-X", "importtime", "-m", "runner", "run", str(contract),
+            "--allow-unsigned", "--json", "--state-dir", str(tmp_path / "state")]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["status"] == "succeeded"
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "runner.execution.orchestrator" in imported
+    found = sorted(m for m in imported if any(m == f or m.startswith(f + ".") for f in FEATURES))
+    assert found == []
