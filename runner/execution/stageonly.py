@@ -9,8 +9,8 @@ left), stages and verifies the inputs (``input/``, the input cache as `runner ru
 copy ``workspace/repository``), moves an earlier attempt's stdout and stderr to its record,
 gives the writable folders to the job's user, and writes ``execution/runtime-budget.json``
 and ``input/compute-decision.json``. The calls are the ones
-:func:`runner.execution.attempt._new` makes, in its order; nothing else is written to the
-ledger (no attempt starts), no image is looked at, no engine is contacted.
+:func:`runner.execution.attempt._stage` and ``_decide`` make, in their order; nothing else is
+written to the ledger (no attempt starts), no image is looked at, no engine is contacted.
 
 What differs from `runner run`'s staging: no GPU is handed out, so ``compute-decision.json``
 names none; a plan with GPUs says ``accelerator: "gpu"`` with ``gpus: []`` (the scheduler
