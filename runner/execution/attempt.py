@@ -35,7 +35,6 @@ from runner.execution.container import Outcome, Progress, Watch
 from runner.execution.options import RunOptions
 from runner.execution.stages import Known, Stopped, stage
 from runner.images import pins as images
-from runner.models import selfreport
 from runner.models.envelope import (
     Allocation,
     EgressRecord,
@@ -425,10 +424,8 @@ def _stage(
     since = time.monotonic()
     with stage("stage", known):
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job.dir)
-        own = [("result.schema.json", selfreport.schema_bytes())]
-        prompt = agents.prompt_bytes(p.agent) if p.agent is not None else None
-        if prompt is not None:  # the host's prompt (the contract names none): an input too
-            own.append((agents.HOST_PROMPT_NAME, prompt))
+        own = layout.own_inputs(p)
+        prompt = dict(own).get(agents.HOST_PROMPT_NAME)  # the host's, when the contract has none
         files = staging.stage_inputs(job.dir, job.contract, opts.input_rules(), via=via, extra=own)
         layout.working_copy(job.dir, job.contract, p.limits.disk_quota_bytes)
         streams = [p.stdout_path, p.stderr_path]

@@ -11,16 +11,19 @@ import shutil
 import stat
 from pathlib import Path
 
+from runner.agents import adapters as agents
 from runner.contract import VerifiedContract
 from runner.core import safefs
 from runner.core.errors import InputDigestMismatch, PolicyViolation
 from runner.execution import quotas
+from runner.models import selfreport
+from runner.planning.plan import ExecutionPlan
 from runner.staging import inputs
 from runner.staging import jobdir as staging
 from runner.staging.jobdir import StagedFile, record_added_input
 from runner.state.jobdir import JobDir, atomic_write, write_json
 
-__all__ = ["add_input", "working_copy"]
+__all__ = ["add_input", "own_inputs", "working_copy"]
 
 
 def working_copy(job: JobDir, contract: VerifiedContract, disk_quota: int) -> bool:
@@ -152,6 +155,16 @@ class _Room:
                 self.left -= self.file
             finally:
                 os.close(out)
+
+
+def own_inputs(p: ExecutionPlan) -> list[tuple[str, bytes]]:
+    """The runner's files staged into ``input/`` with the contract's inputs (name, bytes):
+    the self-report's schema, and an agent's host prompt when the contract names none."""
+    own = [("result.schema.json", selfreport.schema_bytes())]
+    prompt = agents.prompt_bytes(p.agent) if p.agent is not None else None
+    if prompt is not None:
+        own.append((agents.HOST_PROMPT_NAME, prompt))
+    return own
 
 
 def add_input(job: JobDir, name: str, data: bytes) -> StagedFile:

@@ -25,13 +25,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from runner.agents import adapters as agents
 from runner.caches import inputcache
 from runner.contract import load_contract
 from runner.core.errors import JobAlreadyFinished, JobBusy, ResourceExhausted
 from runner.execution import agent_run, layout, records
 from runner.execution.options import RunOptions
-from runner.models import selfreport
 from runner.planning import plan, policy
 from runner.results import envelope
 from runner.staging import jobdir as staging
@@ -125,10 +123,7 @@ def stage(contract_path: Path, opts: RunOptions, *, host_uid: int, host_gid: int
         agent_run.refuse_spent(p, st)
         n = len(st.attempts) + 1
         via = inputcache.stager(inputcache.InputCache.of_state(opts.state.root), job)
-        own = [("result.schema.json", selfreport.schema_bytes())]
-        prompt = agents.prompt_bytes(p.agent) if p.agent is not None else None
-        if prompt is not None:  # the host's prompt (the contract names none), as `runner run`
-            own.append((agents.HOST_PROMPT_NAME, prompt))
+        own = layout.own_inputs(p)
         files = staging.stage_inputs(job, contract, opts.input_rules(), via=via, extra=own)
         layout.working_copy(job, contract, p.limits.disk_quota_bytes)
         streams = [p.stdout_path, p.stderr_path]

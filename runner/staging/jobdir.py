@@ -389,6 +389,9 @@ def stage_inputs(
     own.append(("parser-catalog.json", registry.catalog_json()))
     if contract.signature is not None:
         own.append(("task.dsse.json", contract.signature.envelope))
+    for name, _ in extra:
+        if name not in RUNNER_INPUTS:  # the names no contract input may take, and no other
+            raise ValueError(f"{name!r} is not a name the runner writes into input/")
     own.extend(extra)
     for name, data in own:
         atomic_write(job.input / name, data)
