@@ -447,3 +447,17 @@ def test_a_commit_that_is_not_an_id_is_not_checked(tmp_path: Path) -> None:
     (contract.parent / "repository" / "untracked.txt").write_text("x")
     _stage(_with_commit(contract, "in-tree"), tmp_path / "job")
     assert not inputs.looks_like_commit("in-tree") and inputs.looks_like_commit("abcdef0")
+
+
+def test_the_runner_stages_only_its_own_names_beside_the_inputs(tmp_path: Path) -> None:
+    """``extra`` takes the runner's own names in input/ only (those no input may take), so it
+    can never replace a contract's input."""
+    contract = _bound(tmp_path, link=False)
+    job = staging.prepare(tmp_path / "job")
+    with pytest.raises(ValueError, match=re.escape("'paper.md' is not a name the runner writes")):
+        staging.stage_inputs(job, load_contract(contract), extra=[("paper.md", b"not it")])
+    files = staging.stage_inputs(
+        job, load_contract(contract), extra=[("result.schema.json", b"{}")]
+    )
+    assert "result.schema.json" in {f.path for f in files}
+    assert (job.input / "result.schema.json").read_bytes() == b"{}"
