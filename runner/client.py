@@ -137,7 +137,9 @@ def _answer(reply: bytes) -> tuple[int | None, str | None]:
         line = reply.decode("ascii")
         if line.startswith('{"exit": ') and line.endswith("}\n"):
             number = line[len('{"exit": ') : -2]
-            if number.removeprefix("-").isdigit() and len(number) <= 20:
+            digits = number.removeprefix("-")
+            # JSON's integers: no leading zero (007 is no JSON), at most 20 characters
+            if digits.isdigit() and (digits == "0" or digits[0] != "0") and len(number) <= 20:
                 return int(number), None
         elif line.startswith('{"stale": "') and line.endswith('"}\n'):
             why, end = _json.scanstring(line, len('{"stale": "'), True)

@@ -55,5 +55,6 @@ def test_anything_else_is_no_answer_and_never_raises(reply: bytes) -> None:
 def test_answers_that_are_not_the_two_lines() -> None:
     for reply in (b"", b'{"exit": 0}', b'{"exit": }\n', b'{"exit": 1.5}\n', b'{"exit": "1"}\n',
                   b'{"exit": 1x}\n', b'{"exit":1}\n', b"\xff\n", b'{"stale": "a"b"}\n',
-                  b'{"stale": "a\\q"}\n', b'{"exit": 1} \n'):  # fmt: skip
+                  b'{"stale": "a\\q"}\n', b'{"exit": 1} \n', b'{"exit": 007}\n',
+                  b'{"exit": -01}\n', b'{"exit": 00}\n', b'{"exit": -}\n'):  # fmt: skip
         assert _answer(reply) == (None, None), reply
