@@ -36,6 +36,10 @@ def try_client(path: str, argv: list[str]) -> int | None:
     console script imports nothing else (uv's; pip's imports ``re`` itself)."""
     if not os.path.exists(path):
         return None
+    try:
+        cwd = os.getcwd()
+    except OSError:  # a folder removed under us: the command says what it makes of that
+        return None
     import _socket
 
     if TYPE_CHECKING:  # typeshed has no stub of _signal, the C module under signal
@@ -60,7 +64,9 @@ def try_client(path: str, argv: list[str]) -> int | None:
             file=sys.stderr,
         )
         return None
-    request = _request(argv, os.getcwd(), dict(os.environ), code_fingerprint())
+    umask = os.umask(0o077)  # read by setting it: this process runs no thread
+    os.umask(umask)
+    request = _request(argv, cwd, dict(os.environ), code_fingerprint(), umask)
     # Our stdin, stdout and stderr go with it (as socket.send_fds sends them: three C ints).
     fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
     terminal = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)
@@ -95,8 +101,8 @@ def try_client(path: str, argv: list[str]) -> int | None:
     exit_code, stale = _answer(reply)
     if stale is not None:
         print(
-            f"runner: the runner server at {path} runs other code ({stale}); "
-            "running in this process (restart `runner serve` to use it again; one that "
+            f"runner: the runner server at {path} does not run this command: {stale}; "
+            "running it in this process (after an upgrade, restart `runner serve`; one that "
             "RUNNER_AUTOSERVE started stops by itself once its code changed or it is idle)",
             file=sys.stderr,
         )
@@ -107,8 +113,9 @@ def try_client(path: str, argv: list[str]) -> int | None:
     return exit_code
 
 
-def _request(argv: list[str], cwd: str, env: dict[str, str], code: str) -> bytes:
-    """The request line, as ``json.dumps`` of ``{"argv", "cwd", "env", "code"}`` writes it
+def _request(argv: list[str], cwd: str, env: dict[str, str], code: str, umask: int) -> bytes:
+    """The request line, as ``json.dumps`` of ``{"argv", "cwd", "env", "code", "umask"}``
+    writes it
     (what the server reads with ``json.loads``), made with ``_json``'s own ASCII string
     encoder: every string escaped as ``json`` escapes it, a lone surrogate of a name that
     is not UTF-8 too, so that the server gets each string back as it was."""
@@ -122,7 +129,7 @@ def _request(argv: list[str], cwd: str, env: dict[str, str], code: str) -> bytes
     pairs = ", ".join(f"{text(k)}: {text(v)}" for k, v in env.items())
     body = (
         f'{{"argv": [{strings(argv)}], "cwd": {text(cwd)}, "env": {{{pairs}}}, '
-        f'"code": {text(code)}}}\n'
+        f'"code": {text(code)}, "umask": {int(umask)}}}\n'
     )
     return body.encode("ascii")
 
@@ -138,8 +145,8 @@ def _answer(reply: bytes) -> tuple[int | None, str | None]:
         if line.startswith('{"exit": ') and line.endswith("}\n"):
             number = line[len('{"exit": ') : -2]
             digits = number.removeprefix("-")
-            # JSON's integers: no leading zero (007 is no JSON), at most 20 characters
-            if digits.isdigit() and (digits == "0" or digits[0] != "0") and len(number) <= 20:
+            json_int = digits.isdigit() and (digits == "0" or digits[0] != "0")  # 007 is none
+            if json_int and len(number) <= 3 and 0 <= int(number) <= 255:  # an exit status
                 return int(number), None
         elif line.startswith('{"stale": "') and line.endswith('"}\n'):
             why, end = _json.scanstring(line, len('{"stale": "'), True)

@@ -34,6 +34,8 @@ from runner.models.envelope import Failure
 
 __all__ = ["run_many"]
 
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
 
 def _warm_up(options: orchestrator.RunOptions, warm_up: Callable[[], None]) -> None:
     """Warm this process for forking (``warm_up``: runner.app.warmup.warm_up, as the CLI gives
@@ -52,6 +54,7 @@ def _child(path: Path, options: orchestrator.RunOptions, out: Path) -> None:
         from runner.app.host import install_signal_handlers
 
         install_signal_handlers()  # as a single run: the first signal stops the job cleanly
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # held since before the fork
         envelope = orchestrator.run(path, options)
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(orchestrator.as_json(envelope)))
@@ -80,6 +83,18 @@ def _cancelled(path: Path) -> dict[str, Any]:
     reason = f"the batch was stopped before {path} started; nothing ran"
     failure = Failure(category=Category.CANCELLED, stage="contract", retryable=True, reason=reason)
     return orchestrator.as_json(orchestrator.ended_early(failure))
+
+
+def _stop(running: dict[int, int]) -> None:
+    """Stop the jobs still ``running`` (pid -> index) as a SIGTERM to the batch does (each
+    stops its container and ends ``cancelled``), and wait for them."""
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    for pid in list(running):
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        running.pop(pid)
 
 
 def run_many(
@@ -115,10 +130,14 @@ def run_many(
                 index = queue.pop(0)
                 sys.stdout.flush()
                 sys.stderr.flush()
+                # Held across the fork: one landing in the child before its own handlers
+                # would run this process's forward() there, and stop the other jobs.
+                signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
                 pid = os.fork()
                 if pid == 0:
                     _child(paths[index], options, folder / f"{index}.json")
                 running[pid] = index
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
             if stopping:
                 for index in queue:
                     results[index] = _cancelled(paths[index])
@@ -127,6 +146,8 @@ def run_many(
             if not running:
                 break
             pid, status = os.wait()
+            if pid not in running:  # another child of this process (a server that a client
+                continue  # started with RUNNER_AUTOSERVE, say): not a job's
             index = running.pop(pid)
             out = folder / f"{index}.json"
             if out.exists():
@@ -140,5 +161,8 @@ def run_many(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            _stop(running)  # left by an error of this loop: stopped, not orphaned; a second
+        finally:  # Ctrl-C stops the waiting (the jobs were told to stop)
+            shutil.rmtree(folder, ignore_errors=True)
     return [r or _cancelled(p) for r, p in zip(results, paths, strict=True)]

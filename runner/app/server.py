@@ -34,8 +34,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from runner.app.host import code_fingerprint, open_server_lock, peer
+from runner.app.host import code_fingerprint, open_server_lock, peer, peer_standing, standing
 from runner.app.warmup import warm_up
 from runner.core import locks
 from runner.state import jobdir
@@ -47,7 +48,12 @@ STALE_EXIT = 75
 nothing, so it does not count as the server being busy (``--idle-exit``)."""
 
 _MAX_REQUEST = 1 << 20
-"""The largest request (command line, directory, environment) a server reads."""
+"""The largest request (command line, directory, environment) a server runs; a larger one the
+client runs itself."""
+
+_REQUEST_SECONDS = 10.0
+"""How long a fork waits for its client's request (sent as the client connects): a connection
+that sends none does not hold a fork, nor an idle server up, for longer."""
 
 # -- the server ---------------------------------------------------------------------------------
 
@@ -63,30 +69,26 @@ def _handle(
         # Until the command installs its own: a cancel is a KeyboardInterrupt, as in `runner`.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-        data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST, 3)
-        while not data.endswith(b"\n") and len(data) < _MAX_REQUEST:
-            more = conn.recv(_MAX_REQUEST)
-            if not more:
-                break
-            data += more
-        request = json.loads(data)
-        if request.get("code") != fingerprint or len(fds) != 3:
-            why = (
-                "a different checkout or interpreter"
-                if len(fds) == 3
-                else f"{len(fds)} file descriptors passed, not stdin, stdout and stderr"
-            )
+        data, fds = _read_request(conn)
+        line, _, rest = data.partition(b"\n")  # rest: a cancel sent at once after it
+        request = json.loads(line) if len(line) <= _MAX_REQUEST else None
+        why = _not_served(conn, request, fds, fingerprint)
+        if request is None or why is not None:
             conn.sendall(json.dumps({"stale": why}).encode() + b"\n")
             os._exit(STALE_EXIT)
         argv = [str(a) for a in request["argv"]]
-        os.write(2, f"{log}: runner {' '.join(argv)}\n".encode())  # still the server's log
+        umask = request["umask"]
+        if not isinstance(umask, int) or not 0 <= umask <= 0o777:
+            raise ValueError(f"a umask that is none: {umask!r}")
+        os.write(2, f"{log}: runner {_shown(argv)}\n".encode())  # still the server's log
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        threading.Thread(target=_watch_client, args=(conn,), daemon=True).start()
+        os.umask(umask)  # the client's: the job's folders and files as an in-process run's
+        threading.Thread(target=_watch_client, args=(conn, rest), daemon=True).start()
         code = dispatch(argv)
     except SystemExit as exc:  # argparse's usage errors exit 2
         code = exc.code if isinstance(exc.code, int) else 2
@@ -108,19 +110,75 @@ def _handle(
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         with contextlib.suppress(OSError):
-            conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
+            conn.sendall(json.dumps({"exit": code & 0xFF}).encode() + b"\n")
         os._exit(code & 0xFF)
 
 
-def _watch_client(conn: socket.socket) -> None:
+def _read_request(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """The client's request line (and what came with it) and its descriptors: at most one byte
+    over :data:`_MAX_REQUEST`, all within :data:`_REQUEST_SECONDS`. None in time, or a client
+    that closed without a word, ends this fork as not served, with nobody to answer."""
+    deadline = time.monotonic() + _REQUEST_SECONDS
+    try:
+        conn.settimeout(_REQUEST_SECONDS)
+        data, fds, _, _ = socket.recv_fds(conn, _MAX_REQUEST + 1, 3)
+        while data and b"\n" not in data and len(data) <= _MAX_REQUEST:
+            conn.settimeout(max(deadline - time.monotonic(), 0.001))
+            more = conn.recv(_MAX_REQUEST + 1 - len(data))
+            if not more:
+                break
+            data += more
+    except TimeoutError:
+        os._exit(STALE_EXIT)
+    if not data:
+        os._exit(STALE_EXIT)
+    conn.settimeout(None)
+    return data, fds
+
+
+def _not_served(
+    conn: socket.socket, request: dict[str, Any] | None, fds: list[int], fingerprint: str
+) -> str | None:
+    """Why this server does not run ``request`` (the client then runs it itself, saying why),
+    or None: a request over :data:`_MAX_REQUEST` (None here; an environment that large runs in
+    the client's own process, as it would with no server), one of other code, other
+    descriptors than the three standard ones, or a client that may do other things than the
+    server (:func:`runner.app.host.standing`: a fork runs with the server's groups,
+    capabilities and namespaces, so a client without the engine's group, or with the
+    engine's socket out of its sight, would reach the engine through the server)."""
+    if request is None:
+        return f"its request is over {_MAX_REQUEST} bytes (its environment, mostly)"
+    if request.get("code") != fingerprint:
+        return "it runs other code (a different checkout or interpreter)"
+    if len(fds) != 3:
+        return f"{len(fds)} file descriptors passed, not stdin, stdout and stderr"
+    if peer_standing(conn) != standing():
+        return (
+            "it may do other things than the server (its uids, gids, groups, capabilities, "
+            "seccomp or namespaces differ): start `runner serve` as you run `runner`"
+        )
+    return None
+
+
+def _shown(argv: list[str]) -> str:
+    """A command line for the server's log: one line, whatever its arguments hold (an odd
+    one JSON-quoted, so that no argument can write a line of the log's own)."""
+    return " ".join(
+        a if a and a.isascii() and a.isprintable() and " " not in a else json.dumps(a) for a in argv
+    )
+
+
+def _watch_client(conn: socket.socket, buffered: bytes = b"") -> None:
     """``cancel`` from the client stops the job (as SIGTERM does); a client that goes away
     leaves the job running, with its output sent nowhere. Under Slurm (``SLURM_JOB_ID`` in
     the client's environment) a client that goes away before this process owns a job (its
     lock: :func:`runner.state.jobdir.holding`) cancels it: the batch step stays only for a
     runner that owns the job (runner.scheduling.slurm.step), so a job started later would run
-    outside the allocation."""
-    buffered = b""
+    outside the allocation. ``buffered``: what came after the request in its read."""
     while True:
+        if b"cancel\n" in buffered:
+            buffered = b""
+            os.kill(os.getpid(), signal.SIGTERM)
         try:
             chunk = conn.recv(64)
         except OSError:
@@ -133,9 +191,6 @@ def _watch_client(conn: socket.socket) -> None:
                 os.kill(os.getpid(), signal.SIGTERM)
             return
         buffered += chunk
-        if b"cancel\n" in buffered:
-            buffered = b""
-            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def serve(
@@ -207,14 +262,14 @@ def serve(
             if done:
                 code = os.waitstatus_to_exitcode(status)
                 if code == STALE_EXIT:  # it served nothing: the idle time runs on
-                    announce(f"{children.pop(pid)}: not served: the client runs other code")
+                    announce(f"{children.pop(pid)}: not served (no request, or the client runs it)")
                     continue
                 announce(f"{children.pop(pid)}: exit {code}")
                 last_busy = time.monotonic()
 
     def take(conn: socket.socket) -> None:
         peer_pid, peer_uid = peer(conn)
-        if peer_uid != os.getuid():
+        if peer_uid != os.geteuid():
             announce(f"refused pid {peer_pid}: uid {peer_uid} is not this server's")
             conn.close()
             return

@@ -193,7 +193,10 @@ def test_a_served_command_imports_only_what_its_client_needs(tmp_path: Path) -> 
     assert packages(imported, CLIENT_NEVER) == []
     request = json.loads(got[0])
     assert request["argv"] == argv and request["env"]["ODD"] == env["ODD"]
-    expected = {"argv": argv, "cwd": str(tmp_path), "env": request["env"], "code": request["code"]}
+    umask = os.umask(0o022)
+    os.umask(umask)  # the client's, as this process's
+    expected = {"argv": argv, "cwd": str(tmp_path), "env": request["env"], "code": request["code"],
+                "umask": umask}  # fmt: skip
     assert got[0] == json.dumps(expected).encode() + b"\n"
 
 
