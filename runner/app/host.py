@@ -58,14 +58,12 @@ __all__ = [
     "load",
     "open_server_lock",
     "peer",
-    "peer_standing",
     "policy_path",
     "result_key_path",
     "served",
     "server_lock",
     "socket_path",
     "split_logging_options",
-    "standing",
     "state_dir",
     "trusted_keys_dir",
     "trusted_runner_keys_dir",
@@ -250,61 +248,6 @@ def peer(conn: _socket.socket) -> tuple[int, int]:
     raw = conn.getsockopt(sockets.SOL_SOCKET, sockets.SO_PEERCRED, _struct.calcsize("iII"))
     pid, uid, _gid = _struct.unpack("iII", raw)  # uid_t and gid_t are unsigned
     return int(pid), int(uid)
-
-
-_STANDING = (
-    "Uid", "Gid", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp",
-)  # fmt: skip
-"""The lines of ``/proc/<pid>/status`` that say what a process may do beyond its uid."""
-
-_NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
-
-_SO_PEERPIDFD = 77
-"""Linux's socket option for a pidfd of the peer (6.5+; not in ``socket``)."""
-
-
-def standing(pid: int | str = "self") -> tuple[str, ...] | None:
-    """What process ``pid`` may do beyond being its uid: its real, effective, saved and file
-    system uids and gids, its groups (the effective gid among them), its capabilities,
-    no-new-privileges and seccomp, and its namespaces, from ``/proc``; None when they cannot
-    be read (the process is gone, or not in this process's view)."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
-            text = status.read(1 << 16)
-        fields = {}
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            fields[key] = value.split()
-        groups = sorted({*fields["Groups"], fields["Gid"][1]}, key=int)
-        lines = tuple(" ".join(fields[key]) for key in _STANDING)
-        spaces = tuple(os.readlink(f"/proc/{pid}/ns/{name}") for name in _NAMESPACES)
-    except (OSError, KeyError, IndexError, ValueError):
-        return None
-    return (*lines, " ".join(groups), *spaces)
-
-
-def peer_standing(conn: _socket.socket) -> tuple[str, ...] | None:
-    """:func:`standing` of the process at the other end of the Unix socket ``conn``; None when
-    it cannot be read, or when that process is gone (with a kernel that gives a pidfd of the
-    peer: then no other process can have taken its pid meanwhile)."""
-    import _socket as sockets
-    import signal
-
-    pid, _ = peer(conn)
-    try:
-        pidfd: int | None = conn.getsockopt(sockets.SOL_SOCKET, _SO_PEERPIDFD)
-    except OSError:  # a kernel before 6.5
-        pidfd = None
-    try:
-        found = standing(pid) if pid > 0 else None
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, 0)  # still the process that connected
-    except OSError:
-        return None
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-    return found
 
 
 IDLE_EXIT_MAX_SECONDS = 7 * 86400

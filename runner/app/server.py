@@ -36,7 +36,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from runner.app.host import code_fingerprint, open_server_lock, peer, peer_standing, standing
+from runner.app.host import code_fingerprint, open_server_lock, peer
+from runner.app.standing import same_standing
 from runner.app.warmup import warm_up
 from runner.core import locks
 from runner.state import jobdir
@@ -143,19 +144,19 @@ def _not_served(
     or None: a request over :data:`_MAX_REQUEST` (None here; an environment that large runs in
     the client's own process, as it would with no server), one of other code, other
     descriptors than the three standard ones, or a client that may do other things than the
-    server (:func:`runner.app.host.standing`: a fork runs with the server's groups,
-    capabilities and namespaces, so a client without the engine's group, or with the
-    engine's socket out of its sight, would reach the engine through the server)."""
+    server (:mod:`runner.app.standing`: a fork runs with the server's groups, capabilities and
+    namespaces, so a client without the engine's group, or with the engine's socket out of
+    its sight, would reach the engine through the server)."""
     if request is None:
         return f"its request is over {_MAX_REQUEST} bytes (its environment, mostly)"
     if request.get("code") != fingerprint:
         return "it runs other code (a different checkout or interpreter)"
     if len(fds) != 3:
         return f"{len(fds)} file descriptors passed, not stdin, stdout and stderr"
-    if peer_standing(conn) != standing():
+    if not same_standing(conn):
         return (
             "it may do other things than the server (its uids, gids, groups, capabilities, "
-            "seccomp or namespaces differ): start `runner serve` as you run `runner`"
+            "seccomp, LSM label or namespaces differ): start `runner serve` as you run `runner`"
         )
     return None
 

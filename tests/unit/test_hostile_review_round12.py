@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from runner.app import batch, server
-from runner.app.host import peer_standing, standing
+from runner.app import standing as standings
+from runner.app.standing import same_standing, standing
 from runner.client import _request, try_client
 from runner.execution import orchestrator
 
@@ -202,38 +203,47 @@ def _peer_of(path: str, argv: list[str]) -> subprocess.Popen[bytes]:
     return peer
 
 
-@pytest.mark.parametrize(
-    "wrapper",
-    [
-        ["setpriv", "--groups", "4242,4243"],  # the engine's group, say, missing or added
-        ["setpriv", "--regid", "4242", "--keep-groups"],
-        ["setpriv", "--inh-caps", "-all", "--bounding-set", "-dac_override"],
-        ["setpriv", "--no-new-privs"],
-        ["unshare", "--mount"],  # the engine's socket hidden under another mount
-    ],
-    ids=["groups", "gid", "capabilities", "no-new-privs", "mount-namespace"],
-)
-def test_a_client_that_may_do_other_things_than_the_server_is_not_served(
-    tmp_path: Path, wrapper: list[str]
-) -> None:
-    """Only the uid was compared: a process of the same uid without the engine's group, without
-    a capability, or with the engine's socket out of its sight had its job run by a server
-    that has them, where in its own process it could not reach the engine. Its id, groups,
-    capabilities, no-new-privileges, seccomp and namespaces must all be the server's."""
-    assert os.geteuid() == 0, "the test suite runs as root (see README, Tests)"
+@pytest.fixture
+def listening(tmp_path: Path) -> tuple[str, socket.socket]:
     path = str(tmp_path / "s.sock")
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(path)
-    listener.listen(2)
+    listener.listen(4)
+    return path, listener
+
+
+WRAPPERS = {
+    "groups": ["setpriv", "--groups", "4242,4243"],  # the engine's group, say, missing or added
+    "gid": ["setpriv", "--regid", "4242", "--keep-groups"],
+    "capabilities": ["setpriv", "--inh-caps", "-all", "--bounding-set", "-dac_override"],
+    "no-new-privs": ["setpriv", "--no-new-privs"],
+    "mount-namespace": ["unshare", "--mount"],  # the engine's socket hidden under another mount
+}
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "before-6.5"])
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+def test_a_client_that_may_do_other_things_than_the_server_is_not_served(
+    listening: tuple[str, socket.socket], wrapper: str, pidfd: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the uid was compared: a process of the same uid without the engine's group, without
+    a capability, or with the engine's socket out of its sight had its job run by a server
+    that has them, where in its own process it could not reach the engine. Its ids, groups,
+    capabilities, no-new-privileges, seccomp, label and namespaces must all be the server's;
+    so too on a kernel with no pidfd of a peer (an option it does not know: ENOPROTOOPT)."""
+    assert os.geteuid() == 0, "the test suite runs as root (see README, Tests)"
+    if not pidfd:
+        monkeypatch.setattr(standings, "_SO_PEERPIDFD", 9999)
+    path, listener = listening
     request = {"code": FINGERPRINT}
     same = _peer_of(path, [])
-    other = _peer_of(path, wrapper)
+    other = _peer_of(path, WRAPPERS[wrapper])
     try:
         conn, _ = listener.accept()
-        assert peer_standing(conn) == standing()
+        assert same_standing(conn)
         assert server._not_served(conn, request, [0, 1, 2], FINGERPRINT) is None
         conn, _ = listener.accept()
-        assert peer_standing(conn) not in (None, standing())
+        assert not same_standing(conn)
         why = server._not_served(conn, request, [0, 1, 2], FINGERPRINT)
         assert why is not None and "may do other things" in why
     finally:
@@ -241,17 +251,58 @@ def test_a_client_that_may_do_other_things_than_the_server_is_not_served(
             peer.communicate(b"", timeout=30)
 
 
-def test_a_client_gone_before_it_is_looked_at_is_not_served(tmp_path: Path) -> None:
+def test_a_client_gone_before_it_is_looked_at_is_not_served(
+    listening: tuple[str, socket.socket],
+) -> None:
     """Its pid may be another process's by then: nothing read of it is believed."""
-    path = str(tmp_path / "s.sock")
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(path)
-    listener.listen(1)
+    path, listener = listening
     gone = _peer_of(path, [])
     conn, _ = listener.accept()
     gone.communicate(b"", timeout=30)
-    assert peer_standing(conn) is None
+    assert not same_standing(conn)
     assert standing(gone.pid) is None
+
+
+def test_a_server_that_cannot_read_its_own_standing_serves_no_one(
+    listening: tuple[str, socket.socket], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unread on both sides (a server with so many groups that its status was cut short) was
+    "the same": every client was served."""
+    path, listener = listening
+    client = _peer_of(path, [])
+    try:
+        conn, _ = listener.accept()
+        assert same_standing(conn)
+        monkeypatch.setattr(standings, "standing", lambda pid="self": None)
+        assert not same_standing(conn)
+    finally:
+        client.communicate(b"", timeout=30)
+
+
+def test_a_process_name_cannot_forge_a_line_of_its_status() -> None:
+    """A process names itself (``/proc/self/comm``); the kernel escapes only a newline there,
+    and ``splitlines`` also split at a file separator or a NEL."""
+    code = (
+        "import sys; open('/proc/self/comm', 'w').write('a\\x1cUid:\\t9 9 9 9'); "
+        "print('in', flush=True); sys.stdin.read()"
+    )
+    named = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert named.stdout is not None and named.stdout.readline() == b"in\n"
+        theirs = standing(named.pid)
+        assert theirs is not None and theirs["Uid"] == standing()["Uid"]  # type: ignore[index]
+    finally:
+        named.communicate(b"", timeout=30)
+
+
+def test_what_is_compared() -> None:
+    ours = standing()
+    assert ours is not None
+    assert {"Uid", "Gid", "Groups", "CapEff", "CapBnd", "NoNewPrivs", "Seccomp", "label",
+            "ns mnt", "ns user"} <= set(ours)  # fmt: skip
+    assert str(os.getegid()) in ours["Groups"].split()
 
 
 def test_a_command_line_writes_one_line_of_the_servers_log() -> None:
