@@ -124,18 +124,11 @@ def test_a_connection_that_sends_no_request_does_not_hold_a_fork(
     ``--idle-exit`` server up, as long as it stayed open."""
     monkeypatch.setattr(server, "_REQUEST_SECONDS", 0.2)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the fork's own
+    pid = _fork_handling(theirs, ours)
+    try:
+        assert _ended(pid, 20) == server.STALE_EXIT  # served nothing; None: it still waits
+    finally:
         ours.close()
-        server._handle(theirs, FINGERPRINT, lambda argv: 0, "test")
-        os._exit(99)
-    theirs.close()
-    deadline = time.monotonic() + 20
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    ours.close()
-    assert done[0] == pid, "the fork still waits"
-    assert os.waitstatus_to_exitcode(done[1]) == server.STALE_EXIT  # served nothing
 
 
 def _fork_handling(theirs: socket.socket, ours: socket.socket) -> int:
