@@ -80,13 +80,20 @@ def standing(pid: int | str = "self") -> dict[str, str] | None:
     return found
 
 
+def _credentials(conn: socket.socket) -> tuple[int, int, int]:
+    """The peer's pid, effective uid and effective gid, as the kernel recorded them when it
+    connected (``SO_PEERCRED``; the client's lighter reading is runner.app.host.peer)."""
+    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    pid, uid, gid = struct.unpack("iII", raw)  # uid_t and gid_t are unsigned
+    return pid, uid, gid
+
+
 def _recorded(conn: socket.socket) -> tuple[str, str] | None:
     """The effective uid and the groups (the effective gid among them) the kernel recorded for
     the connection (``SO_PEERCRED``, ``SO_PEERGROUPS``): "uid" and "groups" as
     :func:`standing` writes them; None past 256 groups (Python reads 1024 bytes of an
     option)."""
-    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
-    _pid, uid, gid = struct.unpack("iII", raw)
+    _pid, uid, gid = _credentials(conn)
     try:
         listed = conn.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 1024)
     except OSError:
@@ -101,8 +108,7 @@ def same_standing(conn: socket.socket) -> bool:
     ours = standing()
     if ours is None:
         return False
-    raw = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
-    pid = struct.unpack("iII", raw)[0]
+    pid, _uid, _gid = _credentials(conn)
     if pid <= 0:  # not in this process's view
         return False
     try:
