@@ -133,11 +133,13 @@ def run_many(
                 # Held across the fork: one landing in the child before its own handlers
                 # would run this process's forward() there, and stop the other jobs.
                 signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
-                pid = os.fork()
-                if pid == 0:
-                    _child(paths[index], options, folder / f"{index}.json")
-                running[pid] = index
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+                try:
+                    pid = os.fork()
+                    if pid == 0:
+                        _child(paths[index], options, folder / f"{index}.json")  # never returns
+                    running[pid] = index
+                finally:  # a fork that failed (EAGAIN) too: Ctrl-C must still reach the batch
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
             if stopping:
                 for index in queue:
                     results[index] = _cancelled(paths[index])

@@ -429,3 +429,20 @@ def test_a_second_signal_stops_a_failed_batch_waiting_for_its_jobs(
         long = int((jobs / "long.pid").read_text())
         os.kill(long, signal.SIGKILL)
         os.waitpid(long, 0)
+
+
+def test_a_fork_that_fails_leaves_ctrl_c_to_the_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGINT and SIGTERM are held across each fork; a fork that fails (EAGAIN: the user's
+    process limit) must not leave them held, or no Ctrl-C would reach the batch again."""
+
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(batch.os, "fork", no_fork)
+    options = orchestrator.RunOptions(state_dir=tmp_path / "state")
+    with pytest.raises(BlockingIOError):
+        batch.run_many([tmp_path / "a"], options, parallel=1)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    assert signal.SIGINT not in held and signal.SIGTERM not in held
