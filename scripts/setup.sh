@@ -13,8 +13,8 @@
 #      (apache2-utils) for the one that requires basic auth,
 #   6. gVisor's runsc (Debian's), registered with the engine as the runtime "runsc",
 #   7. the egress proxy image runner-proxy:local, built with no network: the runner's proxy
-#      (Python, on the base's python3) and Debian's busybox-static (downloaded on the host with
-#      apt-get download).
+#      (Python, on the base's python3), Debian's busybox-static and iptables (downloaded on the
+#      host with apt-get download).
 # Safe to run many times; reruns are fast (stamp file, existing images, layer cache).
 #   scripts/setup.sh          everything the test command needs (1-7, Podman and Slurm)
 #   scripts/setup.sh --demo   only what the toy run needs (1-4, without the agent images)
@@ -241,12 +241,15 @@ build_job_image() {
   build_quietly "$JOB_TAG" "$ROOT/images/cpu"
 }
 
-# The egress proxy's image: Debian's busybox-static (the holder's `ip`), fetched on the host (the
+# The egress proxy's image: Debian's busybox-static (the holder's `ip`) and iptables with the
+# libraries it needs beyond the base (the holder's packet filter), fetched on the host (the
 # build itself has no network) into the git-ignored images/proxy/debs/, then built like the job
 # image. A package already there is kept; delete debs/ to take a newer one.
+PROXY_PACKAGES=(busybox-static iptables libip4tc2 libip6tc2 libmnl0 libnetfilter-conntrack3
+  libnfnetlink0 libnftnl11 libxtables12 netbase)
 ensure_proxy_debs() {
   local pkg missing=()
-  for pkg in busybox-static; do
+  for pkg in "${PROXY_PACKAGES[@]}"; do
     compgen -G "$PROXY_DEBS/${pkg}_*.deb" >/dev/null || missing+=("$pkg")
   done
   if [ "${#missing[@]}" -eq 0 ]; then

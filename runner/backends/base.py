@@ -325,8 +325,8 @@ class Backend(Protocol):
         """Containers (any state) carrying all ``labels``."""
 
     def create_network(self, name: str, labels: dict[str, str], *, internal: bool) -> NetworkInfo:
-        """Create a bridge network (``internal``: the engine gives it no way out); a name in
-        use is InfrastructureError."""
+        """Create a bridge network (``internal``: the engine gives it no way out, and this host
+        no address on it); a name in use is InfrastructureError."""
 
     def remove_network(self, name: str) -> None:
         """Remove the network; one already gone is not an error, one a running container is

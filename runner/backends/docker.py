@@ -831,6 +831,10 @@ class DockerBackend:
             "Driver": "bridge",
             "Internal": internal,
             "Labels": labels,
+            # No address of this host on an internal network's bridge: a route cut in the
+            # container (the egress holder's) does not stop SO_DONTROUTE or a broadcast, and
+            # the host answered on it to every service it runs on all addresses.
+            "Options": {"com.docker.network.bridge.inhibit_ipv4": "true"} if internal else {},
         }
         try:
             created = self._call("POST", "/networks/create", action, body=body)

@@ -9,7 +9,8 @@ a proxy, a namespace holder) takes the engine about a second, and tearing it dow
 long again, on every attempt. So each state folder keeps a small pool of *slots*, made on
 first need and reused, one attempt at a time:
 
-    <slot>-net    an internal bridge network: the engine forwards nothing out of it
+    <slot>-net    an internal bridge network: the engine forwards nothing out of it, and this
+                  host has no address on it
     <slot>-proxy  the runner's proxy (runner-proxy image) on <slot>-net, reached as
                   ``egress-proxy``, and on the policy's upstream network: the only way out
     <slot>-netns  the job's network namespace: on <slot>-net with every route cut but the one
@@ -29,7 +30,11 @@ internal network a default route through the host's bridge address, and its embe
 forwards names it does not know to the host's resolvers (from the host itself when those are
 on loopback): the holder removes the route, and its resolver is ``127.0.0.1`` in that
 namespace, where nothing listens, so no name outside the job's network resolves (a lookup
-fails within a second: ``timeout:1 attempts:1``). The proxy refuses by default and lets
+fails within a second: ``timeout:1 attempts:1``). Routes alone do not keep a job from the
+host: ``SO_DONTROUTE`` and a broadcast need none, and the host answered on its bridge address
+to every service it runs on all addresses. So the network gives the host no address at all
+(``com.docker.network.bridge.inhibit_ipv4``): the bridge forwards between the job and the
+proxy, and nothing on it is the host. The proxy refuses by default and lets
 through only the allowed pairs, matched whole on what the job asked for: ``CONNECT
 host:port`` (a TLS tunnel) and ``http://host:port/...`` (plain HTTP, forwarded). An IP
 literal, another port, another host, a user-info trick (``http://a:1@b/``) never match, and a
@@ -212,8 +217,14 @@ def pool_dir(state_dir: Path) -> Path:
     return state_dir / "egress"
 
 
+_LAYOUT = "2"
+"""How a slot is made; a slot of another layout is another pool's, never leased again and
+reaped once idle. 2: its network gives this host no address (before, a job reached the
+host's services on it with SO_DONTROUTE or a broadcast)."""
+
+
 def _pool_id(state_dir: Path, upstream: str, image_id: str) -> str:
-    key = f"{state_dir.resolve()}\0{upstream}\0{image_id}".encode()
+    key = f"{state_dir.resolve()}\0{upstream}\0{image_id}\0{_LAYOUT}".encode()
     return hashlib.sha256(key).hexdigest()[:12]
 
 
