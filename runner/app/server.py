@@ -80,7 +80,10 @@ def _handle(
         argv = [str(a) for a in request["argv"]]
         umask = request["umask"]
         if not isinstance(umask, int) or not 0 <= umask <= 0o777:
-            raise ValueError(f"a umask that is none: {umask!r}")
+            raise ValueError(
+                f"the request's umask is {umask!r}, not a number from 0 to 0o777 (a client of "
+                "this runner sends its own; run the command with RUNNER_SERVER=off)"
+            )
         os.write(2, f"{log}: runner {_shown(argv)}\n".encode())  # still the server's log
         for target, fd in enumerate(fds):
             os.dup2(fd, target)

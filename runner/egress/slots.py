@@ -33,8 +33,10 @@ namespace, where nothing listens, so no name outside the job's network resolves 
 fails within a second: ``timeout:1 attempts:1``). Routes alone do not keep a job from the
 host: ``SO_DONTROUTE`` and a broadcast need none, and the host answered on its bridge address
 to every service it runs on all addresses. So the network gives the host no address at all
-(``com.docker.network.bridge.inhibit_ipv4``): the bridge forwards between the job and the
-proxy, and nothing on it is the host. The proxy refuses by default and lets
+(``com.docker.network.bridge.inhibit_ipv4``), and the holder's packet filter lets out of the
+namespace only loopback (the engine's DNS) and TCP to port 3128 on the slot's network (the
+proxy): without it a limited broadcast still reached the host, one way
+(images/proxy/egress-netns). The proxy refuses by default and lets
 through only the allowed pairs, matched whole on what the job asked for: ``CONNECT
 host:port`` (a TLS tunnel) and ``http://host:port/...`` (plain HTTP, forwarded). An IP
 literal, another port, another host, a user-info trick (``http://a:1@b/``) never match, and a
@@ -219,8 +221,9 @@ def pool_dir(state_dir: Path) -> Path:
 
 _LAYOUT = "2"
 """How a slot is made; a slot of another layout is another pool's, never leased again and
-reaped once idle. 2: its network gives this host no address (before, a job reached the
-host's services on it with SO_DONTROUTE or a broadcast)."""
+reaped once idle. 2: its network gives this host no address, and its holder filters what
+leaves the namespace (before, a job reached the host's services on it with SO_DONTROUTE or a
+broadcast)."""
 
 
 def _pool_id(state_dir: Path, upstream: str, image_id: str) -> str:
