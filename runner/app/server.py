@@ -72,18 +72,12 @@ def _handle(
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         data, fds = _read_request(conn)
         line, _, rest = data.partition(b"\n")  # rest: a cancel sent at once after it
-        request = json.loads(line) if len(line) <= _MAX_REQUEST else None
-        why = _not_served(conn, request, fds, fingerprint)
-        if request is None or why is not None:
+        request = _parsed(line)
+        why = request if isinstance(request, str) else _not_served(conn, request, fds, fingerprint)
+        if why is not None or isinstance(request, str):
             conn.sendall(json.dumps({"stale": why}).encode() + b"\n")
             os._exit(STALE_EXIT)
-        argv = [str(a) for a in request["argv"]]
-        umask = request["umask"]
-        if not isinstance(umask, int) or not 0 <= umask <= 0o777:
-            raise ValueError(
-                f"the request's umask is {umask!r}, not a number from 0 to 0o777 (a client of "
-                "this runner sends its own; run the command with RUNNER_SERVER=off)"
-            )
+        argv, umask = request["argv"], request["umask"]
         os.write(2, f"{log}: runner {_shown(argv)}\n".encode())  # still the server's log
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
@@ -140,18 +134,53 @@ def _read_request(conn: socket.socket) -> tuple[bytes, list[int]]:
     return data, fds
 
 
+def _parsed(line: bytes) -> dict[str, Any] | str:
+    """The request, checked to be the shape a client of this runner sends
+    (:func:`runner.client._request`), or why it is not served: one over :data:`_MAX_REQUEST`
+    (an environment that large runs in the client's own process, as it would with no
+    server), or one that is no such request (its sender runs the command itself, or learns
+    that this socket is a runner server's)."""
+    if len(line) > _MAX_REQUEST:
+        return f"its request is over {_MAX_REQUEST} bytes (its environment, mostly)"
+    try:
+        request = json.loads(line)
+    except ValueError:
+        request = None
+
+    def strings(value: object) -> bool:
+        return isinstance(value, list) and all(isinstance(x, str) for x in value)
+
+    env = request.get("env") if isinstance(request, dict) else None
+    if (
+        not isinstance(request, dict)
+        or not strings(request.get("argv"))
+        or not isinstance(request.get("cwd"), str)
+        or not isinstance(env, dict)
+        or not strings([*env, *env.values()])
+        or not isinstance(request.get("code"), str)
+    ):
+        return (
+            "its request is not one a runner client sends (a JSON object of argv, cwd, env, "
+            "code and umask)"
+        )
+    umask = request.get("umask")
+    if type(umask) is not int or not 0 <= umask <= 0o777:
+        return (
+            f"the request's umask is {umask!r}, not a number from 0 to 0o777 (a client of "
+            "this runner sends its own; run the command with RUNNER_SERVER=off)"
+        )
+    return request
+
+
 def _not_served(
-    conn: socket.socket, request: dict[str, Any] | None, fds: list[int], fingerprint: str
+    conn: socket.socket, request: dict[str, Any], fds: list[int], fingerprint: str
 ) -> str | None:
     """Why this server does not run ``request`` (the client then runs it itself, saying why),
-    or None: a request over :data:`_MAX_REQUEST` (None here; an environment that large runs in
-    the client's own process, as it would with no server), one of other code, other
+    or None: a request of other code, other
     descriptors than the three standard ones, or a client that may do other things than the
     server (:mod:`runner.app.standing`: a fork runs with the server's groups, capabilities and
     namespaces, so a client without the engine's group, or with the engine's socket out of
     its sight, would reach the engine through the server)."""
-    if request is None:
-        return f"its request is over {_MAX_REQUEST} bytes (its environment, mostly)"
     if request.get("code") != fingerprint:
         return "it runs other code (a different checkout or interpreter)"
     if len(fds) != 3:

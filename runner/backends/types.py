@@ -250,11 +250,13 @@ class HostPort:
 @dataclass(frozen=True)
 class EgressPlan:
     """What a job may reach, and how: the pairs its contract asked for and the host granted,
-    the engine network the proxy reaches them through, and the proxy's image."""
+    the engine network the proxy reaches them through, the proxy's image, and the non-public
+    address ranges an allowed name may resolve to (the policy's; none else is connected to)."""
 
     allow: tuple[HostPort, ...]
     upstream_network: str
     proxy_image: str
+    private_networks: tuple[str, ...] = ()
 
     PROXY_ALIAS = "egress-proxy"
     PROXY_PORT = 3128

@@ -4,8 +4,10 @@ The proxy (``images/proxy/egress-proxy``) writes one JSON object per line on its
 output, which the engine keeps and the runner saves as the attempt's ``egress.log``: a
 ``request`` line when it has read a request head (method, target as asked), then one line with
 its outcome under the same ``id``: ``refused`` (with why), ``connected`` or ``unreachable``
-(allowed: it connected onward, or tried). Every line names the ``lease`` (the attempt) it was
-served under. A request with no outcome line is ``incomplete``.
+(allowed: it connected onward, or tried; ``connected`` names the address). Every line names
+the ``lease`` (the attempt) it was served under. A request with no outcome line is
+``incomplete``. A lease that logged its cap's worth has one ``tally`` line once it ended: its
+whole counts (:func:`read_tally`).
 
 :func:`read_log` only reads text: a line it does not know, a line of another lease, or a line
 that is no JSON object is skipped. The proxy escapes what the job sent (JSON strings), so a
@@ -15,11 +17,12 @@ request cannot forge a line.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from runner.models.envelope import EgressConnection
 
-__all__ = ["read_log"]
+__all__ = ["Tally", "read_log", "read_tally"]
 
 TARGET_MAX = 600
 """The proxy logs at most this much of a target; the envelope keeps no more."""
@@ -74,6 +77,7 @@ def read_log(text: str, lease: str | None = None) -> list[EgressConnection]:
                 target=_text(req, "target", TARGET_MAX),
                 host=host,
                 port=port if isinstance(port, int) and 0 < port < 65536 else None,
+                address=_text(end, "address", 45) or None,
                 decision=(
                     "refused" if event == "refused" else "allowed" if event else "incomplete"
                 ),
@@ -87,3 +91,41 @@ def read_log(text: str, lease: str | None = None) -> list[EgressConnection]:
             )
         )
     return found
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A capped lease's whole counts, as the proxy kept them past its log's cap."""
+
+    requests: int
+    refused: int
+    connected: int
+    unreachable: int
+
+    @property
+    def allowed(self) -> int:
+        return self.connected + self.unreachable
+
+    @property
+    def incomplete(self) -> int:
+        return max(self.requests - self.allowed - self.refused, 0)
+
+
+def read_tally(text: str, lease: str) -> Tally | None:
+    """The ``tally`` line of ``lease`` in the proxy's log; None when there is none (the lease
+    never reached its cap, or the proxy ended before it saw the lease end)."""
+    names = ("requests", "refused", "connected", "unreachable")
+    for raw in text.split("\n"):
+        if '"event":"tally"' not in raw:
+            continue
+        start = raw.find("{")
+        try:
+            data = json.loads(raw[start:]) if start >= 0 else None
+        except ValueError:
+            continue
+        if not isinstance(data, dict) or data.get("event") != "tally" or data.get("lease") != lease:
+            continue
+        counts = [c for c in (data.get(k) for k in names) if type(c) is int and 0 <= c < 1 << 53]
+        if len(counts) == len(names):
+            return Tally(*counts)
+    return None

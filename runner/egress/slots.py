@@ -71,7 +71,7 @@ from runner.backends.types import MIB, EgressPlan, HostPort, Limits
 from runner.core import locks
 from runner.core.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 from runner.core.redaction import NONE, Redactor
-from runner.egress.proxylog import read_log
+from runner.egress.proxylog import Tally, read_log, read_tally
 from runner.models.envelope import EgressRecord
 
 __all__ = [
@@ -85,6 +85,7 @@ __all__ = [
     "lease",
     "pool_dir",
     "proxy_rules",
+    "proxy_user",
     "reap",
     "release",
 ]
@@ -117,8 +118,16 @@ _READY = {"proxy": b"egress-proxy: accepting connections", "netns": b"egress-net
 RULES = "rules.json"
 _CLOCK_SLACK = 1.0
 """The engine's log times and the runner's clock are one host's; a second of slack."""
+TALLY_SECONDS = 3.0
+"""How long :func:`down` waits for a capped lease's tally: the proxy writes it when its
+watcher (every half second) sees the lease end."""
 
-PROXY_USER = "10002:10002"
+PROXY_UID_BASE = 1_500_000_000
+"""A slot's proxy runs as its own uid, PROXY_UID_BASE plus 24 bits of its name's digest
+(:func:`proxy_user`): far above any host account and any rootless engine's subordinate ids.
+The kernel counts the pages of a user's pipes against one budget per uid (``pipe-user-pages-soft``,
+64 MiB), and each relay direction makes a 1 MiB pipe: under one shared uid, a job holding
+idle tunnels cut another slot's downloads to a quarter once new pipes fell back to 8 KiB."""
 _BOX: dict[str, Any] = {"gpus": "none", "network": "none", "timeout_seconds": 1.0}
 PROXY_LIMITS = Limits(
     cpus=2.0, memory_bytes=256 * MIB, memory_swap_bytes=256 * MIB, shm_bytes=MIB, pids=256,
@@ -154,6 +163,8 @@ class Egress:
     """The rules file the proxy reads."""
     since: float
     """When it was leased (seconds since the epoch): its log lines are later."""
+    private_networks: tuple[str, ...] = ()
+    """The non-public ranges an allowed name may resolve to (the policy's)."""
 
     @property
     def network(self) -> str:
@@ -189,6 +200,7 @@ class Egress:
             "pool": self.pool,
             "rules": self.rules,
             "since": self.since,
+            "privateNetworks": list(self.private_networks),
         }
 
     @staticmethod
@@ -202,14 +214,24 @@ class Egress:
             pool=str(data["pool"]),
             rules=str(data["rules"]),
             since=float(data["since"]),
+            private_networks=tuple(str(x) for x in data.get("privateNetworks", ())),
         )
 
 
-def proxy_rules(allow: tuple[HostPort, ...], lease: str | None, redactor: Redactor = NONE) -> str:
+def proxy_rules(
+    allow: tuple[HostPort, ...],
+    lease: str | None,
+    redactor: Redactor = NONE,
+    networks: tuple[str, ...] = (),
+) -> str:
     """The proxy's rules for ``allow`` (JSON): the pairs it lets through, compared whole on
-    what the job asked for; everything else is refused. With an attempt's secrets, the salted
-    digests the proxy blanks its log lines with (:meth:`Redactor.proxy_rules`)."""
+    what the job asked for; everything else is refused. ``networks``: the non-public ranges
+    an allowed name may resolve to (any other non-public address is refused). With an
+    attempt's secrets, the salted digests the proxy blanks its log lines with
+    (:meth:`Redactor.proxy_rules`)."""
     rules: dict[str, Any] = {"lease": lease, "allow": [str(x) for x in allow]}
+    if networks:
+        rules["networks"] = list(networks)
     if (redact := redactor.proxy_rules()) is not None:
         rules["redact"] = redact
     return json.dumps(rules, sort_keys=True)
@@ -219,11 +241,18 @@ def pool_dir(state_dir: Path) -> Path:
     return state_dir / "egress"
 
 
-_LAYOUT = "2"
+_LAYOUT = "3"
 """How a slot is made; a slot of another layout is another pool's, never leased again and
 reaped once idle. 2: its network gives this host no address, and its holder filters what
 leaves the namespace (before, a job reached the host's services on it with SO_DONTROUTE or a
-broadcast)."""
+broadcast). 3: its proxy runs as the slot's own uid (:func:`proxy_user`), and checks the
+addresses an allowed name resolves to."""
+
+
+def proxy_user(slot: str) -> str:
+    """``uid:gid`` the slot's proxy runs as: its own (see :data:`PROXY_UID_BASE`)."""
+    uid = PROXY_UID_BASE + int.from_bytes(hashlib.sha256(slot.encode()).digest()[:3], "big")
+    return f"{uid}:{uid}"
 
 
 def _pool_id(state_dir: Path, upstream: str, image_id: str) -> str:
@@ -278,10 +307,12 @@ def lease(
                 pool=pool,
                 rules=str(folder / slot / RULES),
                 since=time.time(),
+                private_networks=plan.private_networks,
             )
             if not _healthy(backend, eg, slots.get(slot, [])):
                 _make(backend, eg, folder, labels or {}, ready_seconds)
-            _write_rules(Path(eg.rules), proxy_rules(eg.allow, eg.lease, redactor))
+            rules = proxy_rules(eg.allow, eg.lease, redactor, eg.private_networks)
+            _write_rules(Path(eg.rules), rules)
         except BaseException:
             locks.release(handle)
             raise
@@ -387,7 +418,7 @@ def _specs(
     proxy = ContainerSpec(
         name=eg.proxy,
         entrypoint=["/usr/local/bin/egress-proxy"],
-        user=PROXY_USER,
+        user=proxy_user(eg.slot),
         environment={
             "EGRESS_RULES_FILE": f"/egress/{RULES}",
             "EGRESS_CLIENTS": net.subnet,
@@ -491,6 +522,7 @@ def down(
     record_dir.mkdir(parents=True, exist_ok=True)
     log, kept = record_dir / "egress.log", record_dir / "egress.json"
     problems: list[str] = []
+    denied = time.time()
     _deny(eg)
     if kept.exists():
         with contextlib.suppress(OSError, ValueError):
@@ -507,16 +539,27 @@ def down(
         problems.append(f"the proxy's log could not be read: {exc}")
     text = redactor.text(_mine(raw, eg.lease)) if saved is not None else ""
     raw.unlink(missing_ok=True)
+    tally: Tally | None = None
+    if '"event":"log-capped"' in text:
+        text, tally = _with_tally(backend, eg, raw, text, denied, redactor)
+        if tally is None:
+            problems.append(
+                "the proxy logged this attempt's requests up to its cap, and its tally of "
+                "them all was not found: the counts are of the logged ones only"
+            )
     log.write_text(text)
     connections = read_log(text, eg.lease)
     record = EgressRecord(
         allow=[str(x) for x in eg.allow],
         upstreamNetwork=eg.upstream_network,
+        privateNetworks=list(eg.private_networks),
         proxyImage=eg.proxy_image,
         network=eg.network,
-        allowed=sum(c.decision == "allowed" for c in connections),
-        refused=sum(c.decision == "refused" for c in connections),
-        incomplete=sum(c.decision == "incomplete" for c in connections),
+        allowed=tally.allowed if tally else sum(c.decision == "allowed" for c in connections),
+        refused=tally.refused if tally else sum(c.decision == "refused" for c in connections),
+        incomplete=(
+            tally.incomplete if tally else sum(c.decision == "incomplete" for c in connections)
+        ),
         connections=connections[:MAX_CONNECTIONS],
         connectionsDropped=max(len(connections) - MAX_CONNECTIONS, 0),
         log=str(log.relative_to(job_root)),
@@ -530,6 +573,30 @@ def down(
         if _any_idle(folder):  # pools (an older proxy image's too); asked of the engine only
             reap(backend, folder=folder)  # when a lock file says one may be
     return record
+
+
+def _with_tally(
+    backend: Backend, eg: Egress, raw: Path, text: str, denied: float, redactor: Redactor
+) -> tuple[str, Tally | None]:
+    """``text`` with the lease's tally line, once the proxy has logged it (it does when its
+    watcher sees the lease end, within :data:`TALLY_SECONDS`), and the tally read from it;
+    the engine is asked only for what was logged since the lease was denied."""
+    deadline = time.monotonic() + TALLY_SECONDS
+    while True:
+        try:
+            backend.save_logs(eg.proxy, raw, LOG_MAX_BYTES, since=denied - _CLOCK_SLACK)
+            later = redactor.text(_mine(raw, eg.lease))
+        except (RunnerError, OSError):
+            later = ""
+        finally:
+            raw.unlink(missing_ok=True)
+        tally = read_tally(later, eg.lease)
+        if tally is not None:
+            line = next(x for x in later.splitlines(keepends=True) if '"event":"tally"' in x)
+            return (text if text.endswith("\n") else text + "\n") + line, tally
+        if time.monotonic() > deadline:
+            return text, None
+        time.sleep(0.1)
 
 
 def _truncated(text: str, saved: int | None) -> bool:

@@ -490,14 +490,18 @@ class EgressConnection(_Model):
     target: str = Field(description="What the job asked for: host:port, or the URL.")
     host: str | None = Field(description="The host the proxy would connect to.")
     port: int | None
+    address: str | None = Field(
+        default=None, description="The address the proxy connected to (it resolved the name)."
+    )
     decision: Literal["allowed", "refused", "incomplete"] = Field(
         description="allowed: on the allowlist, so the proxy connected onward (or tried); "
         "refused: answered with an error, nothing sent onward; incomplete: the request never "
         "ended (the client gave up) or its end is not in the kept log."
     )
     detail: str = Field(
-        description="connected, unreachable; not on the allowlist, port not allowed, bad "
-        "request, not an HTTP proxy request; no outcome."
+        description="connected, unreachable; not on the allowlist, port not allowed, "
+        "resolves to a non-public address: ADDRESS, lease ended, bad request, not an HTTP "
+        "proxy request, too many connections; no outcome."
     )
 
 
@@ -506,18 +510,28 @@ class EgressRecord(_Model):
 
     allow: list[str] = Field(description="The host:port pairs the proxy let through.")
     upstreamNetwork: str = Field(description="The engine network the proxy reached them on.")
+    privateNetworks: list[str] = Field(
+        default_factory=list,
+        description="Non-public address ranges the host let an allowed name resolve to "
+        "(the policy's egress.privateNetworks); any other non-public address was refused.",
+    )
     proxyImage: str = Field(description="The proxy's image id.")
     network: str = Field(description="The job's own network (internal: no way out).")
-    allowed: int = Field(description="Connections the proxy made (or tried) for the job.")
-    refused: int = Field(description="Requests it refused.")
-    incomplete: int = Field(description="Requests with no outcome in the log.")
+    allowed: int = Field(
+        description="Connections the proxy made (or tried) for the job: every one, those "
+        "past the log's cap included when the proxy's tally of them was read."
+    )
+    refused: int = Field(description="Requests it refused (counted as allowed is).")
+    incomplete: int = Field(description="Requests with no outcome (counted as allowed is).")
     connections: list[EgressConnection] = Field(
         description="Each request, in the order the proxy read them (the first 1,000)."
     )
     connectionsDropped: int = Field(default=0, description="Requests past the first 1,000.")
     log: str = Field(description="The proxy's log, relative to the job folder.")
     logTruncated: bool = Field(
-        default=False, description="The log reached its cap; later requests are not counted."
+        default=False,
+        description="The log reached its cap: later requests are not listed, and are counted "
+        "only when problems does not say the proxy's tally is missing.",
     )
     problems: list[str] = Field(
         default_factory=list, description="What went wrong taking it down, if anything."

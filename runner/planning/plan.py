@@ -370,7 +370,8 @@ def _egress(
         )
     if not allow or policy.egress is None:
         return None
-    return EgressPlan(allow, policy.egress.upstreamNetwork, policy.egress.proxyImage)
+    grant = policy.egress
+    return EgressPlan(allow, grant.upstreamNetwork, grant.proxyImage, tuple(grant.privateNetworks))
 
 
 def _check_isolated_network(contract: VerifiedContract, limits: Limits) -> None:

@@ -12,6 +12,7 @@ loaded so the envelope records numbers, not nulls.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import rfc8785
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from runner.agents.adapters import AgentAdapter
 from runner.backends.types import HOST_PORT_PATTERN, HostPort
@@ -63,6 +64,16 @@ class Maxima(BaseModel):
     diskGb: float = Field(default=100, gt=0, description="output/ + workspace/ a job may ask.")
 
 
+def _network(text: str) -> str:
+    """A CIDR range as ``ipaddress`` writes it; ValueError naming the fix for anything else."""
+    try:
+        return str(ipaddress.ip_network(text))
+    except ValueError as exc:
+        raise ValueError(
+            f"{exc}: write a range as its network address and prefix (10.20.0.0/16, fd00::/8)"
+        ) from None
+
+
 class EgressGrant(BaseModel):
     """The egress allowlist this host grants: contracts may ask for these pairs, or fewer."""
 
@@ -78,6 +89,15 @@ class EgressGrant(BaseModel):
         description="The engine network the proxy reaches them through: a bridge network with "
         "a route out, made by the operator (`docker network create runner-egress`). Only the "
         "proxy joins it, never the job.",
+    )
+    privateNetworks: list[Annotated[str, AfterValidator(_network)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Non-public address ranges (CIDR, e.g. 10.20.0.0/16) an allowed name may "
+        "resolve to: an in-house mirror. The proxy resolves each allowed name itself and "
+        "refuses any loopback, private, shared, link-local (a cloud's metadata service), "
+        "multicast or reserved address outside these, so that whoever runs an allowed name's "
+        "DNS cannot point it into this host's network.",
     )
     proxyImage: str = Field(
         default="runner-proxy:local",

@@ -21,7 +21,7 @@ from runner.egress import slots as egress
 from runner.testing.contracts import IMAGE
 from runner.testing.engine import docker
 
-__all__ = ["PORT", "SERVER", "Outside", "left_behind", "outside"]
+__all__ = ["PORT", "SERVER", "SUBNET", "Outside", "left_behind", "outside"]
 
 SERVER = r"""
 import http.server, sys
@@ -61,6 +61,9 @@ to the URL in ``redirect=URL``, or N bytes for ``bytes=N``."""
 
 PORT = 8000
 
+SUBNET = "{{(index .IPAM.Config 0).Subnet}}"
+"""``docker network inspect --format`` of a network's (first) address range."""
+
 
 @dataclass
 class Outside:
@@ -68,6 +71,8 @@ class Outside:
 
     network: str
     labels: dict[str, str]
+    subnet: str = ""
+    """The network's address range: private, so the policy lets the proxy connect into it."""
     hosts: dict[str, str] = field(default_factory=dict)
     containers: list[str] = field(default_factory=list)
 
@@ -76,8 +81,9 @@ class Outside:
 
     def policy(self, path: Path, allow: list[str], **more: Any) -> Path:
         """A host policy (unsigned contracts accepted) granting ``allow`` through this
-        network."""
-        data = {"acceptUnsigned": True, "egress": {"allow": allow, "upstreamNetwork": self.network}}
+        network, into whose private addresses the proxy may connect."""
+        grant = {"allow": allow, "upstreamNetwork": self.network, "privateNetworks": [self.subnet]}
+        data = {"acceptUnsigned": True, "egress": grant}
         path.write_text(json.dumps({**data, **more}))
         return path
 
@@ -104,6 +110,7 @@ def outside(
     try:
         made = docker("network", "create", "--internal", *_label_args(labels), net.network)
         _check(made.returncode == 0, made.stderr)
+        net.subnet = docker("network", "inspect", "--format", SUBNET, net.network).stdout.strip()
         for name, role in roles.items():
             run = docker(
                 "run", "-d", "--name", f"egress-test-{tag}-{name.split('.')[0]}",

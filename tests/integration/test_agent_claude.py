@@ -56,7 +56,7 @@ def _run(
             secrets=[{"env": "ANTHROPIC_API_KEY", "file": str(key_file)}],
             allow=[f"{server.host}:{server.port}"],
             usage="claude-code",
-            egress={"upstreamNetwork": server.network},
+            egress=server.egress(),
         )
         code, env, err = run_job(
             contract,

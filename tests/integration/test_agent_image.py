@@ -232,7 +232,7 @@ def _claude_run(
             secrets=[{"env": "ANTHROPIC_API_KEY", "file": str(key_file)}],
             allow=[f"{server.host}:{server.port}"],
             usage="claude-code",
-            egress={"upstreamNetwork": server.network},
+            egress=server.egress(),
         )
         if policy_extra:
             data = json.loads(path.read_text())

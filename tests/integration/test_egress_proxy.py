@@ -14,15 +14,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from runner.egress.proxylog import read_log
+from runner.egress.proxylog import Tally, read_log, read_tally
 
 PROXY = Path(__file__).parents[2] / "images" / "proxy" / "egress-proxy"
+LOOPBACK = ["127.0.0.0/8", "::1/128"]
+"""The test hosts are on loopback: the rules let the proxy connect there."""
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -98,7 +100,7 @@ def proxy() -> Iterator[Proxy]:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
-    rules = {"lease": "L1", "allow": [f"localhost:{port}"]}
+    rules = {"lease": "L1", "allow": [f"localhost:{port}"], "networks": LOOPBACK}
     process, listening = _start(_env(EGRESS_RULES=json.dumps(rules)))
     try:
         yield Proxy(listening, port, process)
@@ -214,7 +216,7 @@ def test_a_new_lease_cuts_the_connections_of_the_last(tmp_path: Path) -> None:
 
     def lease(name: str, allow: list[str]) -> None:
         tmp = tmp_path / "rules.tmp"
-        tmp.write_text(json.dumps({"lease": name, "allow": allow}))
+        tmp.write_text(json.dumps({"lease": name, "allow": allow, "networks": LOOPBACK}))
         os.replace(tmp, rules)
 
     lease("A1", [f"localhost:{port}"])
@@ -262,7 +264,8 @@ def test_a_lease_logs_at_most_its_share() -> None:
 def test_too_many_connections_are_refused_and_logged() -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    env = _env(EGRESS_RULES=json.dumps({"lease": "L", "allow": [f"localhost:{port}"]}))
+    rules = {"lease": "L", "allow": [f"localhost:{port}"], "networks": LOOPBACK}
+    env = _env(EGRESS_RULES=json.dumps(rules))
     process, listening = _start(env)
     tunnels = []
     try:
@@ -304,3 +307,136 @@ def test_no_thread_of_it_can_take_a_stop_but_the_one_that_waits_for_it(proxy: Pr
         assert list(open_to_it.values()) == ["do_sigtimedwait"], open_to_it
         proxy.process.terminate()
         assert proxy.process.wait(timeout=10) == 0
+
+
+# --- hostile review, round 14: where an allowed name resolves, a lease's end, its tally -----
+
+
+@pytest.mark.parametrize("networks", [[], ["10.0.0.0/8", "fd00::/8"]])
+def test_an_allowed_name_that_resolves_into_a_private_range_is_refused(
+    networks: list[str],
+) -> None:
+    """Whoever runs the DNS of an allowed name can point it anywhere: here ``localhost``,
+    allowed, resolves to loopback (as a name could to a cloud's metadata service or this
+    host's network). Before: the proxy connected. Now only a public address, or one in the
+    rules' networks, is connected to; the test host gets nothing."""
+    got: list[str] = []
+
+    class Counting(_Handler):
+        def do_GET(self) -> None:
+            got.append(self.path)
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Counting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    rules = {"lease": "L", "allow": [f"localhost:{port}"], "networks": networks}
+    process, listening = _start(_env(EGRESS_RULES=json.dumps(rules)))
+    proxy = Proxy(listening, port, process)
+    try:
+        heads = (f"CONNECT localhost:{port} HTTP/1.1", f"GET http://localhost:{port}/ HTTP/1.1")
+        for head in heads:
+            assert proxy.ask(f"{head}\r\n\r\n".encode()).startswith(b"HTTP/1.1 403 ")
+        found = read_log(proxy.log(), "L")
+    finally:
+        process.kill()
+        server.shutdown()
+    assert [c.decision for c in found] == ["refused", "refused"] and got == []
+    for c in found:
+        assert c.detail.startswith("resolves to a non-public address: "), c.detail
+        assert c.detail.rsplit(" ", 1)[1] in ("127.0.0.1", "::1") and c.address is None
+
+
+def test_a_connection_is_logged_with_the_address_it_reached(proxy: Proxy) -> None:
+    proxy.ask(f"GET http://localhost:{proxy.upstream}/x HTTP/1.1\r\n\r\n".encode())
+    [c] = read_log(proxy.log())
+    assert (c.decision, c.detail, c.address) == ("allowed", "connected", "127.0.0.1")
+
+
+def _reader(process: subprocess.Popen[bytes]) -> list[str]:
+    """The proxy's log lines as it writes them (a thread reads its stdout)."""
+    lines: list[str] = []
+    assert process.stdout is not None
+    out = process.stdout
+    threading.Thread(target=lambda: lines.extend(x.decode() for x in out), daemon=True).start()
+    return lines
+
+
+def _until(found: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not found():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_capped_lease_is_tallied_whole_when_it_ends(tmp_path: Path) -> None:
+    """Past its cap a lease's requests went uncounted, so the record's counts understated
+    what the job did. Now when a capped lease ends, one tally line gives its whole counts."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    rules = tmp_path / "rules.json"
+
+    def lease(name: str) -> None:
+        tmp = tmp_path / "rules.tmp"
+        tmp.write_text(json.dumps({"lease": name, "allow": [f"localhost:{port}"],
+                                   "networks": LOOPBACK}))  # fmt: skip
+        os.replace(tmp, rules)
+
+    lease("A")
+    env = _env(EGRESS_RULES_FILE=str(rules), EGRESS_LEASE_LOG_BYTES="2000")
+    process, listening = _start(env)
+    lines = _reader(process)
+    proxy = Proxy(listening, port, process)
+    try:
+        for i in range(20):
+            assert proxy.ask(f"CONNECT x{i}.example:443 HTTP/1.1\r\n\r\n".encode())
+        for _ in range(3):
+            assert b"200 OK" in proxy.ask(f"GET http://localhost:{port}/ HTTP/1.1\r\n\r\n".encode())
+        _until(lambda: any('"log-capped"' in x for x in lines), "the lease's log is capped")
+        assert not any('"tally"' in x for x in lines)  # not while the lease lasts
+        lease("B")
+        _until(lambda: any('"tally"' in x for x in lines), "a tally once the lease ended")
+    finally:
+        process.kill()
+        server.shutdown()
+    text = "".join(lines)
+    assert read_tally(text, "A") == Tally(requests=23, refused=20, connected=3, unreachable=0)
+    assert read_tally(text, "B") is None and text.count('"event":"tally"') == 1
+    assert len(read_log(text, "A")) < 23
+
+
+def test_a_request_is_served_under_the_lease_its_connection_came_in(tmp_path: Path) -> None:
+    """A connection accepted under one lease whose head ends under the next is refused
+    ("lease ended"), and logged under the lease it came in under."""
+    silent = socket.create_server(("127.0.0.1", 0))
+    port = silent.getsockname()[1]
+    rules = tmp_path / "rules.json"
+
+    def lease(name: str) -> None:
+        tmp = tmp_path / "rules.tmp"
+        tmp.write_text(json.dumps({"lease": name, "allow": [f"localhost:{port}"],
+                                   "networks": LOOPBACK}))  # fmt: skip
+        os.replace(tmp, rules)
+
+    lease("A")
+    process, listening = _start(_env(EGRESS_RULES_FILE=str(rules)))
+    tasks = Path(f"/proc/{process.pid}/task")
+    try:
+        with socket.create_connection(("127.0.0.1", listening), timeout=10) as s:
+            s.sendall(f"CONNECT localhost:{port}".encode())  # its head has not ended
+
+            def reading() -> bool:  # its thread polls for its head: it read the lease before
+                return any("poll" in (t / "wchan").read_text() for t in tasks.iterdir())
+
+            _until(reading, "the connection's thread waits for its head")
+            lease("B")
+            s.sendall(b" HTTP/1.1\r\n\r\n")
+            assert s.recv(1024).startswith(b"HTTP/1.1 403 ")
+    finally:
+        process.terminate()
+        out, _ = process.communicate(timeout=10)
+        silent.close()
+    [c] = read_log(out.decode(), "A")
+    assert (c.decision, c.detail) == ("refused", "lease ended")
+    assert read_log(out.decode(), "B") == []

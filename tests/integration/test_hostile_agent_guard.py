@@ -138,7 +138,7 @@ def test_model_requests_through_the_proxy_floor_the_turns_live(
             tmp_path,
             scripted_agent_image,
             allow=[f"{server.host}:{server.port}"],
-            egress={"upstreamNetwork": server.network},
+            egress=server.egress(),
         )
         code, env, err = run_job(contract, tmp_path / "state", *policy)
         served = len(server.requests())

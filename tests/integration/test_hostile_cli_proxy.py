@@ -301,7 +301,9 @@ def two_free_slots(tmp_path: Path) -> Iterator[tuple[Path, str, Path, str]]:
     """A real free slot (network, proxy, namespace holder) in each of two state folders, as
     an attempt leaves its slot behind: (state A, its slot, state B, its slot)."""
     with outside(SESSION, {}, runs=SESSION) as net:
-        plan = EgressPlan((HostPort("api.example", 443),), net.network, "runner-proxy:local")
+        plan = EgressPlan(
+            (HostPort("api.example", 443),), net.network, "runner-proxy:local", (net.subnet,)
+        )
         backend = backends.default()
         made = []
         for name in ("a", "b"):

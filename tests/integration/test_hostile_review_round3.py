@@ -80,7 +80,7 @@ def test_a_job_that_floods_the_proxys_log_past_its_cap_is_stopped(
             tmp_path,
             scripted_agent_image,
             allow=[allowed],
-            egress={"upstreamNetwork": server.network, "proxyImage": _small_log_proxy_image()},
+            egress=server.egress(proxyImage=_small_log_proxy_image()),
         )
         code, env, err = run_job(contract, tmp_path / "state", *policy)
         served = len(server.requests())

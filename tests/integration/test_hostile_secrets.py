@@ -131,7 +131,7 @@ def test_the_agents_key_is_nowhere_the_run_and_its_export_write(
         policy = agent_policy(
             tmp_path, "scripted", scripted_agent_image, argv=SCRIPTED_ARGV, usage="claude-code",
             secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}], allow=[allowed],
-            egress={"upstreamNetwork": server.network, "proxyImage": _checkout_proxy_image()},
+            egress=server.egress(proxyImage=_checkout_proxy_image()),
             **SCRIPTED_RUNTIME,
         )  # fmt: skip
         state = tmp_path / "state"

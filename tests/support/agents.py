@@ -32,6 +32,7 @@ from runner.testing.agents import (
     agent_contract,
     agent_policy,
 )
+from runner.testing.egress import SUBNET
 from tests.support.jobs import ROOT, SESSION_ID, SESSION_LABEL
 
 __all__ = [
@@ -118,6 +119,12 @@ class ModelServer:
     host: str
     port: int
     log: Path
+    subnet: str
+
+    def egress(self, **more: str) -> dict[str, object]:
+        """A host policy's egress through ``network``, whose (private) addresses the proxy
+        may connect to."""
+        return {"upstreamNetwork": self.network, "privateNetworks": [self.subnet], **more}
 
     @property
     def base_url(self) -> str:
@@ -155,7 +162,8 @@ def model_server(folder: Path, scenario: str) -> Iterator[ModelServer]:
         while "serving" not in docker("logs", name).stderr:
             assert time.monotonic() < deadline, docker("logs", name).stderr
             time.sleep(0.1)
-        yield ModelServer(network, "model.test", 8080, logs / "requests.jsonl")
+        subnet = docker("network", "inspect", "--format", SUBNET, network).stdout.strip()
+        yield ModelServer(network, "model.test", 8080, logs / "requests.jsonl", subnet)
     finally:
         docker("rm", "-f", name)
         # The session's free egress slots first: their proxies are on this network.

@@ -231,7 +231,9 @@ def test_a_lease_makes_a_hardened_slot_and_down_frees_it(tmp_path: Path) -> None
     assert fake.networks[eg.network].labels[egress.ROLE] == "egress-network"
     assert proxy.network == holder.network == eg.network
     assert proxy.extra_networks == ("up",) and proxy.aliases == ("egress-proxy",)
-    assert proxy.user == "10002:10002" and proxy.limits.cap_add == ()
+    assert proxy.user == egress.proxy_user(eg.slot) and proxy.limits.cap_add == ()
+    uid = int(proxy.user.partition(":")[0])
+    assert egress.PROXY_UID_BASE <= uid < egress.PROXY_UID_BASE + (1 << 24)
     assert holder.user == "0:0" and holder.limits.cap_add == ("NET_ADMIN",)
     assert holder.dns == ("127.0.0.1",)
     for spec in (proxy, holder):
@@ -271,6 +273,56 @@ def test_a_lease_makes_a_hardened_slot_and_down_frees_it(tmp_path: Path) -> None
     assert egress.down(fake, third, tmp_path / "rec3", tmp_path).logTruncated
 
 
+def _capped(tally: bool) -> Callable[[str], bytes]:
+    """A lease's log that reached its cap, with (or without) the tally the proxy writes once
+    the lease ends: 40 requests in all, of which the five logged."""
+
+    def lines(lease: str) -> bytes:
+        capped = {"event": "log-capped", "lease": lease, "at": "2026-12-01T00:00:00Z"}
+        counts = {"requests": 40, "refused": 30, "connected": 6, "unreachable": 1}
+        end = [capped] + ([{"event": "tally", "lease": lease, **counts}] if tally else [])
+        compact = [json.dumps(x, separators=(",", ":")) for x in end]
+        text = "".join(f"2026-12-01T00:00:01Z {x}\n" for x in compact)
+        return _proxy_log(lease) + text.encode()
+
+    return lines
+
+
+def test_a_capped_log_counts_every_request_by_the_proxys_tally(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its cap the proxy lists nothing more of a lease, and counts on: the record's
+    counts are its tally's (40 requests, 3 with no outcome), its list the logged five."""
+    fake, state = _fake(), tmp_path / "state"
+    eg = egress.lease(fake, PLAN, "runner-j-a1", state)
+    _serve(fake, _capped(tally=True))
+    record = egress.down(fake, eg, tmp_path / "rec", tmp_path)
+    assert (record.allowed, record.refused, record.incomplete) == (7, 30, 3)
+    assert len(record.connections) == 5 and record.logTruncated and record.problems == []
+    assert '"event":"tally"' in (tmp_path / "rec" / "egress.log").read_text()
+
+    monkeypatch.setattr(egress, "TALLY_SECONDS", 0.3)
+    again = egress.lease(fake, PLAN, "runner-j-a2", state)
+    _serve(fake, _capped(tally=False))  # the proxy ended before it saw the lease end
+    record = egress.down(fake, again, tmp_path / "rec2", tmp_path)
+    assert (record.allowed, record.refused, record.incomplete) == (2, 2, 1)
+    assert record.logTruncated and "tally" in record.problems[0]
+
+
+def test_the_policys_private_networks_reach_the_proxys_rules(tmp_path: Path) -> None:
+    grant = {**GRANT, "privateNetworks": ["10.20.0.0/16", "fd00::/8"]}
+    p = _plan(_contract(tmp_path, egress=["api.example:443"]), _policy(egress=grant))
+    assert p.egress is not None and p.egress.private_networks == ("10.20.0.0/16", "fd00::/8")
+    fake = _fake()
+    eg = egress.lease(fake, p.egress, "runner-j-a1", tmp_path / "state")
+    assert json.loads(Path(eg.rules).read_text())["networks"] == ["10.20.0.0/16", "fd00::/8"]
+    assert egress.Egress.from_json(eg.as_json()) == eg
+    record = egress.down(fake, eg, tmp_path / "rec", tmp_path)
+    assert record.privateNetworks == ["10.20.0.0/16", "fd00::/8"]
+    with pytest.raises(ValueError, match=r"host bits set: write a range as its network"):
+        _policy(egress={**GRANT, "privateNetworks": ["10.20.0.1/16"]})
+
+
 def test_a_slot_serves_one_attempt_at_a_time(tmp_path: Path) -> None:
     """A slot whose lock is held, or whose job container is still there (its runner died;
     a rerun reattaches to it), is never leased: another is made."""
@@ -282,6 +334,9 @@ def test_a_slot_serves_one_attempt_at_a_time(tmp_path: Path) -> None:
     egress._release(second)  # its runner dies: the lock goes, the job's container stays
     third = egress.lease(fake, PLAN, "runner-l-a1", state)
     assert third.slot not in (first.slot, second.slot)
+    # each slot's proxy its own uid: one job's pipes cannot use up another slot's pipe pages
+    users = {c.spec.user for c in fake.containers.values() if c.spec.name.endswith("-proxy")}
+    assert len(users) == 3
     fake.remove(job)
     egress.down(fake, second, tmp_path / "rec", tmp_path)  # the rerun ends that attempt
     assert egress.lease(fake, PLAN, "runner-m-a1", state).slot == second.slot
