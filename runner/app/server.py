@@ -144,7 +144,7 @@ def _parsed(line: bytes) -> dict[str, Any] | str:
         return f"its request is over {_MAX_REQUEST} bytes (its environment, mostly)"
     try:
         request = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         request = None
 
     def strings(value: object) -> bool:
@@ -163,6 +163,15 @@ def _parsed(line: bytes) -> dict[str, Any] | str:
             "its request is not one a runner client sends (a JSON object of argv, cwd, env, "
             "code and umask)"
         )
+    if not all(_settable(k, v) for k, v in env.items()) or not _path(request["cwd"]):
+        # What a process of its own may hold and a fork cannot set: a variable named "" or
+        # "A=B" (a parent's execve can hand one on), a NUL, a lone surrogate.
+        return "its environment or working directory cannot be set in a fork of the server"
+    if not os.path.isdir(request["cwd"]):
+        return f"its working directory {request['cwd']!r} is gone"
+    if not all(_path(a) for a in request["argv"]):
+        return "an argument cannot be passed on (a NUL, or a lone surrogate)"
+
     umask = request.get("umask")
     if type(umask) is not int or not 0 <= umask <= 0o777:
         return (
@@ -170,6 +179,19 @@ def _parsed(line: bytes) -> dict[str, Any] | str:
             "this runner sends its own; run the command with RUNNER_SERVER=off)"
         )
     return request
+
+
+def _path(text: str) -> bool:
+    """Whether ``text`` can be a path or an argument: encodable, with no NUL."""
+    try:
+        return b"\0" not in os.fsencode(text)
+    except UnicodeError:
+        return False
+
+
+def _settable(key: str, value: str) -> bool:
+    """Whether ``os.environ[key] = value`` can be done."""
+    return bool(key) and "=" not in key and _path(key) and _path(value)
 
 
 def _not_served(

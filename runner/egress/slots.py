@@ -71,15 +71,19 @@ from runner.backends.types import MIB, EgressPlan, HostPort, Limits
 from runner.core import locks
 from runner.core.errors import ContainerVanished, ImageUnavailable, InfrastructureError, RunnerError
 from runner.core.redaction import NONE, Redactor
+from runner.egress.local import host_addresses
 from runner.egress.proxylog import Tally, read_log, read_tally
 from runner.models.envelope import EgressRecord
 
 __all__ = [
     "HOLDER_LIMITS",
     "LOCK",
+    "POOL",
+    "PROXY_UID_BASE",
     "ROLE",
     "SLOT",
     "STATE",
+    "TALLY_SECONDS",
     "Egress",
     "down",
     "lease",
@@ -103,7 +107,9 @@ STATE = "org.runner.state-dir"
 ``runner cleanup --state-dir`` looks for. A slot made before this label is left alone by
 ``runner cleanup``; its own state folder's runners still reap it when idle (:func:`down`)."""
 LOG_MAX_BYTES = 16 * MIB
-"""An attempt's lines of the proxy's log kept in its record: some 50,000 requests."""
+"""An attempt's lines of the proxy's log kept in its record (the proxy's own bytes; the
+engine's timestamps besides): some 50,000 requests, and more than the proxy logs of one
+lease (15 MiB, then its ``log-capped`` and ``tally`` lines)."""
 PROXY_LOG_BYTES = 64 * MIB
 """The engine's log of a slot's proxy, two files of it (it serves many attempts, one at a time,
 and logs at most 15 MiB of each: an attempt's lines always fit in the newest file)."""
@@ -122,12 +128,15 @@ TALLY_SECONDS = 3.0
 """How long :func:`down` waits for a capped lease's tally: the proxy writes it when its
 watcher (every half second) sees the lease end."""
 
-PROXY_UID_BASE = 1_500_000_000
-"""A slot's proxy runs as its own uid, PROXY_UID_BASE plus 24 bits of its name's digest
-(:func:`proxy_user`): far above any host account and any rootless engine's subordinate ids.
-The kernel counts the pages of a user's pipes against one budget per uid (``pipe-user-pages-soft``,
-64 MiB), and each relay direction makes a 1 MiB pipe: under one shared uid, a job holding
-idle tunnels cut another slot's downloads to a quarter once new pipes fell back to 8 KiB."""
+PROXY_UID_BASE = 10240
+"""A slot's proxy runs as a uid of its own (:func:`proxy_user`): PROXY_UID_BASE, plus 256
+for each of 192 pool groups (by the pool's id), plus the slot's number less one; at most
+59,391, inside the 65,536 ids an engine that runs containers in a user namespace maps
+(``userns-remap``, rootless), and never a job's (10001). The kernel counts the pages of a
+user's pipes against one budget per uid (``pipe-user-pages-soft``, 64 MiB), and each relay
+direction makes a 1 MiB pipe: under one shared uid, a job holding idle tunnels cut another
+slot's downloads to a quarter once new pipes fell back to 8 KiB. Slots of one pool never
+share a uid; two pools share their slots' uids one time in 192."""
 _BOX: dict[str, Any] = {"gpus": "none", "network": "none", "timeout_seconds": 1.0}
 PROXY_LIMITS = Limits(
     cpus=2.0, memory_bytes=256 * MIB, memory_swap_bytes=256 * MIB, shm_bytes=MIB, pids=256,
@@ -223,15 +232,19 @@ def proxy_rules(
     lease: str | None,
     redactor: Redactor = NONE,
     networks: tuple[str, ...] = (),
+    refuse: tuple[str, ...] = (),
 ) -> str:
     """The proxy's rules for ``allow`` (JSON): the pairs it lets through, compared whole on
     what the job asked for; everything else is refused. ``networks``: the non-public ranges
-    an allowed name may resolve to (any other non-public address is refused). With an
-    attempt's secrets, the salted digests the proxy blanks its log lines with
-    (:meth:`Redactor.proxy_rules`)."""
+    an allowed name may resolve to (any other non-public address is refused); ``refuse``:
+    addresses it may never lead to, ``networks`` or not (this host's own:
+    :func:`runner.egress.local.host_addresses`). With an attempt's secrets, the salted
+    digests the proxy blanks its log lines with (:meth:`Redactor.proxy_rules`)."""
     rules: dict[str, Any] = {"lease": lease, "allow": [str(x) for x in allow]}
     if networks:
         rules["networks"] = list(networks)
+    if refuse:
+        rules["refuse"] = list(refuse)
     if (redact := redactor.proxy_rules()) is not None:
         rules["redact"] = redact
     return json.dumps(rules, sort_keys=True)
@@ -249,9 +262,13 @@ broadcast). 3: its proxy runs as the slot's own uid (:func:`proxy_user`), and ch
 addresses an allowed name resolves to."""
 
 
-def proxy_user(slot: str) -> str:
-    """``uid:gid`` the slot's proxy runs as: its own (see :data:`PROXY_UID_BASE`)."""
-    uid = PROXY_UID_BASE + int.from_bytes(hashlib.sha256(slot.encode()).digest()[:3], "big")
+def proxy_user(pool: str, slot: str) -> str:
+    """``uid:gid`` the proxy of ``slot`` (of ``pool``) runs as: its own (see
+    :data:`PROXY_UID_BASE`)."""
+    number = int(slot.rsplit("-", 1)[1])
+    if not 1 <= number <= MAX_SLOTS:
+        raise ValueError(f"{slot!r} is no slot of a pool (its number is 1 to {MAX_SLOTS})")
+    uid = PROXY_UID_BASE + (int(pool, 16) % 192) * 256 + number - 1
     return f"{uid}:{uid}"
 
 
@@ -311,7 +328,7 @@ def lease(
             )
             if not _healthy(backend, eg, slots.get(slot, [])):
                 _make(backend, eg, folder, labels or {}, ready_seconds)
-            rules = proxy_rules(eg.allow, eg.lease, redactor, eg.private_networks)
+            rules = proxy_rules(eg.allow, eg.lease, redactor, eg.private_networks, host_addresses())
             _write_rules(Path(eg.rules), rules)
         except BaseException:
             locks.release(handle)
@@ -418,7 +435,7 @@ def _specs(
     proxy = ContainerSpec(
         name=eg.proxy,
         entrypoint=["/usr/local/bin/egress-proxy"],
-        user=proxy_user(eg.slot),
+        user=proxy_user(eg.pool, eg.slot),
         environment={
             "EGRESS_RULES_FILE": f"/egress/{RULES}",
             "EGRESS_CLIENTS": net.subnet,
@@ -537,10 +554,11 @@ def down(
         problems.append("the proxy was gone: its log is lost")
     except RunnerError as exc:
         problems.append(f"the proxy's log could not be read: {exc}")
-    text = redactor.text(_mine(raw, eg.lease)) if saved is not None else ""
+    mine, cut = _mine(raw, eg.lease) if saved is not None else ("", False)
+    text = redactor.text(mine)
     raw.unlink(missing_ok=True)
-    tally: Tally | None = None
-    if '"event":"log-capped"' in text:
+    tally = read_tally(text, eg.lease)  # written already (a rerun's down, a quick watcher)
+    if tally is None and (cut or '"event":"log-capped"' in text):
         text, tally = _with_tally(backend, eg, raw, text, denied, redactor)
         if tally is None:
             problems.append(
@@ -563,7 +581,7 @@ def down(
         connections=connections[:MAX_CONNECTIONS],
         connectionsDropped=max(len(connections) - MAX_CONNECTIONS, 0),
         log=str(log.relative_to(job_root)),
-        logTruncated=_truncated(text, saved),
+        logTruncated=cut or _truncated(text, saved),
         problems=problems,
     )
     kept.write_text(record.model_dump_json(indent=2) + "\n")
@@ -585,7 +603,7 @@ def _with_tally(
     while True:
         try:
             backend.save_logs(eg.proxy, raw, LOG_MAX_BYTES, since=denied - _CLOCK_SLACK)
-            later = redactor.text(_mine(raw, eg.lease))
+            later = redactor.text(_mine(raw, eg.lease)[0])
         except (RunnerError, OSError):
             later = ""
         finally:
@@ -601,8 +619,8 @@ def _with_tally(
 
 def _truncated(text: str, saved: int | None) -> bool:
     """Whether the kept lines may lack some of the lease's: the proxy stopped logging it (at
-    15 MiB), the runner's own cap cut them, or lines of it exist but not its first."""
-    if '"event":"log-capped"' in text or len(text) >= LOG_MAX_BYTES:
+    15 MiB), the engine's log was read to its cap, or lines of it exist but not its first."""
+    if '"event":"log-capped"' in text:
         return True
     return (saved or 0) >= 4 * LOG_MAX_BYTES or (bool(text) and '"event":"lease"' not in text)
 
@@ -614,8 +632,11 @@ def _any_idle(folder: Path) -> bool:
     return any(now - lock.stat().st_mtime >= IDLE_SECONDS for lock in folder.glob("*.lock"))
 
 
-def _mine(raw: Path, lease: str) -> str:
-    """The lines of ``lease`` in the engine's log of the proxy, at most LOG_MAX_BYTES."""
+def _mine(raw: Path, lease: str) -> tuple[str, bool]:
+    """The lines of ``lease`` in the engine's log of the proxy, and whether some were left
+    out: at most LOG_MAX_BYTES of the proxy's own lines, the engine's timestamps not counted
+    (they add some 31 bytes a line: counted, a flood of short requests filled the window
+    before the proxy's cap, and its ``log-capped`` line and tally never made it in)."""
     needle = json.dumps(lease)
     out: list[str] = []
     size = 0
@@ -623,11 +644,11 @@ def _mine(raw: Path, lease: str) -> str:
         for line in f:
             if needle not in line:
                 continue
-            size += len(line)
+            size += len(line) - max(line.find("{"), 0)
             if size > LOG_MAX_BYTES:
-                break
+                return "".join(out), True
             out.append(line)
-    return "".join(out)
+    return "".join(out), False
 
 
 def release(eg: Egress) -> None:

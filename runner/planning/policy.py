@@ -96,8 +96,9 @@ class EgressGrant(BaseModel):
         description="Non-public address ranges (CIDR, e.g. 10.20.0.0/16) an allowed name may "
         "resolve to: an in-house mirror. The proxy resolves each allowed name itself and "
         "refuses any loopback, private, shared, link-local (a cloud's metadata service), "
-        "multicast or reserved address outside these, so that whoever runs an allowed name's "
-        "DNS cannot point it into this host's network.",
+        "multicast or reserved address outside these, and this host's own addresses always, "
+        "so that whoever runs an allowed name's DNS cannot point it at this host or its "
+        "network. A range is open to every allowed name: open the smallest.",
     )
     proxyImage: str = Field(
         default="runner-proxy:local",

@@ -268,7 +268,9 @@ def test_kill_9_of_the_runner_then_its_rerun_leaves_nothing(
         assert hc["CapDrop"] == ["ALL"] and hc["SecurityOpt"] == ["no-new-privileges"]
         assert hc["Memory"] == hc["MemorySwap"] > 0 and hc["PidsLimit"] > 0 and hc["NanoCpus"] > 0
         assert c["Config"]["Labels"][SESSION_LABEL] == SESSION_ID
-    assert proxy["Config"]["User"] == egress.proxy_user(slot) and not proxy["HostConfig"]["CapAdd"]
+    pool = proxy["Config"]["Labels"][egress.POOL]
+    assert proxy["Config"]["User"] == egress.proxy_user(pool, slot)
+    assert not proxy["HostConfig"]["CapAdd"]
     assert sorted(proxy["NetworkSettings"]["Networks"]) == sorted([f"{slot}-net", net.network])
     assert [m["Destination"] for m in proxy["Mounts"]] == ["/egress"]
     assert not proxy["Mounts"][0]["RW"]

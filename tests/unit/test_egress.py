@@ -28,6 +28,7 @@ from runner.backends.types import EgressPlan, HostPort
 from runner.contract import Trust, load_contract, with_digest
 from runner.core.errors import ContractError, InfrastructureError, PolicyViolation
 from runner.egress import slots as egress
+from runner.egress.local import host_addresses
 from runner.execution import orchestrator, sweeper
 from runner.planning import plan, policy
 from runner.state.ledger import read_state
@@ -231,9 +232,9 @@ def test_a_lease_makes_a_hardened_slot_and_down_frees_it(tmp_path: Path) -> None
     assert fake.networks[eg.network].labels[egress.ROLE] == "egress-network"
     assert proxy.network == holder.network == eg.network
     assert proxy.extra_networks == ("up",) and proxy.aliases == ("egress-proxy",)
-    assert proxy.user == egress.proxy_user(eg.slot) and proxy.limits.cap_add == ()
-    uid = int(proxy.user.partition(":")[0])
-    assert egress.PROXY_UID_BASE <= uid < egress.PROXY_UID_BASE + (1 << 24)
+    assert proxy.user == egress.proxy_user(eg.pool, eg.slot) and proxy.limits.cap_add == ()
+    uid = int(proxy.user.partition(":")[0])  # its own, mapped by a user-namespaced engine
+    assert egress.PROXY_UID_BASE <= uid < 65536 and uid != 10001
     assert holder.user == "0:0" and holder.limits.cap_add == ("NET_ADMIN",)
     assert holder.dns == ("127.0.0.1",)
     for spec in (proxy, holder):
@@ -248,7 +249,7 @@ def test_a_lease_makes_a_hardened_slot_and_down_frees_it(tmp_path: Path) -> None
     subnet, gateway = holder.environment["EGRESS_SUBNET"], holder.environment["EGRESS_GATEWAY"]
     assert proxy.environment["EGRESS_CLIENTS"] == subnet and subnet.startswith("172.")
     rules = json.loads((rules_dir / "rules.json").read_text())
-    assert rules == {"lease": eg.lease, "allow": ["api.example:443"]}
+    assert rules == {"lease": eg.lease, "allow": ["api.example:443"], "refuse": [*host_addresses()]}
     assert holder.environment == {"EGRESS_SUBNET": subnet, "EGRESS_GATEWAY": gateway,
                                   "NVIDIA_VISIBLE_DEVICES": "void"}  # fmt: skip
     made = _slot_resources(fake)
@@ -299,7 +300,7 @@ def test_a_capped_log_counts_every_request_by_the_proxys_tally(
     record = egress.down(fake, eg, tmp_path / "rec", tmp_path)
     assert (record.allowed, record.refused, record.incomplete) == (7, 30, 3)
     assert len(record.connections) == 5 and record.logTruncated and record.problems == []
-    assert '"event":"tally"' in (tmp_path / "rec" / "egress.log").read_text()
+    assert (tmp_path / "rec" / "egress.log").read_text().count('"event":"tally"') == 1
 
     monkeypatch.setattr(egress, "TALLY_SECONDS", 0.3)
     again = egress.lease(fake, PLAN, "runner-j-a2", state)

@@ -16,6 +16,8 @@ from tests.unit.test_hostile_review_round12 import FINGERPRINT, _served
 from tests.unit.test_hostile_secrets import _proxy
 
 OPENED = ["10.20.0.0/16", "fd12::/16"]
+HOST = ["203.0.113.9", "2a01:4f8::1", "10.20.0.1"]
+"""This host's own addresses, as the runner names them in the rules."""
 
 
 @pytest.mark.parametrize(
@@ -44,6 +46,15 @@ OPENED = ["10.20.0.0/16", "fd12::/16"]
         ("64:ff9b::a9fe:a9fe", False),  # NAT64 carrying it
         ("64:ff9b::5db8:d822", True),  # NAT64 carrying a public one
         ("64:ff9b:1::a00:1", False),  # the local-use NAT64 prefix
+        ("::7f00:1", False),  # IPv4-compatible 127.0.0.1 (3.11.2's is_global says True)
+        ("::a9fe:a9fe", False),  # IPv4-compatible 169.254.169.254
+        ("::ffff:0:7f00:1", False),  # SIIT's IPv4-translated form
+        ("5f00::1", False),  # outside global unicast
+        ("100:0:0:1::1", False),
+        ("203.0.113.9", False),  # this host's own (public) address
+        ("2a01:4f8::1", False),  # this host's bridge gateway on a global prefix
+        ("2002:cb00:7109::1", False),  # 6to4 carrying this host's address
+        ("10.20.0.1", False),  # this host, inside a range the policy opened
     ],
 )
 def test_the_proxy_connects_an_allowed_name_only_to_a_public_or_opened_address(
@@ -51,13 +62,18 @@ def test_the_proxy_connects_an_allowed_name_only_to_a_public_or_opened_address(
 ) -> None:
     proxy = _proxy()
     networks = tuple(ipaddress.ip_network(n) for n in OPENED)
-    assert proxy.reachable(ipaddress.ip_address(address), networks) is reached
+    own = frozenset(map(ipaddress.ip_address, HOST))
+    assert proxy.reachable(ipaddress.ip_address(address), networks, own) is reached
 
 
 def test_a_name_that_resolves_nowhere_public_is_refused_naming_the_address() -> None:
     proxy = _proxy()
     with pytest.raises(proxy.Refusal, match=r"^resolves to a non-public address: 127\.0\.0\.1$"):
         proxy.resolve("127.0.0.1", 80, ())
+    own = frozenset({ipaddress.ip_address("127.0.0.1")})
+    opened = (ipaddress.ip_network("127.0.0.0/8"),)
+    with pytest.raises(proxy.Refusal, match=r"^resolves to this host: 127\.0\.0\.1$"):
+        proxy.resolve("127.0.0.1", 80, opened, own)
     assert proxy.resolve("127.0.0.1", 80, (ipaddress.ip_network("127.0.0.0/8"),)) == [
         (2, ("127.0.0.1", 80))
     ]
@@ -95,9 +111,104 @@ def test_a_request_that_is_no_clients_is_not_served_and_says_why(
     assert "not one a runner client sends" in answer["stale"], answer
 
 
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"env": {"": "x"}}, "cannot be set"),  # a parent's execve can hand one on
+        ({"env": {"A=B": "x"}}, "cannot be set"),
+        ({"env": {"A": "x\0y"}}, "cannot be set"),
+        ({"env": {"A": "\ud800"}}, "cannot be set"),  # not even surrogateescape encodes it
+        ({"cwd": "/no\0where"}, "cannot be set"),
+        ({"cwd": "/no/such/folder/at/all"}, "is gone"),
+        ({"argv": ["run", "a\0b"]}, "an argument"),
+    ],
+)
+def test_a_request_a_fork_cannot_take_on_is_not_served(
+    change: dict[str, object], why: str, tmp_path: Path
+) -> None:
+    """Before: each passed the check of its shape, then failed in the fork as it set the
+    environment or the folder ("the server failed", exit 4) where the command would have run
+    in the client's own process. Now it is not served, and the client runs it itself."""
+    answer, code = _served(json.dumps({**GOOD, **change}).encode() + b"\n", lambda a: 0, tmp_path)
+    assert code == server.STALE_EXIT and why in answer["stale"], answer
+
+
+def test_a_request_nested_past_the_parsers_depth_is_not_served(tmp_path: Path) -> None:
+    """Before: RecursionError, "the server failed" (exit 4)."""
+    for line in (b"[" * 100_000 + b"]" * 100_000, json.dumps({**GOOD, "argv": 0}).encode()
+                 .replace(b"0", b"[" * 5000 + b"]" * 5000)):  # fmt: skip
+        answer, code = _served(line + b"\n", lambda argv: 0, tmp_path)
+        assert code == server.STALE_EXIT and "not one a runner client" in answer["stale"]
+
+
+def test_a_real_clients_odd_environment_is_still_served(tmp_path: Path) -> None:
+    """Non-ASCII, the surrogates a name that is not UTF-8 decodes to, newlines: served."""
+    from runner.client import _request
+
+    env = {"A": "é\n\u2028", "B\udcff": "\udc80"}
+    line = _request(["run"], str(tmp_path), env, FINGERPRINT, 0o022)
+
+    def dispatch(argv: list[str]) -> int:
+        import os
+
+        return 3 if os.environ.get("B\udcff") == "\udc80" and os.getcwd() == str(tmp_path) else 5
+
+    answer, code = _served(line, dispatch, tmp_path)
+    assert (answer, code) == ({"exit": 3}, 3)
+
+
 def test_the_clients_own_request_is_still_served(tmp_path: Path) -> None:
     def dispatch(argv: list[str]) -> int:  # run in the fork: its exit code says it ran
         return 3 if argv == ["run"] else 5
 
     answer, code = _served(json.dumps(GOOD).encode() + b"\n", dispatch, tmp_path)
     assert (answer, code) == ({"exit": 3}, 3)
+
+
+def test_the_rules_name_this_hosts_own_addresses() -> None:
+    """Before: a name's DNS could lead the proxy to this host's public address, or to the
+    upstream network's gateway (this host) once its range was opened, and so to every
+    service this host runs on all its addresses. The rules now name this host's addresses,
+    which the proxy refuses first: every IPv4 address of its interfaces, the bridges'
+    gateways among them."""
+    from runner.egress.local import host_addresses
+
+    found = host_addresses()
+    fib = Path("/proc/net/fib_trie").read_text()
+    assert found and all(address in fib or ":" in address for address in found)
+    assert "127.0.0.1" not in found  # loopback is refused whole
+    assert all(not ipaddress.ip_address(a).is_link_local for a in found)
+
+
+def test_a_flood_of_short_requests_does_not_push_the_cap_out_of_the_kept_log(
+    tmp_path: Path,
+) -> None:
+    """The runner kept 16 MiB of the lease's lines as the engine gives them, its timestamps
+    counted: a flood of short requests (about a fifth of each line is the timestamp) filled
+    that before the proxy's 15 MiB cap, so its log-capped line and tally never made it in,
+    the record said nothing was truncated, and the requests after the flood went uncounted.
+    Now only the proxy's own bytes count."""
+    from runner.egress import slots as egress
+    from tests.unit.test_egress import PLAN, _fake, _serve
+
+    def flood(lease: str) -> bytes:
+        def line(i: int) -> str:
+            fields = {"id": i, "lease": lease, "event": "refused", "detail": "bad request"}
+            return f"2026-12-01T00:00:00.123456789Z {json.dumps(fields, separators=(',', ':'))}\n"
+
+        count = (15 << 20) // (len(line(100_000)) - 31)
+        lines = "".join(line(i) for i in range(count))
+        end = [{"event": "log-capped", "lease": lease},
+               {"event": "tally", "lease": lease, "requests": count + 3, "refused": count,
+                "connected": 3, "unreachable": 0}]  # fmt: skip
+        tail = "".join(f"2026-12-01T00:00:01Z {json.dumps(x, separators=(',', ':'))}\n"
+                       for x in end)  # fmt: skip
+        return (lines + tail).encode()
+
+    fake, state = _fake(), tmp_path / "state"
+    eg = egress.lease(fake, PLAN, "runner-j-a1", state)
+    _serve(fake, flood)
+    record = egress.down(fake, eg, tmp_path / "rec", tmp_path)
+    assert record.logTruncated and record.problems == []
+    assert record.allowed == 3 and record.refused > 100_000
+    assert (tmp_path / "rec" / "egress.log").read_text().count('"event":"tally"') == 1
