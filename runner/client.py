@@ -100,10 +100,15 @@ def try_client(path: str, argv: list[str]) -> int | None:
     _signal.signal(_signal.SIGTERM, _signal.SIG_DFL)
     exit_code, stale = _answer(reply)
     if stale is not None:
+        upgraded = (
+            " (after an upgrade, restart `runner serve`; one that RUNNER_AUTOSERVE started "
+            "stops by itself once its code changed or it is idle)"
+            if "other code" in stale
+            else ""
+        )
         print(
             f"runner: the runner server at {path} does not run this command: {stale}; "
-            "running it in this process (after an upgrade, restart `runner serve`; one that "
-            "RUNNER_AUTOSERVE started stops by itself once its code changed or it is idle)",
+            f"running it in this process{upgraded}",
             file=sys.stderr,
         )
         return None

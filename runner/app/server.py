@@ -74,6 +74,11 @@ def _handle(
         line, _, rest = data.partition(b"\n")  # rest: a cancel sent at once after it
         request = _parsed(line)
         why = request if isinstance(request, str) else _not_served(conn, request, fds, fingerprint)
+        if why is None and not isinstance(request, str):
+            try:  # now, not after the descriptors are taken: one it cannot enter is not served
+                os.chdir(request["cwd"])
+            except OSError as exc:
+                why = f"its working directory cannot be entered: {exc.strerror or exc}"
         if why is not None or isinstance(request, str):
             conn.sendall(json.dumps({"stale": why}).encode() + b"\n")
             os._exit(STALE_EXIT)
@@ -82,7 +87,6 @@ def _handle(
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
-        os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
         os.umask(umask)  # the client's: the job's folders and files as an in-process run's
@@ -167,8 +171,6 @@ def _parsed(line: bytes) -> dict[str, Any] | str:
         # What a process of its own may hold and a fork cannot set: a variable named "" or
         # "A=B" (a parent's execve can hand one on), a NUL, a lone surrogate.
         return "its environment or working directory cannot be set in a fork of the server"
-    if not os.path.isdir(request["cwd"]):
-        return f"its working directory {request['cwd']!r} is gone"
     if not all(_path(a) for a in request["argv"]):
         return "an argument cannot be passed on (a NUL, or a lone surrogate)"
 

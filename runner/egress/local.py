@@ -3,53 +3,106 @@
 The proxy's upstream network is a bridge whose gateway is this host, and a host's public
 address is a public address: either would let whoever runs an allowed name's DNS reach every
 service this host runs on all its addresses. So each lease's rules name them, and the proxy
-refuses them before anything else (``images/proxy/egress-proxy``). Read from ``/proc`` of the
-runner's network namespace, which is the engine's on a host it runs on: ``net/fib_trie``'s
-local routes (every IPv4 address of every interface) and ``net/if_inet6``. Link-local and
-loopback addresses are left out (the proxy refuses those ranges whole).
+refuses them before anything else (``images/proxy/egress-proxy``). They are this host's local
+routes, read from ``/proc`` of the runner's network namespace (the engine's, on a host it
+runs on): every ``LOCAL`` entry of ``net/fib_trie`` at any prefix (an address is a ``/32``; a
+range routed to this host, AnyIP, is wider) and every ``RTF_LOCAL`` route of
+``net/ipv6_route``. Only those the proxy could otherwise connect to are named: a range that is
+public in part, or that overlaps one the policy opened (``privateNetworks``); the rest the
+proxy refuses whole already. Read in full, each time a lease is taken (a host's addresses
+change); unreadable, or more than :data:`MAX_RANGES` after merging, no lease is given.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
+from collections.abc import Iterable, Iterator
 
-__all__ = ["MAX_ADDRESSES", "host_addresses"]
+from runner.core.errors import InfrastructureError
 
-MAX_ADDRESSES = 4096
-"""At most this many are named (a host with more is one the proxy must not serve anyway)."""
-_READ_MAX = 8 << 20
+__all__ = ["MAX_RANGES", "host_addresses", "ipv4_local", "ipv6_local"]
 
+MAX_RANGES = 16384
+"""The most ranges a lease's rules name (after merging adjacent ones)."""
 
-def host_addresses() -> tuple[str, ...]:
-    """This host's addresses (IPv4 and IPv6), sorted; those that cannot be read are left out."""
-    found: set[ipaddress.IPv4Address | ipaddress.IPv6Address] = set()
-    last = ""
-    for line in _read("/proc/net/fib_trie").splitlines():
-        text = line.strip()
-        if text.startswith("|-- "):
-            last = text[4:]
-        elif text == "/32 host LOCAL" and last:
-            _add(found, last)
-    for line in _read("/proc/net/if_inet6").splitlines():
-        digits = line.split(" ", 1)[0]
-        if len(digits) == 32:
-            _add(found, ":".join(digits[i : i + 4] for i in range(0, 32, 4)))
-    kept = sorted(found, key=lambda a: (a.version, int(a)))[:MAX_ADDRESSES]
-    return tuple(str(a) for a in kept)
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_LOCAL_V4 = re.compile(r"/(\d{1,2}) \w+ LOCAL")
+_RTF_LOCAL = 0x80000000
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
 
 
-def _add(found: set[ipaddress.IPv4Address | ipaddress.IPv6Address], text: str) -> None:
+def host_addresses(opened: Iterable[str] = ()) -> tuple[str, ...]:
+    """This host's local addresses and ranges (CIDR) the proxy must refuse, given the ranges
+    the policy ``opened``; InfrastructureError when they cannot all be read."""
+    wide = [ipaddress.ip_network(x) for x in opened]
+    found: list[Network] = []
     try:
-        address = ipaddress.ip_address(text)
-    except ValueError:
-        return
-    if not (address.is_loopback or address.is_link_local or address.is_unspecified):
-        found.add(address)
+        v6 = list(_lines("/proc/net/ipv6_route"))
+    except InfrastructureError:
+        v6 = []  # no IPv6 in this kernel: the proxy reaches no IPv6 address either
+    for net in [*ipv4_local(_lines("/proc/net/fib_trie")), *ipv6_local(v6)]:
+        if any(net.overlaps(o) for o in wide if o.version == net.version) or _may_be_public(net):
+            found.append(net)
+    merged = [
+        *ipaddress.collapse_addresses(n for n in found if isinstance(n, ipaddress.IPv4Network)),
+        *ipaddress.collapse_addresses(n for n in found if isinstance(n, ipaddress.IPv6Network)),
+    ]
+    if len(merged) > MAX_RANGES:
+        raise InfrastructureError(
+            f"this host has {len(merged)} public local address ranges, more than the egress "
+            f"proxy is told of ({MAX_RANGES}): a job could reach this host through one left out",
+            hint="run jobs with egress on a host with fewer local addresses",
+        )
+    return tuple(str(n) for n in merged)
 
 
-def _read(path: str) -> str:
+def _may_be_public(net: Network) -> bool:
+    """Whether some address of ``net`` is one the proxy would connect to unopened."""
+    if isinstance(net, ipaddress.IPv6Network):
+        return net.overlaps(_GLOBAL_UNICAST)
+    return not (net.is_private or net.is_loopback or net.is_link_local or net.is_multicast)
+
+
+def _lines(path: str) -> Iterator[str]:
     try:
         with open(path, encoding="ascii", errors="replace") as f:
-            return f.read(_READ_MAX)
-    except OSError:
-        return ""
+            yield from f
+    except OSError as exc:
+        raise InfrastructureError(
+            f"this host's addresses could not be read from {path}: {exc.strerror or exc}",
+            hint="the egress proxy must be told them (so that no allowed name leads to this "
+            "host); run the runner where /proc/net is readable",
+        ) from exc
+
+
+def ipv4_local(lines: Iterable[str]) -> Iterator[Network]:
+    """The local routes in ``/proc/net/fib_trie``'s ``lines``: each ``LOCAL`` entry, at its
+    prefix, under the leaf (``|-- address``) it follows."""
+    last = ""
+    for line in lines:
+        text = line.strip()
+        if text.startswith("|-- "):  # a leaf: its routes follow ("+-- " is an inner node)
+            last = text[4:].split(" ", 1)[0]
+        elif (m := _LOCAL_V4.fullmatch(text)) and last:
+            try:
+                yield ipaddress.ip_network(f"{last}/{m.group(1)}", strict=False)
+            except ValueError:
+                continue
+
+
+def ipv6_local(lines: Iterable[str]) -> Iterator[Network]:
+    """The local routes (``RTF_LOCAL``) in ``/proc/net/ipv6_route``'s ``lines``."""
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 9 or len(fields[0]) != 32:
+            continue
+        try:
+            if not int(fields[8], 16) & _RTF_LOCAL:
+                continue
+            digits = fields[0]
+            address = ":".join(digits[i : i + 4] for i in range(0, 32, 4))
+            yield ipaddress.ip_network(f"{address}/{int(fields[1], 16)}", strict=False)
+        except ValueError:
+            continue

@@ -58,6 +58,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import threading
 import time
@@ -80,6 +81,7 @@ __all__ = [
     "LOCK",
     "POOL",
     "PROXY_UID_BASE",
+    "PROXY_UID_GROUPS",
     "ROLE",
     "SLOT",
     "STATE",
@@ -128,15 +130,20 @@ TALLY_SECONDS = 3.0
 """How long :func:`down` waits for a capped lease's tally: the proxy writes it when its
 watcher (every half second) sees the lease end."""
 
-PROXY_UID_BASE = 10240
-"""A slot's proxy runs as a uid of its own (:func:`proxy_user`): PROXY_UID_BASE, plus 256
-for each of 192 pool groups (by the pool's id), plus the slot's number less one; at most
-59,391, inside the 65,536 ids an engine that runs containers in a user namespace maps
-(``userns-remap``, rootless), and never a job's (10001). The kernel counts the pages of a
+PROXY_UID_BASE = 0x70000000
+"""A slot's proxy runs as a uid of its own (:func:`proxy_user`): PROXY_UID_BASE
+(1,879,048,192), plus 256 for each of :data:`PROXY_UID_GROUPS` pool groups (by the pool's
+id), plus the slot's number less one. That is the range systemd leaves unused (its
+UIDS-GIDS.md: above the container ranges of systemd-nspawn, below its foreign range and the
+ids some tools read as negative): no host account, no job (a job runs as its caller's uid or
+10001) and no other container of this host shares it. The kernel counts the pages of a
 user's pipes against one budget per uid (``pipe-user-pages-soft``, 64 MiB), and each relay
 direction makes a 1 MiB pipe: under one shared uid, a job holding idle tunnels cut another
 slot's downloads to a quarter once new pipes fell back to 8 KiB. Slots of one pool never
-share a uid; two pools share their slots' uids one time in 192."""
+share a uid; two pools share theirs one time in about a million. An engine that maps uids
+into a user namespace (``userns-remap``, rootless Docker) does not map these: the runner's
+egress needs a rootful Docker."""
+PROXY_UID_GROUPS = (0x7FFE0000 - PROXY_UID_BASE) // 256
 _BOX: dict[str, Any] = {"gpus": "none", "network": "none", "timeout_seconds": 1.0}
 PROXY_LIMITS = Limits(
     cpus=2.0, memory_bytes=256 * MIB, memory_swap_bytes=256 * MIB, shm_bytes=MIB, pids=256,
@@ -237,7 +244,7 @@ def proxy_rules(
     """The proxy's rules for ``allow`` (JSON): the pairs it lets through, compared whole on
     what the job asked for; everything else is refused. ``networks``: the non-public ranges
     an allowed name may resolve to (any other non-public address is refused); ``refuse``:
-    addresses it may never lead to, ``networks`` or not (this host's own:
+    ranges it may never lead to, ``networks`` or not (this host's own:
     :func:`runner.egress.local.host_addresses`). With an attempt's secrets, the salted
     digests the proxy blanks its log lines with (:meth:`Redactor.proxy_rules`)."""
     rules: dict[str, Any] = {"lease": lease, "allow": [str(x) for x in allow]}
@@ -265,10 +272,11 @@ addresses an allowed name resolves to."""
 def proxy_user(pool: str, slot: str) -> str:
     """``uid:gid`` the proxy of ``slot`` (of ``pool``) runs as: its own (see
     :data:`PROXY_UID_BASE`)."""
-    number = int(slot.rsplit("-", 1)[1])
+    found = _SLOT_NAME.fullmatch(slot)
+    number = int(found.group(2)) if found else 0
     if not 1 <= number <= MAX_SLOTS:
         raise ValueError(f"{slot!r} is no slot of a pool (its number is 1 to {MAX_SLOTS})")
-    uid = PROXY_UID_BASE + (int(pool, 16) % 192) * 256 + number - 1
+    uid = PROXY_UID_BASE + (int(pool, 16) % PROXY_UID_GROUPS) * 256 + number - 1
     return f"{uid}:{uid}"
 
 
@@ -328,7 +336,8 @@ def lease(
             )
             if not _healthy(backend, eg, slots.get(slot, [])):
                 _make(backend, eg, folder, labels or {}, ready_seconds)
-            rules = proxy_rules(eg.allow, eg.lease, redactor, eg.private_networks, host_addresses())
+            own = host_addresses(eg.private_networks)  # read now: a host's addresses change
+            rules = proxy_rules(eg.allow, eg.lease, redactor, eg.private_networks, own)
             _write_rules(Path(eg.rules), rules)
         except BaseException:
             locks.release(handle)
@@ -342,11 +351,16 @@ def lease(
     )
 
 
+_SLOT_NAME = re.compile(r"runner-egress-([0-9a-f]{12})-([0-9]{3})", re.ASCII)
+
+
 def _slots(found: list[ContainerSummary]) -> dict[str, list[ContainerSummary]]:
-    """The pool's slots as the engine lists them: slot name -> its proxy and holder."""
+    """The pool's slots as the engine lists them: slot name -> its proxy and holder (a
+    label that is no slot's name, as :func:`lease` makes them, is no slot)."""
     slots: dict[str, list[ContainerSummary]] = {}
     for c in found:
-        if c.labels.get(ROLE) in ("egress-proxy", "egress-netns") and SLOT in c.labels:
+        role, slot = c.labels.get(ROLE), c.labels.get(SLOT, "")
+        if role in ("egress-proxy", "egress-netns") and _SLOT_NAME.fullmatch(slot):
             slots.setdefault(c.labels[SLOT], []).append(c)
     return slots
 

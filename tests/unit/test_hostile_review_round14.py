@@ -16,8 +16,8 @@ from tests.unit.test_hostile_review_round12 import FINGERPRINT, _served
 from tests.unit.test_hostile_secrets import _proxy
 
 OPENED = ["10.20.0.0/16", "fd12::/16"]
-HOST = ["203.0.113.9", "2a01:4f8::1", "10.20.0.1"]
-"""This host's own addresses, as the runner names them in the rules."""
+HOST = ["203.0.113.9/32", "2a01:4f8::1/128", "10.20.0.1/32", "9.9.9.0/28"]
+"""This host's own addresses and ranges, as the runner names them in the rules."""
 
 
 @pytest.mark.parametrize(
@@ -55,6 +55,11 @@ HOST = ["203.0.113.9", "2a01:4f8::1", "10.20.0.1"]
         ("2a01:4f8::1", False),  # this host's bridge gateway on a global prefix
         ("2002:cb00:7109::1", False),  # 6to4 carrying this host's address
         ("10.20.0.1", False),  # this host, inside a range the policy opened
+        ("9.9.9.5", False),  # in a range routed to this host (AnyIP)
+        ("9.9.9.17", True),
+        ("168.63.129.16", False),  # Azure's WireServer, public in form only
+        ("2001:1::1", False),  # an IETF anycast (port control) the image's Python calls global
+        ("3fff::1", False),  # documentation
     ],
 )
 def test_the_proxy_connects_an_allowed_name_only_to_a_public_or_opened_address(
@@ -62,7 +67,7 @@ def test_the_proxy_connects_an_allowed_name_only_to_a_public_or_opened_address(
 ) -> None:
     proxy = _proxy()
     networks = tuple(ipaddress.ip_network(n) for n in OPENED)
-    own = frozenset(map(ipaddress.ip_address, HOST))
+    own = tuple(map(ipaddress.ip_network, HOST))
     assert proxy.reachable(ipaddress.ip_address(address), networks, own) is reached
 
 
@@ -70,7 +75,7 @@ def test_a_name_that_resolves_nowhere_public_is_refused_naming_the_address() -> 
     proxy = _proxy()
     with pytest.raises(proxy.Refusal, match=r"^resolves to a non-public address: 127\.0\.0\.1$"):
         proxy.resolve("127.0.0.1", 80, ())
-    own = frozenset({ipaddress.ip_address("127.0.0.1")})
+    own = (ipaddress.ip_network("127.0.0.0/8"),)
     opened = (ipaddress.ip_network("127.0.0.0/8"),)
     with pytest.raises(proxy.Refusal, match=r"^resolves to this host: 127\.0\.0\.1$"):
         proxy.resolve("127.0.0.1", 80, opened, own)
@@ -119,7 +124,8 @@ def test_a_request_that_is_no_clients_is_not_served_and_says_why(
         ({"env": {"A": "x\0y"}}, "cannot be set"),
         ({"env": {"A": "\ud800"}}, "cannot be set"),  # not even surrogateescape encodes it
         ({"cwd": "/no\0where"}, "cannot be set"),
-        ({"cwd": "/no/such/folder/at/all"}, "is gone"),
+        ({"cwd": "/no/such/folder/at/all"}, "cannot be entered"),
+        ({"cwd": "/etc/hostname"}, "cannot be entered"),  # as one whose mode forbids it
         ({"argv": ["run", "a\0b"]}, "an argument"),
     ],
 )
@@ -165,19 +171,49 @@ def test_the_clients_own_request_is_still_served(tmp_path: Path) -> None:
     assert (answer, code) == ({"exit": 3}, 3)
 
 
-def test_the_rules_name_this_hosts_own_addresses() -> None:
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 9.9.9.0/28 2 0 2
+        |-- 9.9.9.0
+           /28 host LOCAL
+     |-- 127.0.0.1
+        /32 host LOCAL
+     |-- 172.17.0.1
+        /32 host LOCAL
+     |-- 172.17.255.255
+        /32 link BROADCAST
+     |-- 203.0.113.9
+        /32 host LOCAL
+"""
+IPV6_ROUTE = (
+    "2a0104f8000000000000000000000001 80 00000000000000000000000000000000 00 "
+    "00000000000000000000000000000000 00000000 00000002 00000000 80200001       lo\n"
+    "2a0104f8000000000000000000000000 40 00000000000000000000000000000000 00 "
+    "00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n"
+    "20010db8aaaa00000000000000000000 40 00000000000000000000000000000000 00 "
+    "00000000000000000000000000000000 00000000 00000001 00000000 80200001       lo\n"
+)
+
+
+def test_the_rules_name_this_hosts_own_addresses_and_ranges() -> None:
     """Before: a name's DNS could lead the proxy to this host's public address, or to the
     upstream network's gateway (this host) once its range was opened, and so to every
-    service this host runs on all its addresses. The rules now name this host's addresses,
-    which the proxy refuses first: every IPv4 address of its interfaces, the bridges'
-    gateways among them."""
-    from runner.egress.local import host_addresses
+    service this host runs on all its addresses. The rules now name this host's local
+    routes, which the proxy refuses first: every LOCAL entry at its own prefix (a range
+    routed to this host, AnyIP, too, where only /32 was read) and IPv6's RTF_LOCAL routes
+    (where only interface addresses were)."""
+    from runner.egress.local import host_addresses, ipv4_local, ipv6_local
 
-    found = host_addresses()
-    fib = Path("/proc/net/fib_trie").read_text()
-    assert found and all(address in fib or ":" in address for address in found)
-    assert "127.0.0.1" not in found  # loopback is refused whole
-    assert all(not ipaddress.ip_address(a).is_link_local for a in found)
+    v4 = [str(n) for n in ipv4_local(FIB_TRIE.splitlines())]
+    assert v4 == ["9.9.9.0/28", "127.0.0.1/32", "172.17.0.1/32", "203.0.113.9/32"]
+    v6 = [str(n) for n in ipv6_local(IPV6_ROUTE.splitlines())]
+    assert v6 == ["2a01:4f8::1/128", "2001:db8:aaaa::/64"]  # local routes only
+    found = host_addresses()  # this host's: only what the proxy could otherwise reach
+    assert all(not ipaddress.ip_network(n).is_private for n in found)
+    opened = host_addresses(["127.0.0.0/8", "172.16.0.0/12"])
+    assert "127.0.0.0/8" in opened  # opened by the policy: named, and so refused still
 
 
 def test_a_flood_of_short_requests_does_not_push_the_cap_out_of_the_kept_log(
