@@ -103,7 +103,7 @@ def try_client(path: str, argv: list[str]) -> int | None:
         upgraded = (
             " (after an upgrade, restart `runner serve`; one that RUNNER_AUTOSERVE started "
             "stops by itself once its code changed or it is idle)"
-            if "other code" in stale
+            if "other code" in stale or "different checkout" in stale  # older servers' words
             else ""
         )
         print(

@@ -28,9 +28,11 @@ MAX_RANGES = 16384
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-_LOCAL_V4 = re.compile(r"/(\d{1,2}) \w+ LOCAL")
+_LOCAL_V4 = re.compile(r"/(\d{1,2}) \w+ LOCAL( tos=\d+)?")
 _RTF_LOCAL = 0x80000000
-_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+_NEVER_V6 = tuple(map(ipaddress.IPv6Network, ("::1/128", "fe80::/10", "ff00::/8")))
+"""IPv6 ranges the proxy refuses whole (a local one in a range the policy opened is named all
+the same: the overlap check comes first)."""
 
 
 def host_addresses(opened: Iterable[str] = ()) -> tuple[str, ...]:
@@ -38,10 +40,8 @@ def host_addresses(opened: Iterable[str] = ()) -> tuple[str, ...]:
     the policy ``opened``; InfrastructureError when they cannot all be read."""
     wide = [ipaddress.ip_network(x) for x in opened]
     found: list[Network] = []
-    try:
-        v6 = list(_lines("/proc/net/ipv6_route"))
-    except InfrastructureError:
-        v6 = []  # no IPv6 in this kernel: the proxy reaches no IPv6 address either
+    v6 = list(_lines("/proc/net/ipv6_route", missing_ok=True))  # missing: a kernel without
+    # IPv6 (ipv6.disable=1), where the proxy reaches no IPv6 address either
     for net in [*ipv4_local(_lines("/proc/net/fib_trie")), *ipv6_local(v6)]:
         if any(net.overlaps(o) for o in wide if o.version == net.version) or _may_be_public(net):
             found.append(net)
@@ -59,16 +59,24 @@ def host_addresses(opened: Iterable[str] = ()) -> tuple[str, ...]:
 
 
 def _may_be_public(net: Network) -> bool:
-    """Whether some address of ``net`` is one the proxy would connect to unopened."""
+    """Whether some address of ``net`` may be one the proxy would connect to unopened: IPv6,
+    all but loopback, link-local and multicast (the proxy judges a NAT64 or 6to4 address by
+    the IPv4 it carries, so such a local range is this host's whatever its prefix)."""
     if isinstance(net, ipaddress.IPv6Network):
-        return net.overlaps(_GLOBAL_UNICAST)
+        return not any(net.subnet_of(n) for n in _NEVER_V6)
     return not (net.is_private or net.is_loopback or net.is_link_local or net.is_multicast)
 
 
-def _lines(path: str) -> Iterator[str]:
+def _lines(path: str, *, missing_ok: bool = False) -> Iterator[str]:
     try:
         with open(path, encoding="ascii", errors="replace") as f:
             yield from f
+    except FileNotFoundError:
+        if not missing_ok:
+            raise InfrastructureError(
+                f"this host's addresses could not be read: {path} does not exist",
+                hint="run the runner where /proc/net is mounted",
+            ) from None
     except OSError as exc:
         raise InfrastructureError(
             f"this host's addresses could not be read from {path}: {exc.strerror or exc}",
@@ -79,9 +87,16 @@ def _lines(path: str) -> Iterator[str]:
 
 def ipv4_local(lines: Iterable[str]) -> Iterator[Network]:
     """The local routes in ``/proc/net/fib_trie``'s ``lines``: each ``LOCAL`` entry, at its
-    prefix, under the leaf (``|-- address``) it follows."""
-    last = ""
+    prefix, under the leaf (``|-- address``) it follows, of the main and local tables only (a
+    policy-routing table's ``local 0.0.0.0/0``, as transparent proxies set for marked
+    packets, is no address of this host's for the proxy's own packets)."""
+    last, table = "", ""
     for line in lines:
+        if line[:1] not in (" ", ""):  # a table's header at the line's start: "Main:", "Id 9:"
+            table, last = line.strip(), ""
+            continue
+        if table not in ("Main:", "Local:"):
+            continue
         text = line.strip()
         if text.startswith("|-- "):  # a leaf: its routes follow ("+-- " is an inner node)
             last = text[4:].split(" ", 1)[0]

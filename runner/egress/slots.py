@@ -135,8 +135,10 @@ PROXY_UID_BASE = 0x70000000
 (1,879,048,192), plus 256 for each of :data:`PROXY_UID_GROUPS` pool groups (by the pool's
 id), plus the slot's number less one. That is the range systemd leaves unused (its
 UIDS-GIDS.md: above the container ranges of systemd-nspawn, below its foreign range and the
-ids some tools read as negative): no host account, no job (a job runs as its caller's uid or
-10001) and no other container of this host shares it. The kernel counts the pages of a
+ids some tools read as negative): no job (a job runs as its caller's uid or 10001) and no
+account a host makes itself has it (a directory's id mapping, as SSSD's for Active Directory,
+may place accounts anywhere up to 2,000,200,000: one of a pool's 256 is unlikely, not
+impossible). The kernel counts the pages of a
 user's pipes against one budget per uid (``pipe-user-pages-soft``, 64 MiB), and each relay
 direction makes a 1 MiB pipe: under one shared uid, a job holding idle tunnels cut another
 slot's downloads to a quarter once new pipes fell back to 8 KiB. Slots of one pool never
@@ -354,13 +356,18 @@ def lease(
 _SLOT_NAME = re.compile(r"runner-egress-([0-9a-f]{12})-([0-9]{3})", re.ASCII)
 
 
+def _numbered(named: re.Match[str]) -> bool:
+    return 1 <= int(named.group(2)) <= MAX_SLOTS
+
+
 def _slots(found: list[ContainerSummary]) -> dict[str, list[ContainerSummary]]:
     """The pool's slots as the engine lists them: slot name -> its proxy and holder (a
     label that is no slot's name, as :func:`lease` makes them, is no slot)."""
     slots: dict[str, list[ContainerSummary]] = {}
     for c in found:
         role, slot = c.labels.get(ROLE), c.labels.get(SLOT, "")
-        if role in ("egress-proxy", "egress-netns") and _SLOT_NAME.fullmatch(slot):
+        named = _SLOT_NAME.fullmatch(slot)
+        if role in ("egress-proxy", "egress-netns") and named and _numbered(named):
             slots.setdefault(c.labels[SLOT], []).append(c)
     return slots
 

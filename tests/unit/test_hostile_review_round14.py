@@ -186,6 +186,13 @@ FIB_TRIE = """Main:
         /32 link BROADCAST
      |-- 203.0.113.9
         /32 host LOCAL
+     +-- 8.8.4.0/28 2 0 2
+        |-- 8.8.4.0
+           /28 host LOCAL tos=16
+Id 2004:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 host LOCAL
 """
 IPV6_ROUTE = (
     "2a0104f8000000000000000000000001 80 00000000000000000000000000000000 00 "
@@ -193,6 +200,8 @@ IPV6_ROUTE = (
     "2a0104f8000000000000000000000000 40 00000000000000000000000000000000 00 "
     "00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n"
     "20010db8aaaa00000000000000000000 40 00000000000000000000000000000000 00 "
+    "00000000000000000000000000000000 00000000 00000001 00000000 80200001       lo\n"
+    "0064ff9b000000000000000000000000 60 00000000000000000000000000000000 00 "
     "00000000000000000000000000000000 00000000 00000001 00000000 80200001       lo\n"
 )
 
@@ -207,11 +216,13 @@ def test_the_rules_name_this_hosts_own_addresses_and_ranges() -> None:
     from runner.egress.local import host_addresses, ipv4_local, ipv6_local
 
     v4 = [str(n) for n in ipv4_local(FIB_TRIE.splitlines())]
-    assert v4 == ["9.9.9.0/28", "127.0.0.1/32", "172.17.0.1/32", "203.0.113.9/32"]
+    assert v4 == ["9.9.9.0/28", "127.0.0.1/32", "172.17.0.1/32", "203.0.113.9/32", "8.8.4.0/28"]
+    # (a transparent proxy's "local 0.0.0.0/0 table 2004" is for marked packets: not ours)
     v6 = [str(n) for n in ipv6_local(IPV6_ROUTE.splitlines())]
-    assert v6 == ["2a01:4f8::1/128", "2001:db8:aaaa::/64"]  # local routes only
+    assert v6 == ["2a01:4f8::1/128", "2001:db8:aaaa::/64", "64:ff9b::/96"]  # local routes only
     found = host_addresses()  # this host's: only what the proxy could otherwise reach
-    assert all(not ipaddress.ip_network(n).is_private for n in found)
+    assert all(not ipaddress.ip_network(n).is_private for n in found if ":" not in n)
+    assert all(not ipaddress.ip_network(n).is_loopback for n in found)
     opened = host_addresses(["127.0.0.0/8", "172.16.0.0/12"])
     assert "127.0.0.0/8" in opened  # opened by the policy: named, and so refused still
 
@@ -248,3 +259,30 @@ def test_a_flood_of_short_requests_does_not_push_the_cap_out_of_the_kept_log(
     assert record.logTruncated and record.problems == []
     assert record.allowed == 3 and record.refused > 100_000
     assert (tmp_path / "rec" / "egress.log").read_text().count('"event":"tally"') == 1
+
+
+def test_a_local_nat64_range_is_named_and_a_failed_read_refuses_the_lease(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A local route in 64:ff9b::/96 was left out (not in 2000::/3), though the proxy
+    connects to such an address when the IPv4 it carries is public; and an ipv6_route the
+    runner may not read (AppArmor, SELinux) counted as no IPv6 at all. Now every IPv6 local
+    range but loopback, link-local and multicast is named, and only a missing file (a kernel
+    without IPv6) counts as none."""
+    import builtins
+
+    from runner.core.errors import InfrastructureError
+    from runner.egress import local
+
+    real = builtins.open
+
+    def fake(path: object, *args: object, **kwargs: object) -> object:
+        if path == "/proc/net/ipv6_route":
+            raise PermissionError(13, "Permission denied")
+        return real(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    nat64 = ipaddress.ip_network("64:ff9b::/96")
+    assert local._may_be_public(nat64) and not local._may_be_public(ipaddress.ip_network("::1"))
+    monkeypatch.setattr(builtins, "open", fake)
+    with pytest.raises(InfrastructureError, match="ipv6_route"):
+        local.host_addresses()
