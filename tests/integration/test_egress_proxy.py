@@ -77,6 +77,13 @@ class Proxy:
         return out.decode()
 
 
+def _lease(rules: Path, name: str, allow: list[str]) -> None:
+    """Replace the proxy's rules file at once with lease ``name`` allowing ``allow``."""
+    tmp = rules.with_name("rules.tmp")
+    tmp.write_text(json.dumps({"lease": name, "allow": allow, "networks": LOOPBACK}))
+    os.replace(tmp, rules)
+
+
 def _start(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
     process = subprocess.Popen([sys.executable, "-I", str(PROXY)], env=env, stdout=subprocess.PIPE)
     assert process.stdout is not None
@@ -215,9 +222,7 @@ def test_a_new_lease_cuts_the_connections_of_the_last(tmp_path: Path) -> None:
     rules = tmp_path / "rules.json"
 
     def lease(name: str, allow: list[str]) -> None:
-        tmp = tmp_path / "rules.tmp"
-        tmp.write_text(json.dumps({"lease": name, "allow": allow, "networks": LOOPBACK}))
-        os.replace(tmp, rules)
+        _lease(rules, name, allow)
 
     lease("A1", [f"localhost:{port}"])
     process, listening = _start(_env(EGRESS_RULES_FILE=str(rules)))
@@ -378,10 +383,7 @@ def test_a_capped_lease_is_tallied_whole_when_it_ends(tmp_path: Path) -> None:
     rules = tmp_path / "rules.json"
 
     def lease(name: str) -> None:
-        tmp = tmp_path / "rules.tmp"
-        tmp.write_text(json.dumps({"lease": name, "allow": [f"localhost:{port}"],
-                                   "networks": LOOPBACK}))  # fmt: skip
-        os.replace(tmp, rules)
+        _lease(rules, name, [f"localhost:{port}"])
 
     lease("A")
     env = _env(EGRESS_RULES_FILE=str(rules), EGRESS_LEASE_LOG_BYTES="2000")
@@ -414,10 +416,7 @@ def test_a_request_is_served_under_the_lease_its_connection_came_in(tmp_path: Pa
     rules = tmp_path / "rules.json"
 
     def lease(name: str) -> None:
-        tmp = tmp_path / "rules.tmp"
-        tmp.write_text(json.dumps({"lease": name, "allow": [f"localhost:{port}"],
-                                   "networks": LOOPBACK}))  # fmt: skip
-        os.replace(tmp, rules)
+        _lease(rules, name, [f"localhost:{port}"])
 
     lease("A")
     process, listening = _start(_env(EGRESS_RULES_FILE=str(rules)))

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_hostile_review_round3 import _small_log_proxy_image
-from tests.support import SESSION_ID, SESSION_LABEL, json_measurement, run_cli, write_contract
+from tests.support import SESSION_ID, SESSION_LABEL, json_measurement, run_job, write_contract
 from tests.support.egress import Outside, left_behind, outside
 
 pytestmark = [pytest.mark.hostile, pytest.mark.docker]
@@ -62,13 +62,10 @@ def _run(tmp_path: Path, image_id: str, net: Outside, grant: dict[str, Any], ref
         environment={"egress": [net.pair(ALLOWED)]},
         measurements=[json_measurement("asked.json", "/codes/0")],
     )  # fmt: skip
-    proc = run_cli(
-        "run", str(contract), "--state-dir", str(tmp_path / "state"), "--json",
-        "--policy", str(policy), "--label", f"{SESSION_LABEL}={SESSION_ID}",
-        "--label", "egress-test=round14",
-    )  # fmt: skip
-    envelope = json.loads(proc.stdout)
-    assert proc.returncode == 0, (envelope.get("failure"), proc.stderr[-3000:])
+    code, envelope, err = run_job(
+        contract, tmp_path / "state", "--policy", str(policy), "--label", "egress-test=round14"
+    )
+    assert code == 0, (envelope.get("failure"), err[-3000:])
     asked = json.loads((Path(envelope["jobDir"]) / "output" / "asked.json").read_text())
     return envelope, asked["codes"]
 
