@@ -73,12 +73,10 @@ def _handle(
         data, fds = _read_request(conn)
         line, _, rest = data.partition(b"\n")  # rest: a cancel sent at once after it
         request = _parsed(line)
-        why = request if isinstance(request, str) else _not_served(conn, request, fds, fingerprint)
-        if why is None and not isinstance(request, str):
-            try:  # now, not after the descriptors are taken: one it cannot enter is not served
-                os.chdir(request["cwd"])
-            except OSError as exc:
-                why = f"its working directory cannot be entered: {exc.strerror or exc}"
+        if isinstance(request, str):
+            why: str | None = request
+        else:
+            why = _not_served(conn, request, fds, fingerprint) or _enter(request["cwd"])
         if why is not None or isinstance(request, str):
             conn.sendall(json.dumps({"stale": why}).encode() + b"\n")
             os._exit(STALE_EXIT)
@@ -167,10 +165,13 @@ def _parsed(line: bytes) -> dict[str, Any] | str:
             "its request is not one a runner client sends (a JSON object of argv, cwd, env, "
             "code and umask)"
         )
-    if not all(_settable(k, v) for k, v in env.items()) or not _path(request["cwd"]):
-        # What a process of its own may hold and a fork cannot set: a variable named "" or
-        # "A=B" (a parent's execve can hand one on), a NUL, a lone surrogate.
-        return "its environment or working directory cannot be set in a fork of the server"
+    # What a process of its own may hold and a fork cannot set: a variable named "" or "A=B"
+    # (a parent's execve can hand one on), a NUL, a lone surrogate.
+    for key, value in env.items():
+        if not _settable(key, value):
+            return f"its environment variable {key[:64]!r} cannot be set in a fork of the server"
+    if not _path(request["cwd"]):
+        return "its working directory's name cannot be used (a NUL, or a lone surrogate)"
     if not all(_path(a) for a in request["argv"]):
         return "an argument cannot be passed on (a NUL, or a lone surrogate)"
 
@@ -200,11 +201,11 @@ def _not_served(
     conn: socket.socket, request: dict[str, Any], fds: list[int], fingerprint: str
 ) -> str | None:
     """Why this server does not run ``request`` (the client then runs it itself, saying why),
-    or None: a request of other code, other
-    descriptors than the three standard ones, or a client that may do other things than the
-    server (:mod:`runner.app.standing`: a fork runs with the server's groups, capabilities and
-    namespaces, so a client without the engine's group, or with the engine's socket out of
-    its sight, would reach the engine through the server)."""
+    or None: a request of other code, other descriptors than the three standard ones, a
+    client that may do other things than the server (:mod:`runner.app.standing`: a fork runs
+    with the server's groups, capabilities and namespaces, so a client without the engine's
+    group, or with the engine's socket out of its sight, would reach the engine through the
+    server)."""
     if request.get("code") != fingerprint:
         return "it runs other code (a different checkout or interpreter)"
     if len(fds) != 3:
@@ -214,6 +215,16 @@ def _not_served(
             "it may do other things than the server (its uids, gids, groups, capabilities, "
             "seccomp, LSM label or namespaces differ): start `runner serve` as you run `runner`"
         )
+    return None
+
+
+def _enter(cwd: str) -> str | None:
+    """Enter the client's working directory (in the fork: before its descriptors are
+    taken, while it can still be answered), or say why not."""
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        return f"its working directory cannot be entered: {exc.strerror or exc}"
     return None
 
 

@@ -138,13 +138,12 @@ UIDS-GIDS.md: above the container ranges of systemd-nspawn, below its foreign ra
 ids some tools read as negative): no job (a job runs as its caller's uid or 10001) and no
 account a host makes itself has it (a directory's id mapping, as SSSD's for Active Directory,
 may place accounts anywhere up to 2,000,200,000: one of a pool's 256 is unlikely, not
-impossible). The kernel counts the pages of a
-user's pipes against one budget per uid (``pipe-user-pages-soft``, 64 MiB), and each relay
-direction makes a 1 MiB pipe: under one shared uid, a job holding idle tunnels cut another
-slot's downloads to a quarter once new pipes fell back to 8 KiB. Slots of one pool never
-share a uid; two pools share theirs one time in about a million. An engine that maps uids
-into a user namespace (``userns-remap``, rootless Docker) does not map these: the runner's
-egress needs a rootful Docker."""
+impossible). The kernel counts the pages of a user's pipes against one budget per uid
+(``pipe-user-pages-soft``, 64 MiB), and each relay direction makes a 1 MiB pipe: under one
+shared uid, a job holding idle tunnels cut another slot's downloads to a quarter once new
+pipes fell back to 8 KiB. Slots of one pool never share a uid; two pools share theirs one
+time in about a million. An engine that maps uids into a user namespace (``userns-remap``,
+rootless Docker) does not map these: the runner's egress needs a rootful Docker."""
 PROXY_UID_GROUPS = (0x7FFE0000 - PROXY_UID_BASE) // 256
 _BOX: dict[str, Any] = {"gpus": "none", "network": "none", "timeout_seconds": 1.0}
 PROXY_LIMITS = Limits(

@@ -119,11 +119,11 @@ def test_a_request_that_is_no_clients_is_not_served_and_says_why(
 @pytest.mark.parametrize(
     ("change", "why"),
     [
-        ({"env": {"": "x"}}, "cannot be set"),  # a parent's execve can hand one on
-        ({"env": {"A=B": "x"}}, "cannot be set"),
-        ({"env": {"A": "x\0y"}}, "cannot be set"),
+        ({"env": {"": "x"}}, "variable '' cannot be set"),  # a parent's execve can hand one on
+        ({"env": {"A=B": "x"}}, "variable 'A=B' cannot be set"),
+        ({"env": {"A": "x\0y"}}, "variable 'A' cannot be set"),
         ({"env": {"A": "\ud800"}}, "cannot be set"),  # not even surrogateescape encodes it
-        ({"cwd": "/no\0where"}, "cannot be set"),
+        ({"cwd": "/no\0where"}, "name cannot be used"),
         ({"cwd": "/no/such/folder/at/all"}, "cannot be entered"),
         ({"cwd": "/etc/hostname"}, "cannot be entered"),  # as one whose mode forbids it
         ({"argv": ["run", "a\0b"]}, "an argument"),
