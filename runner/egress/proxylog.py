@@ -34,8 +34,9 @@ def _text(data: dict[str, Any], key: str, cap: int) -> str:
     return value[:cap] if isinstance(value, str) else ""
 
 
-def _line(raw: str) -> dict[str, Any] | None:
-    # The engine's timestamp, when it kept one, comes first: "<time> {json}".
+def _object(raw: str) -> dict[str, Any] | None:
+    """The JSON object of a log line; the engine's timestamp, when it kept one, comes first:
+    ``<time> {json}``."""
     start = raw.find("{")
     if start < 0:
         return None
@@ -43,7 +44,13 @@ def _line(raw: str) -> dict[str, Any] | None:
         data = json.loads(raw[start:])
     except ValueError:
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("id"), int) else None
+    return data if isinstance(data, dict) else None
+
+
+def _line(raw: str) -> dict[str, Any] | None:
+    """A request's or outcome's line (it has an ``id``)."""
+    data = _object(raw)
+    return data if data is not None and isinstance(data.get("id"), int) else None
 
 
 def read_log(text: str, lease: str | None = None) -> list[EgressConnection]:
@@ -118,12 +125,8 @@ def read_tally(text: str, lease: str) -> Tally | None:
     for raw in text.split("\n"):
         if '"event":"tally"' not in raw:
             continue
-        start = raw.find("{")
-        try:
-            data = json.loads(raw[start:]) if start >= 0 else None
-        except ValueError:
-            continue
-        if not isinstance(data, dict) or data.get("event") != "tally" or data.get("lease") != lease:
+        data = _object(raw)
+        if data is None or data.get("event") != "tally" or data.get("lease") != lease:
             continue
         counts = [c for c in (data.get(k) for k in names) if type(c) is int and 0 <= c < 1 << 53]
         if len(counts) == len(names):
