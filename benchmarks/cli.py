@@ -73,26 +73,30 @@ from benchmarks.toy import (
     fig_toy_served,
     setup_toy,
 )
+from benchmarks.watch import fig_watch
 
 MODES: dict[str, dict[str, Any]] = {
     # repeats per figure; sizes in bytes
     "smoke": {"toy": 1, "startup": 2, "stdout": 1, "staging": 1, "parse": 1, "concurrent": 1,
               "egress": 1, "stdoutBytes": 16 * MIB, "stageBytes": 16 * MIB, "logBytes": 16 * MIB,
               "jobs": 3, "downloadBytes": 16 * MIB, "fetch": 1, "fetchBytes": 16 * MIB,
-              "stagecache": 1, "stagecacheBytes": 32 * MIB, "agentimage": 1, "sampling": 1},
+              "stagecache": 1, "stagecacheBytes": 32 * MIB, "agentimage": 1, "sampling": 1,
+              "watch": 1},
     "quick": {"toy": 5, "startup": 8, "stdout": 3, "staging": 3, "parse": 3, "concurrent": 2,
               "egress": 6, "stdoutBytes": GIB // 2, "stageBytes": GIB // 2, "logBytes": GIB,
               "jobs": 20, "downloadBytes": 100 * MIB, "fetch": 3, "fetchBytes": GIB // 4,
-              "stagecache": 3, "stagecacheBytes": 2 * GIB, "agentimage": 4, "sampling": 10},
+              "stagecache": 3, "stagecacheBytes": 2 * GIB, "agentimage": 4, "sampling": 10,
+              "watch": 2},
     "full": {"toy": 15, "startup": 20, "stdout": 5, "staging": 5, "parse": 5, "concurrent": 3,
              "egress": 12, "stdoutBytes": GIB, "stageBytes": 2 * GIB, "logBytes": GIB,
              "jobs": 20, "downloadBytes": 100 * MIB, "fetch": 5, "fetchBytes": GIB,
-             "stagecache": 5, "stagecacheBytes": 2 * GIB, "agentimage": 8, "sampling": 30},
+             "stagecache": 5, "stagecacheBytes": 2 * GIB, "agentimage": 8, "sampling": 30,
+             "watch": 4},
 }  # fmt: skip
 
 
 FIGURES = ("toy", "startup", "stdout", "staging", "parse", "concurrent", "egress", "fetch",
-           "stagecache", "agentimage", "sampling")  # fmt: skip
+           "stagecache", "agentimage", "sampling", "watch")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -182,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             ("stagecache", lambda: [fig_stagecache(b, cfg["stagecache"], cfg["stagecacheBytes"])]),
             ("agentimage", lambda: [fig_agentimage(b, cfg["agentimage"])]),
             ("sampling", lambda: [fig_toy_sampling(b, cfg["sampling"])]),
+            ("watch", lambda: [fig_watch(b, cfg["watch"])]),
         ]
         if "toy" in only:
             progress("same box: docker inspect of a runner container and a baseline one")

@@ -1,12 +1,13 @@
 """The Docker engine backend: every container and image of a run goes through it (only
 ``runner --version``, in ``runner.cli``, asks the engine something else: its version).
 
-Two transports, one module. Container work (create, start, wait, inspect, logs, remove, list)
-goes over the Engine API with the standard library's ``http.client`` on the engine's socket:
-it is the hot path of every job, and importing the docker SDK (with requests and urllib3) cost
-about 0.2 s of start-up per ``runner run``, more than the engine spends creating the container.
-Image transfers (pull with registry auth and progress, load of a bundle) go through the docker
-SDK, imported only when an image has to move, where its start-up is noise next to the transfer.
+Two transports. Container work (create, start, wait, inspect, logs, remove, list) goes over
+the Engine API with the standard library's ``http.client`` on the engine's socket
+(``runner.backends.transport``: the connection, its deadlines, the capped reads): it is the hot
+path of every job, and importing the docker SDK (with requests and urllib3) cost about 0.2 s
+of start-up per ``runner run``, more than the engine spends creating the container. Image
+transfers (pull with registry auth and progress, load of a bundle) go through the docker SDK,
+imported only when an image has to move, where its start-up is noise next to the transfer.
 
 The endpoint is ``DOCKER_HOST`` as the docker CLI reads it: ``unix://PATH`` (the default,
 ``/var/run/docker.sock``) or ``tcp://HOST:PORT``, with TLS when ``DOCKER_TLS_VERIFY`` is set
@@ -14,11 +15,10 @@ The endpoint is ``DOCKER_HOST`` as the docker CLI reads it: ``unix://PATH`` (the
 The API version is negotiated once per backend from ``/_ping`` (the engine's own, capped at
 the newest this module was written against), as the docker CLI does.
 
-Long on purpose: each engine is one module behind the seam, so everything the runner asks of
-Docker (the HTTP transport, the API calls, the SDK for image transfers) stays in this one file.
-At about 950 lines it has outgrown that: the transport (the connection factories, the deadline
-socket, the capped reads, the version agreed) stands alone and is the next to move, to a
-module both this backend and Podman's use, with the calls staying here.
+Long on purpose: each engine is one module behind the seam, so every call the runner makes
+of Docker (containers, networks, images, archives, stats, logs) stays in this one file, with
+Podman's differences in ``runner.backends.podman``; the transport under both is a module of
+its own.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ import http.client
 import json
 import os
 import re
-import socket
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
+from runner.backends import transport
 from runner.backends.base import (
     ContainerSpec,
     ContainerState,
@@ -68,31 +68,17 @@ from runner.core.errors import (
 if TYPE_CHECKING:
     import docker
 
-__all__ = ["MAX_ANSWER_BYTES", "MAX_API_VERSION", "DockerBackend"]
+__all__ = ["MAX_API_VERSION", "DockerBackend"]
 
 _MAX_API = (1, 45)
 """The newest Engine API version the requests below were written against."""
 MAX_API_VERSION = f"{_MAX_API[0]}.{_MAX_API[1]}"
 """The same, as ``runner --version`` says it."""
-_DEFAULT_SOCKET = "/var/run/docker.sock"
+_KEPT_MAX = 64
+"""The most wait requests kept open by one backend (one per job it watches)."""
 _NO_TIMEOUT = 30 * 24 * 3600.0
 """A followed log's socket waits this long for the next bytes: in effect, as long as the
 container runs (the engine ends the stream when it ends; :class:`LogFollow` cancels it)."""
-
-
-def _shut(conn: http.client.HTTPConnection) -> Callable[[], None]:
-    """What ends a connection another thread reads from (its read returns at once): its
-    socket, taken now (once the request is sent), since http.client lets go of it
-    (``conn.sock`` None) when the answer says ``Connection: close``; the answer still reads
-    from it."""
-    sock = conn.sock
-
-    def shut() -> None:
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    return shut
 
 
 _GPU_START_ERROR = re.compile(r"device driver|nvidia-container|nvidia", re.IGNORECASE)
@@ -105,112 +91,6 @@ class _NotFound(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-
-
-class _DeadlineSocket(socket.socket):
-    """A socket whose receives share one deadline (``time.monotonic()``; None: none), each
-    also bounded by the timeout it was given: an engine that trickles its answer, a byte
-    within every receive's timeout, is cut off at the call's limit all the same (a watch
-    loop held in one call could not stop a job at its budget's end). It bounds the whole
-    exchange, the status line and headers too, on a Unix socket; :func:`_read_within` bounds
-    an answer's body on every transport."""
-
-    __slots__ = ("deadline", "per_receive")
-    deadline: float | None
-    per_receive: float | None
-
-    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError("the engine's answer did not end within the call's limit")
-            self.settimeout(left if self.per_receive is None else min(left, self.per_receive))
-        return super().recv_into(buffer, nbytes, flags)
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-        self.deadline: float | None = None
-        """Set before the request: every receive of the call ends by then."""
-
-    def connect(self) -> None:
-        sock = _DeadlineSocket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.per_receive, sock.deadline = self.timeout, self.deadline
-        try:
-            sock.connect(self._path)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-
-
-MAX_ANSWER_BYTES = 64 * 1024 * 1024
-"""The most of one engine answer read into memory (a listing, an inspect, an error): an
-answer past it is refused, not read on. Streams (logs, archives) are read by their callers,
-each under its own cap."""
-
-
-def _read_within(response: http.client.HTTPResponse, sock: Any, seconds: float | None) -> bytes:
-    """An answer's body, at most :data:`MAX_ANSWER_BYTES` and a byte of it, read within
-    ``seconds`` in all (None: no limit). A timeout on each receive alone let an engine that
-    sends a byte at a time, each within it, hold the runner for as long as it liked; past
-    ``seconds`` a TimeoutError, as a receive's own timeout is (``wait`` reads it so)."""
-    deadline = None if seconds is None else time.monotonic() + seconds
-    parts: list[bytes] = []
-    got = 0
-    while got <= MAX_ANSWER_BYTES:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"the answer did not arrive within {seconds:g} s")
-            if sock is not None:
-                sock.settimeout(left)
-        chunk = response.read1(min(1024 * 1024, MAX_ANSWER_BYTES + 1 - got))
-        if not chunk:
-            if response.length:  # cut short: as read() says it
-                raise http.client.IncompleteRead(b"".join(parts), response.length)
-            break
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
-
-
-_KNOWN: dict[tuple[str, str], str] = {}
-"""(endpoint, fact) -> value, for what an engine does not change while it runs (the API
-version agreed, its architecture): asked once per process, and inherited by a batch's jobs."""
-
-
-def _engine_url(base_url: str | None) -> str:
-    return base_url or os.environ.get("DOCKER_HOST") or f"unix://{_DEFAULT_SOCKET}"
-
-
-def _endpoint(url: str) -> Callable[[float | None], http.client.HTTPConnection]:
-    """A connection factory for the engine at ``url``."""
-    parts = urlsplit(url)
-    if parts.scheme in ("unix", "http+unix"):
-        path = parts.path or _DEFAULT_SOCKET
-        return lambda timeout: _UnixConnection(path, timeout)
-    if parts.scheme in ("tcp", "http", "https"):
-        host, port = parts.hostname or "localhost", parts.port
-        tls = parts.scheme == "https" or os.environ.get("DOCKER_TLS_VERIFY", "") not in ("", "0")
-        if not tls:
-            return lambda timeout: http.client.HTTPConnection(host, port or 2375, timeout=timeout)
-        import ssl  # only for a TLS engine
-
-        certs = Path(os.environ.get("DOCKER_CERT_PATH") or Path.home() / ".docker")
-        context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
-        context.load_cert_chain(str(certs / "cert.pem"), str(certs / "key.pem"))
-        return lambda timeout: http.client.HTTPSConnection(
-            host, port or 2376, timeout=timeout, context=context
-        )
-    raise EngineUnavailable(
-        f"DOCKER_HOST {url!r}: only unix:// and tcp:// engines are supported",
-        hint="point DOCKER_HOST at the engine's socket (unix:///var/run/docker.sock) or a "
-        "tcp:// address; for ssh:// engines forward the socket with `ssh -L`",
-    )
 
 
 @contextlib.contextmanager
@@ -236,7 +116,8 @@ def _sdk_errors(action: str) -> Iterator[None]:
 
 class DockerBackend:
     """The runner's container engine: Engine API calls over ``http.client`` (a fresh
-    connection per call, so threads never share one), the docker SDK for image transfers."""
+    connection per call, so threads never share one, but for a watched container's wait,
+    kept open from one tick to the next), the docker SDK for image transfers."""
 
     ENGINE = "Docker"
     """The engine's name in messages."""
@@ -246,9 +127,12 @@ class DockerBackend:
     def __init__(self, base_url: str | None = None, timeout: float = 60.0) -> None:
         self._base_url = base_url
         self._timeout = timeout
-        self._url = _engine_url(base_url)
-        self._connect = _endpoint(self._url)
+        self._url = transport.engine_url(base_url)
+        self._connect = transport.endpoint(self._url)
         self._prefix_lock = threading.Lock()
+        self._kept: dict[str, transport.KeptAnswer] = {}
+        """A container's wait request, sent and not yet answered (:meth:`_kept_answer`)."""
+        self._kept_lock = threading.Lock()
         self._sdk: docker.APIClient | None = None
 
     # -- transport -------------------------------------------------------------------------
@@ -262,12 +146,12 @@ class DockerBackend:
         except ValueError:
             have = (1, 41)
         major, minor = min(have, _MAX_API)
-        prefix = _KNOWN[(self._url, "prefix")] = f"/v{major}.{minor}"
+        prefix = transport.KNOWN[(self._url, "prefix")] = f"/v{major}.{minor}"
         return prefix
 
     def _version_prefix(self, action: str) -> str:
         with self._prefix_lock:
-            known = _KNOWN.get((self._url, "prefix"))
+            known = transport.KNOWN.get((self._url, "prefix"))
             return known if known is not None else self._negotiate(action)
 
     def _exchange(
@@ -283,7 +167,7 @@ class DockerBackend:
         opened: Callable[[http.client.HTTPConnection], None] | None = None,
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
         conn = self._connect(timeout)
-        if stream_to is None and timeout is not None and isinstance(conn, _UnixConnection):
+        if stream_to is None and timeout is not None and isinstance(conn, transport.UnixConnection):
             # The whole answer within ``timeout``, not each receive (a stream, logs or an
             # archive, is read by its caller under its own caps).
             conn.deadline = time.monotonic() + timeout
@@ -302,25 +186,80 @@ class DockerBackend:
                 stream_to(response)
                 data = b""
             else:
-                data = _read_within(response, sock, timeout)
-                if len(data) > MAX_ANSWER_BYTES:
+                data = transport.read_within(response, sock, timeout)
+                if len(data) > transport.MAX_ANSWER_BYTES:
                     raise EngineUnavailable(
                         f"{action}: the {self.ENGINE} engine answered more than "
-                        f"{MAX_ANSWER_BYTES:,} bytes; not read further",
+                        f"{transport.MAX_ANSWER_BYTES:,} bytes; not read further",
                         hint="is DOCKER_HOST (or the policy's engine) a real engine?",
                     )
             return response.status, response.msg, data
         except (OSError, http.client.HTTPException) as exc:
-            hint = self.ENGINE_HINT
-            if isinstance(exc, PermissionError):
-                hint = self.PERMISSION_HINT + hint
-            raise EngineUnavailable(
-                f"{action}: the {self.ENGINE} engine cannot be reached "
-                f"({type(exc).__name__}: {exc})",
-                hint=hint,
-            ) from exc
+            raise self._unreachable(action, exc) from exc
         finally:
             conn.close()
+
+    def _unreachable(self, action: str, exc: Exception) -> EngineUnavailable:
+        """The error for an exchange that failed on the way (``exc``: the transport's)."""
+        hint = self.ENGINE_HINT
+        if isinstance(exc, PermissionError):
+            hint = self.PERMISSION_HINT + hint
+        return EngineUnavailable(
+            f"{action}: the {self.ENGINE} engine cannot be reached ({type(exc).__name__}: {exc})",
+            hint=hint,
+        )
+
+    def _kept_answer(
+        self, key: str, path: str, timeout: float, action: str
+    ) -> tuple[int, bytes] | None:
+        """The answer to ``POST path`` (whole, prefixed), which comes when something ends
+        (``key``: a container's wait), once the engine gives it within ``timeout`` seconds;
+        None before. The request is sent once and kept between calls
+        (:class:`~runner.backends.transport.KeptAnswer`), so a running job costs the engine
+        one request, not one every tick. A kept request the engine ended unanswered (a
+        restart, its own limits) is sent again at once; a fresh one's failure is raised."""
+        until = time.monotonic() + max(timeout, 0.01)
+        with self._kept_lock:
+            kept = self._kept.pop(key, None)
+        while True:
+            fresh = kept is None
+            if kept is None:
+                kept = self._send_kept(path, action)
+            try:
+                answer = kept.answer(until, self._timeout)
+            except (OSError, http.client.HTTPException) as exc:
+                kept.close()
+                kept = None
+                if fresh:
+                    raise self._unreachable(action, exc) from exc
+                continue
+            except BaseException:  # a Ctrl-C while it waits: the request goes with it
+                kept.close()
+                raise
+            if answer is not None:
+                kept.close()
+                return answer
+            with self._kept_lock:
+                self._kept[key] = kept
+                while len(self._kept) > _KEPT_MAX:  # never read again (its job's watch
+                    self._kept.pop(next(iter(self._kept))).close()  # ended otherwise)
+            return None
+
+    def _send_kept(self, path: str, action: str) -> transport.KeptAnswer:
+        conn = self._connect(self._timeout)
+        try:
+            conn.request("POST", path, headers={"Host": "docker"})
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise self._unreachable(action, exc) from exc
+        return transport.KeptAnswer(conn)
+
+    def _drop_kept(self, key: str) -> None:
+        """End the request kept for ``key`` (its container removed)."""
+        with self._kept_lock:
+            kept = self._kept.pop(key, None)
+        if kept is not None:
+            kept.close()
 
     def _call(
         self,
@@ -349,6 +288,11 @@ class DockerBackend:
             stream_to=stream_to,
             opened=opened,
         )
+        return self._decoded(status, data, action, ok)
+
+    def _decoded(self, status: int, data: bytes, action: str, ok: tuple[int, ...] = ()) -> Any:
+        """An answer's JSON (None when empty). 404 raises ``_NotFound``; other errors the
+        runner's own, except the statuses in ``ok``."""
         if status >= 400 and status not in ok:
             try:
                 message = str(json.loads(data).get("message", ""))
@@ -469,14 +413,14 @@ class DockerBackend:
         printable string (:func:`~runner.backends.types.engine_text`: the engine's word, never
         trusted for more than a record)."""
         key = (self._url, f"version:{fact}")
-        known = _KNOWN.get(key)
+        known = transport.KNOWN.get(key)
         if known is None:
             # /version answers at once; /info walks every container and image first.
             answer = self._call("GET", "/version", "asking the engine about its host") or {}
             answer = answer if isinstance(answer, dict) else {}
             for name in ("Arch", "Version", "ApiVersion"):
-                _KNOWN[(self._url, f"version:{name}")] = engine_text(answer.get(name))
-            known = _KNOWN[key]
+                transport.KNOWN[(self._url, f"version:{name}")] = engine_text(answer.get(name))
+            known = transport.KNOWN[key]
         return known
 
     def architecture(self) -> str:
@@ -617,20 +561,18 @@ class DockerBackend:
             raise
 
     def wait(self, container_id: str, timeout: float) -> int | None:
+        action = "waiting for the job container"
+        path = f"{self._version_prefix(action)}/containers/{quote(container_id)}/wait"
+        answer = self._kept_answer(container_id, path, timeout, action)
+        if answer is None:
+            return None  # it still runs: the request stays, and says when it ends
         try:
-            result = self._container_call(
-                "POST",
-                container_id,
-                "/wait",
-                "waiting for the job container",
-                timeout=max(timeout, 0.01),
-            )
-        except EngineUnavailable as exc:
-            if not isinstance(exc.__cause__, TimeoutError):
-                raise
-            # Our own read timeout: the job still runs (if it ended just now, the next call's
-            # /wait answers at once), so no inspect on every tick of a running job.
-            return None
+            result = self._decoded(*answer, action)
+        except _NotFound as exc:
+            raise ContainerVanished(
+                f"{action}: container {container_id[:12]} no longer exists "
+                "(removed by someone else, or the engine lost it)",
+            ) from exc
         return int((result or {}).get("StatusCode", -1))
 
     def stop(self, container_id: str, grace: float) -> None:
@@ -717,7 +659,7 @@ class DockerBackend:
 
         def opened(conn: http.client.HTTPConnection) -> None:
             if handle is not None:
-                handle.bind(_shut(conn))
+                handle.bind(transport.shut(conn))
 
         query = {"stdout": int(stdout), "stderr": int(stderr), "follow": int(follow)}
         try:
@@ -775,7 +717,7 @@ class DockerBackend:
 
         def opened(conn: http.client.HTTPConnection) -> None:
             if handle is not None:
-                handle.bind(_shut(conn))
+                handle.bind(transport.shut(conn))
 
         try:
             status, _, _ = self._exchange(
@@ -791,6 +733,7 @@ class DockerBackend:
             raise InfrastructureError(f"{action}: the engine answered {status}")
 
     def remove(self, container_id: str) -> None:
+        self._drop_kept(container_id)
         # 404: already gone; 409: removal already in progress. Both are the goal.
         with contextlib.suppress(ContainerVanished):
             self._container_call(

@@ -315,17 +315,16 @@ class PodmanBackend(DockerBackend):
 
     def wait(self, container_id: str, timeout: float) -> int | None:
         """Podman's own wait, polling the container every 50 ms: its compatible wait polls
-        every 250 ms, and the runner charges the budget until it sees the end."""
+        every 250 ms, and the runner charges the budget until it sees the end. One request
+        for the whole run, kept between the watch's ticks, as Docker's is."""
         action = "waiting for the job container"
         path = f"{_LIBPOD}/containers/{quote(container_id)}/wait?" + urlencode(
             [("condition", "exited"), ("condition", "stopped"), ("interval", "50ms")]
         )
-        try:
-            status, _, data = self._exchange("POST", path, None, max(timeout, 0.01), action)
-        except EngineUnavailable as exc:
-            if not isinstance(exc.__cause__, TimeoutError):
-                raise
-            return None  # our own read timeout: it still runs
+        answer = self._kept_answer(container_id, path, timeout, action)
+        if answer is None:
+            return None  # it still runs: the request stays, and says when it ends
+        status, data = answer
         if status == 404:
             raise ContainerVanished(
                 f"{action}: container {container_id[:12]} no longer exists "

@@ -163,3 +163,25 @@ def test_the_readmes_exit_code_table_is_the_generated_one() -> None:
     stale = text.replace("| 2 | the command line was wrong |", "| 2 | wrong |")
     assert stale != text
     assert schemas.readme_with_blocks(stale) == text
+
+
+def test_no_tracked_file_keeps_a_merge_conflicts_markers() -> None:
+    """A conflict left in a file (once in development/layout.md, inside a code block where
+    the strict docs build does not see it) is found here."""
+    marker = re.compile(r"^(<{7} |>{7} |={7}$)", re.MULTILINE)
+    files = (
+        subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
+    found = []
+    for name in filter(None, files):
+        path = ROOT / name
+        if not path.is_file() or path.stat().st_size > 4 * 1024 * 1024:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [f"{name}:{text.count(chr(10), 0, m.start()) + 1}" for m in marker.finditer(text)]
+    assert not found, found

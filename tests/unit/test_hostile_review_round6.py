@@ -323,9 +323,10 @@ def test_an_engine_answer_past_the_cap_is_refused_not_read_on(
     """An engine (or whatever DOCKER_HOST names) that answers an inspect with more than the
     cap: refused as the engine's failure, having read no more than the cap and a byte."""
     from runner.backends import docker as engine_api
+    from runner.backends import transport
     from runner.core.errors import EngineUnavailable
 
-    monkeypatch.setattr(engine_api, "MAX_ANSWER_BYTES", 1024 * 1024)
+    monkeypatch.setattr(transport, "MAX_ANSWER_BYTES", 1024 * 1024)
     engine = _HostileEngine(short_dir / "engine.sock", {"Id": "x", "pad": "a" * (2 << 20)})
     try:
         with pytest.raises(EngineUnavailable, match="more than 1,048,576 bytes"):

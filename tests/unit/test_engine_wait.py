@@ -1,0 +1,252 @@
+"""A watched container's wait, kept open between the watch's ticks
+(runner/backends/transport.py ``KeptAnswer``), against scripted engines on a Unix socket: one
+request for a job's whole run, however the engine sends its answer, and never a job that
+looks as if it still ran after its answer came.
+
+The real engines' waits run in every integration test that runs a job."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from runner.backends.docker import DockerBackend
+from runner.backends.podman import PodmanBackend
+from runner.core.errors import ContainerVanished, EngineUnavailable
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+"""What Docker sends as soon as it has registered a wait (the body comes when it ends)."""
+
+
+def chunked(body: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+
+
+EXITED_3 = chunked(b'{"Error":null,"StatusCode":3}\n')
+
+Script = Callable[[socket.socket, threading.Event], None]
+"""What the engine does on one wait request's connection (the request read already)."""
+
+
+class ScriptedEngine:
+    """An Engine API on a Unix socket: ``/_ping`` and a removal answered, each wait request
+    handed to the next of ``scripts`` (the last one repeats); it counts the wait requests it
+    got and notes when a connection it served was ended by the runner."""
+
+    def __init__(self, path: Path, *scripts: Script) -> None:
+        self.path = path
+        self.scripts = list(scripts)
+        self.waits = 0
+        self.closed_by_runner = threading.Event()
+        self.release = threading.Event()
+        """Set by a test: a script waiting for it sends the end of its answer."""
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(16)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            request = b""
+            while b"\r\n\r\n" not in request:
+                got = conn.recv(65536)
+                if not got:
+                    return
+                request += got
+            line = request.split(b"\r\n", 1)[0]
+            if b"/_ping" in line:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nAPI-Version: 1.41\r\n"
+                             b"Content-Length: 2\r\n\r\nOK")  # fmt: skip
+                return
+            if line.startswith(b"DELETE "):
+                conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+                return
+            assert b"/wait" in line, line
+            self.waits += 1
+            script = self.scripts[min(self.waits, len(self.scripts)) - 1]
+            script(conn, self.release)
+            conn.settimeout(30)
+            if conn.recv(1) == b"":  # the runner ended the request
+                self.closed_by_runner.set()
+
+    def close(self) -> None:
+        self.release.set()
+        self.sock.close()
+
+
+def headers_then_end(conn: socket.socket, release: threading.Event) -> None:
+    """Docker's way: the headers at once, the body when the test says the job ended."""
+    conn.sendall(HEAD)
+    release.wait(30)
+    conn.sendall(EXITED_3)
+
+
+def all_at_once(conn: socket.socket, release: threading.Event) -> None:
+    """A container that had ended already: headers and body in one write."""
+    conn.sendall(HEAD + EXITED_3)
+
+
+def nothing_then_end(conn: socket.socket, release: threading.Event) -> None:
+    """An engine that sends nothing until the end (Podman's may)."""
+    release.wait(30)
+    conn.sendall(HEAD + EXITED_3)
+
+
+def hang_up(conn: socket.socket, release: threading.Event) -> None:
+    """An engine that ends the request unanswered (a restart, a limit of its own)."""
+    conn.sendall(HEAD)
+    conn.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="wait-", dir="/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def engine(short_dir: Path, *scripts: Script) -> Iterator[tuple[ScriptedEngine, DockerBackend]]:
+    e = ScriptedEngine(short_dir / "engine.sock", *scripts)
+    try:
+        yield e, DockerBackend(f"unix://{e.path}", timeout=5)
+    finally:
+        e.close()
+
+
+def ticks_until(backend: DockerBackend, limit: float = 20) -> tuple[int | None, int]:
+    """Wait as the watch loop does (0.05 s ticks) until an exit code or ``limit`` seconds;
+    the code and the ticks it took."""
+    began, ticks = time.monotonic(), 0
+    while time.monotonic() - began < limit:
+        ticks += 1
+        code = backend.wait("c1", 0.05)
+        if code is not None:
+            return code, ticks
+    return None, ticks
+
+
+def test_a_running_job_costs_one_wait_request_for_all_its_ticks(short_dir: Path) -> None:
+    """Before, every tick (five a second) sent a wait request on a new connection."""
+    with engine(short_dir, headers_then_end) as (e, backend):
+        for _ in range(10):
+            assert backend.wait("c1", 0.02) is None
+        assert e.waits == 1
+        e.release.set()
+        assert ticks_until(backend)[0] == 3
+        assert e.waits == 1
+
+
+def test_an_answer_that_came_with_its_headers_is_seen_at_once(short_dir: Path) -> None:
+    """Headers and body in one write land in http.client's buffer, not the socket: a look at
+    the socket alone would say "still running" until the budget's end."""
+    with engine(short_dir, all_at_once) as (e, backend):
+        assert backend.wait("c1", 2) == 3
+        assert e.waits == 1
+
+
+def test_an_engine_silent_until_the_end_is_waited_for(short_dir: Path) -> None:
+    with engine(short_dir, nothing_then_end) as (e, backend):
+        for _ in range(5):
+            assert backend.wait("c1", 0.02) is None
+        e.release.set()
+        assert ticks_until(backend)[0] == 3
+        assert e.waits == 1
+
+
+def test_a_kept_request_the_engine_ended_is_sent_again(short_dir: Path) -> None:
+    """A kept request that ends unanswered is asked again, not taken as the engine gone."""
+
+    def hang_up_later(conn: socket.socket, release: threading.Event) -> None:
+        conn.sendall(HEAD)
+        release.wait(30)
+        conn.shutdown(socket.SHUT_RDWR)
+
+    with engine(short_dir, hang_up_later, all_at_once) as (e, backend):
+        assert backend.wait("c1", 0.02) is None
+        e.release.set()
+        assert ticks_until(backend)[0] == 3
+        assert e.waits == 2
+
+
+def test_a_fresh_request_the_engine_ends_unanswered_is_the_engine_failing(
+    short_dir: Path,
+) -> None:
+    with engine(short_dir, hang_up) as (e, backend):
+        with pytest.raises(EngineUnavailable, match="waiting for the job container"):
+            backend.wait("c1", 2)
+        assert e.waits == 1
+
+
+def test_a_wait_for_a_container_that_is_gone_says_so(short_dir: Path) -> None:
+    def gone(conn: socket.socket, release: threading.Event) -> None:
+        body = b'{"message":"No such container: c1"}'
+        conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    with engine(short_dir, gone) as (_, backend), pytest.raises(ContainerVanished):
+        backend.wait("c1", 1)
+
+
+def test_removing_the_container_ends_its_kept_request(short_dir: Path) -> None:
+    def headers_only(conn: socket.socket, release: threading.Event) -> None:
+        conn.sendall(HEAD)
+
+    with engine(short_dir, headers_only) as (e, backend):
+        assert backend.wait("c1", 0.02) is None
+        backend.remove("c1")
+        assert e.closed_by_runner.wait(10)
+
+
+def test_an_answer_that_trickles_is_cut_off_at_the_backends_limit(short_dir: Path) -> None:
+    """Once its first byte came, the rest of the answer must come within the backend's
+    timeout (here 1 s), as for every call: a trickle cannot hold the watch loop."""
+
+    def trickle(conn: socket.socket, release: threading.Event) -> None:
+        conn.sendall(HEAD + b"40\r\n")
+        for _ in range(600):
+            if release.wait(0.05):
+                return
+            conn.sendall(b" ")
+
+    with engine(short_dir, trickle) as (_, backend):
+        backend = DockerBackend(backend._url, timeout=1)
+        began = time.monotonic()
+        with pytest.raises(EngineUnavailable, match="TimeoutError"):
+            ticks_until(backend, limit=25)
+        assert time.monotonic() - began < 25  # the trickle alone would last 30 s
+
+
+def test_podmans_wait_keeps_its_request_too(short_dir: Path) -> None:
+    def libpod(conn: socket.socket, release: threading.Event) -> None:
+        release.wait(30)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n7\n")
+
+    e = ScriptedEngine(short_dir / "podman.sock", libpod)
+    try:
+        backend = PodmanBackend(f"unix://{e.path}", timeout=5)
+        for _ in range(5):
+            assert backend.wait("c1", 0.02) is None
+        e.release.set()
+        code, _ = ticks_until(backend)
+        assert code == 7
+        assert e.waits == 1
+    finally:
+        e.close()
