@@ -76,6 +76,9 @@ MAX_API_VERSION = f"{_MAX_API[0]}.{_MAX_API[1]}"
 """The same, as ``runner --version`` says it."""
 _KEPT_MAX = 64
 """The most wait requests kept open by one backend (one per job it watches)."""
+_KEPT_SECONDS = 10.0
+"""A kept wait request older than this is sent anew: one request every 10 s of a job's run,
+where one every tick (0.2 s) was, and a connection that died silently costs at most this."""
 _NO_TIMEOUT = 30 * 24 * 3600.0
 """A followed log's socket waits this long for the next bytes: in effect, as long as the
 container runs (the engine ends the stream when it ends; :class:`LogFollow` cancels it)."""
@@ -186,13 +189,7 @@ class DockerBackend:
                 stream_to(response)
                 data = b""
             else:
-                data = transport.read_within(response, sock, timeout)
-                if len(data) > transport.MAX_ANSWER_BYTES:
-                    raise EngineUnavailable(
-                        f"{action}: the {self.ENGINE} engine answered more than "
-                        f"{transport.MAX_ANSWER_BYTES:,} bytes; not read further",
-                        hint="is DOCKER_HOST (or the policy's engine) a real engine?",
-                    )
+                data = self._capped(transport.read_within(response, sock, timeout), action)
             return response.status, response.msg, data
         except (OSError, http.client.HTTPException) as exc:
             raise self._unreachable(action, exc) from exc
@@ -209,6 +206,16 @@ class DockerBackend:
             hint=hint,
         )
 
+    def _capped(self, data: bytes, action: str) -> bytes:
+        """``data``, unless it is past the most of an answer read into memory."""
+        if len(data) > transport.MAX_ANSWER_BYTES:
+            raise EngineUnavailable(
+                f"{action}: the {self.ENGINE} engine answered more than "
+                f"{transport.MAX_ANSWER_BYTES:,} bytes; not read further",
+                hint="is DOCKER_HOST (or the policy's engine) a real engine?",
+            )
+        return data
+
     def _kept_answer(
         self, key: str, path: str, timeout: float, action: str
     ) -> tuple[int, bytes] | None:
@@ -216,42 +223,55 @@ class DockerBackend:
         (``key``: a container's wait), once the engine gives it within ``timeout`` seconds;
         None before. The request is sent once and kept between calls
         (:class:`~runner.backends.transport.KeptAnswer`), so a running job costs the engine
-        one request, not one every tick. A kept request the engine ended unanswered (a
-        restart, its own limits) is sent again at once; a fresh one's failure is raised."""
+        one request, not one every tick; it is sent anew once :data:`_KEPT_SECONDS` old (a
+        connection that died without a word, on a network, says nothing). Each call ends
+        within its own time, as every engine call does: an answer begun and not ended by then
+        is not waited for (the next call asks again). A kept request the engine ended
+        unanswered (a restart, its own limits) is sent again at once; a fresh one's failure
+        is raised."""
         until = time.monotonic() + max(timeout, 0.01)
         with self._kept_lock:
             kept = self._kept.pop(key, None)
+        if kept is not None and time.monotonic() - kept.sent > _KEPT_SECONDS:
+            kept.close()
+            kept = None
         while True:
             fresh = kept is None
-            if kept is None:
-                kept = self._send_kept(path, action)
             try:
-                answer = kept.answer(until, self._timeout)
+                if kept is None:
+                    kept = self._send_kept(path)
+                answer = kept.answer(until)
+            except TimeoutError:  # begun, not ended in time: as a call's own timeout was
+                if kept is not None:
+                    kept.close()
+                return None
             except (OSError, http.client.HTTPException) as exc:
-                kept.close()
+                if kept is not None:
+                    kept.close()
                 kept = None
                 if fresh:
                     raise self._unreachable(action, exc) from exc
                 continue
             except BaseException:  # a Ctrl-C while it waits: the request goes with it
-                kept.close()
+                if kept is not None:
+                    kept.close()
                 raise
             if answer is not None:
                 kept.close()
-                return answer
+                return answer[0], self._capped(answer[1], action)
             with self._kept_lock:
                 self._kept[key] = kept
                 while len(self._kept) > _KEPT_MAX:  # never read again (its job's watch
                     self._kept.pop(next(iter(self._kept))).close()  # ended otherwise)
             return None
 
-    def _send_kept(self, path: str, action: str) -> transport.KeptAnswer:
+    def _send_kept(self, path: str) -> transport.KeptAnswer:
         conn = self._connect(self._timeout)
         try:
             conn.request("POST", path, headers={"Host": "docker"})
-        except (OSError, http.client.HTTPException) as exc:
+        except BaseException:
             conn.close()
-            raise self._unreachable(action, exc) from exc
+            raise
         return transport.KeptAnswer(conn)
 
     def _drop_kept(self, key: str) -> None:

@@ -164,39 +164,48 @@ class KeptAnswer:
     """A request sent once whose answer comes when something ends (a container's ``wait``),
     kept open across the calls that look for it: a watch loop that looks every 0.2 s sends
     one request for the job's whole run, not five a second, each a connection, a handler and
-    a waiter in the engine (about 10 ms of CPU a second of every running job, the runner's and
-    the engine's together, measured on a job that slept).
+    a waiter in the engine (about 2.5 ms of CPU a second of every running job, the runner's
+    and the engine's together, measured on a job that slept: benchmarks/watch.py).
 
     Docker answers a wait with its status line and headers at once and the body when the
     container ends; Podman may send nothing until then. Either way the socket is looked at
-    without reading, and an answer is read, under the caps of :func:`read_within`, only once
-    bytes are there. Used by one thread at a time."""
+    without reading, and an answer is read only once bytes are there, and only within the
+    call's own time, as every call is: an answer begun and not ended by then is a
+    TimeoutError, and its request is not kept (its reader is spent). Used by one thread at a
+    time."""
 
     def __init__(self, conn: http.client.HTTPConnection) -> None:
         self.conn = conn
         self.sock: Any = conn.sock
         self.response: http.client.HTTPResponse | None = None
+        self.sent = time.monotonic()
 
-    def answer(self, until: float, limit: float) -> tuple[int, bytes] | None:
-        """The status and body once the engine answered, each read within ``limit`` seconds;
-        None when nothing more came by ``until`` (``time.monotonic()``). An engine that ended
-        the connection unanswered raises (OSError or http.client.HTTPException)."""
+    def answer(self, until: float) -> tuple[int, bytes] | None:
+        """The status and body once the engine answered; None when nothing (more) came by
+        ``until`` (``time.monotonic()``). What did come is read by then (at least
+        :data:`READ_FLOOR` seconds), else a TimeoutError; an engine that ended the connection
+        unanswered raises OSError or http.client.HTTPException."""
         if self.response is None:
             if not self._ready(until):
                 return None
+            ends = max(until, time.monotonic() + READ_FLOOR)
             if isinstance(self.sock, DeadlineSocket):  # the status line and headers in time
-                self.sock.deadline = time.monotonic() + limit
-            self.sock.settimeout(limit)
+                self.sock.deadline = ends
+            self.sock.settimeout(ends - time.monotonic())
             try:
                 self.response = self.conn.getresponse()
             finally:
                 if isinstance(self.sock, DeadlineSocket):
                     self.sock.deadline = None
             if self.response.status >= 300:  # an error is answered whole, at once
-                return self.response.status, read_within(self.response, self.sock, limit)
+                return self.response.status, self._body(ends)
         if not self._ready(until):
             return None
-        return self.response.status, read_within(self.response, self.sock, limit)
+        return self.response.status, self._body(max(until, time.monotonic() + READ_FLOOR))
+
+    def _body(self, ends: float) -> bytes:
+        assert self.response is not None  # noqa: S101 - the headers were read
+        return read_within(self.response, self.sock, max(ends - time.monotonic(), 0.001))
 
     def _ready(self, until: float) -> bool:
         """Whether bytes of the answer (or its end) are there, waiting for them until ``until``:
@@ -218,5 +227,16 @@ class KeptAnswer:
         return bool(poller.poll(int(left * 1000)))
 
     def close(self) -> None:
-        """End the request (the engine drops its waiter)."""
+        """End the request (the engine drops its waiter): the response holds the socket once
+        http.client has handed it over, so both are closed."""
+        if self.response is not None:
+            self.response.close()
         self.conn.close()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+READ_FLOOR = 0.05
+"""The least time a begun answer is given to end, even when the call's own time is all but
+spent (a look at the deadline waits 0.01 s): an answer the engine writes at once is read
+whole, not cut at a byte."""

@@ -215,9 +215,10 @@ def test_removing_the_container_ends_its_kept_request(short_dir: Path) -> None:
         assert e.closed_by_runner.wait(10)
 
 
-def test_an_answer_that_trickles_is_cut_off_at_the_backends_limit(short_dir: Path) -> None:
-    """Once its first byte came, the rest of the answer must come within the backend's
-    timeout (here 1 s), as for every call: a trickle cannot hold the watch loop."""
+def test_an_answer_that_trickles_never_holds_a_look_past_its_time(short_dir: Path) -> None:
+    """A begun answer must end within the call's own time, as every call's must: a trickle
+    cannot hold the watch loop (a look at the deadline waits 0.01 s), and the request that
+    trickled is not kept (the next look asks anew)."""
 
     def trickle(conn: socket.socket, release: threading.Event) -> None:
         conn.sendall(HEAD + b"40\r\n")
@@ -226,12 +227,82 @@ def test_an_answer_that_trickles_is_cut_off_at_the_backends_limit(short_dir: Pat
                 return
             conn.sendall(b" ")
 
-    with engine(short_dir, trickle) as (_, backend):
-        backend = DockerBackend(backend._url, timeout=1)
+    with engine(short_dir, trickle) as (e, backend):
+        for _ in range(5):
+            began = time.monotonic()
+            assert backend.wait("c1", 0.1) is None
+            assert time.monotonic() - began < 3  # 0.1 s and the read floor; a load adds some
+        assert e.waits == 5
+
+
+def test_a_stalled_status_line_is_not_waited_for_past_the_look(short_dir: Path) -> None:
+    """Found by the review: a status line and then nothing held a look for the backend's
+    whole timeout (60 s by default), past the job's deadline, then failed the job."""
+
+    def stall(conn: socket.socket, release: threading.Event) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        release.wait(30)
+
+    with engine(short_dir, stall) as (_, backend):
+        backend = DockerBackend(backend._url, timeout=30)
         began = time.monotonic()
-        with pytest.raises(EngineUnavailable, match="TimeoutError"):
-            ticks_until(backend, limit=25)
-        assert time.monotonic() - began < 25  # the trickle alone would last 30 s
+        assert backend.wait("c1", 0.2) is None
+        assert time.monotonic() - began < 10
+
+
+def test_an_end_cut_short_on_a_kept_request_is_asked_again(short_dir: Path) -> None:
+    """Found by the review: the end's first bytes, then a stall; a new request is answered at
+    once. The end is seen at the next look, not at the job's deadline."""
+
+    def cut(conn: socket.socket, release: threading.Event) -> None:
+        conn.sendall(HEAD)
+        release.wait(30)
+        conn.sendall(b"1e\r\n")
+        time.sleep(30)
+
+    with engine(short_dir, cut, all_at_once) as (e, backend):
+        assert backend.wait("c1", 0.02) is None
+        e.release.set()
+        assert ticks_until(backend)[0] == 3
+        assert e.waits == 2
+
+
+def test_a_kept_request_that_went_silent_is_sent_anew_when_old(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the review: a connection that died without a word (a network's idle drop)
+    was kept for the whole run, the end never seen. Now a kept request is sent anew once
+    ``_KEPT_SECONDS`` old (10 s; here 0.3 s)."""
+    from runner.backends import docker
+
+    monkeypatch.setattr(docker, "_KEPT_SECONDS", 0.3)
+
+    def silent(conn: socket.socket, release: threading.Event) -> None:
+        conn.sendall(HEAD)
+        time.sleep(30)
+
+    with engine(short_dir, silent, all_at_once) as (e, backend):
+        assert backend.wait("c1", 0.02) is None
+        code, _ = ticks_until(backend, limit=10)
+        assert code == 3
+        assert e.waits == 2
+
+
+def test_an_answer_past_the_cap_is_refused(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runner.backends import transport
+
+    monkeypatch.setattr(transport, "MAX_ANSWER_BYTES", 1024)
+
+    def big(conn: socket.socket, release: threading.Event) -> None:
+        conn.sendall(HEAD + chunked(b'{"StatusCode":3,"pad":"' + b"a" * 4096 + b'"}'))
+
+    with (
+        engine(short_dir, big) as (_, backend),
+        pytest.raises(EngineUnavailable, match="more than 1,024 bytes"),
+    ):
+        backend.wait("c1", 2)
 
 
 def test_podmans_wait_keeps_its_request_too(short_dir: Path) -> None:
