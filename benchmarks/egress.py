@@ -3,8 +3,12 @@ throughput through its proxy against a direct one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
+import subprocess
+import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -57,6 +61,67 @@ egress proxy (as HTTPS clients do) or directly; the seconds of each, from the re
 last byte (the connection and the tunnel set up before the clock starts)."""
 
 
+RELAY = r"""
+import os, socket, sys, threading
+upstream = (sys.argv[1], int(sys.argv[2]))
+
+def pump(src, dst):
+    r, w = os.pipe()
+    try:
+        import fcntl
+        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ, as the proxy does
+    except OSError:
+        pass
+    try:
+        while n := os.splice(src.fileno(), w, 1 << 20):
+            while n:
+                n -= os.splice(r, dst.fileno(), n)
+    except OSError:
+        pass
+    finally:
+        os.close(r), os.close(w)
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+server = socket.create_server(("0.0.0.0", 8000))
+print("ready", flush=True)
+while True:
+    client, _ = server.accept()
+    up = socket.create_connection(upstream)
+    for a, b in ((client, up), (up, client)):
+        threading.Thread(target=pump, args=(a, b), daemon=True).start()
+"""
+"""The egress proxy's relay loop alone (splice through a 1 MiB pipe, a thread each way), with
+no allowlist, no request to read and no log: what any relay between the job's network and the
+upstream one costs on this machine, the floor of the proxied download."""
+
+
+@contextlib.contextmanager
+def _bare_relay(b: Bench, upstream_network: str, host: str) -> Iterator[tuple[str, str]]:
+    """An internal network and, on it and on ``upstream_network``, a container running
+    :data:`RELAY` to ``host``:8000, as the proxy's slot sits between the two: the network's
+    name and the relay's, both removed at the end (before the upstream network is)."""
+    tag = b.job_id("relay")
+    network, relay = f"{tag}-net", f"{tag}-relay"
+    sh("docker", "network", "create", "--internal", "--label", f"bench={b.s.id}", network)
+    try:
+        sh("docker", "run", "-d", "--name", relay, "--label", f"bench={b.s.id}",
+           "--network", network, "--cap-drop", "ALL", "--read-only", "--user", "10001:10001",
+           b.image_id, "python3", "-c", RELAY, host, "8000")  # fmt: skip
+        sh("docker", "network", "connect", upstream_network, relay)
+        deadline = time.monotonic() + 30
+        while "ready" not in sh("docker", "logs", relay):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the bare relay did not start: {sh('docker', 'logs', relay)}")
+            time.sleep(0.05)
+        yield network, relay
+    finally:
+        subprocess.run(["docker", "rm", "-f", relay], capture_output=True, check=False)
+        subprocess.run(["docker", "network", "rm", network], capture_output=True, check=False)
+
+
 def _ledger_gaps(job_root: Path) -> tuple[float, float]:
     """From the job's ledger: seconds from attempt.starting to attempt.started (the egress
     coming up, and the job's container created) and from attempt.finished to job.finished
@@ -79,7 +144,10 @@ def fig_egress(b: Bench, reps: int, download: int) -> list[Row]:
     allowed, big = "allowed.egress.test", "bytes.egress.test"
     roles = {allowed: "allowed", big: f"bytes={download}"}
     runs = {"bench": b.s.id}
-    with outside({"bench": b.s.id, "bench.role": "egress-outside"}, roles, runs) as net:
+    with (
+        outside({"bench": b.s.id, "bench.role": "egress-outside"}, roles, runs) as net,
+        contextlib.ExitStack() as stack,
+    ):
         policy = net.policy(b.s.tmp / "egress-policy.json", [net.pair(allowed), net.pair(big)])
         env = {**b.s.env, "RUNNER_POLICY": str(policy)}
         job = ["python3", "-c", "open('/job/output/r.json', 'w').write('{\"ok\": 1}')"]
@@ -153,10 +221,27 @@ def fig_egress(b: Bench, reps: int, download: int) -> list[Row]:
             direct.extend(json.loads(sh(*argv))["seconds"])
             return 0.0
 
-        interleave(max(reps // 3, 1), through_proxy, straight)
+        relayed: list[float] = []
+        relay_net, relay = stack.enter_context(_bare_relay(b, net.network, big))
+
+        def through_bare_relay() -> None:
+            argv = ["docker", "run", "--rm", "--label", f"bench={b.s.id}", "--network",
+                    relay_net, "--cap-drop", "ALL", "--read-only", "--user", "10001:10001",
+                    b.image_id, "python3", "-c", DOWNLOAD, relay, str(download), str(times),
+                    "direct"]  # fmt: skip
+            relayed.extend(json.loads(sh(*argv))["seconds"])
+
+        def straight_and_relayed() -> float:
+            straight()
+            through_bare_relay()
+            return 0.0
+
+        interleave(max(reps // 3, 1), through_proxy, straight_and_relayed)
         mb = download / 1e6
         xs, ys = [mb / x for x in proxied], [mb / y for y in direct]
+        zs = [mb / z for z in relayed]
         ratio = statistics.median(xs) / statistics.median(ys)
+        floor = statistics.median(zs) / statistics.median(ys)
         speed = Row(
             f"egress allowlist: {size_text(download)} download through the proxy (CONNECT)",
             "egressThroughput",
@@ -165,8 +250,14 @@ def fig_egress(b: Bench, reps: int, download: int) -> list[Row]:
             summary(ys),
             summary(xs),
             ratio,
-            extra={"bytes": download},
+            extra={"bytes": download, "bareRelay": summary(zs), "bareRelayRatio": floor},
             notes=[f"{len(xs)} downloads each, {times} per container, timed from the request to "
-                   "the last byte inside the container (the tunnel and connection made first)"],
+                   "the last byte inside the container (the tunnel and connection made first)",
+                   "the floor: the proxy's relay loop alone (no allowlist, no log) in a container "
+                   "between an internal network and the server's, as a slot's proxy sits, "
+                   f"relayed the same downloads at {statistics.median(zs):.0f} MB/s, "
+                   f"{floor:.2f} times the direct download; the proxy moved "
+                   f"{statistics.median(xs) / statistics.median(zs):.2f} times what that bare "
+                   "relay did"],
         )  # fmt: skip
     return [overhead, speed]
