@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_SOCKET",
     "KNOWN",
     "MAX_ANSWER_BYTES",
+    "READ_FLOOR",
     "DeadlineSocket",
     "KeptAnswer",
     "UnixConnection",
@@ -204,8 +205,16 @@ class KeptAnswer:
         return self.response.status, self._body(max(until, time.monotonic() + READ_FLOOR))
 
     def _body(self, ends: float) -> bytes:
+        """The body, whole by ``ends``: every receive of it, a chunk's size line and the
+        trailer's lines too (which one read of ``read_within`` may hold), on a Unix socket."""
         assert self.response is not None  # noqa: S101 - the headers were read
-        return read_within(self.response, self.sock, max(ends - time.monotonic(), 0.001))
+        if isinstance(self.sock, DeadlineSocket):
+            self.sock.deadline = ends
+        try:
+            return read_within(self.response, self.sock, max(ends - time.monotonic(), 0.001))
+        finally:
+            if isinstance(self.sock, DeadlineSocket):
+                self.sock.deadline = None
 
     def _ready(self, until: float) -> bool:
         """Whether bytes of the answer (or its end) are there, waiting for them until ``until``:

@@ -321,3 +321,97 @@ def test_podmans_wait_keeps_its_request_too(short_dir: Path) -> None:
         assert e.waits == 1
     finally:
         e.close()
+
+
+def test_a_trickled_chunk_line_never_holds_a_look_past_its_time(short_dir: Path) -> None:
+    """Found by the second review: the end's chunk-size line sent a byte every 30 ms held one
+    look as long as the trickle lasted (one read of it gave every receive its whole time
+    again). Now every receive of a body shares the look's end."""
+
+    def trickle_line(conn: socket.socket, release: threading.Event) -> None:
+        conn.sendall(HEAD)
+        release.wait(30)
+        conn.sendall(b"1e;")
+        for _ in range(300):
+            time.sleep(0.03)
+            conn.sendall(b"x")
+
+    with engine(short_dir, trickle_line) as (e, backend):
+        assert backend.wait("c1", 0.02) is None
+        e.release.set()
+        time.sleep(0.1)
+        began = time.monotonic()
+        assert backend.wait("c1", 0.2) is None
+        assert time.monotonic() - began < 3  # the trickle lasts 9 s
+
+
+def test_connecting_to_an_engine_that_does_not_accept_ends_with_the_look() -> None:
+    """Found by the second review: a new request connected under the backend's whole timeout
+    (60 s by default), so a tcp:// engine whose backlog is full held each look that long."""
+    from runner.backends import transport
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    url = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    transport.KNOWN[(url, "prefix")] = "/v1.41"
+    filled = []
+    try:
+        for _ in range(8):  # fill the backlog: a further connect waits for its SYN's answer
+            s = socket.socket()
+            s.settimeout(0.3)
+            try:
+                s.connect(server.getsockname())
+            except OSError:
+                s.close()
+                break
+            filled.append(s)
+        backend = DockerBackend(url, timeout=30)
+        began = time.monotonic()
+        assert backend.wait("c1", 0.2) is None
+        assert time.monotonic() - began < 10
+    finally:
+        transport.KNOWN.pop((url, "prefix"), None)
+        for s in filled:
+            s.close()
+        server.close()
+
+
+def test_a_removal_during_a_look_ends_the_request_that_look_holds(short_dir: Path) -> None:
+    """Found by the second review: the look holds its request out of the kept ones, so a
+    removal by another thread (the lease's) found nothing, and the look kept it after."""
+
+    def headers_only(conn: socket.socket, release: threading.Event) -> None:
+        conn.sendall(HEAD)
+
+    with engine(short_dir, headers_only) as (e, backend):
+        assert backend.wait("c1", 0.01) is None
+        look = threading.Thread(target=backend.wait, args=("c1", 0.5))
+        look.start()
+        time.sleep(0.1)
+        backend.remove("c1")
+        look.join()
+        assert e.closed_by_runner.wait(10)
+        assert backend.wait("c1", 0.01) is None  # a later look asks anew
+        assert e.waits == 2
+
+
+def test_an_old_kept_request_is_read_before_it_is_sent_anew(
+    short_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the second review: at the deadline's look (0.01 s) an old request was sent
+    anew with its answer unread in the socket, so a job that had ended read as timed out."""
+    from runner.backends import docker
+
+    monkeypatch.setattr(docker, "_KEPT_SECONDS", 0.3)
+
+    def slow_fresh(conn: socket.socket, release: threading.Event) -> None:
+        time.sleep(0.5)
+        conn.sendall(HEAD + EXITED_3)
+
+    with engine(short_dir, headers_then_end, slow_fresh) as (e, backend):
+        assert backend.wait("c1", 0.02) is None
+        e.release.set()
+        time.sleep(0.5)
+        assert backend.wait("c1", 0.01) == 3
+        assert e.waits == 1
