@@ -77,6 +77,10 @@ class CpuMeter:
         m = psutil.cpu_times()
         return m.user + m.nice + m.system + m.irq + m.softirq + m.steal
 
+    def engine_pids(self) -> list[int]:
+        """The engine daemons' pids, as found when the meter was made."""
+        return [p.pid for p in self._engine]
+
     def _settle(self) -> None:
         if self._server is None:
             return

@@ -165,8 +165,9 @@ class KeptAnswer:
     """A request sent once whose answer comes when something ends (a container's ``wait``),
     kept open across the calls that look for it: a watch loop that looks every 0.2 s sends
     one request for the job's whole run, not five a second, each a connection, a handler and
-    a waiter in the engine (about 2.5 ms of CPU a second of every running job, the runner's
-    and the engine's together, measured on a job that slept: benchmarks/watch.py).
+    a waiter in the engine (about 7 ms of CPU a second of every running job, the runner's
+    and the engine's together, half of what watching it cost: a job that slept, measured
+    as ``benchmarks/watch.py`` does).
 
     Docker answers a wait with its status line and headers at once and the body when the
     container ends; Podman may send nothing until then. Either way the socket is looked at
