@@ -244,9 +244,12 @@ def perf_markdown(report: dict[str, Any]) -> str:
             target, met = t.text(), t.met(f["ratio"], f.get("extra", {}))
         else:
             target, met = f.get("target", ""), bool(f.get("met"))
+        # A figure with no target (toyAutoserve, watch) is not met or unmet: a dash, as the
+        # report's own table says it.
+        verdict = ("yes" if met else "**no**") if target else "—"
         lines.append(
             f"| {f['figure']} | `{key}` | {f.get('baselineName', '')} | {_ratio_text(f, t)} | "
-            f"{target} | {'yes' if met else '**no**'} |"
+            f"{target or '—'} | {verdict} |"
         )
     for key, t in TARGETS.items():
         if key not in seen:

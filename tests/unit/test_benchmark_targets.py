@@ -202,6 +202,7 @@ def test_the_perf_block_is_generated_from_the_report() -> None:
         [
             {**_figure("startup-verify", 19.0), "extra": {"differenceSeconds": 0.3}},
             {**_figure("concurrentBatch", 0.95, "jobs/s"), "baselineName": "20 docker run"},
+            {**_figure("toyAutoserve", 1.2), "baselineName": "docker run"},
         ]
     )
     page = "intro\n<!-- perf:begin -->\nold table\n<!-- perf:end -->\nafter\n"
@@ -213,6 +214,7 @@ def test_the_perf_block_is_generated_from_the_report() -> None:
     assert f"| +0.300 s (19.00{X}) | ≤ +0.1 s over the baseline | **no** |" in out
     assert f"| 20 docker run | 0.95{X} | ≥ 0.9{X} | yes |" in out
     assert f"| `slurm` | | not in this report | ≥ 0.8{X} | |" in out, "targets with no figure"
+    assert f"| `toyAutoserve` | docker run | 1.20{X} | — | — |" in out, "a figure with none"
     assert targets.with_perf_block(out, report) == out
     assert targets.with_perf_block("no markers\n", report) == "no markers\n"
 
