@@ -8,9 +8,7 @@ The real engines' waits run in every integration test that runs a job."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +19,7 @@ import pytest
 from runner.backends.docker import DockerBackend
 from runner.backends.podman import PodmanBackend
 from runner.core.errors import ContainerVanished, EngineUnavailable
+from tests.support.engine_socket import UnixEngine
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
 """What Docker sends as soon as it has registered a wait (the body comes when it ends)."""
@@ -36,58 +35,35 @@ Script = Callable[[socket.socket, threading.Event], None]
 """What the engine does on one wait request's connection (the request read already)."""
 
 
-class ScriptedEngine:
+class ScriptedEngine(UnixEngine):
     """An Engine API on a Unix socket: ``/_ping`` and a removal answered, each wait request
     handed to the next of ``scripts`` (the last one repeats); it counts the wait requests it
     got and notes when a connection it served was ended by the runner."""
 
     def __init__(self, path: Path, *scripts: Script) -> None:
-        self.path = path
         self.scripts = list(scripts)
         self.waits = 0
         self.closed_by_runner = threading.Event()
         self.release = threading.Event()
         """Set by a test: a script waiting for it sends the end of its answer."""
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
-        self.sock.listen(16)
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(path)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError):
-            request = b""
-            while b"\r\n\r\n" not in request:
-                got = conn.recv(65536)
-                if not got:
-                    return
-                request += got
-            line = request.split(b"\r\n", 1)[0]
-            if b"/_ping" in line:
-                conn.sendall(b"HTTP/1.1 200 OK\r\nAPI-Version: 1.41\r\n"
-                             b"Content-Length: 2\r\n\r\nOK")  # fmt: skip
-                return
-            if line.startswith(b"DELETE "):
-                conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
-                return
-            assert b"/wait" in line, line
-            self.waits += 1
-            script = self.scripts[min(self.waits, len(self.scripts)) - 1]
-            script(conn, self.release)
-            conn.settimeout(30)
-            if conn.recv(1) == b"":  # the runner ended the request
-                self.closed_by_runner.set()
+    def answer(self, conn: socket.socket, line: bytes) -> None:
+        if line.startswith(b"DELETE "):
+            conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+            return
+        if b"/wait" not in line:
+            super().answer(conn, line)
+            return
+        self.waits += 1
+        self.scripts[min(self.waits, len(self.scripts)) - 1](conn, self.release)
+        conn.settimeout(30)
+        if conn.recv(1) == b"":  # the runner ended the request
+            self.closed_by_runner.set()
 
     def close(self) -> None:
         self.release.set()
-        self.sock.close()
+        super().close()
 
 
 def headers_then_end(conn: socket.socket, release: threading.Event) -> None:
@@ -112,15 +88,6 @@ def hang_up(conn: socket.socket, release: threading.Event) -> None:
     """An engine that ends the request unanswered (a restart, a limit of its own)."""
     conn.sendall(HEAD)
     conn.shutdown(socket.SHUT_RDWR)
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="wait-", dir="/tmp"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager

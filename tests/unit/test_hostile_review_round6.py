@@ -9,9 +9,7 @@ import contextlib
 import gzip
 import hashlib
 import json
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +33,7 @@ from runner.state.jobdir import JobDir
 from tests.support import run_cli
 from tests.support.asset_server import Served, asset_server
 from tests.support.clock import VirtualClock
+from tests.support.engine_socket import UnixEngine
 from tests.unit.test_orchestrator_fake import _contract, _options, _run, _writes
 
 pytestmark = pytest.mark.hostile
@@ -51,51 +50,20 @@ def _printable_and_short(text: str) -> bool:
 # ------------------------------------------------------------------ the engine's word
 
 
-class _HostileEngine:
+class _HostileEngine(UnixEngine):
     """An Engine API on a Unix socket: ``/_ping`` and ``/version`` (``answer`` as its JSON)."""
 
     def __init__(self, path: Path, answer: object) -> None:
-        self.path = path
         self.body = json.dumps(answer).encode()  # ensure_ascii: "\ud800" travels as JSON can
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
-        self.sock.listen(8)
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__(path)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                request = b""
-                while b"\r\n\r\n" not in request:
-                    got = conn.recv(65536)
-                    if not got:
-                        break
-                    request += got
-                body = b"OK" if b"/_ping" in request.split(b"\r\n", 1)[0] else self.body
-                head = (
-                    "HTTP/1.1 200 OK\r\nAPI-Version: 1.45\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-                )
-                with contextlib.suppress(OSError):  # a client that stops reading: its choice
-                    conn.sendall(head.encode() + body)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A folder with a short path: a Unix socket's path is at most 107 bytes."""
-    folder = Path(tempfile.mkdtemp(prefix="r6-", dir="/tmp"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    def answer(self, conn: socket.socket, line: bytes) -> None:
+        body = b"OK" if b"/_ping" in line else self.body
+        head = (
+            "HTTP/1.1 200 OK\r\nAPI-Version: 1.45\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        )
+        conn.sendall(head.encode() + body)
 
 
 @pytest.fixture

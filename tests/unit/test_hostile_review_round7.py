@@ -4,7 +4,6 @@ hostile engine is a loopback Unix-socket server."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from runner.results.bundle.verify import Keys, verify
+from tests.support.engine_socket import UnixEngine
 
 pytestmark = pytest.mark.hostile
 
@@ -76,48 +76,28 @@ def test_a_fetch_txt_size_in_non_ascii_digits_is_a_problem_not_a_crash(
     ), report.problems
 
 
-class _TricklingEngine:
+class _TricklingEngine(UnixEngine):
     """An Engine API on a Unix socket that answers ``/_ping`` at once and every other request
     with a head at once and then its body a byte at a time, each byte within the client's
     per-read timeout (so that no single read ever times out)."""
 
     def __init__(self, path: Path, per_byte: float) -> None:
-        self.path, self.per_byte = path, per_byte
-        self.closed = threading.Event()
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(str(path))
-        self.sock.listen(8)
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.per_byte = per_byte
+        super().__init__(path)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn, contextlib.suppress(OSError):
-            request = b""
-            while b"\r\n\r\n" not in request and (got := conn.recv(65536)):
-                request += got
-            ping = b"/_ping" in request.split(b"\r\n", 1)[0]
-            body = b"OK" if ping else json.dumps({"Version": "x" * 4096}).encode()
-            conn.sendall(
-                b"HTTP/1.1 200 OK\r\nAPI-Version: 1.45\r\nContent-Type: application/json\r\n"
-                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                + (body if ping else b"")
-            )
-            if not ping:
-                for i in range(len(body)):
-                    if self.closed.wait(self.per_byte):
-                        return
-                    conn.sendall(body[i : i + 1])
-
-    def close(self) -> None:
-        self.closed.set()
-        self.sock.close()
+    def answer(self, conn: socket.socket, line: bytes) -> None:
+        ping = b"/_ping" in line
+        body = b"OK" if ping else json.dumps({"Version": "x" * 4096}).encode()
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nAPI-Version: 1.45\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + (body if ping else b"")
+        )
+        if not ping:
+            for i in range(len(body)):
+                if self.closed.wait(self.per_byte):
+                    return
+                conn.sendall(body[i : i + 1])
 
 
 def test_an_engine_that_trickles_its_answer_is_given_up_on_within_the_calls_timeout() -> None:
