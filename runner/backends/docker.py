@@ -74,11 +74,6 @@ _MAX_API = (1, 45)
 """The newest Engine API version the requests below were written against."""
 MAX_API_VERSION = f"{_MAX_API[0]}.{_MAX_API[1]}"
 """The same, as ``runner --version`` says it."""
-_KEPT_MAX = 64
-"""The most wait requests kept open by one backend (one per job it watches)."""
-_KEPT_SECONDS = 10.0
-"""A kept wait request older than this is sent anew: one request every 10 s of a job's run,
-where one every tick (0.2 s) was, and a connection that died silently costs at most this."""
 _NO_TIMEOUT = 30 * 24 * 3600.0
 """A followed log's socket waits this long for the next bytes: in effect, as long as the
 container runs (the engine ends the stream when it ends; :class:`LogFollow` cancels it)."""
@@ -133,13 +128,8 @@ class DockerBackend:
         self._url = transport.engine_url(base_url)
         self._connect = transport.endpoint(self._url)
         self._prefix_lock = threading.Lock()
-        self._kept: dict[str, transport.KeptAnswer] = {}
-        """A container's wait request, sent and not yet answered (:meth:`_kept_answer`)."""
-        self._kept_lock = threading.Lock()
-        self._asking: dict[str, int] = {}
-        """Keys calls are asking on now (each holds its request out of ``_kept``), and how many."""
-        self._dropped: set[str] = set()
-        """Keys removed while a call held their request: that call closes it."""
+        self._waits = transport.KeptRequests(self._connect)
+        """Each watched container's wait request, kept from one look to the next."""
         self._sdk: docker.APIClient | None = None
 
     # -- transport -------------------------------------------------------------------------
@@ -225,93 +215,14 @@ class DockerBackend:
     ) -> tuple[int, bytes] | None:
         """The answer to ``POST path`` (whole, prefixed), which comes when something ends
         (``key``: a container's wait), once the engine gives it within ``timeout`` seconds;
-        None before. The request is sent once and kept between calls
-        (:class:`~runner.backends.transport.KeptAnswer`), so a running job costs the engine
-        one request, not one every tick; it is sent anew once :data:`_KEPT_SECONDS` old (a
-        connection that died without a word, on a network, says nothing), after a look that
-        takes an answer already there. Each call ends within its own time, as every engine
-        call does, its connecting included: an answer begun and not ended by then is not
-        waited for (the next call asks again). A kept request the engine ended unanswered (a
-        restart, its own limits) is sent again at once; a fresh one's failure is raised."""
-        until = time.monotonic() + max(timeout, 0.01)
-        with self._kept_lock:
-            kept = self._kept.pop(key, None)
-            self._asking[key] = self._asking.get(key, 0) + 1
-        expired = kept is not None and time.monotonic() - kept.sent > _KEPT_SECONDS
+        None before. The request is kept from one call to the next
+        (:class:`~runner.backends.transport.KeptRequests`): a running job costs the engine one
+        request, not one a look."""
         try:
-            while True:
-                fresh = kept is None
-                try:
-                    if kept is None:
-                        kept = self._send_kept(path, until)
-                    answer = kept.answer(time.monotonic() if expired else until)
-                except TimeoutError:  # begun, not ended in time: as a call's own timeout was
-                    if kept is not None:
-                        kept.close()
-                    return None
-                except (OSError, http.client.HTTPException) as exc:
-                    if kept is not None:
-                        kept.close()
-                    kept = None
-                    if fresh:
-                        raise self._unreachable(action, exc) from exc
-                    continue
-                except BaseException:  # a Ctrl-C while it waits: the request goes with it
-                    if kept is not None:
-                        kept.close()
-                    raise
-                if answer is not None:
-                    kept.close()
-                    return answer[0], self._capped(answer[1], action)
-                if expired:  # nothing there: asked anew, within this call's time
-                    kept.close()
-                    kept, expired = None, False
-                    continue
-                self._keep(key, kept)
-                return None
-        finally:
-            with self._kept_lock:
-                self._asking[key] -= 1
-                if not self._asking[key]:
-                    del self._asking[key]
-                    self._dropped.discard(key)
-
-    def _keep(self, key: str, kept: transport.KeptAnswer) -> None:
-        """Keep ``kept`` for the next call on ``key``, unless its container was removed
-        meanwhile (:meth:`_drop_kept` found it being asked)."""
-        gone: list[transport.KeptAnswer] = []
-        with self._kept_lock:
-            if key in self._dropped:
-                gone.append(kept)
-            else:
-                old = self._kept.pop(key, None)
-                if old is not None:  # another thread's call on the same key: one is enough
-                    gone.append(old)
-                self._kept[key] = kept
-                while len(self._kept) > _KEPT_MAX:  # never read again (its job's watch
-                    gone.append(self._kept.pop(next(iter(self._kept))))  # ended otherwise)
-        for one in gone:
-            one.close()
-
-    def _send_kept(self, path: str, until: float) -> transport.KeptAnswer:
-        """Send ``POST path``, connecting within the call's time (``until``)."""
-        conn = self._connect(max(until - time.monotonic(), transport.READ_FLOOR))
-        try:
-            conn.request("POST", path, headers={"Host": "docker"})
-        except BaseException:
-            conn.close()
-            raise
-        return transport.KeptAnswer(conn)
-
-    def _drop_kept(self, key: str) -> None:
-        """End the request kept for ``key`` (its container removed); one a call holds now is
-        ended when that call would keep it."""
-        with self._kept_lock:
-            kept = self._kept.pop(key, None)
-            if key in self._asking:
-                self._dropped.add(key)
-        if kept is not None:
-            kept.close()
+            answer = self._waits.answer(key, path, timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            raise self._unreachable(action, exc) from exc
+        return None if answer is None else (answer[0], self._capped(answer[1], action))
 
     def _call(
         self,
@@ -785,7 +696,7 @@ class DockerBackend:
             raise InfrastructureError(f"{action}: the engine answered {status}")
 
     def remove(self, container_id: str) -> None:
-        self._drop_kept(container_id)
+        self._waits.drop(container_id)
         # 404: already gone; 409: removal already in progress. Both are the goal.
         with contextlib.suppress(ContainerVanished):
             self._container_call(

@@ -2,7 +2,7 @@
 connection to the engine (a Unix socket, TCP, or TCP with TLS, as ``DOCKER_HOST`` says), every
 receive of a call bounded by one deadline, answers read under a cap, the facts an engine
 does not change while it runs, and the one request a watch keeps open across its ticks
-(:class:`KeptAnswer`). The calls themselves are the backends' (``runner.backends.docker``).
+(:class:`KeptRequests`). The calls themselves are the backends' (``runner.backends.docker``).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import http.client
 import os
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,11 +23,14 @@ from runner.core.errors import EngineUnavailable
 
 __all__ = [
     "DEFAULT_SOCKET",
+    "KEPT_MAX",
+    "KEPT_SECONDS",
     "KNOWN",
     "MAX_ANSWER_BYTES",
     "READ_FLOOR",
     "DeadlineSocket",
     "KeptAnswer",
+    "KeptRequests",
     "UnixConnection",
     "endpoint",
     "engine_url",
@@ -250,3 +254,112 @@ READ_FLOOR = 0.05
 """The least time a begun answer is given to end, even when the call's own time is all but
 spent (a look at the deadline waits 0.01 s): an answer the engine writes at once is read
 whole, not cut at a byte."""
+
+
+KEPT_MAX = 64
+"""The most requests one :class:`KeptRequests` keeps open (one per job its backend watches)."""
+KEPT_SECONDS = 10.0
+"""A kept request older than this is sent anew: one request every 10 s of a job's run, where
+one every look (0.2 s) was, and a connection that died without a word costs at most this."""
+
+
+class KeptRequests:
+    """Requests kept open from one call to the next, by key (a container's id): each call
+    looks whether its request's answer came (:class:`KeptAnswer`), sending it first when none
+    is kept. Each call ends within its own time, its connecting included: an answer begun and
+    not ended by then is not waited for (the next call asks again). A kept request is sent
+    anew once :data:`KEPT_SECONDS` old, after a look that takes an answer already there; one
+    the engine ended unanswered (a restart, its own limits) is sent again at once; a fresh
+    one's failure is raised (OSError or http.client.HTTPException) for the caller to name.
+    Safe across threads: a call holds its request out of the kept ones, and a :meth:`drop`
+    meanwhile (the container removed, by the lease's thread) has that call close it."""
+
+    def __init__(self, connect: Callable[[float | None], http.client.HTTPConnection]) -> None:
+        self._connect = connect
+        self._kept: dict[str, KeptAnswer] = {}
+        self._lock = threading.Lock()
+        self._asking: dict[str, int] = {}
+        """Keys calls are asking on now, and how many."""
+        self._dropped: set[str] = set()
+        """Keys dropped while a call held their request: that call closes it."""
+
+    def answer(self, key: str, path: str, timeout: float) -> tuple[int, bytes] | None:
+        """The status and body of ``POST path`` for ``key`` once the engine answered within
+        ``timeout`` seconds (at least 0.01 s); None before."""
+        until = time.monotonic() + max(timeout, 0.01)
+        with self._lock:
+            kept = self._kept.pop(key, None)
+            self._asking[key] = self._asking.get(key, 0) + 1
+        expired = kept is not None and time.monotonic() - kept.sent > KEPT_SECONDS
+        try:
+            while True:
+                fresh = kept is None
+                try:
+                    if kept is None:
+                        kept = self._send(path, until)
+                    answer = kept.answer(time.monotonic() if expired else until)
+                except TimeoutError:  # begun, not ended in time: as a call's own timeout was
+                    if kept is not None:
+                        kept.close()
+                    return None
+                except (OSError, http.client.HTTPException):
+                    if kept is not None:
+                        kept.close()
+                    kept = None
+                    if fresh:
+                        raise
+                    continue
+                except BaseException:  # a Ctrl-C while it waits: the request goes with it
+                    if kept is not None:
+                        kept.close()
+                    raise
+                if answer is not None:
+                    kept.close()
+                    return answer
+                if expired:  # nothing there: asked anew, within this call's time
+                    kept.close()
+                    kept, expired = None, False
+                    continue
+                self._keep(key, kept)
+                return None
+        finally:
+            with self._lock:
+                self._asking[key] -= 1
+                if not self._asking[key]:
+                    del self._asking[key]
+                    self._dropped.discard(key)
+
+    def drop(self, key: str) -> None:
+        """End the request kept for ``key``; one a call holds now is ended by that call."""
+        with self._lock:
+            kept = self._kept.pop(key, None)
+            if key in self._asking:
+                self._dropped.add(key)
+        if kept is not None:
+            kept.close()
+
+    def _keep(self, key: str, kept: KeptAnswer) -> None:
+        """Keep ``kept`` for the next call on ``key``, unless ``key`` was dropped meanwhile."""
+        gone: list[KeptAnswer] = []
+        with self._lock:
+            if key in self._dropped:
+                gone.append(kept)
+            else:
+                old = self._kept.pop(key, None)
+                if old is not None:  # another thread's call on the same key: one is enough
+                    gone.append(old)
+                self._kept[key] = kept
+                while len(self._kept) > KEPT_MAX:  # never read again (its job's watch
+                    gone.append(self._kept.pop(next(iter(self._kept))))  # ended otherwise)
+        for one in gone:
+            one.close()
+
+    def _send(self, path: str, until: float) -> KeptAnswer:
+        """Send ``POST path``, connecting within the call's time (``until``)."""
+        conn = self._connect(max(until - time.monotonic(), READ_FLOOR))
+        try:
+            conn.request("POST", path, headers={"Host": "docker"})
+        except BaseException:
+            conn.close()
+            raise
+        return KeptAnswer(conn)

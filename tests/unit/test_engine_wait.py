@@ -1,7 +1,7 @@
 """A watched container's wait, kept open between the watch's ticks
-(runner/backends/transport.py ``KeptAnswer``), against scripted engines on a Unix socket: one
-request for a job's whole run, however the engine sends its answer, and never a job that
-looks as if it still ran after its answer came.
+(runner/backends/transport.py ``KeptRequests``, ``KeptAnswer``), against scripted engines on
+a Unix socket: one request for a job's whole run, however the engine sends its answer, and
+never a job that looks as if it still ran after its answer came.
 
 The real engines' waits run in every integration test that runs a job."""
 
@@ -236,10 +236,10 @@ def test_a_kept_request_that_went_silent_is_sent_anew_when_old(
 ) -> None:
     """Found by the review: a connection that died without a word (a network's idle drop)
     was kept for the whole run, the end never seen. Now a kept request is sent anew once
-    ``_KEPT_SECONDS`` old (10 s; here 0.3 s)."""
-    from runner.backends import docker
+    ``KEPT_SECONDS`` old (10 s; here 0.3 s)."""
+    from runner.backends import transport
 
-    monkeypatch.setattr(docker, "_KEPT_SECONDS", 0.3)
+    monkeypatch.setattr(transport, "KEPT_SECONDS", 0.3)
 
     def silent(conn: socket.socket, release: threading.Event) -> None:
         conn.sendall(HEAD)
@@ -365,9 +365,9 @@ def test_an_old_kept_request_is_read_before_it_is_sent_anew(
 ) -> None:
     """Found by the second review: at the deadline's look (0.01 s) an old request was sent
     anew with its answer unread in the socket, so a job that had ended read as timed out."""
-    from runner.backends import docker
+    from runner.backends import transport
 
-    monkeypatch.setattr(docker, "_KEPT_SECONDS", 0.3)
+    monkeypatch.setattr(transport, "KEPT_SECONDS", 0.3)
 
     def slow_fresh(conn: socket.socket, release: threading.Event) -> None:
         time.sleep(0.5)
