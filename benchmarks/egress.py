@@ -62,40 +62,25 @@ last byte (the connection and the tunnel set up before the clock starts)."""
 
 
 RELAY = r"""
-import os, socket, sys, threading
+import importlib.machinery, importlib.util, socket, sys, threading
+loader = importlib.machinery.SourceFileLoader("egress_proxy", "/relay/egress-proxy")
+proxy = importlib.util.module_from_spec(importlib.util.spec_from_loader("egress_proxy", loader))
+loader.exec_module(proxy)
 upstream = (sys.argv[1], int(sys.argv[2]))
-
-def pump(src, dst):
-    r, w = os.pipe()
-    try:
-        import fcntl
-        fcntl.fcntl(w, 1031, 1 << 20)  # F_SETPIPE_SZ, as the proxy does
-    except OSError:
-        pass
-    try:
-        while n := os.splice(src.fileno(), w, 1 << 20):
-            while n:
-                n -= os.splice(r, dst.fileno(), n)
-    except OSError:
-        pass
-    finally:
-        os.close(r), os.close(w)
-        try:
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
 server = socket.create_server(("0.0.0.0", 8000))
 print("ready", flush=True)
 while True:
     client, _ = server.accept()
     up = socket.create_connection(upstream)
     for a, b in ((client, up), (up, client)):
-        threading.Thread(target=pump, args=(a, b), daemon=True).start()
+        threading.Thread(target=proxy.pump, args=(a, b, threading.Semaphore(0)),
+                         daemon=True).start()
 """
-"""The egress proxy's relay loop alone (splice through a 1 MiB pipe, a thread each way), with
-no allowlist, no request to read and no log: what any relay between the job's network and the
-upstream one costs on this machine, the floor of the proxied download."""
+"""The egress proxy's own relay loop (``pump`` of images/proxy/egress-proxy, mounted: splice
+through a 1 MiB pipe, a thread each way), with no allowlist, no request to read and no log:
+what any relay between the job's network and the upstream one costs on this machine, the
+floor of the proxied download."""
+PROXY_PROGRAM = Path(__file__).resolve().parent.parent / "images" / "proxy" / "egress-proxy"
 
 
 @contextlib.contextmanager
@@ -109,6 +94,7 @@ def _bare_relay(b: Bench, upstream_network: str, host: str) -> Iterator[tuple[st
     try:
         sh("docker", "run", "-d", "--name", relay, "--label", f"bench={b.s.id}",
            "--network", network, "--cap-drop", "ALL", "--read-only", "--user", "10001:10001",
+           "--mount", f"type=bind,src={PROXY_PROGRAM},dst=/relay/egress-proxy,readonly",
            b.image_id, "python3", "-c", RELAY, host, "8000")  # fmt: skip
         sh("docker", "network", "connect", upstream_network, relay)
         deadline = time.monotonic() + 30
