@@ -347,6 +347,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
             sys.exit(code)
         if path is not None and os.environ.get("RUNNER_AUTOSERVE"):
             autostart(path, os.environ["RUNNER_AUTOSERVE"])
-    from runner.cli import dispatch
+    from runner.core import collector
 
-    sys.exit(dispatch(given))
+    collector.pause()  # until the command's imports are done (runner.core.collector)
+    try:
+        from runner.cli import dispatch
+
+        sys.exit(dispatch(given))
+    finally:  # a command that ended before it resumed it, or a caller that goes on
+        collector.resume()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 
+from runner.core import collector
+
 __all__ = ["warm_up"]
 
 
@@ -56,3 +58,4 @@ def warm_up() -> None:
     with contextlib.suppress(RunnerError):  # an engine that is down: each command says so
         backends.default().architecture()  # the engine's API version and host, asked once
     gc.freeze()
+    collector.resume()  # held off since the process started, when it was (a no-op else)

@@ -60,6 +60,7 @@ from runner.cli._common import (
     HOST_HELP,
     refusal_exit,
 )
+from runner.core import collector
 from runner.core.errors import RunnerError
 
 if TYPE_CHECKING:
@@ -199,6 +200,12 @@ as before)."""
 
 COMMANDS = frozenset(_TABLE)
 """The top-level commands (a test keeps this in step with build_parser)."""
+
+_RESUMED_LATER = frozenset({("run", None), ("verify", "contract")})
+"""Commands whose imports are most of their time: the garbage collector held off since the
+process started (:mod:`runner.core.collector`) is let run again once they are done, by
+``runner run`` before its job and by the command line's entry as ``verify contract`` ends;
+every other command's is let run before it starts."""
 
 DESCRIPTION = (
     "Run a scientific reproduction exactly as its signed contract says: a pinned image, "
@@ -465,6 +472,8 @@ def dispatch(given: list[str]) -> int:
     for name, value in vars(args).items():  # an unused repeatable option's value is the
         if isinstance(value, list):  # parser's own default list: a command changing it would
             setattr(args, name, list(value))  # change the next parse of a kept parser
+    if (command, action) not in _RESUMED_LATER:
+        collector.resume()
     try:
         code: int = args.func(args)
     except RunnerError as exc:

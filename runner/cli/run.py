@@ -26,6 +26,7 @@ from runner.cli._common import (
     summary,
     usage,
 )
+from runner.core import collector
 from runner.core.errors import RunnerError
 
 if TYPE_CHECKING:
@@ -235,7 +236,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return envelope_exit(envelope)
     options = _run_options(args, loaded, trust)
     if len(args.contract) > 1:
-        return _run_batch(args, options)
+        return _run_batch(args, options)  # its warm-up resumes the collector, then forks
+    collector.resume()  # the imports are done; the job may run for hours
     progress = NotesOnly() if args.json else HumanProgress()
     host.install_signal_handlers()
     envelope = orchestrator.run(Path(args.contract[0]), options, progress=progress)
