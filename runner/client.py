@@ -349,10 +349,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
             autostart(path, os.environ["RUNNER_AUTOSERVE"])
     from runner.core import collector
 
-    collector.pause()  # until the command's imports are done (runner.core.collector)
+    if argv is None:  # the runner program itself, not a caller that goes on after it
+        collector.pause()  # until the command's imports are done (runner.core.collector)
     try:
         from runner.cli import dispatch
 
         sys.exit(dispatch(given))
-    finally:  # a command that ended before it resumed it, or a caller that goes on
+    finally:  # a command that ended before it resumed it
         collector.resume()

@@ -21,8 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def collector_as_found() -> Iterator[None]:
-    """The test process's collector left as it was found: on, nothing frozen by the test."""
+    """Nothing frozen at the start (whatever froze objects before), and the test process's
+    collector left as it was found."""
     was = gc.isenabled()
+    gc.unfreeze()
     yield
     gc.unfreeze()
     collector._paused = False
@@ -40,7 +42,8 @@ def test_resume_lets_a_paused_collector_run_again_with_what_was_made_frozen() ->
     made = [[i] for i in range(1000)]  # tracked objects made while it was held off
     collector.resume()
     assert gc.isenabled()
-    assert gc.get_freeze_count() >= len(made)
+    assert all(gc.is_tracked(m) for m in made)
+    assert gc.get_freeze_count() >= len(made)  # none frozen before (the fixture)
     frozen = gc.get_freeze_count()
     collector.resume()  # once only: a second call neither freezes nor turns anything on
     assert gc.get_freeze_count() == frozen
@@ -56,8 +59,9 @@ def test_a_collector_someone_else_turned_off_stays_off() -> None:
 
 
 PROBE = """
-import gc, json, sys
+import gc, json, os, sys
 seen = {}
+out, jobs = sys.argv[1], sys.argv[1] + ".jobs"
 
 def probe(name, real):
     def wrapped(*args, **kwargs):
@@ -73,7 +77,8 @@ from runner.execution import orchestrator
 from runner.core.errors import HostConfigError
 
 def job(path, options, progress=None):
-    seen["job"] = gc.isenabled()
+    with open(jobs, "a") as f:  # a batch's jobs run in forks: each says so in the file
+        f.write(json.dumps([os.getpid(), gc.isenabled()]) + "\\n")
     raise HostConfigError("the probe's end")  # ends the command: no engine is asked
 
 cli_run.cmd_run = probe("cmd_run", cli_run.cmd_run)
@@ -81,12 +86,15 @@ cli_parsers.cmd_parsers = probe("cmd_parsers", cli_parsers.cmd_parsers)
 plan.build = probe("verify's plan", plan.build)
 orchestrator.run = job
 from runner.client import main
+sys.argv = ["runner", *sys.argv[2:]]
 try:
-    main(sys.argv[2:])
+    main()  # as the runner program calls it
 except SystemExit:
     pass
 seen["at the end"] = gc.isenabled()
-open(sys.argv[1], "w").write(json.dumps(seen))
+if os.path.exists(jobs):
+    seen["jobs"] = [on for pid, on in map(json.loads, open(jobs))]
+open(out, "w").write(json.dumps(seen))
 """
 
 
@@ -121,12 +129,30 @@ def test_a_run_imports_with_the_collector_held_off_and_runs_its_job_with_it(
         tmp_path, "run", str(_toy(tmp_path)), "--allow-unsigned", "--state-dir",
         str(tmp_path / "state"),
     )  # fmt: skip
-    assert seen == {"cmd_run": False, "job": True, "at the end": True}
+    assert seen == {"cmd_run": False, "jobs": [True], "at the end": True}
+
+
+def test_a_batch_forks_its_jobs_with_the_collector_running(tmp_path: Path) -> None:
+    toy = _toy(tmp_path)
+    other = tmp_path / "other.json"
+    data = json.loads(toy.read_text())
+    data.pop("contractDigest")
+    data["name"] += "-other"
+    from runner.contract import with_digest
+
+    other.write_text(json.dumps(with_digest(data)))
+    seen = _probe(
+        tmp_path, "run", str(toy), str(other), "--allow-unsigned", "--parallel", "2",
+        "--state-dir", str(tmp_path / "state"),
+    )  # fmt: skip
+    assert seen == {"cmd_run": False, "jobs": [True, True], "at the end": True}
 
 
 def test_verify_is_held_off_to_its_end_and_other_commands_are_not(tmp_path: Path) -> None:
-    seen = _probe(tmp_path, "verify", "contract", str(_toy(tmp_path)), "--allow-unsigned")
-    assert seen == {"verify's plan": False, "at the end": True}
+    toy = str(_toy(tmp_path))
+    for spelled in (["verify", "contract"], ["verify"]):  # the flat spelling is the same
+        seen = _probe(tmp_path, *spelled, toy, "--allow-unsigned")
+        assert seen == {"verify's plan": False, "at the end": True}
     assert _probe(tmp_path, "parsers", "--json") == {"cmd_parsers": True, "at the end": True}
 
 
@@ -134,8 +160,7 @@ def test_a_warm_process_forks_with_the_collector_running(tmp_path: Path) -> None
     """warm_up (a server's, a batch's) lets it run before the forks, whose jobs may be long."""
     script = (
         "import gc\nfrom runner.core import collector\ncollector.pause()\n"
-        "from runner.app.warmup import warm_up\nwarm_up()\n"
-        "assert gc.isenabled() and gc.get_freeze_count() > 0\n"
+        "from runner.app.warmup import warm_up\nwarm_up()\nassert gc.isenabled()\n"
     )
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
