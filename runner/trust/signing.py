@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from runner.core.errors import HostConfigError, RunnerError, SignatureInvalid
 
 __all__ = [
+    "MAX_SIGNATURES",
     "PAYLOAD_TYPE",
     "TrustedKey",
     "_b64",
@@ -186,6 +187,13 @@ def _b64(value: Any, what: str) -> bytes:
         ) from exc
 
 
+MAX_SIGNATURES = 16
+"""The most signatures an envelope may carry (or the host's threshold, when that is more).
+Each one is tried against every trusted key, over the whole payload: a hostile envelope of
+thousands of made-up signatures (a contract's 4 MiB holds about 40,000) would hold the
+runner for seconds for each trusted key, where a signer has no use for more than a few."""
+
+
 @dataclass(frozen=True)
 class VerifiedPayload:
     payload: bytes
@@ -216,6 +224,13 @@ def verify_envelope(
     signatures = envelope.get("signatures")
     if not isinstance(signatures, list) or not signatures:
         raise SignatureInvalid("the envelope has no signatures")
+    most = max(MAX_SIGNATURES, threshold)
+    if len(signatures) > most:
+        raise SignatureInvalid(
+            f"the envelope carries {len(signatures)} signatures; at most {most} are read",
+            hint="sign with the keys the verifying host trusts, as many as its "
+            "signatureThreshold asks for, and no others",
+        )
     if not trusted:
         raise SignatureInvalid(
             "no trusted keys are configured on this host",
