@@ -22,6 +22,7 @@ that name sources, sha256, size and path are the runner's to fetch and mount
 from __future__ import annotations
 
 import posixpath
+from collections import Counter
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -175,8 +176,10 @@ class Preflight(_Open):
 
     @model_validator(mode="after")
     def _unique_checks(self) -> Preflight:
-        ids = [c.id for c in self.checks]
-        twice = sorted({i for i in ids if ids.count(i) > 1})
+        counted = Counter(
+            c.id for c in self.checks
+        )  # not ids.count(i) for each: n² on a hostile list
+        twice = sorted(i for i, n in counted.items() if n > 1)
         if twice:
             raise ValueError(f"preflight check id(s) {', '.join(map(repr, twice))} appear twice")
         return self

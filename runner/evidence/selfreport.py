@@ -183,13 +183,13 @@ def _ids(items: Any, *keys: str) -> list[str]:
     """The ids of a list of objects (the first of ``keys`` each has), or an object's keys."""
     if isinstance(items, Mapping):
         return [k for k in items if isinstance(k, str)]
-    out: list[str] = []
+    out: dict[str, None] = {}  # in order, each once: a set's lookups on a hostile count
     for item in items if isinstance(items, list) else []:
         if isinstance(item, Mapping):
             found = next((item[k] for k in keys if isinstance(item.get(k), str)), None)
-            if found is not None and found not in out:
-                out.append(found)
-    return out
+            if found is not None:
+                out.setdefault(found)
+    return list(out)
 
 
 @dataclass
@@ -362,6 +362,7 @@ class _Checker:
 
     def workload(self, r: ContractResult, contract: Mapping[str, Any] | None) -> None:
         groups = _contract_groups(contract) if contract is not None else None
+        known = set(groups or ())  # looked up once per entry of the job's list
         listed = self.evidence()
         seen: set[str] = set()
         for i, w in enumerate(r.workloadCompletion):
@@ -385,7 +386,7 @@ class _Checker:
                     f"{at}.groupId",
                     f"group {_quote(w.groupId)} appears more than once",
                 )
-            elif groups is not None and w.groupId not in groups:
+            elif groups is not None and w.groupId not in known:
                 self.flag(
                     "workload_group_unknown",
                     f"{at}.groupId",
