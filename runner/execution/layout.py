@@ -50,7 +50,11 @@ def working_copy(job: JobDir, contract: VerifiedContract, disk_quota: int) -> bo
         ) from None
     tmp = job.workspace / ".repository.staging"
     _remove(tmp)  # left by a runner that died while copying
-    room = _Room(disk_quota - quotas.allocated_bytes(list(job.writable)), disk_quota)
+    try:
+        used = quotas.allocated_bytes(list(job.writable))
+    except quotas.TooDeep:  # a folder an earlier attempt nested too deep to count: no room
+        used = disk_quota + 1
+    room = _Room(disk_quota - used, disk_quota)
     room.expect(job.input, tmp, staged)
     try:
         shutil.copytree(source, tmp, symlinks=True, copy_function=room.copy)

@@ -32,7 +32,7 @@ from runner.core import safefs
 if TYPE_CHECKING:  # imported where a job uses it: a job without one never does
     from runner.agents import transcript
 
-__all__ = ["DiskMeter", "Guards", "LogCap", "allocated_bytes"]
+__all__ = ["MAX_DEPTH", "DiskMeter", "Guards", "LogCap", "TooDeep", "allocated_bytes"]
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -40,33 +40,70 @@ _BLOCK = 4096
 CHUNK = 1024 * 1024
 
 
+MAX_DEPTH = 256
+"""How deep below each root the meter walks. It holds a descriptor for each folder on the
+path it is in, no more: a walk that held one for every folder it had still to enter ran out
+of descriptors under a job's chain of folders a thousand deep, each with a sibling left for
+later, and counted nothing past that (a third of such a tree under a limit of 1,024
+descriptors; the rest of the runner's files and sockets failed meanwhile). A folder deeper
+than this is not walked: :class:`TooDeep`, and the job is taken to be over its quota."""
+
+
+class TooDeep(Exception):
+    """A folder below a measured root is nested deeper than :data:`MAX_DEPTH`: what it holds
+    cannot be counted."""
+
+
 def allocated_bytes(roots: list[Path]) -> int:
     """Bytes allocated under ``roots`` (st_blocks), never following a link: each folder is
     opened from its parent's descriptor with ``O_NOFOLLOW``, so a folder the job swaps for a
-    link while it is measured is skipped, not walked."""
+    link while it is measured is skipped, not walked. Depth first, with a descriptor open for
+    each folder on the path and none for those still to be entered; :class:`TooDeep` for a
+    folder deeper than :data:`MAX_DEPTH`."""
     total = 0
-    stack: list[int] = []
     for root in roots:
-        with contextlib.suppress(OSError):
-            stack.append(os.open(root, safefs.DIR_FLAGS & ~os.O_NOFOLLOW))
-    while stack:
-        fd = stack.pop()
         try:
-            with os.scandir(fd) as entries:
-                for entry in entries:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if stat.S_ISDIR(st.st_mode):
-                        with contextlib.suppress(OSError):
-                            stack.append(os.open(entry.name, safefs.DIR_FLAGS, dir_fd=fd))
+            fd = os.open(root, safefs.DIR_FLAGS & ~os.O_NOFOLLOW)
         except OSError:
-            pass
+            continue
+        path: list[tuple[int, list[str]]] = []  # each open folder, its subfolders to enter
+        try:
+            while fd >= 0:
+                subfolders: list[str] = []
+                with contextlib.suppress(OSError), os.scandir(fd) as entries:
+                    for entry in entries:
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        total += st.st_blocks * 512
+                        if stat.S_ISDIR(st.st_mode):
+                            subfolders.append(entry.name)
+                path.append((fd, subfolders))
+                fd = _next_folder(path)
         finally:
-            os.close(fd)
+            for held, _ in path:
+                os.close(held)
     return total
+
+
+def _next_folder(path: list[tuple[int, list[str]]]) -> int:
+    """The next folder to measure, opened: a subfolder of the deepest folder on ``path`` that
+    has one left (those with none are closed and left); -1 when none is left."""
+    while path:
+        parent, todo = path[-1]
+        if not todo:
+            os.close(parent)
+            path.pop()
+            continue
+        name = todo.pop()
+        if len(path) > MAX_DEPTH:
+            raise TooDeep(f"a folder is nested more than {MAX_DEPTH} deep")
+        try:
+            return os.open(name, safefs.DIR_FLAGS, dir_fd=parent)
+        except OSError:
+            continue  # gone, or made a link: not walked
+    return -1
 
 
 @dataclass
@@ -77,14 +114,23 @@ class DiskMeter:
     peak: int = 0
     last: int = 0
     measurements: int = 0
+    too_deep: bool = False
+    """A measurement found a folder nested deeper than :data:`MAX_DEPTH`."""
     _next: float = 0.0
 
     def due(self) -> bool:
         return time.monotonic() >= self._next
 
     def measure(self) -> int:
+        """What the roots hold now; one byte over the quota when a folder in them is nested
+        too deep to be counted (:class:`TooDeep`): a job that hides files there is stopped as
+        one over its quota."""
         start = time.monotonic()
-        self.last = allocated_bytes(self.roots)
+        try:
+            self.last = allocated_bytes(self.roots)
+        except TooDeep:
+            self.too_deep = True
+            self.last = max(self.last, self.quota + 1)
         took = time.monotonic() - start
         self.measurements += 1
         self.peak = max(self.peak, self.last)

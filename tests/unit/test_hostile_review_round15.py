@@ -7,6 +7,7 @@ once per entry of the job's result.json (n squared: 80,000 checks took 72 s)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from runner.core.errors import SignatureInvalid
 from runner.trust import signing
 from tests.unit.test_signing import Host, b64, contract_data, independent_envelope
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _padded(envelope: dict[str, Any], count: int) -> dict[str, Any]:
@@ -118,3 +121,76 @@ def test_a_result_of_many_workload_entries_is_checked_in_linear_time(tmp_path: A
     assert time.process_time() - t < 3.0
     assert {f.code for f in record.flags} == {"workload_group_missing"}  # none unknown
     assert record.problems == ["47,800 more flags than the 200 recorded"]
+
+
+def _ladder(root: Any, levels: int, *, with_files: bool = True) -> int:
+    """A chain of folders ``levels`` deep under ``root``, each with a sibling folder holding a
+    64 KiB file (left for later by a depth-first walk); the bytes allocated in it all."""
+    import os
+
+    os.makedirs(root)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        for _ in range(levels):
+            os.mkdir("b", dir_fd=fd)
+            if with_files:
+                side = os.open("b", os.O_RDONLY, dir_fd=fd)
+                out = os.open("big", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=side)
+                os.write(out, b"x" * 65536)
+                os.close(out)
+                os.close(side)
+            os.mkdir("a", dir_fd=fd)
+            deeper = os.open("a", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+    finally:
+        os.close(fd)
+    total, stack = 0, [str(root)]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for e in it:
+                total += e.stat(follow_symlinks=False).st_blocks * 512
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+    return total
+
+
+def test_the_disk_meter_counts_a_deep_ladder_with_few_descriptors(tmp_path: Any) -> None:
+    """A walk that opened every folder it found before entering any held one descriptor a
+    level: under a limit of 128 it counted nothing past the 128th (a job hid its files from
+    the quota so, and the runner's own opens failed meanwhile)."""
+    import os
+    import subprocess
+    import sys
+
+    from runner.execution import quotas
+
+    expected = _ladder(tmp_path / "out", quotas.MAX_DEPTH - 1)
+    script = (
+        "import resource, sys\nfrom pathlib import Path\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64 + 256 + 8, resource.getrlimit("
+        "resource.RLIMIT_NOFILE)[1]))\n"
+        "from runner.execution.quotas import allocated_bytes\n"
+        "print(allocated_bytes([Path(sys.argv[1])]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "out")], capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) == expected
+
+
+def test_a_folder_nested_past_the_meters_depth_stops_the_job_as_over_its_quota(
+    tmp_path: Any,
+) -> None:
+    from runner.execution import quotas
+
+    _ladder(tmp_path / "out", quotas.MAX_DEPTH + 5, with_files=False)
+    with pytest.raises(quotas.TooDeep):
+        quotas.allocated_bytes([tmp_path / "out"])
+    meter = quotas.DiskMeter([tmp_path / "out"], quota=10 * 2**30)
+    guards = quotas.Guards(disk=meter, logs=[], stop_on_log_limit=False)
+    assert guards.check() == "disk_quota_exceeded"
+    assert meter.too_deep
+    assert guards.breached() == "disk_quota_exceeded"
