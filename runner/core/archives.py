@@ -48,6 +48,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, Literal
 
+from runner.core import safefs
+
 __all__ = [
     "RefusedKind",
     "UnsafeArchive",
@@ -65,6 +67,11 @@ __all__ = [
 CHUNK = 1024 * 1024
 MAX_DEPTH = 64
 """Most components in a member's name (a deep name makes a folder per component)."""
+MAX_LOOSE_DEPTH = 512
+"""Most components in a member's name where ``strict`` is off (a bundle, which holds what a
+job named): deeper than a job's disk quota walks (256), and shallow enough for the recursive
+walks a bundle goes through (bagit's, Python's own: a bag 1,200 deep raised RecursionError
+and left its unpacked copy behind)."""
 MAX_COMPONENT = 255
 """Most bytes in one component of a member's name (NAME_MAX)."""
 MAX_PATH = 4096
@@ -95,7 +102,8 @@ def member_parts(raw: str, *, strict: bool = True) -> list[str]:
     """The components of a member's name (``.`` and empty ones dropped) when it is one this
     module writes: relative, no ``..`` or NUL, within ``MAX_COMPONENT`` and ``MAX_PATH``;
     ``strict`` (an asset's archive) also no backslash and at most ``MAX_DEPTH`` parts (a
-    bundle may hold what a job named so). Else :class:`UnsafeArchive` naming it."""
+    bundle may hold what a job named so, at most ``MAX_LOOSE_DEPTH`` parts). Else
+    :class:`UnsafeArchive` naming it."""
     if not raw or "\x00" in raw or (strict and "\\" in raw):
         raise UnsafeArchive(f"member {raw!r} has an empty name, a NUL or a backslash")
     if raw.startswith("/"):
@@ -103,9 +111,9 @@ def member_parts(raw: str, *, strict: bool = True) -> list[str]:
     parts = [p for p in raw.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise UnsafeArchive(f"member {raw!r} climbs out with '..'")
-    if strict and len(parts) > MAX_DEPTH:
+    if len(parts) > (most := MAX_DEPTH if strict else MAX_LOOSE_DEPTH):
         raise UnsafeArchive(
-            f"member {raw[:80]!r}... is {len(parts):,} parts deep, more than {MAX_DEPTH}"
+            f"member {raw[:80]!r}... is {len(parts):,} parts deep, more than {most}"
         )
     if len(os.fsencode(raw)) > MAX_PATH or any(len(os.fsencode(p)) > MAX_COMPONENT for p in parts):
         raise UnsafeArchive(
@@ -373,18 +381,11 @@ def _zip_members(archive: Path, w: Writer) -> None:
 
 
 def _walk(root: Path) -> Iterator[tuple[str, list[str], list[str]]]:
-    """(folder, subfolders, other entries) for ``root`` and every folder below it, top-down,
-    with a stack rather than recursion (os.walk recurses on Python 3.11); no link followed."""
-    stack = [os.fspath(root)]
-    while stack:
-        folder = stack.pop()
-        dirs: list[str] = []
-        others: list[str] = []
-        with os.scandir(folder) as it:
-            for entry in it:
-                (dirs if entry.is_dir(follow_symlinks=False) else others).append(entry.name)
+    """(folder, subfolders, other entries) for ``root`` and every folder below it
+    (:func:`runner.core.safefs.walk`: no recursion, no link followed; an unlistable folder is
+    an error here)."""
+    for folder, _depth, dirs, others in safefs.walk(root, unreadable="raise"):
         yield folder, dirs, others
-        stack.extend(os.path.join(folder, d) for d in dirs)
 
 
 def tree_bytes(root: Path) -> int:

@@ -50,19 +50,26 @@ def rotate_streams(job: JobDir, previous: int, stream_paths: list[str]) -> list[
 
 
 MAX_MANIFEST_ENTRIES = 100_000
+MAX_MANIFEST_DEPTH = 256
+"""Folders below this depth are not listed (the manifest says ``truncated``); the disk quota
+stops a job whose folders nest deeper (runner.execution.quotas.MAX_DEPTH)."""
 
 
 def output_manifest(job: JobDir, n: int) -> dict[str, Any]:
     """What ``output/`` held when attempt ``n`` ended (path, kind, size, mtime; no link
     followed, no file read), kept as ``record/attempts/<n>/output-manifest.json``: which
-    attempt wrote each evidence file is read from these."""
+    attempt wrote each evidence file is read from these. Walked without recursion
+    (:func:`runner.core.safefs.walk`): a job's tree a thousand deep raised RecursionError here,
+    which took the run's measurements with it."""
     entries: list[dict[str, Any]] = []
-    truncated = False
-    for dirpath, dirnames, filenames in os.walk(job.output):
+    full = too_deep = False
+    walked = safefs.walk(job.output, max_depth=MAX_MANIFEST_DEPTH)
+    for dirpath, depth, dirnames, filenames in walked:
         dirnames.sort()
-        for name in sorted(filenames) + [d for d in dirnames if Path(dirpath, d).is_symlink()]:
+        too_deep = too_deep or (depth == MAX_MANIFEST_DEPTH and bool(dirnames))
+        for name in sorted(filenames):  # files, and links (to folders too), as they are
             if len(entries) >= MAX_MANIFEST_ENTRIES:
-                truncated = True
+                full = True
                 break
             path = Path(dirpath, name)
             try:
@@ -77,9 +84,14 @@ def output_manifest(job: JobDir, n: int) -> dict[str, Any]:
                     "mtimeNs": st.st_mtime_ns,
                 }
             )
-        if truncated:
+        if full:
             break
-    manifest = {"schemaVersion": "1.0", "attempt": n, "truncated": truncated, "files": entries}
+    manifest = {
+        "schemaVersion": "1.0",
+        "attempt": n,
+        "truncated": full or too_deep,
+        "files": entries,
+    }
     folder = job.attempt_record(n)
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "output-manifest.json", manifest)

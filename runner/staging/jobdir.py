@@ -11,6 +11,7 @@ The job folder itself (its layout, :class:`JobDir`, :class:`StateDir`, atomic wr
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -587,11 +588,17 @@ def prepare_writable(job: JobDir, uid: int, gid: int, stream_paths: list[str]) -
     if os.geteuid() != 0:
         return  # the job runs as the caller's own uid, which owns these folders already
     for base in job.writable:
-        for dirpath, dirnames, filenames in os.walk(base):
+        # Without recursion: an earlier attempt may have left a tree a thousand deep.
+        for dirpath, _depth, dirnames, filenames in safefs.walk(base):
             os.chown(dirpath, uid, gid)
             for name in [*dirnames, *filenames]:
                 path = Path(dirpath) / name
-                st = os.lstat(path)
+                try:
+                    st = os.lstat(path)
+                except OSError as exc:  # past PATH_MAX: the job's own, and never the runner's
+                    if exc.errno == errno.ENAMETOOLONG:
+                        continue
+                    raise
                 if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
                     # A hard link may share its bytes with the input cache (or anything else
                     # on the host): never hand such a file to the job. The runner's own copies

@@ -7,6 +7,7 @@ once per entry of the job's result.json (n squared: 80,000 checks took 72 s)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,18 @@ from runner.trust import signing
 from tests.unit.test_signing import Host, b64, contract_data, independent_envelope
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def deep_tmp(tmp_path: Path) -> Iterator[Path]:
+    """``tmp_path``, emptied by the runner's own remove_tree: pytest's clean-up of an old
+    session's folders recurses (shutil.rmtree on 3.11), and a tree this file makes may be
+    deeper than it can."""
+    from runner.core import archives
+
+    yield tmp_path
+    for child in list(tmp_path.iterdir()):
+        archives.remove_tree(child)
 
 
 def _padded(envelope: dict[str, Any], count: int) -> dict[str, Any]:
@@ -155,7 +168,7 @@ def _ladder(root: Any, levels: int, *, with_files: bool = True) -> int:
     return total
 
 
-def test_the_disk_meter_counts_a_deep_ladder_with_few_descriptors(tmp_path: Any) -> None:
+def test_the_disk_meter_counts_a_deep_ladder_with_few_descriptors(deep_tmp: Path) -> None:
     """A walk that opened every folder it found before entering any held one descriptor a
     level: under a limit of 128 it counted nothing past the 128th (a job hid its files from
     the quota so, and the runner's own opens failed meanwhile)."""
@@ -165,7 +178,7 @@ def test_the_disk_meter_counts_a_deep_ladder_with_few_descriptors(tmp_path: Any)
 
     from runner.execution import quotas
 
-    expected = _ladder(tmp_path / "out", quotas.MAX_DEPTH - 1)
+    expected = _ladder(deep_tmp / "out", quotas.MAX_DEPTH - 1)
     script = (
         "import resource, sys\nfrom pathlib import Path\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (64 + 256 + 8, resource.getrlimit("
@@ -174,7 +187,7 @@ def test_the_disk_meter_counts_a_deep_ladder_with_few_descriptors(tmp_path: Any)
         "print(allocated_bytes([Path(sys.argv[1])]))\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "out")], capture_output=True, text=True,
+        [sys.executable, "-c", script, str(deep_tmp / "out")], capture_output=True, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -182,15 +195,86 @@ def test_the_disk_meter_counts_a_deep_ladder_with_few_descriptors(tmp_path: Any)
 
 
 def test_a_folder_nested_past_the_meters_depth_stops_the_job_as_over_its_quota(
-    tmp_path: Any,
+    deep_tmp: Path,
 ) -> None:
     from runner.execution import quotas
 
-    _ladder(tmp_path / "out", quotas.MAX_DEPTH + 5, with_files=False)
+    _ladder(deep_tmp / "out", quotas.MAX_DEPTH + 5, with_files=False)
     with pytest.raises(quotas.TooDeep):
-        quotas.allocated_bytes([tmp_path / "out"])
-    meter = quotas.DiskMeter([tmp_path / "out"], quota=10 * 2**30)
+        quotas.allocated_bytes([deep_tmp / "out"])
+    meter = quotas.DiskMeter([deep_tmp / "out"], quota=10 * 2**30)
     guards = quotas.Guards(disk=meter, logs=[], stop_on_log_limit=False)
     assert guards.check() == "disk_quota_exceeded"
     assert meter.too_deep
     assert guards.breached() == "disk_quota_exceeded"
+
+
+def _chain(root: Path, levels: int, name: str = "a") -> Path:
+    """``root``/a/a/... ``levels`` deep (made through descriptors: past PATH_MAX too); a file
+    ``leaf`` in each of the first and the last folders."""
+    import os
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "leaf").write_text("top")
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        for _ in range(levels):
+            os.mkdir(name, dir_fd=fd)
+            deeper = os.open(name, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        out = os.open("leaf", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.close(out)
+    finally:
+        os.close(fd)
+    return root
+
+
+def test_a_tree_a_thousand_deep_is_walked_by_the_manifest_and_the_next_staging(
+    deep_tmp: Path,
+) -> None:
+    """os.walk recursed: the output manifest of a job that left output/a/a/... 1,200 deep
+    raised RecursionError in the parsers stage (the run's measurements lost, the failure
+    taken for the host's), and the next attempt's staging, which hands output/ and workspace/
+    to the job's user, did the same."""
+    import os
+
+    from runner.core import archives
+    from runner.execution import records
+    from runner.staging.jobdir import prepare, prepare_writable
+
+    job = prepare(deep_tmp / "job")
+    try:
+        _chain(job.output, 1_200)
+        _chain(job.workspace, 3_000, name="b" * 200)  # past PATH_MAX as well
+        manifest = records.output_manifest(job, 1)
+        assert manifest["truncated"] is True  # below 256 folders nothing is listed
+        assert [f["path"] for f in manifest["files"]] == ["leaf"]  # the deep one is past that
+        prepare_writable(job, os.getuid(), os.getgid(), [])  # as root: chowns what it reaches
+    finally:  # pytest's own clean-up recurses (shutil.rmtree on 3.11)
+        archives.remove_tree(deep_tmp / "job")
+
+
+def test_a_bundle_member_nested_past_the_loose_depth_is_refused() -> None:
+    """A bag 1,200 deep went through bagit's and Python's recursive walks: RecursionError,
+    and its unpacked copy left in /tmp on every try."""
+    from runner.core import archives
+
+    assert len(archives.member_parts("d/" * archives.MAX_LOOSE_DEPTH, strict=False)) == 512
+    with pytest.raises(archives.UnsafeArchive, match="parts deep, more than 512"):
+        archives.member_parts("d/" * (archives.MAX_LOOSE_DEPTH + 1), strict=False)
+
+
+def test_safefs_walk_follows_no_link_and_stops_where_it_is_told(tmp_path: Path) -> None:
+    import os
+
+    from runner.core import safefs
+
+    _chain(tmp_path / "t", 5)
+    os.symlink("/etc", tmp_path / "t" / "a" / "etc")
+    seen = [(os.path.relpath(f, tmp_path / "t"), d, sorted(o)) for f, d, _, o in
+            safefs.walk(tmp_path / "t", max_depth=2)]  # fmt: skip
+    assert seen == [(".", 0, ["leaf"]), ("a", 1, ["etc"]), ("a/a", 2, [])]
+    assert list(safefs.walk(tmp_path / "missing")) == []
+    with pytest.raises(FileNotFoundError):
+        list(safefs.walk(tmp_path / "missing", unreadable="raise"))
