@@ -51,6 +51,7 @@ from typing import IO, Any, Literal
 from runner.core import safefs
 
 __all__ = [
+    "MAX_LOOSE_DEPTH",
     "RefusedKind",
     "UnsafeArchive",
     "Writer",

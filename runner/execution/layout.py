@@ -13,7 +13,7 @@ from pathlib import Path
 
 from runner.agents import adapters as agents
 from runner.contract import VerifiedContract
-from runner.core import safefs
+from runner.core import archives, safefs
 from runner.core.errors import InputDigestMismatch, PolicyViolation
 from runner.execution import quotas
 from runner.models import selfreport
@@ -67,10 +67,9 @@ def working_copy(job: JobDir, contract: VerifiedContract, disk_quota: int) -> bo
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        path.unlink()
+    """The working copy an earlier attempt left (the job's to shape: a tree a thousand deep
+    raised RecursionError in shutil.rmtree, and every retry's staging with it)."""
+    archives.remove_tree(path)
 
 
 class _Room:

@@ -15,7 +15,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from runner.contract import VerifiedContract
-from runner.core import safefs
+from runner.core import archives, safefs
 from runner.core.errors import ContractError, PolicyViolation, RefusedError
 from runner.staging import inputs
 from runner.state.jobdir import JobDir, atomic_write, write_json
@@ -357,7 +356,7 @@ def stage_inputs(
     _refuse_inside_protected(contract.base_dir, rules)
     (job.record / "input-tree.json").unlink(missing_ok=True)  # describes the old input/
     if job.input.exists():
-        shutil.rmtree(job.input)  # never follows a link (it removes links as links)
+        archives.remove_tree(job.input)  # no link followed, no recursion, read-only or not
     job.input.mkdir()
     files: list[StagedFile] = []
     staged: list[StagedInput] = []

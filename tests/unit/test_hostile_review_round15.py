@@ -351,3 +351,23 @@ def test_a_bundles_ledger_lists_its_first_hundred_problems(tmp_path: Path) -> No
     ledger = [p.message for p in report.problems if p.file == "data/record/ledger.jsonl"]
     assert len(ledger) == 101, ledger[:3]
     assert ledger[-1] == "... and 900 more problems, not listed"
+
+
+def test_a_working_copy_a_thousand_deep_is_removed_for_the_next_attempt(deep_tmp: Path) -> None:
+    """The next attempt removes the working copy the last one left (the job's to shape):
+    shutil.rmtree recursed, and a tree 1,200 deep failed every retry's staging."""
+    from runner.execution import layout
+
+    _chain(deep_tmp / "repository", 1_200)
+    layout._remove(deep_tmp / "repository")
+    assert not (deep_tmp / "repository").exists()
+
+
+def test_an_export_leaves_out_what_a_verifier_would_refuse_as_too_deep(deep_tmp: Path) -> None:
+    from runner.results.bundle import export
+
+    _chain(deep_tmp / "job" / "output", 600)
+    files, skipped = export._walk(deep_tmp / "job", "output")
+    assert files == ["output/leaf"]
+    assert [s.why for s in skipped] == [export._TOO_DEEP]
+    assert skipped[0].path.count("/") == export._DEEPEST

@@ -27,7 +27,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import stat
 import tarfile
 import tempfile
@@ -41,7 +40,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from runner._version import __version__
-from runner.core import safefs
+from runner.core import archives, safefs
 from runner.core.errors import BundleInvalid, InfrastructureError
 from runner.models.envelope import ResultEnvelope
 from runner.results import attest
@@ -187,7 +186,8 @@ def _export(
         _write_tar(bag, archive)
         done = True
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the job's tree, however deep (no recursion)
+            archives.remove_tree(work)
         if not done:  # nothing written: not the files this export put beside, either
             for b in beside:
                 if b.sha256 not in before:
@@ -272,6 +272,13 @@ def _withheld(job: JobDir) -> dict[str, str]:
     return held
 
 
+_DEEPEST = archives.MAX_LOOSE_DEPTH - 3
+"""The most parts a folder's path below the job folder may have and be bundled: in the bag
+it is below ``<bag>/data/``, and a file in it is one part more (a verifier refuses a member
+deeper than :data:`runner.core.archives.MAX_LOOSE_DEPTH`)."""
+_TOO_DEEP = f"nests folders more than {_DEEPEST} deep; not bundled"
+
+
 def _walk(root: Path, rel: str) -> tuple[list[str], list[Skipped]]:
     """Every regular file below ``root/rel`` (relative to ``root``), walked by descriptors
     without following any link; what is neither a file nor a folder is returned as skipped."""
@@ -296,6 +303,8 @@ def _walk(root: Path, rel: str) -> tuple[list[str], list[Skipped]]:
                     st = entry.stat(follow_symlinks=False)
                     if stat.S_ISREG(st.st_mode):
                         files.append(sub)
+                    elif stat.S_ISDIR(st.st_mode) and sub.count("/") >= _DEEPEST:
+                        skipped.append(Skipped(sub, _TOO_DEEP))
                     elif stat.S_ISDIR(st.st_mode):
                         try:
                             stack.append((safefs.open_folder_at(fd, entry.name, sub), sub))
