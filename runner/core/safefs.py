@@ -65,12 +65,15 @@ def walk(
     whatever walked it); no link followed (a link to a folder is among the other entries). The
     caller may prune or reorder ``subfolders`` in place, as with ``os.walk``; none is entered
     below ``max_depth``. A folder that cannot be listed (gone, a path past PATH_MAX) is
-    skipped, or with ``unreadable="raise"`` its OSError raised."""
-    stack = [(os.fspath(root), 0)]
-    while stack:
-        folder, depth = stack.pop()
+    skipped, or with ``unreadable="raise"`` its OSError raised. Depth first, keeping the
+    paths of the folders on the way down and the names of those still to enter, not a path
+    for each of those (a job's 20,000 folders at 3,800 bytes a path took 77 MB so)."""
+    path: list[tuple[str, list[str]]] = []  # each folder on the way down, its subfolders left
+    folder: str | None = os.fspath(root)
+    while folder is not None:
         dirs: list[str] = []
         others: list[str] = []
+        listed = True
         try:
             with os.scandir(folder) as it:
                 for entry in it:
@@ -78,10 +81,18 @@ def walk(
         except OSError:
             if unreadable == "raise":
                 raise
-            continue
-        yield folder, depth, dirs, others
-        if max_depth is None or depth < max_depth:
-            stack.extend((os.path.join(folder, d), depth + 1) for d in reversed(dirs))
+            listed = False
+        if listed:
+            yield folder, len(path), dirs, others
+            if max_depth is None or len(path) < max_depth:
+                path.append((folder, dirs[::-1]))  # popped from the end: in the caller's order
+        folder = None
+        while path and folder is None:
+            parent, todo = path[-1]
+            if todo:
+                folder = os.path.join(parent, todo.pop())
+            else:
+                path.pop()
 
 
 class UnsafePath(Exception):

@@ -52,7 +52,7 @@ def working_copy(job: JobDir, contract: VerifiedContract, disk_quota: int) -> bo
     _remove(tmp)  # left by a runner that died while copying
     try:
         used = quotas.allocated_bytes(list(job.writable))
-    except quotas.TooDeep:  # a folder an earlier attempt nested too deep to count: no room
+    except quotas.Unmeasured:  # what an earlier attempt left cannot be counted: no room
         used = disk_quota + 1
     room = _Room(disk_quota - used, disk_quota)
     room.expect(job.input, tmp, staged)

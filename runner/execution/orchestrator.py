@@ -389,6 +389,11 @@ def _read_evidence(
         measurements=guards.disk.measurements,
     )
     warnings = list(known.warnings)
+    if guards.disk.unmeasured is not None:  # the disk record's figures are then the quota + 1
+        warnings.append(
+            f"disk: {guards.disk.unmeasured}; what output/ and workspace/ hold is taken to be "
+            "over the quota"
+        )
     results, errs = evidence.read_measurements(job.output, contract, max_bytes)
     results = [
         r.model_copy(

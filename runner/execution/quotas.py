@@ -18,6 +18,7 @@ Docker cannot cap a bind mount on this filesystem, so the runner measures:
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import stat
@@ -32,7 +33,16 @@ from runner.core import safefs
 if TYPE_CHECKING:  # imported where a job uses it: a job without one never does
     from runner.agents import transcript
 
-__all__ = ["MAX_DEPTH", "DiskMeter", "Guards", "LogCap", "TooDeep", "allocated_bytes"]
+__all__ = [
+    "MAX_DEPTH",
+    "DiskMeter",
+    "Guards",
+    "LogCap",
+    "TooDeep",
+    "Unmeasured",
+    "Unreadable",
+    "allocated_bytes",
+]
 
 _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
@@ -49,9 +59,29 @@ descriptors; the rest of the runner's files and sockets failed meanwhile). A fol
 than this is not walked: :class:`TooDeep`, and the job is taken to be over its quota."""
 
 
-class TooDeep(Exception):
-    """A folder below a measured root is nested deeper than :data:`MAX_DEPTH`: what it holds
-    cannot be counted."""
+class Unmeasured(Exception):
+    """Something below a measured root cannot be counted: the job is taken to be over its
+    quota (a job that hides files from the meter is stopped as one that wrote too much)."""
+
+
+class TooDeep(Unmeasured):
+    """A folder below a measured root is nested deeper than :data:`MAX_DEPTH`."""
+
+
+class Unreadable(Unmeasured):
+    """A folder below a measured root that the runner may not list, or an entry it may not
+    stat: a job run as the runner's own uid (a runner not run as root) can ``chmod 000`` its
+    folder, and the files in it went uncounted."""
+
+
+_DENIED = frozenset({errno.EACCES, errno.EPERM})
+
+
+def _counted(exc: OSError, what: str) -> None:
+    """What an OSError in the walk means: gone, or made a link (skipped), or denied
+    (:class:`Unreadable`)."""
+    if exc.errno in _DENIED:
+        raise Unreadable(f"{what} cannot be read by the runner: {exc.strerror}") from None
 
 
 def allocated_bytes(roots: list[Path]) -> int:
@@ -59,27 +89,33 @@ def allocated_bytes(roots: list[Path]) -> int:
     opened from its parent's descriptor with ``O_NOFOLLOW``, so a folder the job swaps for a
     link while it is measured is skipped, not walked. Depth first, with a descriptor open for
     each folder on the path and none for those still to be entered; :class:`TooDeep` for a
-    folder deeper than :data:`MAX_DEPTH`."""
+    folder deeper than :data:`MAX_DEPTH`, :class:`Unreadable` for one it may not list or an
+    entry it may not stat."""
     total = 0
     for root in roots:
         try:
             fd = os.open(root, safefs.DIR_FLAGS & ~os.O_NOFOLLOW)
-        except OSError:
+        except OSError as exc:
+            _counted(exc, f"{root.name}/")
             continue
         path: list[tuple[int, list[str]]] = []  # each open folder, its subfolders to enter
         try:
             while fd >= 0:
                 subfolders: list[str] = []
-                with contextlib.suppress(OSError), os.scandir(fd) as entries:
-                    for entry in entries:
-                        try:
-                            st = entry.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        total += st.st_blocks * 512
-                        if stat.S_ISDIR(st.st_mode):
-                            subfolders.append(entry.name)
                 path.append((fd, subfolders))
+                try:
+                    with os.scandir(fd) as entries:
+                        for entry in entries:
+                            try:
+                                st = entry.stat(follow_symlinks=False)
+                            except OSError as exc:
+                                _counted(exc, "an entry")
+                                continue
+                            total += st.st_blocks * 512
+                            if stat.S_ISDIR(st.st_mode):
+                                subfolders.append(entry.name)
+                except OSError as exc:
+                    _counted(exc, "a folder")
                 fd = _next_folder(path)
         finally:
             for held, _ in path:
@@ -101,7 +137,8 @@ def _next_folder(path: list[tuple[int, list[str]]]) -> int:
             raise TooDeep(f"a folder is nested more than {MAX_DEPTH} deep")
         try:
             return os.open(name, safefs.DIR_FLAGS, dir_fd=parent)
-        except OSError:
+        except OSError as exc:
+            _counted(exc, "a folder")
             continue  # gone, or made a link: not walked
     return -1
 
@@ -114,22 +151,22 @@ class DiskMeter:
     peak: int = 0
     last: int = 0
     measurements: int = 0
-    too_deep: bool = False
-    """A measurement found a folder nested deeper than :data:`MAX_DEPTH`."""
+    unmeasured: str | None = None
+    """Why a measurement could not count all (:class:`Unmeasured`), when one could not."""
     _next: float = 0.0
 
     def due(self) -> bool:
         return time.monotonic() >= self._next
 
     def measure(self) -> int:
-        """What the roots hold now; one byte over the quota when a folder in them is nested
-        too deep to be counted (:class:`TooDeep`): a job that hides files there is stopped as
-        one over its quota."""
+        """What the roots hold now; one byte over the quota when something in them cannot be
+        counted (:class:`Unmeasured`: nested too deep, or unreadable): a job that hides files
+        so is stopped as one over its quota."""
         start = time.monotonic()
         try:
             self.last = allocated_bytes(self.roots)
-        except TooDeep:
-            self.too_deep = True
+        except Unmeasured as exc:
+            self.unmeasured = str(exc)
             self.last = max(self.last, self.quota + 1)
         took = time.monotonic() - start
         self.measurements += 1

@@ -6,6 +6,7 @@ once per entry of the job's result.json (n squared: 80,000 checks took 72 s)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,7 +206,8 @@ def test_a_folder_nested_past_the_meters_depth_stops_the_job_as_over_its_quota(
     meter = quotas.DiskMeter([deep_tmp / "out"], quota=10 * 2**30)
     guards = quotas.Guards(disk=meter, logs=[], stop_on_log_limit=False)
     assert guards.check() == "disk_quota_exceeded"
-    assert meter.too_deep
+    assert meter.unmeasured == f"a folder is nested more than {quotas.MAX_DEPTH} deep"
+    assert meter.last == meter.quota + 1
     assert guards.breached() == "disk_quota_exceeded"
 
 
@@ -250,7 +252,10 @@ def test_a_tree_a_thousand_deep_is_walked_by_the_manifest_and_the_next_staging(
         manifest = records.output_manifest(job, 1)
         assert manifest["truncated"] is True  # below 256 folders nothing is listed
         assert [f["path"] for f in manifest["files"]] == ["leaf"]  # the deep one is past that
-        prepare_writable(job, os.getuid(), os.getgid(), [])  # as root: chowns what it reaches
+        if os.geteuid() == 0:  # the hand-over to the job's user walks only as root
+            prepare_writable(job, 65534, 65534, [])
+            assert (job.output / "a" / "a").stat().st_uid == 65534
+            assert (job.output / ("a/" * 1_000)).stat().st_uid == 65534  # past os.walk's
     finally:  # pytest's own clean-up recurses (shutil.rmtree on 3.11)
         archives.remove_tree(deep_tmp / "job")
 
@@ -371,3 +376,77 @@ def test_an_export_leaves_out_what_a_verifier_would_refuse_as_too_deep(deep_tmp:
     assert files == ["output/leaf"]
     assert [s.why for s in skipped] == [export._TOO_DEEP]
     assert skipped[0].path.count("/") == export._DEEPEST
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes the tree as root, measures it as nobody")
+def test_a_folder_the_runner_may_not_read_stops_the_job_as_over_its_quota() -> None:
+    """A runner not run as root runs the job as its own uid, which may `chmod 000` a folder of
+    its own: the meter skipped what it could not list, and 20 MB in it went uncounted."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(dir="/tmp", prefix="round15-"))  # outside pytest's 0700 folders
+    try:
+        top.chmod(0o755)
+        (top / "out" / "hide").mkdir(parents=True)
+        (top / "out" / "hide" / "big").write_bytes(b"x" * 1_000_000)
+        for path in (top / "out", top / "out" / "hide", top / "out" / "hide" / "big"):
+            os.chown(path, 65534, 65534)
+        (top / "out" / "hide").chmod(0)
+        script = (  # the runner's modules imported as root, then measured as nobody
+            "import os, sys\nfrom pathlib import Path\nfrom runner.execution import quotas\n"
+            "os.setgroups([])\nos.setgid(65534)\nos.setuid(65534)\n"
+            "m = quotas.DiskMeter([Path(sys.argv[1])], quota=10_000)\n"
+            "print(m.measure() > m.quota, m.unmeasured)\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", script, str(top / "out")], capture_output=True, text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120, check=False, cwd="/",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split(" ", 1) == [
+            "True", "a folder cannot be read by the runner: Permission denied\n"
+        ]  # fmt: skip
+    finally:
+        (top / "out" / "hide").chmod(0o755)
+        shutil.rmtree(top)
+
+
+def test_safefs_walk_keeps_names_not_a_path_for_each_folder_it_has_still_to_enter(
+    tmp_path: Path,
+) -> None:
+    """Its stack held a whole path for every folder still to enter: a job's tree of many
+    folders under a long path cost the walker about as much memory as the tree's disk."""
+    import tracemalloc
+
+    from runner.core import safefs
+
+    deep = tmp_path / "/".join(["n" * 250] * 9)  # a path of about 2,300 bytes
+    deep.mkdir(parents=True)
+    for i in range(5_000):
+        (deep / f"s{i}").mkdir()
+    tracemalloc.start()
+    try:
+        count = sum(1 for _ in safefs.walk(tmp_path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == 1 + 9 + 5_000
+    assert peak < 4_000_000  # 5,000 paths of 2,300 bytes held at once were over 11 MB
+
+
+def test_an_export_leaves_out_an_output_file_the_job_named_too_deep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files a job names (its result.json lists any) were bundled at any depth: past 510
+    parts the bundle never verified, past about 1,000 the export's own mkdir recursed."""
+    from runner.results.bundle import export
+    from runner.staging.jobdir import prepare
+
+    deep = "/".join(["d"] * 600) + "/f.txt"
+    monkeypatch.setattr(export, "output_files", lambda env: [(deep, "sha256:" + "0" * 64, None)])
+    items, skipped = export._plan(prepare(tmp_path / "job"), None, with_inputs=False)  # type: ignore[arg-type]
+    assert f"output/{deep}" not in {i.rel for i in items}
+    assert [(s.path, s.why) for s in skipped] == [(f"output/{deep}", export._TOO_DEEP)]

@@ -227,6 +227,9 @@ def _plan(
         except safefs.UnsafePath as exc:
             skipped.append(Skipped(f"output/{path}", exc.problem))
             continue
+        if rel.count("/") > _DEEPEST:  # a file the job named (its result.json lists any)
+            skipped.append(Skipped(rel, _TOO_DEEP))
+            continue
         if digest is None:
             skipped.append(
                 Skipped(rel, f"not hashed in the envelope: it {problem or 'has no digest'}")
@@ -276,7 +279,7 @@ _DEEPEST = archives.MAX_LOOSE_DEPTH - 3
 """The most parts a folder's path below the job folder may have and be bundled: in the bag
 it is below ``<bag>/data/``, and a file in it is one part more (a verifier refuses a member
 deeper than :data:`runner.core.archives.MAX_LOOSE_DEPTH`)."""
-_TOO_DEEP = f"nests folders more than {_DEEPEST} deep; not bundled"
+_TOO_DEEP = f"lies more than {_DEEPEST} folders deep; not bundled"
 
 
 def _walk(root: Path, rel: str) -> tuple[list[str], list[Skipped]]:

@@ -75,11 +75,12 @@ from runner.state import ledger
 
 __all__ = ["Check", "Keys", "Problem", "Report", "verify"]
 
-MAX_LEDGER_BYTES = 64 * MiB
-MAX_LEDGER_LINES = 200_000
-"""The most of a bundle's ledger that is checked (a month-long job with heartbeats every 30 s
-and retries writes under 100,000 lines): a ledger past either is one problem, not read, where
-a 4 KB archive of a million-line ledger had taken 14 s and 790 MB to report a problem a line."""
+MAX_LEDGER_BYTES = 256 * MiB
+MAX_LEDGER_LINES = 500_000
+"""The most of a bundle's ledger that is checked: a heartbeat is a line, every 5 s by default,
+so 29 days of a job's running (about 200 MB of lines). A ledger past either is one problem,
+not read, where a 4 KB archive of a million-line ledger had taken 14 s and 790 MB to report a
+problem a line."""
 MAX_LEDGER_PROBLEMS = 100
 """The most problems of a bundle's ledger listed one by one; the rest are counted."""
 
