@@ -69,19 +69,30 @@ class TooDeep(Unmeasured):
 
 
 class Unreadable(Unmeasured):
-    """A folder below a measured root that the runner may not list, or an entry it may not
-    stat: a job run as the runner's own uid (a runner not run as root) can ``chmod 000`` its
-    folder, and the files in it went uncounted."""
+    """A folder of the runner's own uid below a measured root that it may not list, or whose
+    entries it may not stat: a job run as the runner's uid (a runner not run as root, on
+    Docker) can ``chmod 000`` its folder, and the files in it went uncounted. A folder of
+    another uid (a rootless engine's job, whose uids are mapped into a user namespace) that
+    the runner may not read is not the job's doing against the meter: it is skipped, as
+    before (docs/security.md says so)."""
 
 
 _DENIED = frozenset({errno.EACCES, errno.EPERM})
 
 
-def _counted(exc: OSError, what: str) -> None:
-    """What an OSError in the walk means: gone, or made a link (skipped), or denied
-    (:class:`Unreadable`)."""
-    if exc.errno in _DENIED:
+def _counted(exc: OSError, what: str, owner: int | None) -> None:
+    """What an OSError in the walk means: gone, made a link, or denied by a folder of another
+    uid (skipped), or denied by one of the runner's own (:class:`Unreadable`); ``owner`` is
+    the uid of the folder that denied it."""
+    if exc.errno in _DENIED and owner == os.geteuid():
         raise Unreadable(f"{what} cannot be read by the runner: {exc.strerror}") from None
+
+
+def _owner(fd: int) -> int | None:
+    try:
+        return os.fstat(fd).st_uid
+    except OSError:
+        return None
 
 
 def allocated_bytes(roots: list[Path]) -> int:
@@ -96,26 +107,28 @@ def allocated_bytes(roots: list[Path]) -> int:
         try:
             fd = os.open(root, safefs.DIR_FLAGS & ~os.O_NOFOLLOW)
         except OSError as exc:
-            _counted(exc, f"{root.name}/")
+            with contextlib.suppress(OSError):
+                _counted(exc, f"{root.name}/", os.lstat(root).st_uid)
             continue
-        path: list[tuple[int, list[str]]] = []  # each open folder, its subfolders to enter
+        path: list[tuple[int, list[tuple[str, int]]]] = []  # open folders, subfolders to enter
         try:
             while fd >= 0:
-                subfolders: list[str] = []
+                subfolders: list[tuple[str, int]] = []  # name, owner
                 path.append((fd, subfolders))
+                owner = _owner(fd)
                 try:
                     with os.scandir(fd) as entries:
                         for entry in entries:
                             try:
                                 st = entry.stat(follow_symlinks=False)
                             except OSError as exc:
-                                _counted(exc, "an entry")
+                                _counted(exc, "an entry", owner)
                                 continue
                             total += st.st_blocks * 512
                             if stat.S_ISDIR(st.st_mode):
-                                subfolders.append(entry.name)
+                                subfolders.append((entry.name, st.st_uid))
                 except OSError as exc:
-                    _counted(exc, "a folder")
+                    _counted(exc, "a folder", owner)
                 fd = _next_folder(path)
         finally:
             for held, _ in path:
@@ -123,7 +136,7 @@ def allocated_bytes(roots: list[Path]) -> int:
     return total
 
 
-def _next_folder(path: list[tuple[int, list[str]]]) -> int:
+def _next_folder(path: list[tuple[int, list[tuple[str, int]]]]) -> int:
     """The next folder to measure, opened: a subfolder of the deepest folder on ``path`` that
     has one left (those with none are closed and left); -1 when none is left."""
     while path:
@@ -132,14 +145,14 @@ def _next_folder(path: list[tuple[int, list[str]]]) -> int:
             os.close(parent)
             path.pop()
             continue
-        name = todo.pop()
+        name, owner = todo.pop()
         if len(path) > MAX_DEPTH:
             raise TooDeep(f"a folder is nested more than {MAX_DEPTH} deep")
         try:
             return os.open(name, safefs.DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
-            _counted(exc, "a folder")
-            continue  # gone, or made a link: not walked
+            _counted(exc, "a folder", owner)
+            continue  # gone, made a link, or another uid's: not walked
     return -1
 
 

@@ -409,6 +409,15 @@ def test_a_folder_the_runner_may_not_read_stops_the_job_as_over_its_quota() -> N
         assert proc.stdout.split(" ", 1) == [
             "True", "a folder cannot be read by the runner: Permission denied\n"
         ]  # fmt: skip
+        # A folder of another uid (a rootless engine's mapped one) is no job's doing against
+        # the meter: skipped, as before.
+        os.chown(top / "out" / "hide", 12345, 12345)
+        proc = subprocess.run(
+            [sys.executable, "-c", script, str(top / "out")], capture_output=True, text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120, check=False, cwd="/",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == "False None\n"
     finally:
         (top / "out" / "hide").chmod(0o755)
         shutil.rmtree(top)
