@@ -139,13 +139,8 @@ def allocated_bytes(roots: list[Path]) -> int:
 def _next_folder(path: list[tuple[int, list[tuple[str, int]]]]) -> int:
     """The next folder to measure, opened: a subfolder of the deepest folder on ``path`` that
     has one left (those with none are closed and left); -1 when none is left."""
-    while path:
-        parent, todo = path[-1]
-        if not todo:
-            os.close(parent)
-            path.pop()
-            continue
-        name, owner = todo.pop()
+    while (down := safefs.next_down(path)) is not None:
+        parent, (name, owner) = down
         if len(path) > MAX_DEPTH:
             raise TooDeep(f"a folder is nested more than {MAX_DEPTH} deep")
         try:

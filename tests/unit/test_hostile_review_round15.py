@@ -34,6 +34,25 @@ def deep_tmp(tmp_path: Path) -> Iterator[Path]:
         archives.remove_tree(child)
 
 
+def _with_few_descriptors(limit: int, code: str, *argv: str) -> str:
+    """What ``code`` prints, run in a fresh interpreter held to ``limit`` open descriptors
+    (``sys.argv[1:]`` is ``argv``)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import resource, sys\nfrom pathlib import Path\n"
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, "
+        "resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n" + code
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
 def _padded(envelope: dict[str, Any], count: int) -> dict[str, Any]:
     """The envelope with made-up signatures after its real one, ``count`` in all."""
     fake = {"keyid": "made-up", "sig": b64(bytes(64))}
@@ -173,26 +192,14 @@ def test_the_disk_meter_counts_a_deep_ladder_with_few_descriptors(deep_tmp: Path
     """A walk that opened every folder it found before entering any held one descriptor a
     level: under a limit of 128 it counted nothing past the 128th (a job hid its files from
     the quota so, and the runner's own opens failed meanwhile)."""
-    import os
-    import subprocess
-    import sys
-
     from runner.execution import quotas
 
     expected = _ladder(deep_tmp / "out", quotas.MAX_DEPTH - 1)
-    script = (
-        "import resource, sys\nfrom pathlib import Path\n"
-        "resource.setrlimit(resource.RLIMIT_NOFILE, (64 + 256 + 8, resource.getrlimit("
-        "resource.RLIMIT_NOFILE)[1]))\n"
+    code = (
         "from runner.execution.quotas import allocated_bytes\n"
         "print(allocated_bytes([Path(sys.argv[1])]))\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(deep_tmp / "out")], capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert int(proc.stdout) == expected
+    assert int(_with_few_descriptors(64 + 256 + 8, code, str(deep_tmp / "out"))) == expected
 
 
 def test_a_folder_nested_past_the_meters_depth_stops_the_job_as_over_its_quota(
@@ -459,3 +466,34 @@ def test_an_export_leaves_out_an_output_file_the_job_named_too_deep(
     items, skipped = export._plan(prepare(tmp_path / "job"), None, with_inputs=False)  # type: ignore[arg-type]
     assert f"output/{deep}" not in {i.rel for i in items}
     assert [(s.path, s.why) for s in skipped] == [(f"output/{deep}", export._TOO_DEEP)]
+
+
+def test_an_input_of_a_thousand_folders_is_staged_with_few_descriptors(tmp_path: Path) -> None:
+    """Staging opened every subfolder as it found it: a dataset of 1,000 class folders ran a
+    runner under a limit of 1,024 descriptors out of them, and the input was refused."""
+    for i in range(400):
+        (tmp_path / "data" / f"class{i:03}").mkdir(parents=True)
+        (tmp_path / "data" / f"class{i:03}" / "x.txt").write_text(str(i))
+    code = (
+        "from runner.staging import jobdir\n"
+        "got = jobdir._stage_tree(Path(sys.argv[1]), 'data', Path(sys.argv[2]), "
+        "jobdir._Tally(jobdir.InputRules(), ''))\n"
+        "print(len(got.files))\n"
+    )
+    assert _with_few_descriptors(128, code, str(tmp_path), str(tmp_path / "staged")) == "400\n"
+    assert (tmp_path / "staged" / "data" / "class399" / "x.txt").read_text() == "399"
+
+
+def test_an_export_walks_a_thousand_folders_with_few_descriptors(tmp_path: Path) -> None:
+    """Export's walk opened every subfolder as it found it: under a limit of 1,024 an input
+    of 1,100 folders was listed as skipped ("Too many open files") instead of bundled."""
+    for i in range(400):
+        (tmp_path / "job" / "input" / f"c{i:03}").mkdir(parents=True)
+        (tmp_path / "job" / "input" / f"c{i:03}" / "x.txt").write_text(str(i))
+    code = (
+        "from runner.results.bundle import export\n"
+        "files, skipped = export._walk(Path(sys.argv[1]), 'input')\n"
+        "print(len(files), skipped, files[0], files[-1])\n"
+    )
+    got = _with_few_descriptors(128, code, str(tmp_path / "job"))
+    assert got == "400 [] input/c000/x.txt input/c399/x.txt\n"

@@ -18,6 +18,10 @@ would change the evidence the envelope hashes, so it stays on the host, and the 
 which file and why (the run's envelope says so too). An output file that no longer hashes to
 what the envelope recorded stops the export: its bundle would not verify. The job's lock is
 held throughout, so no runner writes the job meanwhile.
+
+Long on purpose: what goes in (the plan and its walk by descriptors) and how it is made (the
+bag, its seal, the archive) are one account of a bundle; the verifier reads it back in
+``fixity``, ``signatures`` and ``verify``.
 """
 
 from __future__ import annotations
@@ -294,32 +298,37 @@ def _walk(root: Path, rel: str) -> tuple[list[str], list[Skipped]]:
         if not exc.missing:
             skipped.append(Skipped(rel, exc.problem))
         return files, skipped
-    stack = [(top, rel)]
+    path_down: list[tuple[int, list[str]]] = []
+    fd: int | None = top
+    here = rel
     try:
-        while stack:
-            fd, here = stack.pop()
-            try:
-                with os.scandir(fd) as listing:
-                    entries = sorted(listing, key=lambda e: e.name)
-                for entry in entries:
-                    sub = f"{here}/{entry.name}"
-                    st = entry.stat(follow_symlinks=False)
-                    if stat.S_ISREG(st.st_mode):
-                        files.append(sub)
-                    elif stat.S_ISDIR(st.st_mode) and sub.count("/") >= _DEEPEST:
-                        skipped.append(Skipped(sub, _TOO_DEEP))
-                    elif stat.S_ISDIR(st.st_mode):
-                        try:
-                            stack.append((safefs.open_folder_at(fd, entry.name, sub), sub))
-                        except safefs.UnsafePath as exc:
-                            skipped.append(Skipped(sub, exc.problem))
-                    else:
-                        skipped.append(Skipped(sub, f"is {safefs.kind(st.st_mode)}; not followed"))
-            finally:
-                os.close(fd)
+        while fd is not None:
+            subfolders: list[str] = []
+            path_down.append((fd, subfolders))
+            with os.scandir(fd) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+            for entry in entries:
+                sub = f"{here}/{entry.name}"
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode):
+                    files.append(sub)
+                elif stat.S_ISDIR(st.st_mode) and sub.count("/") >= _DEEPEST:
+                    skipped.append(Skipped(sub, _TOO_DEEP))
+                elif stat.S_ISDIR(st.st_mode):
+                    subfolders.append(sub)
+                else:
+                    skipped.append(Skipped(sub, f"is {safefs.kind(st.st_mode)}; not followed"))
+            subfolders.reverse()  # entered in name order
+            fd = None
+            while fd is None and (down := safefs.next_down(path_down)) is not None:
+                parent, here = down
+                try:
+                    fd = safefs.open_folder_at(parent, here.rsplit("/", 1)[1], here)
+                except safefs.UnsafePath as exc:
+                    skipped.append(Skipped(here, exc.problem))
     finally:
-        for fd, _ in stack:
-            os.close(fd)
+        for held, _ in path_down:
+            os.close(held)
     return files, skipped
 
 
