@@ -47,7 +47,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -76,7 +76,7 @@ MAX_VALUES = 100_000
 """The most JSON values a line over :data:`LONG_LINE` may hold (each is a Python object when
 parsed: 16 MiB of ``[],`` would be hundreds of MB); counted at C speed, strings blanked."""
 LONG_LINE = 1024 * 1024
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_STRING_BODY = re.compile(rb'[^"\\]*+(?:\\.[^"\\]*+)*+')
 _STRUCTURE = (b",", b":", b"[", b"{")
 PROXY_LINE_MAX = 1024 * 1024
 """The longest line of the proxy's log read (the proxy writes short ones)."""
@@ -164,16 +164,30 @@ def _count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS
 
 
+def _strings(raw: bytes) -> Iterator[tuple[int, int]]:
+    """The spans of the JSON strings in ``raw``, left to right, each byte looked at once. A
+    string left open ends the search: all after its quote is inside it. (A regular expression
+    searched for them from every quote: 64 KB of ``\\"`` took 13 s, in the thread that
+    meters the agent, with the interpreter's lock held.)"""
+    find, body, size, pos = raw.find, _STRING_BODY.match, len(raw), 0
+    while (start := find(b'"', pos)) >= 0:
+        matched = body(raw, start + 1)  # always matches (it may be empty)
+        end = matched.end() if matched else start + 1
+        if end >= size or raw[end] != 0x22:  # no closing quote
+            return
+        yield start, end + 1
+        pos = end + 1
+
+
 def _values(raw: bytes) -> int:
     """At least the JSON values ``raw`` parses to, or a number past :data:`MAX_VALUES`: its
     strings, and the values that follow a ``,``, ``:`` or an opening bracket outside them;
     counted at C speed, in constant memory (at most :data:`MAX_VALUES` strings looked at)."""
     strings = inside = 0
-    for m in _STRING.finditer(raw):
+    for start, end in _strings(raw):
         strings += 1
         if strings > MAX_VALUES:
             return strings
-        start, end = m.span()
         inside += sum(raw.count(c, start, end) for c in _STRUCTURE)
     return max(strings, sum(raw.count(c) for c in _STRUCTURE) - inside + 1)
 

@@ -29,9 +29,12 @@ __all__ = [
 DURATION_FORMS = "a number of seconds, or a number and s, m, h, d or w (e.g. 90s, 30m, 24h or 7d)"
 SIZE_FORMS = "a number of bytes, or a number and K, M, G or T (1024-based; e.g. 1000, 512M, 2G)"
 
-_DURATION = re.compile(r"\s*(\+?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*([smhdw]?)\s*")
+# Possessive (no backtracking): matched in time linear in the text. With plain repeats a run
+# of spaces on each side of an optional unit was tried at every split (a size with 16,000
+# on each side took 0.9 s).
+_DURATION = re.compile(r"\s*+(\+?+(?:\d++(?:\.\d*+)?+|\.\d++)(?:e[+-]?+\d++)?+)\s*+([smhdw]?+)\s*+")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*")
+_SIZE = re.compile(r"\s*+(\d++(?:\.\d++)?+)\s*+([kmgt]?+)(?:i?+b)?+\s*+")
 
 
 class BadDuration(ValueError):

@@ -99,7 +99,7 @@ def read_measurements(
             version = (versions or {}).get(m.measurementId)
             results.append(_read_one(output, contract, i, max_bytes, version, hashed))
         except EvidenceError as exc:
-            reason = exc.message
+            reason = str(exc)  # with its fix, where it names one
             if not reason.startswith("measurement"):
                 reason = f"measurement {m.measurementId!r}: {reason}"
             errors.append(

@@ -232,7 +232,9 @@ def auth_of(creds: Credentials | None) -> tuple[str, str] | None:
     return (creds.username, creds.password) if creds and not creds.identity_token else None
 
 
-_CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
+# Only from a word's start, and possessive: a registry's header is matched in linear time (a
+# search from every letter of a 64 KiB word without ="..." took 20 s).
+_CHALLENGE = re.compile(r'\b(\w++)="([^"]*+)"')
 
 
 def _bearer_token(

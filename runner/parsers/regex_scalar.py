@@ -10,32 +10,59 @@ a group name) is the text taken, then read as ``type``.
 
 A pattern that does not compile, or a group it does not have, is refused when the contract is
 checked, before anything runs.
+
+Matching may take at most :data:`CPU_SECONDS` of CPU time plus :data:`CPU_SECONDS_PER_MIB` for
+each MiB of the log (:func:`runner.core.cpulimit.cpu_limit`); past that the parse fails, naming
+the line. A pattern that backtracks (``(\\d+)\\.(\\d+)`` over a long run of digits takes time
+that grows with the square of the run) would otherwise let a job's log hold the runner for
+hours.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.core.cpulimit import OverCpu, cpu_limit
 from runner.core.errors import EvidenceParseError
 from runner.parsers._lines import iter_line_batches, line_numbers
-from runner.parsers._values import from_text, type_schema
+from runner.parsers._values import from_text, show, type_schema
 from runner.parsers.registry import ConfigError
 
-__all__ = ["RegexScalar", "required_literal"]
+__all__ = ["CPU_SECONDS", "CPU_SECONDS_PER_MIB", "RegexScalar", "required_literal"]
+
+CPU_SECONDS = 10.0
+"""CPU time any log's matching may take (on top of :data:`CPU_SECONDS_PER_MIB`)."""
+CPU_SECONDS_PER_MIB = 1.0
+"""CPU time matching may take for each MiB of the log: over ten times the slowest ordinary
+pattern measured (``\\bstep (\\d+)\\b.*\\bloss=(\\S+)`` on a log of short lines it matches
+every one of, 77 ms a MiB)."""
+
+_BACKTRACKS = (
+    "make the pattern unambiguous: anchor it with ^ or begin it with fixed text "
+    "(`accuracy: (\\S+)`, not `(\\S+) accuracy`), and let no repeat match what the next one "
+    "may (`(\\d+)\\.(\\d+)` tries every split of a long run of digits)"
+)
 
 
 def compile_config(config: dict[str, Any]) -> tuple[re.Pattern[str], int | str]:
     """The compiled pattern and the group, or ConfigError naming the field that is wrong."""
     try:
         pattern = re.compile(config["pattern"])
-    except re.error as exc:
+    except (re.error, OverflowError) as exc:  # OverflowError: a repeat count past 4294967295
         raise ConfigError(
             "pattern", f"{config['pattern']!r} is not a valid Python regular expression: {exc}"
         ) from exc
+    except RecursionError:  # re's parser recurses into each group: about 490 deep
+        raise ConfigError(
+            "pattern",
+            f"{show(config['pattern'], 120)} nests groups deeper than Python's regular "
+            "expression parser can read; nest fewer groups",
+        ) from None
     group: int | str = config.get("group", 1)
     if isinstance(group, int):
         if group > pattern.groups:
@@ -94,6 +121,15 @@ def required_literal(pattern: re.Pattern[str]) -> bytes | None:
     return best.encode() if len(best) >= 3 else None
 
 
+def _mib(evidence: Path) -> float:
+    """The log's size in MiB, as far as it can be told (the read itself refuses what is no
+    regular file)."""
+    try:
+        return os.lstat(evidence).st_size / 2**20
+    except OSError:
+        return 0.0
+
+
 class RegexScalar:
     id = "regex.scalar"
     version = "1"
@@ -113,7 +149,9 @@ class RegexScalar:
                 "format": "regex",
                 "description": "A Python `re` regular expression, matched against each line "
                 "separately (no line end; ^ and $ are the line's ends). Checked when the "
-                "contract is loaded.",
+                f"contract is loaded. Matching may take {CPU_SECONDS:g} s of CPU time plus "
+                f"{CPU_SECONDS_PER_MIB:g} s for each MiB of the log; a pattern that backtracks "
+                "past that fails the parse.",
             },
             "group": {
                 "anyOf": [
@@ -159,20 +197,38 @@ class RegexScalar:
             required=required_literal(pattern),
             skipped=skipped,
         )
-        for first, batch in batches:
-            for lineno, line in enumerate(batch, first):
-                if search(line) is None:  # the common case, and cheaper than finditer
-                    continue
-                for m in pattern.finditer(line):
-                    count += 1
-                    if len(marks) < 3:
-                        marks.append((lineno, len(skipped)))
-                    if occurrence == "last" or count == 1:
-                        chosen = ((lineno, len(skipped)), m.group(group))
-                if occurrence == "first":
-                    break
-            if occurrence == "first" and chosen is not None:
-                break
+        lineno = 0  # the line being matched; 0 while the next chunk is read and prefiltered
+        done = (0, 0)  # the last line of the batches matched so far, as a mark
+        try:
+            with cpu_limit(CPU_SECONDS + CPU_SECONDS_PER_MIB * _mib(evidence)):
+                for first, batch in batches:
+                    for lineno, line in enumerate(batch, first):
+                        if search(line) is None:  # the common case; cheaper than finditer
+                            continue
+                        for m in pattern.finditer(line):
+                            count += 1
+                            if len(marks) < 3:
+                                marks.append((lineno, len(skipped)))
+                            if occurrence == "last" or count == 1:
+                                chosen = ((lineno, len(skipped)), m.group(group))
+                        if occurrence == "first":
+                            break
+                    if occurrence == "first" and chosen is not None:
+                        break
+                    done, lineno = (first + len(batch) - 1, len(skipped)), 0
+        except OverCpu as exc:
+            if lineno:
+                (stop,) = line_numbers(evidence, True, skipped, [(lineno, len(skipped))])
+                place = f"line {stop}"
+            else:
+                (stop,) = line_numbers(evidence, True, skipped, [done])
+                place = f"the lines after line {stop}" if done[0] else "its first lines"
+            raise EvidenceParseError(
+                f"{name}: matching pattern {pattern.pattern!r} was stopped in {place} after "
+                f"{exc.seconds:.1f} s of CPU time (the limit: {CPU_SECONDS:g} s and "
+                f"{CPU_SECONDS_PER_MIB:g} s for each MiB of the log)",
+                hint=_BACKTRACKS,
+            ) from None
         looked = f"pattern {pattern.pattern!r}"
         if chosen is None:
             raise EvidenceParseError(f"{name}: looked for {looked}, found no match")

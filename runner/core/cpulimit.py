@@ -1,0 +1,74 @@
+"""A bound on the CPU time a block of the main thread may take, for work whose cost a hostile
+input sets and nothing else stops: a contract's regular expression over a job's log (Python's
+``re`` backtracks: ``(\\d+)\\.(\\d+)`` over one line of 40,000 digits takes 8 s, and the time
+grows with the square of the line's length).
+
+:func:`cpu_limit` arms the process's profiling timer (``ITIMER_PROF``: CPU time, user and
+system, of the whole process, so a loaded machine does not make it fire early) and its
+``SIGPROF`` raises :class:`OverCpu` in the block. CPython's ``re`` looks for pending signals as
+it matches (every 4,096 steps, since 3.11), so the exception stops even a match that would run
+for hours; elsewhere it lands between two bytecodes.
+
+Only the main thread can be bounded (Python runs signal handlers there): in another thread the
+block runs unbounded. A timer and a handler already set (a profiler's) are put back as the
+block ends, the timer with what was left of it less what the block used.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+__all__ = ["OverCpu", "cpu_limit"]
+
+
+class OverCpu(Exception):
+    """The block used more than :attr:`seconds` of CPU time and was stopped."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"stopped after {seconds:.1f} s of CPU time")
+        self.seconds = seconds
+
+
+class _Armed:
+    """Whether this block's SIGPROF may still raise: cleared before the timer is disarmed, so
+    a signal that arrives as the block ends raises nothing outside it."""
+
+    def __init__(self) -> None:
+        self.on = False
+
+
+@contextmanager
+def cpu_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`OverCpu` in the block once the process has used ``seconds`` of CPU time
+    since it began (the main thread only; elsewhere the block runs unbounded)."""
+    if seconds <= 0:
+        raise ValueError(f"a CPU time limit must be positive, not {seconds}")
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    armed = _Armed()
+
+    def expired(signum: int, frame: FrameType | None) -> None:
+        if armed.on:
+            armed.on = False
+            raise OverCpu(seconds)
+
+    previous = signal.signal(signal.SIGPROF, expired)
+    started = time.process_time()
+    old_delay, old_interval = 0.0, 0.0
+    try:
+        old_delay, old_interval = signal.setitimer(signal.ITIMER_PROF, seconds)
+        armed.on = True  # after: a profiler's last SIGPROF before it is not this block's
+        yield
+    finally:
+        armed.on = False
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, signal.SIG_DFL if previous is None else previous)
+        if old_delay > 0 or old_interval > 0:
+            left = old_delay - (time.process_time() - started)
+            signal.setitimer(signal.ITIMER_PROF, max(left, 1e-6), old_interval)
