@@ -38,9 +38,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import urljoin, urlsplit
 
-from runner.caches import deadlines
 from runner.contract.models import Asset
-from runner.core import clock, safefs
+from runner.core import clock, deadlines, safefs
 from runner.planning.policy import AssetGrant
 
 __all__ = [

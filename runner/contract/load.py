@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from runner.contract.models import ExecutionContract
 from runner.core import jsondepth
+from runner.core.cpulimit import OverCpu, cpu_limit
 from runner.core.errors import ContractError, DigestMismatch, SignatureInvalid
 from runner.core.safefs import UnsafePath, read_named
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from runner.trust.signing import TrustedKey
 
 __all__ = [
+    "CHECK_SECONDS",
     "MAX_CONTRACT_BYTES",
     "SignatureInfo",
     "Trust",
@@ -47,6 +49,10 @@ def is_envelope(data: dict[str, Any]) -> bool:
 
 
 MAX_CONTRACT_BYTES = 4 * 1024 * 1024
+CHECK_SECONDS = 10.0
+"""The CPU time checking a contract's parser configs may take, all together (each regular
+expression is compiled: a case-insensitive one with large character ranges costs up to 0.6 ms a
+character; a contract may hold thousands)."""
 
 
 @dataclass(frozen=True)
@@ -213,8 +219,20 @@ def verify_data(
                 "re-issue it with `runner pin CONTRACT --image IMAGE`, which recomputes the digest"
             ),
         )
-    for i, m in enumerate(model.measurements):
-        registry.check_binding(m.parser, path=f"$.measurements[{i}].parser")
+    i = 0
+    try:
+        with cpu_limit(CHECK_SECONDS):  # a pattern can cost 0.6 ms a character to compile
+            for i, m in enumerate(model.measurements):
+                registry.check_binding(m.parser, path=f"$.measurements[{i}].parser")
+    except OverCpu:
+        raise ContractError(
+            f"checking the parsers' configs took over {CHECK_SECONDS:g} s of CPU time "
+            f"(stopped at measurement {i})",
+            path=f"$.measurements[{i}].parser.config",
+            hint="simplify the regular expressions (a case-insensitive pattern with large "
+            "character ranges is the slowest to compile), or split the measurements "
+            "over several contracts",
+        ) from None
     return VerifiedContract(
         model=model,
         raw=raw,

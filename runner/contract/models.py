@@ -50,6 +50,7 @@ __all__ = [
     "CarriedAsset",
     "ContainerPath",
     "ExecutionContract",
+    "Measurement",
     "RelativePath",
     "Sha256",
 ]

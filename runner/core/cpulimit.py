@@ -10,8 +10,14 @@ it matches (every 4,096 steps, since 3.11), so the exception stops even a match 
 for hours; elsewhere it lands between two bytecodes.
 
 Only the main thread can be bounded (Python runs signal handlers there): in another thread the
-block runs unbounded. A timer and a handler already set (a profiler's) are put back as the
-block ends, the timer with what was left of it less what the block used.
+block runs unbounded, as it does where ``SIGPROF`` has a handler Python did not set (a C
+profiler's, which could not be put back: told by the profiling timer running with no handler
+of Python's). A handler and timer set from Python are put back as
+the block ends, the timer with what was left of it less what the block used.
+
+``re`` looks for signals once every 4,096 steps of its matching loop, and a step can be long
+(a repeat scanning a whole line): over a line of 1 MiB the block may run on some 20 s past its
+bound before the exception lands.
 """
 
 from __future__ import annotations
@@ -45,10 +51,15 @@ class _Armed:
 @contextmanager
 def cpu_limit(seconds: float) -> Iterator[None]:
     """Raise :class:`OverCpu` in the block once the process has used ``seconds`` of CPU time
-    since it began (the main thread only; elsewhere the block runs unbounded)."""
+    since it began (in the main thread; see the module for where the block runs unbounded)."""
     if seconds <= 0:
         raise ValueError(f"a CPU time limit must be positive, not {seconds}")
-    if threading.current_thread() is not threading.main_thread():
+    handler = signal.getsignal(signal.SIGPROF)
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or handler is None  # set outside Python before it started
+        or (handler is signal.SIG_DFL and signal.getitimer(signal.ITIMER_PROF) != (0.0, 0.0))
+    ):  # a timer armed with no handler of Python's: a C profiler's handler takes its signals
         yield
         return
     armed = _Armed()
@@ -68,7 +79,7 @@ def cpu_limit(seconds: float) -> Iterator[None]:
     finally:
         armed.on = False
         signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, signal.SIG_DFL if previous is None else previous)
+        signal.signal(signal.SIGPROF, previous)
         if old_delay > 0 or old_interval > 0:
             left = old_delay - (time.process_time() - started)
             signal.setitimer(signal.ITIMER_PROF, max(left, 1e-6), old_interval)

@@ -1,15 +1,25 @@
 """Reading measurements from the job's evidence files through the registered parsers, and
-reading them again to confirm a signed result (`runner verify-bundle`, `runner verify-result`)."""
+reading them again to confirm a signed result (`runner verify-bundle`, `runner verify-result`).
+
+Every parse runs within a :class:`ParseBudget`: the CPU time for all of one job's (or one
+verification's) parsing, so that no evidence, contract or envelope makes the runner parse for
+longer than the evidence's size warrants."""
 
 from __future__ import annotations
 
+import json
+import os
 import stat
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from runner.contract import VerifiedContract, parse_json, verify_data
+from runner.contract.models import Measurement
+from runner.core.cpulimit import OverCpu, cpu_limit
 from runner.core.errors import EvidenceError, EvidenceParseError, MissingEvidence, RunnerError
 from runner.core.safefs import UnsafePath
 from runner.models.envelope import (
@@ -25,12 +35,93 @@ from runner.staging.jobdir import job_file_problem, sha256_under
 
 __all__ = [
     "NOT_GIVEN",
+    "PARSE_SECONDS",
+    "PARSE_SECONDS_MAX",
+    "PARSE_SECONDS_PER_MIB",
     "NotConfirmed",
+    "ParseBudget",
     "confirm_values",
     "hash_logs",
     "read_measurements",
     "reparse",
 ]
+
+
+PARSE_SECONDS = 10.0
+"""CPU time for parsing one job's evidence, all its measurements together, before what each
+parse earns by the size of its file (:data:`PARSE_SECONDS_PER_MIB`)."""
+PARSE_SECONDS_PER_MIB = 1.0
+"""CPU time each parse earns for each MiB its file holds on disk: over ten times the slowest
+ordinary parse measured (``regex.scalar`` with ``\\bstep (\\d+)\\b.*\\bloss=(\\S+)``
+on a log of short lines it matches every one of, 77 ms a MiB)."""
+PARSE_SECONDS_MAX = 3600.0
+"""The most CPU time one job's parsing may take, however many measurements and MiB."""
+REASON_MAX = 2000
+"""The longest reason kept for a measurement that failed (a contract's pattern is quoted)."""
+
+_T = TypeVar("_T")
+
+
+class ParseBudget:
+    """The CPU time left for parsing one job's evidence (or one verification's re-parsing).
+
+    Each parse earns :data:`PARSE_SECONDS_PER_MIB` for each MiB of its file's allocated bytes
+    (a sparse file's holes earn nothing), once for each distinct file, parser and config
+    (a contract or an envelope repeating a measurement earns nothing more), on top of
+    :data:`PARSE_SECONDS`, in all at most :data:`PARSE_SECONDS_MAX`. A parse runs under
+    :func:`runner.core.cpulimit.cpu_limit` for what is left; one that uses it up raises
+    :class:`~runner.core.errors.EvidenceParseError`, and so does every parse after it, at
+    once. A contract's regular expression is what can take long: Python's ``re`` backtracks
+    (``(\\d+)\\.(\\d+)`` over one line of 40,000 digits takes 8 s; the time grows with the
+    square of the line)."""
+
+    def __init__(self) -> None:
+        self.allowed = PARSE_SECONDS
+        self.spent = 0.0
+        self._earned: set[tuple[object, ...]] = set()
+
+    def earn(self, path: Path, key: tuple[object, ...]) -> None:
+        """Add what a parse of ``path`` earns, unless a parse of the same ``key`` (the file,
+        the parser, its config) earned it already."""
+        if key in self._earned:
+            return
+        self._earned.add(key)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return
+        allocated = min(st.st_size, st.st_blocks * 512)
+        self.allowed = min(
+            PARSE_SECONDS_MAX, self.allowed + PARSE_SECONDS_PER_MIB * allocated / 2**20
+        )
+
+    def run(self, what: str, parse: Callable[[], _T]) -> _T:
+        """``parse()`` within what is left; EvidenceParseError naming ``what`` when none is
+        left or it uses up the rest."""
+        left = self.allowed - self.spent
+        if left <= 0.01:
+            raise EvidenceParseError(f"{what}: not parsed: {self._spent()}", hint=_FASTER)
+        start = time.process_time()
+        try:
+            with cpu_limit(left):
+                return parse()
+        except OverCpu:
+            raise EvidenceParseError(f"{what}: stopped: {self._spent()}", hint=_FASTER) from None
+        finally:
+            self.spent += time.process_time() - start
+
+    def _spent(self) -> str:
+        return (
+            f"the CPU time for parsing this job's evidence is spent ({self.allowed:.1f} s: "
+            f"{PARSE_SECONDS:g} s and {PARSE_SECONDS_PER_MIB:g} s for each MiB each "
+            f"measurement's file holds, at most {PARSE_SECONDS_MAX:g} s)"
+        )
+
+
+_FASTER = (
+    "a regular expression that backtracks is the usual cause: anchor it with ^ or begin it "
+    "with fixed text, and let no repeat match what the next one may"
+)
 
 
 def _read_one(
@@ -40,6 +131,7 @@ def _read_one(
     max_bytes: int,
     version: str | None,
     hashed: dict[str, tuple[str | None, int]],
+    budget: ParseBudget,
 ) -> MeasurementResult:
     m = contract.model.measurements[index]
     rel = m.parser.evidencePath
@@ -64,8 +156,10 @@ def _read_one(
         )
     version = version or m.parser.version
     parser = registry.get(m.parser.id, version)
+    config = dict(m.parser.config)
+    budget.earn(output / rel, (rel, m.parser.id, version, _key(config)))
     try:
-        value = parser.parse(output / rel, dict(m.parser.config))
+        value = budget.run(where, lambda: parser.parse(output / rel, config))
     except EvidenceError:
         raise
     except Exception as exc:  # a job's file is the job's problem, never a runner crash
@@ -94,14 +188,17 @@ def read_measurements(
     results: list[MeasurementResult] = []
     errors: list[MeasurementError] = []
     hashed: dict[str, tuple[str | None, int]] = {}
+    budget = ParseBudget()
     for i, m in enumerate(contract.model.measurements):
         try:
             version = (versions or {}).get(m.measurementId)
-            results.append(_read_one(output, contract, i, max_bytes, version, hashed))
+            results.append(_read_one(output, contract, i, max_bytes, version, hashed, budget))
         except EvidenceError as exc:
             reason = str(exc)  # with its fix, where it names one
             if not reason.startswith("measurement"):
                 reason = f"measurement {m.measurementId!r}: {reason}"
+            if len(reason) > REASON_MAX:
+                reason = reason[: REASON_MAX - 3] + "..."
             errors.append(
                 MeasurementError(
                     measurementId=m.measurementId,
@@ -145,17 +242,36 @@ class NotConfirmed(Exception):
         is not one the contract binds)."""
 
 
+_index: list[tuple[VerifiedContract, dict[str, Measurement]]] = []
+
+
+def _bindings(contract: VerifiedContract) -> dict[str, Measurement]:
+    """The contract's measurements by id, made once for the contract a verification re-parses
+    (an envelope may list thousands: a search of the list for each was quadratic)."""
+    if not _index or _index[0][0] is not contract:
+        _index[:] = [(contract, {b.measurementId: b for b in contract.model.measurements})]
+    return _index[0][1]
+
+
+def _key(config: dict[str, Any]) -> str:
+    """A parser config as a key (configs are JSON)."""
+    return json.dumps(config, sort_keys=True, default=str)
+
+
 def reparse(
-    m: MeasurementResult, contract: VerifiedContract, evidence: Path | None, missing: str
+    m: MeasurementResult,
+    contract: VerifiedContract,
+    evidence: Path | None,
+    missing: str,
+    budget: ParseBudget | None = None,
 ) -> bool | int | float | str:
     """The value ``m`` records, read again from ``evidence`` (its file; None when it is not
     at hand, ``missing`` saying so: "not bundled") with the parser id and version ``m``
     records and the config the contract binds to it. Raises :class:`NotConfirmed`, its
     message for the file it names, when the evidence does not give exactly that value (type
-    included). Shared by ``runner verify-bundle`` and ``runner verify-result``."""
-    binding = next(
-        (b for b in contract.model.measurements if b.measurementId == m.measurementId), None
-    )
+    included). Shared by ``runner verify-bundle`` and ``runner verify-result``, each passing
+    one ``budget`` for all the values it re-parses (a fresh one when None)."""
+    binding = _bindings(contract).get(m.measurementId)
     if (
         binding is None
         or binding.parser.evidencePath != m.evidence.path
@@ -177,8 +293,11 @@ def reparse(
             "that provides it)",
             of_evidence=True,
         ) from None
+    config = dict(binding.parser.config)
+    budget = budget or ParseBudget()
+    budget.earn(evidence, (str(evidence), m.parser.id, m.parser.version, _key(config)))
     try:
-        value = parser.parse(evidence, dict(binding.parser.config))
+        value = budget.run(m.measurementId, lambda: parser.parse(evidence, config))
     except Exception as exc:  # noqa: BLE001 - any failure is the evidence's, reported
         raise NotConfirmed(
             f"does not re-parse with {name}: {type(exc).__name__}: {exc}"[:1000], of_evidence=True
@@ -258,6 +377,7 @@ def confirm_values(
     if not envelope.measurements:
         return
     contract = ran_contract(job_root, envelope.contractDigest)
+    budget = ParseBudget()
     for m in envelope.measurements:
         rel = m.evidence.path
         if f"sha256:{signed.get(rel)}" != m.evidence.sha256:
@@ -268,7 +388,7 @@ def confirm_values(
                 hint="a runner signs every evidence file it read a value from",
             )
         try:
-            reparse(m, contract, output / rel, "")
+            reparse(m, contract, output / rel, "", budget)
         except NotConfirmed as exc:
             where = output / rel if exc.of_evidence else "the signed envelope"
             raise NotConfirmed(f"{where}: {exc.message}", of_evidence=exc.of_evidence) from None

@@ -19,6 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 from tenacity import (
@@ -29,7 +30,8 @@ from tenacity import (
     wait_exponential,
 )
 
-from runner.backends.types import loopback_registry
+from runner.backends.types import engine_text, loopback_registry
+from runner.core import deadlines, jsondepth, untrusted
 from runner.core.errors import ImageUnavailable
 
 __all__ = [
@@ -218,8 +220,19 @@ def find_credentials(registry: str, config: Path) -> tuple[Credentials | None, s
 def _sdk_error_text(exc: Exception) -> str:
     text = str(exc)
     # "Credentials store error: StoreError('docker-credential-x not installed ...')"
-    match = re.search(r"StoreError\((['\"])(.*)\1\)", text, re.DOTALL)
-    return (match.group(2) if match else text).strip()[:500]
+    # As re.search(r"StoreError\((['\"])(.*)\1\)", text, re.DOTALL) found it, with str.find:
+    # that search backtracked (quadratic in a text repeating StoreError('). The first
+    # StoreError( whose quote closes later; what is up to the last close.
+    last = {q: text.rfind(q + ")") for q in ("'", '"')}
+    inner = text
+    start = text.find("StoreError(")
+    while start >= 0:
+        quote = text[start + 11 : start + 12]
+        if quote in last and last[quote] >= start + 12:
+            inner = text[start + 12 : last[quote]]
+            break
+        start = text.find("StoreError(", start + 1)
+    return inner.strip()[:500]
 
 
 def credentials_for(registry: str, config: Path) -> Credentials | None:
@@ -237,6 +250,56 @@ def auth_of(creds: Credentials | None) -> tuple[str, str] | None:
 _CHALLENGE = re.compile(r'\b(\w++)="([^"]*+)"')
 
 
+BODY_MAX = 64 * 1024
+"""The most of a registry's answer read (a token, an error): a larger one is not read on."""
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A registry's answer: its status, its reason phrase and at most :data:`BODY_MAX` bytes
+    of its body."""
+
+    status: int
+    reason: str
+    body: bytes
+    challenge: str
+    """Its ``WWW-Authenticate`` header (a header line is at most 64 KiB: ``http.client``)."""
+
+
+def _ask(session: requests.Session, method: str, url: str, timeout: float, **kw: Any) -> _Answer:
+    """One request and what :class:`_Answer` keeps of its answer, all within ``timeout``
+    seconds: past it the connection is shut down (:class:`runner.core.deadlines.HeadDeadline`,
+    here held until the body is read too), as the timeout alone bounds each receive only (a
+    registry trickling its answer a byte at a time held ``runner pin`` for ever)."""
+    headers = {**kw.pop("headers", {}), "Accept-Encoding": "identity"}
+    with deadlines.HeadDeadline(timeout) as deadline:
+        resp = session.request(method, url, headers=headers, timeout=timeout, stream=True, **kw)
+        try:
+            body = b"" if method == "HEAD" else resp.raw.read(BODY_MAX, decode_content=False)
+        finally:
+            resp.close()
+    if deadline.expired:  # the connection was shut down: what was read may be cut short
+        raise requests.Timeout(f"no whole answer within {timeout:g} s")
+    challenge = resp.headers.get("WWW-Authenticate", "")
+    return _Answer(resp.status_code, engine_text(resp.reason), body, challenge)
+
+
+def _session() -> requests.Session:
+    session = requests.Session()
+    adapter = deadlines.adapter_class()()
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or an empty one (not JSON, nested too deep, not an object)."""
+    try:
+        return untrusted.mapping(jsondepth.loads(body, 64))
+    except (ValueError, RecursionError):
+        return {}
+
+
 def _bearer_token(
     session: requests.Session, challenge: str, creds: Credentials | None, timeout: float
 ) -> str | None:
@@ -252,24 +315,25 @@ def _bearer_token(
             "refresh_token": creds.identity_token,
             "client_id": "runner",
         }
-        resp = session.post(realm, data=form, timeout=timeout)
+        answer = _ask(session, "POST", realm, timeout, data=form)
     else:
-        resp = session.get(realm, params=params, auth=auth_of(creds), timeout=timeout)
-    if resp.status_code != 200:
+        answer = _ask(session, "GET", realm, timeout, params=params, auth=auth_of(creds))
+    if answer.status != 200:
         return None
-    body = resp.json()
+    body = _json(answer.body)
     token = body.get("token") or body.get("access_token")
-    return str(token) if token else None
+    return token if isinstance(token, str) and token else None
 
 
-def _message(resp: requests.Response) -> str:
-    try:
-        errors = resp.json().get("errors") or []
-        if errors:
-            return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors)
-    except ValueError:
-        pass
-    return resp.reason or f"HTTP {resp.status_code}"
+def _message(answer: _Answer) -> str:
+    """The registry's own words for an error (its JSON ``errors``), or its reason phrase:
+    printable ASCII, cut short."""
+    errors = untrusted.array(_json(answer.body).get("errors"))
+    said = "; ".join(
+        f"{engine_text(untrusted.at(e, 'code'))}: {engine_text(untrusted.at(e, 'message'))}"
+        for e in errors[:4]
+    )
+    return said or answer.reason or f"HTTP {answer.status}"
 
 
 def probe_once(
@@ -285,28 +349,28 @@ def probe_once(
     scheme = "http" if insecure else "https"
     url = f"{scheme}://{ref.api_host}/v2/{ref.repository}/manifests/{ref.digest}"
     headers = {"Accept": MANIFEST_TYPES}
-    with requests.Session() as session:
+    with _session() as session:
         try:
-            resp = session.head(url, headers=headers, timeout=timeout)
-            if resp.status_code == 401:
-                challenge = resp.headers.get("WWW-Authenticate", "")
+            resp = _ask(session, "HEAD", url, timeout, headers=headers)
+            if resp.status == 401:
+                challenge = resp.challenge
                 if challenge.lower().startswith("bearer"):
                     token = _bearer_token(session, challenge, creds, timeout)
                     if token:
                         headers["Authorization"] = f"Bearer {token}"
-                        resp = session.head(url, headers=headers, timeout=timeout)
+                        resp = _ask(session, "HEAD", url, timeout, headers=headers)
                 elif auth_of(creds) is not None:
-                    resp = session.head(url, headers=headers, timeout=timeout, auth=auth_of(creds))
-            if 400 <= resp.status_code < 500:
+                    resp = _ask(session, "HEAD", url, timeout, headers=headers, auth=auth_of(creds))
+            if 400 <= resp.status < 500:
                 # A HEAD answer has no body: ask again for the registry's own error message,
                 # with the same credentials (a bearer token if one was obtained, else basic).
                 basic = None if "Authorization" in headers else auth_of(creds)
-                resp = session.get(url, headers=headers, timeout=timeout, auth=basic)
+                resp = _ask(session, "GET", url, timeout, headers=headers, auth=basic)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise TransientRegistryError(
                 f"{ref.registry} did not answer ({type(exc).__name__})"
             ) from exc
-    status = resp.status_code
+    status = resp.status
     if status == 200:
         return
     if status >= 500:

@@ -211,9 +211,15 @@ def _lines_in(path: Path, universal: bool, stretches: list[tuple[int, int]]) -> 
     counts = [0] * len(stretches)
     offset = 0
     chunk_ends_cr = False
+    first = 0  # the first stretch not ended before this chunk (they are in file order)
     for chunk in _chunks(path):
         end = offset + len(chunk)
-        for i, (lo, hi) in enumerate(stretches):
+        while first < len(stretches) and stretches[first][1] <= offset:
+            first += 1
+        for i in range(first, len(stretches)):
+            lo, hi = stretches[i]
+            if lo >= end:
+                break
             a, b = max(lo, offset), min(hi, end)
             if a < b:
                 piece = chunk[a - offset : b - offset]

@@ -26,6 +26,7 @@ from runner.parsers._json import (
     DuplicateKey,
     object_pairs,
     resolve_pointer,
+    split_pointer,
 )
 from runner.parsers._lines import iter_lines
 from runner.parsers._values import from_json, type_schema
@@ -144,6 +145,7 @@ class JsonlScalar:
         chosen: tuple[int, Any] | None = None  # (line number, record)
         count = 0
         matching_lines: list[int] = []  # the first few, for messages
+        match_tokens = split_pointer(match["pointer"]) if match is not None else []
         for lineno, line in iter_lines(evidence, universal=False):
             if not line.strip():
                 continue
@@ -155,7 +157,7 @@ class JsonlScalar:
                 ) from exc
             if match is not None:
                 try:
-                    field = resolve_pointer(record, match["pointer"])
+                    field = resolve_pointer(record, match_tokens)
                 except (KeyError, IndexError, TypeError):
                     continue
                 except DuplicateKey as exc:

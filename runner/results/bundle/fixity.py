@@ -112,6 +112,8 @@ class _Scan:
         self.seen: set[str] = set()
         self.folders: set[str] = set()
         """Every folder the members name or imply (the writer makes and counts them)."""
+        self.names: set[str] = set()
+        """``seen`` and ``folders`` together: what the bundle unpacks to, counted."""
         self.members: list[tuple[str, bytes, int]] = []
         """(name, type, size) of each member in order: the second pass must see the same."""
         self.total = 0
@@ -142,9 +144,17 @@ class _Scan:
             raise stop(key, "is in the archive twice")
         self.seen.add(key)
         self.members.append((member.name, member.type, member.size))
-        last = len(parts) if member.isdir() else len(parts) - 1
-        self.folders.update("/".join(parts[:i]) for i in range(1, last + 1))
-        if len(self.seen | self.folders) > self.max_files:
+        # Deepest first, up to a folder known already (its own are known too): each folder's
+        # name is made once. The count is kept as it grows: a union of the two sets for every
+        # member made 80,000 members take 65 s.
+        self.names.add(key)
+        for i in range(len(parts) if member.isdir() else len(parts) - 1, 0, -1):
+            folder = "/".join(parts[:i])
+            if folder in self.folders:
+                break
+            self.folders.add(folder)
+            self.names.add(folder)
+        if len(self.names) > self.max_files:
             raise stop(self.name, f"holds over {self.max_files:,} files and folders")
         self.total += member.size
         self.disk += -(-member.size // BLOCK) * BLOCK + BLOCK
@@ -215,7 +225,7 @@ def _unpack(
     followed, no file made twice, no more bytes than declared); the padding after each and
     the end of the archive checked as it goes."""
     name = scan.name
-    files = len(scan.seen | scan.folders)
+    files = len(scan.names)
     writer = archives.Writer(dest, scan.total, files, sync=False, strict=False)
     afterwards: list[Problem] = []
     try:

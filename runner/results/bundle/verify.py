@@ -251,16 +251,29 @@ class _Verifier(FixityChecks, SignatureChecks):
             if env.measurements:
                 self.problem(CONTRACT, "without the contract no value can be re-parsed")
             return None
+        budget = evidence.ParseBudget()  # one for all: the envelope may list thousands
+        seen: set[str] = set()
+        repeated: list[str] = []
         for m in env.measurements:
+            if m.measurementId in seen:  # re-parsed once; a runner writes each once
+                repeated.append(m.measurementId)
+                continue
+            seen.add(m.measurementId)
             rel = self.payload_path(m.evidence.path)
             bundled = rel in self.digests and rel not in self.absent
             path = self.beside.get(rel, self.top / rel) if bundled else None
             try:
-                value = evidence.reparse(m, contract, path, "not bundled")
+                value = evidence.reparse(m, contract, path, "not bundled", budget)
             except evidence.NotConfirmed as exc:
                 self.problem((rel or ENVELOPE) if exc.of_evidence else ENVELOPE, exc.message)
                 continue
             self.report.measurements[m.measurementId] = value
+        if repeated:
+            self.problem(
+                ENVELOPE,
+                f"{len(repeated):,} measurement entries repeat an id listed before them (the "
+                f"first: {repeated[0]!r}); a runner lists each measurement once",
+            )
         return (
             ", ".join(f"{k} = {v!r}" for k, v in self.report.measurements.items())
             or "no measurement to re-parse"

@@ -1,10 +1,12 @@
-"""Deadlines on an asset's HTTP response, each a thread that shuts the connection's socket down
-(which wakes a read blocked on it): :class:`HeadDeadline`, the response head (status line and
-headers) within so many seconds, the connection handed over by :func:`adapter_class`'s
-``requests`` adapter as soon as it is made; :class:`RateWatch`, the body at a least rate over
-a window, so that a source that trickles (a byte every 59 s defeats the read timeout) is cut
-off rather than hold the digest's lock, and every runner waiting on it, for ever. The fetch
-that uses them is :mod:`runner.caches.download`."""
+"""Deadlines on an HTTP response (an asset's, a registry's), each a thread that shuts the
+connection's socket down (which wakes a read blocked on it): :class:`HeadDeadline`, the
+response head (status line and headers) within so many seconds, the connection handed over by
+:func:`adapter_class`'s ``requests`` adapter as soon as it is made; :class:`RateWatch`, the
+body at a least rate over a window, so that a source that trickles (a byte every 59 s defeats
+the read timeout) is cut off rather than hold the digest's lock, and every runner waiting on
+it, for ever. The fetch that uses them is :mod:`runner.caches.download`;
+:mod:`runner.images.registry` holds a :class:`HeadDeadline` until a small answer's body is read
+too, a deadline on the whole."""
 
 from __future__ import annotations
 
