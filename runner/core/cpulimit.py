@@ -29,11 +29,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["OverCpu", "cpu_limit"]
+__all__ = ["AGAIN", "OverCpu", "cpu_limit"]
+
+AGAIN = 1.0
+"""CPU seconds between one :class:`OverCpu` and the next, while the block goes on: time for
+the code that caught it to say where it stopped."""
 
 
-class OverCpu(Exception):
-    """The block used more than :attr:`seconds` of CPU time and was stopped."""
+class OverCpu(BaseException):
+    """The block used more than :attr:`seconds` of CPU time and was stopped. A
+    ``BaseException``, as ``KeyboardInterrupt`` is: the ``except Exception`` of code inside the
+    block (a parser's fallback) does not swallow it."""
 
     def __init__(self, seconds: float) -> None:
         super().__init__(f"stopped after {seconds:.1f} s of CPU time")
@@ -41,8 +47,8 @@ class OverCpu(Exception):
 
 
 class _Armed:
-    """Whether this block's SIGPROF may still raise: cleared before the timer is disarmed, so
-    a signal that arrives as the block ends raises nothing outside it."""
+    """Whether this block's SIGPROF may raise: cleared as the block ends, before the timer
+    is disarmed, so a signal that arrives then raises nothing outside it."""
 
     def __init__(self) -> None:
         self.on = False
@@ -66,14 +72,15 @@ def cpu_limit(seconds: float) -> Iterator[None]:
 
     def expired(signum: int, frame: FrameType | None) -> None:
         if armed.on:
-            armed.on = False
             raise OverCpu(seconds)
 
     previous = signal.signal(signal.SIGPROF, expired)
     started = time.process_time()
     old_delay, old_interval = 0.0, 0.0
     try:
-        old_delay, old_interval = signal.setitimer(signal.ITIMER_PROF, seconds)
+        # Again every AGAIN seconds until the block ends: should code in it catch the first
+        # (an ``except BaseException`` that does not raise again), the next one lands.
+        old_delay, old_interval = signal.setitimer(signal.ITIMER_PROF, seconds, AGAIN)
         armed.on = True  # after: a profiler's last SIGPROF before it is not this block's
         yield
     finally:

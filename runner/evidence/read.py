@@ -63,15 +63,18 @@ _T = TypeVar("_T")
 
 
 class ParseBudget:
-    """The CPU time left for parsing one job's evidence (or one verification's re-parsing).
+    """The CPU time for parsing one job's evidence (or one verification's re-parsing).
 
-    Each parse earns :data:`PARSE_SECONDS_PER_MIB` for each MiB of its file's allocated bytes
-    (a sparse file's holes earn nothing), once for each distinct file, parser and config
-    (a contract or an envelope repeating a measurement earns nothing more), on top of
-    :data:`PARSE_SECONDS`, in all at most :data:`PARSE_SECONDS_MAX`. A parse runs under
-    :func:`runner.core.cpulimit.cpu_limit` for what is left; one that uses it up raises
-    :class:`~runner.core.errors.EvidenceParseError`, and so does every parse after it, at
-    once. A contract's regular expression is what can take long: Python's ``re`` backtracks
+    One parse may take :data:`PARSE_SECONDS` plus :data:`PARSE_SECONDS_PER_MIB` for each MiB
+    of its own file's allocated bytes (a sparse file's holes earn nothing: a 16 GiB file of a
+    few KiB on disk earned 4.5 hours when its size counted), and no more than what is left of
+    the job's: :data:`PARSE_SECONDS` and what each distinct parse (file, parser and config:
+    a contract or an envelope repeating a measurement earns nothing more) earns by its file,
+    at most :data:`PARSE_SECONDS_MAX` in all. So a large file funds its own parse only, never
+    another measurement's over a small log. A parse runs under
+    :func:`runner.core.cpulimit.cpu_limit`; one that uses up its time raises
+    :class:`~runner.core.errors.EvidenceParseError`, as does one with none left, at once. A
+    contract's regular expression is what can take long: Python's ``re`` backtracks
     (``(\\d+)\\.(\\d+)`` over one line of 40,000 digits takes 8 s; the time grows with the
     square of the line)."""
 
@@ -80,25 +83,24 @@ class ParseBudget:
         self.spent = 0.0
         self._earned: set[tuple[object, ...]] = set()
 
-    def earn(self, path: Path, key: tuple[object, ...]) -> None:
-        """Add what a parse of ``path`` earns, unless a parse of the same ``key`` (the file,
-        the parser, its config) earned it already."""
-        if key in self._earned:
-            return
-        self._earned.add(key)
+    def _earns(self, path: Path, key: tuple[object, ...]) -> float:
+        """What a parse of ``path`` earns; added to the job's, unless a parse of the same
+        ``key`` (the file, the parser, its config) added it already."""
         try:
             st = os.lstat(path)
         except OSError:
-            return
-        allocated = min(st.st_size, st.st_blocks * 512)
-        self.allowed = min(
-            PARSE_SECONDS_MAX, self.allowed + PARSE_SECONDS_PER_MIB * allocated / 2**20
-        )
+            return 0.0
+        earned = PARSE_SECONDS_PER_MIB * min(st.st_size, st.st_blocks * 512) / 2**20
+        if key not in self._earned:
+            self._earned.add(key)
+            self.allowed = min(PARSE_SECONDS_MAX, self.allowed + earned)
+        return earned
 
-    def run(self, what: str, parse: Callable[[], _T]) -> _T:
-        """``parse()`` within what is left; EvidenceParseError naming ``what`` when none is
-        left or it uses up the rest."""
-        left = self.allowed - self.spent
+    def run(self, what: str, path: Path, key: tuple[object, ...], parse: Callable[[], _T]) -> _T:
+        """``parse()`` (of ``path``, told apart by ``key``) within its time; EvidenceParseError
+        naming ``what`` when there is none left or it uses up its own."""
+        own = PARSE_SECONDS + self._earns(path, key)
+        left = min(self.allowed - self.spent, own)
         if left <= 0.01:
             raise EvidenceParseError(f"{what}: not parsed: {self._spent()}", hint=_FASTER)
         start = time.process_time()
@@ -106,15 +108,17 @@ class ParseBudget:
             with cpu_limit(left):
                 return parse()
         except OverCpu:
-            raise EvidenceParseError(f"{what}: stopped: {self._spent()}", hint=_FASTER) from None
+            raise EvidenceParseError(
+                f"{what}: stopped after {left:.1f} s of CPU time: {self._spent()}", hint=_FASTER
+            ) from None
         finally:
             self.spent += time.process_time() - start
 
     def _spent(self) -> str:
         return (
-            f"the CPU time for parsing this job's evidence is spent ({self.allowed:.1f} s: "
-            f"{PARSE_SECONDS:g} s and {PARSE_SECONDS_PER_MIB:g} s for each MiB each "
-            f"measurement's file holds, at most {PARSE_SECONDS_MAX:g} s)"
+            f"the CPU time for parsing the job's evidence is spent (for each measurement "
+            f"{PARSE_SECONDS:g} s and {PARSE_SECONDS_PER_MIB:g} s for each MiB its file holds; "
+            f"{self.allowed:.1f} s for all, at most {PARSE_SECONDS_MAX:g} s)"
         )
 
 
@@ -157,9 +161,9 @@ def _read_one(
     version = version or m.parser.version
     parser = registry.get(m.parser.id, version)
     config = dict(m.parser.config)
-    budget.earn(output / rel, (rel, m.parser.id, version, _key(config)))
+    key = (rel, m.parser.id, version, _key(config))
     try:
-        value = budget.run(where, lambda: parser.parse(output / rel, config))
+        value = budget.run(where, output / rel, key, lambda: parser.parse(output / rel, config))
     except EvidenceError:
         raise
     except Exception as exc:  # a job's file is the job's problem, never a runner crash
@@ -295,9 +299,9 @@ def reparse(
         ) from None
     config = dict(binding.parser.config)
     budget = budget or ParseBudget()
-    budget.earn(evidence, (str(evidence), m.parser.id, m.parser.version, _key(config)))
+    key = (str(evidence), m.parser.id, m.parser.version, _key(config))
     try:
-        value = budget.run(m.measurementId, lambda: parser.parse(evidence, config))
+        value = budget.run(m.measurementId, evidence, key, lambda: parser.parse(evidence, config))
     except Exception as exc:  # noqa: BLE001 - any failure is the evidence's, reported
         raise NotConfirmed(
             f"does not re-parse with {name}: {type(exc).__name__}: {exc}"[:1000], of_evidence=True

@@ -20,8 +20,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin, urlsplit
 
 import requests
+import urllib3.exceptions
 from tenacity import (
     RetryError,
     Retrying,
@@ -33,6 +35,7 @@ from tenacity import (
 from runner.backends.types import engine_text, loopback_registry
 from runner.core import deadlines, jsondepth, untrusted
 from runner.core.errors import ImageUnavailable
+from runner.core.redaction import Redactor
 
 __all__ = [
     "Credentials",
@@ -256,8 +259,8 @@ BODY_MAX = 64 * 1024
 
 @dataclass(frozen=True)
 class _Answer:
-    """A registry's answer: its status, its reason phrase and at most :data:`BODY_MAX` bytes
-    of its body."""
+    """A registry's answer: its status, its reason phrase (as sent: :func:`_message` makes it
+    printable) and at most :data:`BODY_MAX` bytes of its body."""
 
     status: int
     reason: str
@@ -266,22 +269,55 @@ class _Answer:
     """Its ``WWW-Authenticate`` header (a header line is at most 64 KiB: ``http.client``)."""
 
 
+REDIRECTS = 5
+"""The most redirects a GET or POST to a registry follows (a HEAD follows none)."""
+_REDIRECT = frozenset({301, 302, 303, 307, 308})
+
+
 def _ask(session: requests.Session, method: str, url: str, timeout: float, **kw: Any) -> _Answer:
-    """One request and what :class:`_Answer` keeps of its answer, all within ``timeout``
+    """One request and what :class:`_Answer` keeps of its answer, each hop within ``timeout``
     seconds: past it the connection is shut down (:class:`runner.core.deadlines.HeadDeadline`,
     here held until the body is read too), as the timeout alone bounds each receive only (a
-    registry trickling its answer a byte at a time held ``runner pin`` for ever)."""
+    registry trickling its answer a byte at a time held ``runner pin`` for ever). A GET or
+    POST follows up to :data:`REDIRECTS` redirects here, each read as any answer (``requests``
+    reads a redirect's whole body, decompressed), credentials kept for the same host only.
+    Whatever goes wrong (no answer, one cut short, a malformed one, a bad redirect) is a
+    ``requests.ConnectionError`` or ``requests.Timeout``: the registry did not answer."""
     headers = {**kw.pop("headers", {}), "Accept-Encoding": "identity"}
-    with deadlines.HeadDeadline(timeout) as deadline:
-        resp = session.request(method, url, headers=headers, timeout=timeout, stream=True, **kw)
-        try:
-            body = b"" if method == "HEAD" else resp.raw.read(BODY_MAX, decode_content=False)
-        finally:
-            resp.close()
-    if deadline.expired:  # the connection was shut down: what was read may be cut short
-        raise requests.Timeout(f"no whole answer within {timeout:g} s")
-    challenge = resp.headers.get("WWW-Authenticate", "")
-    return _Answer(resp.status_code, engine_text(resp.reason), body, challenge)
+    try:
+        for _ in range(REDIRECTS + 1):
+            with deadlines.HeadDeadline(timeout) as deadline:
+                resp = session.request(
+                    method, url, headers=headers, timeout=timeout, stream=True,
+                    allow_redirects=False, **kw,
+                )  # fmt: skip
+                try:
+                    head = method == "HEAD" or resp.status_code in _REDIRECT
+                    body = b"" if head else resp.raw.read(BODY_MAX, decode_content=False)
+                finally:
+                    resp.close()
+            if deadline.expired:  # the connection was shut down: what was read is cut short
+                raise requests.Timeout(f"no whole answer within {timeout:g} s")
+            location = resp.headers.get("Location")
+            if method == "HEAD" or resp.status_code not in _REDIRECT or not location:
+                challenge = resp.headers.get("WWW-Authenticate", "")
+                return _Answer(resp.status_code, str(resp.reason or ""), body, challenge)
+            target = urljoin(url, location)
+            if urlsplit(target).scheme not in ("http", "https"):
+                raise requests.ConnectionError(f"redirected to {engine_text(target)}")
+            if urlsplit(target).netloc != urlsplit(url).netloc:  # another host: no credentials
+                headers.pop("Authorization", None)
+                kw.pop("auth", None)
+            if resp.status_code == 303 or (resp.status_code in (301, 302) and method == "POST"):
+                method = "GET"
+                kw.pop("data", None)
+            kw.pop("params", None)  # the redirect's own query string says what it wants
+            url = target
+    except (requests.RequestException, urllib3.exceptions.HTTPError, ValueError) as exc:
+        if isinstance(exc, requests.ConnectionError | requests.Timeout):
+            raise
+        raise requests.ConnectionError(f"a malformed answer ({type(exc).__name__})") from None
+    raise requests.ConnectionError(f"over {REDIRECTS} redirects")
 
 
 def _session() -> requests.Session:
@@ -322,18 +358,36 @@ def _bearer_token(
         return None
     body = _json(answer.body)
     token = body.get("token") or body.get("access_token")
-    return token if isinstance(token, str) and token else None
+    # Only what a bearer token is made of (RFC 6750): one with a line break in it would be
+    # refused as a header, with the token in the error.
+    return token if isinstance(token, str) and _TOKEN.fullmatch(token) else None
 
 
-def _message(answer: _Answer) -> str:
+_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]{1,16384}=*")
+
+
+def _scrubbed(text: str, secrets: list[str]) -> str:
+    """``text`` (a registry's words) without the secrets this check sent it, in their usual
+    encodings (a registry that echoes a request's Authorization header), then made printable
+    and cut short."""
+    values = {f"registry-secret-{i}": v for i, v in enumerate(secrets) if v}
+    return engine_text(Redactor(values).text(text[:4096]) if values else text)
+
+
+def _message(answer: _Answer, secrets: list[str]) -> str:
     """The registry's own words for an error (its JSON ``errors``), or its reason phrase:
-    printable ASCII, cut short."""
+    without the ``secrets`` this check sent, printable ASCII, cut short."""
     errors = untrusted.array(_json(answer.body).get("errors"))
     said = "; ".join(
-        f"{engine_text(untrusted.at(e, 'code'))}: {engine_text(untrusted.at(e, 'message'))}"
+        f"{_scrubbed(_text(untrusted.at(e, 'code')), secrets)}: "
+        f"{_scrubbed(_text(untrusted.at(e, 'message')), secrets)}"
         for e in errors[:4]
     )
-    return said or answer.reason or f"HTTP {answer.status}"
+    return said or _scrubbed(answer.reason, secrets) or f"HTTP {answer.status}"
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def probe_once(
@@ -349,6 +403,7 @@ def probe_once(
     scheme = "http" if insecure else "https"
     url = f"{scheme}://{ref.api_host}/v2/{ref.repository}/manifests/{ref.digest}"
     headers = {"Accept": MANIFEST_TYPES}
+    sent = [creds.password, creds.identity_token or ""] if creds is not None else []
     with _session() as session:
         try:
             resp = _ask(session, "HEAD", url, timeout, headers=headers)
@@ -357,6 +412,7 @@ def probe_once(
                 if challenge.lower().startswith("bearer"):
                     token = _bearer_token(session, challenge, creds, timeout)
                     if token:
+                        sent.append(token)
                         headers["Authorization"] = f"Bearer {token}"
                         resp = _ask(session, "HEAD", url, timeout, headers=headers)
                 elif auth_of(creds) is not None:
@@ -374,7 +430,7 @@ def probe_once(
     if status == 200:
         return
     if status >= 500:
-        raise TransientRegistryError(f"{ref.registry} answered {status}: {_message(resp)}")
+        raise TransientRegistryError(f"{ref.registry} answered {status}: {_message(resp, sent)}")
     if status == 401:
         what = (
             f"refused the credentials from {creds.source}"
@@ -400,7 +456,8 @@ def probe_once(
         429: "wait and run again later; the runner does not hammer a rate-limited registry",
     }.get(status, "check the digest and the repository name")
     raise ImageUnavailable(
-        f"{ref.registry} {what}: {ref.repository}@{ref.digest} ({_message(resp)})", hint=hint
+        f"{ref.registry} {what}: {ref.repository}@{ref.digest} ({_message(resp, sent)})",
+        hint=hint,
     )
 
 

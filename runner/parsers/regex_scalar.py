@@ -100,9 +100,10 @@ def _prefilter(pattern: re.Pattern[str]) -> Callable[[str], bool] | None:
 
 def _may_match_a_line_end(pattern: re.Pattern[str]) -> bool:
     """Whether some part of ``pattern`` can match ``\\n`` (``\\s``, ``\\D``, ``\\W``,
-    ``[^x]``, a range or literal holding it, ``.`` under ``(?s:``), read from CPython's parse of
-    it; True when that cannot be told. Line by line no match holds a line end, but a search of
-    a whole chunk lets such a part run on across lines, and backtrack over all of them."""
+    ``[^x]``, a range or literal holding it, ``.`` under ``(?s:``) or holds a ``(?-m:``
+    group, read from CPython's parse of it; True when that cannot be told. Line by line no
+    match holds a line end, but a search of a whole chunk lets such a part run on across
+    lines, and backtrack over all of them."""
     try:
         parser: Any = importlib.import_module("re._parser")
         c: Any = importlib.import_module("re._constants")
@@ -145,7 +146,11 @@ def _may_match_a_line_end(pattern: re.Pattern[str]) -> bool:
                 found = may(arg[2], dotall)
             elif op is c.SUBPATTERN:
                 _, on, off, inner = arg
-                found = may(inner, bool((dotall or on & re.DOTALL) and not off & re.DOTALL))
+                # (?-m:...) turns off what the chunk's search turns on: ^ and $ would be the
+                # chunk's ends there, not its lines'.
+                found = bool(off & re.MULTILINE) or may(
+                    inner, bool((dotall or on & re.DOTALL) and not off & re.DOTALL)
+                )
             elif op is c.BRANCH:
                 found = any(may(branch, dotall) for branch in arg[1])
             elif op is c.ATOMIC_GROUP:
@@ -160,7 +165,10 @@ def _may_match_a_line_end(pattern: re.Pattern[str]) -> bool:
                 return True
         return False
 
-    return may(tree, bool(pattern.flags & re.DOTALL))
+    try:
+        return may(tree, bool(pattern.flags & re.DOTALL))
+    except RecursionError:  # nested deeper than this walk goes: no shortcut
+        return True
 
 
 def required_literal(pattern: re.Pattern[str]) -> bytes | None:
@@ -285,9 +293,8 @@ class RegexScalar:
                 (stop,) = line_numbers(evidence, True, skipped, [done])
                 place = f"the lines after line {stop}" if done[0] else "its first lines"
             raise EvidenceParseError(
-                f"{name}: matching pattern {pattern.pattern!r} was stopped in {place}, the "
-                f"CPU time for parsing the job's evidence spent ({exc.seconds:.1f} s were "
-                "left for it)",
+                f"{name}: matching pattern {pattern.pattern!r} was stopped in {place} after "
+                f"{exc.seconds:.1f} s of CPU time, all the time this parse had",
                 hint=_BACKTRACKS,
             ) from None
         looked = f"pattern {pattern.pattern!r}"

@@ -38,7 +38,9 @@ def _events(job: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in lines if x]
 
 
-def _true_seconds(job: Path, n: int) -> float:
+def true_seconds(job: Path, n: int) -> float:
+    """Attempt ``n``'s container's running time as the engine recorded it (StartedAt to
+    FinishedAt, from the attempt's kept container-state.json)."""
     st = json.loads((job / "record" / "attempts" / str(n) / "container-state.json").read_text())
     started, finished = parse_time(st["StartedAt"]), parse_time(st["FinishedAt"])
     assert started is not None and finished is not None, st
@@ -67,8 +69,8 @@ def check_bound(state: Path, limit: float, heartbeat: float) -> list[Checked]:
         mine = [e for e in events if e["data"].get("attempt") == n]
         (fin,) = (e["data"] for e in mine if e["type"] == "attempt.finished")
         charged, left = float(fin["seconds"]), limit - before
-        true_seconds = _true_seconds(job, n)
-        assert charged >= true_seconds - COUNTING, (n, charged, true_seconds, fin)
+        ran = true_seconds(job, n)
+        assert charged >= ran - COUNTING, (n, charged, ran, fin)
         reattached = [
             e["data"]["attemptSeconds"]
             for e in mine
@@ -86,11 +88,11 @@ def check_bound(state: Path, limit: float, heartbeat: float) -> list[Checked]:
         elif fin["how"] == "recovered" and fin["classification"] == "timeout":
             interval = container.backstop(left, 0).interval_seconds
             bound = start["data"]["engineDeadlineSeconds"] + interval + 2
-            assert true_seconds <= bound, (n, true_seconds, bound, fin)
+            assert ran <= bound, (n, ran, bound, fin)
         else:  # it ended by itself
             bound = max(left, charged)
         assert charged <= bound + COUNTING, (n, charged, bound, fin)
-        out.append(Checked(n, fin["how"], charged, true_seconds, found, stop, bound))
+        out.append(Checked(n, fin["how"], charged, ran, found, stop, bound))
         before += charged
     assert out, "no attempt in the ledger"
     return out
