@@ -25,11 +25,10 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
-__all__ = ["AGAIN", "OverCpu", "cpu_limit"]
+__all__ = ["AGAIN", "OverCpu", "caught", "cpu_limit"]
 
 AGAIN = 1.0
 """CPU seconds between one :class:`OverCpu` and the next, while the block goes on: time for
@@ -46,47 +45,77 @@ class OverCpu(BaseException):
         self.seconds = seconds
 
 
-class _Armed:
-    """Whether this block's SIGPROF may raise: cleared as the block ends, before the timer
-    is disarmed, so a signal that arrives then raises nothing outside it."""
+class _Limit:
+    """The block (:func:`cpu_limit`): a class, not a generator, so that ``__exit__`` is one
+    frame the handler can tell (a signal handled as it starts, before it clears ``armed``,
+    raised after the block had ended: a parse that returned was taken for one stopped, and its
+    timer outlived it)."""
 
-    def __init__(self) -> None:
-        self.on = False
+    def __init__(self, seconds: float) -> None:
+        if seconds <= 0:
+            raise ValueError(f"a CPU time limit must be positive, not {seconds}")
+        self.seconds = seconds
+        self.armed = False
+        self.bounded = False
+        self.previous: Any = None
+        self.started = 0.0
+        self.old = (0.0, 0.0)
+
+    def _expired(self, signum: int, frame: FrameType | None) -> None:
+        if self.armed and (frame is None or frame.f_code is not _EXIT):
+            raise OverCpu(self.seconds)
+
+    def __enter__(self) -> _Limit:
+        handler = signal.getsignal(signal.SIGPROF)
+        if (
+            threading.current_thread() is not threading.main_thread()
+            or handler is None  # set outside Python before it started
+            or (handler is signal.SIG_DFL and signal.getitimer(signal.ITIMER_PROF) != (0.0, 0.0))
+        ):  # a timer armed with no handler of Python's: a C profiler's takes its signals
+            return self
+        self.previous = signal.signal(signal.SIGPROF, self._expired)
+        self.bounded = True
+        self.started = time.process_time()
+        try:
+            # Again every AGAIN seconds until the block ends: should code in it catch the
+            # first (an ``except BaseException`` that does not raise again), the next lands.
+            self.old = signal.setitimer(signal.ITIMER_PROF, self.seconds, AGAIN)
+        except BaseException:
+            signal.signal(signal.SIGPROF, self.previous)
+            self.bounded = False
+            raise
+        self.armed = True  # after: a profiler's last SIGPROF before it is not this block's
+        _active.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.armed = False
+        if not self.bounded:
+            return
+        self.bounded = False
+        if _active and _active[-1] is self:
+            _active.pop()
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, self.previous)
+        old_delay, old_interval = self.old
+        if old_delay > 0 or old_interval > 0:
+            left = old_delay - (time.process_time() - self.started)
+            signal.setitimer(signal.ITIMER_PROF, max(left, 1e-6), old_interval)
 
 
-@contextmanager
-def cpu_limit(seconds: float) -> Iterator[None]:
+_EXIT = _Limit.__exit__.__code__
+_active: list[_Limit] = []
+
+
+def cpu_limit(seconds: float) -> _Limit:
     """Raise :class:`OverCpu` in the block once the process has used ``seconds`` of CPU time
     since it began (in the main thread; see the module for where the block runs unbounded)."""
-    if seconds <= 0:
-        raise ValueError(f"a CPU time limit must be positive, not {seconds}")
-    handler = signal.getsignal(signal.SIGPROF)
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or handler is None  # set outside Python before it started
-        or (handler is signal.SIG_DFL and signal.getitimer(signal.ITIMER_PROF) != (0.0, 0.0))
-    ):  # a timer armed with no handler of Python's: a C profiler's handler takes its signals
-        yield
-        return
-    armed = _Armed()
+    return _Limit(seconds)
 
-    def expired(signum: int, frame: FrameType | None) -> None:
-        if armed.on:
-            raise OverCpu(seconds)
 
-    previous = signal.signal(signal.SIGPROF, expired)
-    started = time.process_time()
-    old_delay, old_interval = 0.0, 0.0
-    try:
-        # Again every AGAIN seconds until the block ends: should code in it catch the first
-        # (an ``except BaseException`` that does not raise again), the next one lands.
-        old_delay, old_interval = signal.setitimer(signal.ITIMER_PROF, seconds, AGAIN)
-        armed.on = True  # after: a profiler's last SIGPROF before it is not this block's
-        yield
-    finally:
-        armed.on = False
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
-        if old_delay > 0 or old_interval > 0:
-            left = old_delay - (time.process_time() - started)
-            signal.setitimer(signal.ITIMER_PROF, max(left, 1e-6), old_interval)
+def caught() -> None:
+    """Said by code that caught :class:`OverCpu` and is writing why (a parser naming the
+    line): the innermost block raises no more, so the message is not lost to the next one.
+    What that code does after is its own to keep short."""
+    if _active:
+        _active[-1].armed = False

@@ -100,25 +100,31 @@ class ParseBudget:
         """``parse()`` (of ``path``, told apart by ``key``) within its time; EvidenceParseError
         naming ``what`` when there is none left or it uses up its own."""
         own = PARSE_SECONDS + self._earns(path, key)
-        left = min(self.allowed - self.spent, own)
+        pool = self.allowed - self.spent
+        left = min(pool, own)
         if left <= 0.01:
-            raise EvidenceParseError(f"{what}: not parsed: {self._spent()}", hint=_FASTER)
+            raise EvidenceParseError(f"{what}: not parsed: {self._spent(False)}", hint=_FASTER)
         start = time.process_time()
         try:
             with cpu_limit(left):
                 return parse()
         except OverCpu:
             raise EvidenceParseError(
-                f"{what}: stopped after {left:.1f} s of CPU time: {self._spent()}", hint=_FASTER
+                f"{what}: stopped after {left:.1f} s of CPU time: {self._spent(own < pool)}",
+                hint=_FASTER,
             ) from None
         finally:
             self.spent += time.process_time() - start
 
-    def _spent(self) -> str:
+    def _spent(self, own: bool) -> str:
+        if own:
+            return (
+                f"the time one measurement's parse may take ({PARSE_SECONDS:g} s and "
+                f"{PARSE_SECONDS_PER_MIB:g} s for each MiB its file holds) is spent"
+            )
         return (
-            f"the CPU time for parsing the job's evidence is spent (for each measurement "
-            f"{PARSE_SECONDS:g} s and {PARSE_SECONDS_PER_MIB:g} s for each MiB its file holds; "
-            f"{self.allowed:.1f} s for all, at most {PARSE_SECONDS_MAX:g} s)"
+            f"the CPU time for parsing the job's evidence is spent ({self.allowed:.1f} s for "
+            f"all its measurements, at most {PARSE_SECONDS_MAX:g} s)"
         )
 
 

@@ -14,6 +14,7 @@ they never appear in messages or envelopes (messages say where they came from).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -305,7 +306,7 @@ def _ask(session: requests.Session, method: str, url: str, timeout: float, **kw:
             target = urljoin(url, location)
             if urlsplit(target).scheme not in ("http", "https"):
                 raise requests.ConnectionError(f"redirected to {engine_text(target)}")
-            if urlsplit(target).netloc != urlsplit(url).netloc:  # another host: no credentials
+            if not _keeps_credentials(url, target):
                 headers.pop("Authorization", None)
                 kw.pop("auth", None)
             if resp.status_code == 303 or (resp.status_code in (301, 302) and method == "POST"):
@@ -318,6 +319,14 @@ def _ask(session: requests.Session, method: str, url: str, timeout: float, **kw:
             raise
         raise requests.ConnectionError(f"a malformed answer ({type(exc).__name__})") from None
     raise requests.ConnectionError(f"over {REDIRECTS} redirects")
+
+
+def _keeps_credentials(url: str, target: str) -> bool:
+    """Whether a redirect from ``url`` to ``target`` may carry the credentials: to the same
+    host and port only, and never from https to plain http (as ``requests`` decides)."""
+    now, then = urlsplit(url), urlsplit(target)
+    same = then.netloc == now.netloc
+    return same and (then.scheme == now.scheme or (now.scheme, then.scheme) == ("http", "https"))
 
 
 def _session() -> requests.Session:
@@ -366,12 +375,20 @@ def _bearer_token(
 _TOKEN = re.compile(r"[A-Za-z0-9._~+/-]{1,16384}=*")
 
 
+_QUOTES_CREDENTIALS = re.compile(r"(?i)\b(?:basic|bearer)\s")
+LEFT_OUT = "(its words left out: they quote credentials)"
+
+
 def _scrubbed(text: str, secrets: list[str]) -> str:
-    """``text`` (a registry's words) without the secrets this check sent it, in their usual
-    encodings (a registry that echoes a request's Authorization header), then made printable
-    and cut short."""
+    """``text`` (a registry's words) as printable ASCII, cut short; :data:`LEFT_OUT` instead
+    when it names an authorization scheme or holds a secret this check sent it, in any of its
+    usual encodings (a registry echoing the request's Authorization header). Left out whole,
+    not redacted within: a short password's marks would show where it stood."""
+    text = text[:4096]
     values = {f"registry-secret-{i}": v for i, v in enumerate(secrets) if v}
-    return engine_text(Redactor(values).text(text[:4096]) if values else text)
+    if _QUOTES_CREDENTIALS.search(text) or (values and Redactor(values).found(text.encode())):
+        return LEFT_OUT
+    return engine_text(text)
 
 
 def _message(answer: _Answer, secrets: list[str]) -> str:
@@ -390,6 +407,16 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _secrets(creds: Credentials | None) -> list[str]:
+    """What a check may send a registry that its answer must not be quoted with: the password,
+    ``user:password`` and its base64 (a Basic header), the identity token."""
+    if creds is None:
+        return []
+    pair = f"{creds.username}:{creds.password}"
+    basic = base64.b64encode(pair.encode()).decode()
+    return [creds.password, pair, basic, creds.identity_token or ""]
+
+
 def probe_once(
     ref: Reference,
     creds: Credentials | None,
@@ -403,7 +430,7 @@ def probe_once(
     scheme = "http" if insecure else "https"
     url = f"{scheme}://{ref.api_host}/v2/{ref.repository}/manifests/{ref.digest}"
     headers = {"Accept": MANIFEST_TYPES}
-    sent = [creds.password, creds.identity_token or ""] if creds is not None else []
+    sent = _secrets(creds)
     with _session() as session:
         try:
             resp = _ask(session, "HEAD", url, timeout, headers=headers)

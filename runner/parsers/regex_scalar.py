@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner.core import cpulimit
 from runner.core.cpulimit import OverCpu
 from runner.core.errors import EvidenceParseError
 from runner.parsers._lines import iter_line_batches, line_numbers
@@ -286,6 +287,7 @@ class RegexScalar:
                     break
                 done, lineno = (first + len(batch) - 1, len(skipped)), 0
         except OverCpu as exc:  # the caller's bound on this parse (ParseBudget)
+            cpulimit.caught()  # the next one would cut the line's number short
             if lineno:
                 (stop,) = line_numbers(evidence, True, skipped, [(lineno, len(skipped))])
                 place = f"line {stop}"

@@ -529,52 +529,35 @@ def test_scontrol_fields_and_a_helpers_error_are_read_in_linear_time() -> None:
         "JobState": "RUNNING",
         "Reason": "None",
     }
-    assert _cpu(lambda: _sdk_error_text("StoreError('" * 100_000)) < 1
+    assert _cpu(lambda: _sdk_error_text(Exception("StoreError('" * 100_000))) < 1
     said = "Credentials store error: StoreError('docker-credential-x not installed')"
-    assert _sdk_error_text(said) == "docker-credential-x not installed"
+    assert _sdk_error_text(Exception(said)) == "docker-credential-x not installed"
 
 
 def test_a_registry_that_trickles_its_token_is_given_up_on() -> None:
     """The image's registry (the contract names it) answers 401 with a bearer challenge and
     sends its token a byte a second: each receive is within the timeout, so the probe waited
     for ever. Now each request, its body included, ends within its timeout."""
-    import http.server
-    import socketserver
-    import threading as th
-
     from runner.images import registry as images
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_HEAD(self) -> None:
-            self.send_response(401)
-            port = self.server.server_address[1]
-            self.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{port}/t"')
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    digest = "sha256:" + "a" * 64
 
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Length", "100")
-            self.end_headers()
-            for _ in range(100):
-                try:
-                    self.wfile.write(b" ")
-                    self.wfile.flush()
-                except OSError:
-                    return
-                time.sleep(1)
+    def challenge(h: Any) -> None:
+        h.send_response(401)
+        realm = f"http://127.0.0.1:{h.server.server_address[1]}/t"
+        h.send_header("WWW-Authenticate", f'Bearer realm="{realm}"')
+        h.send_header("Content-Length", "0")
+        h.end_headers()
 
-        def log_message(self, *args: object) -> None:
-            pass
+    def token(h: Any) -> None:
+        h.send_response(200)
+        h.send_header("Content-Length", "100")
+        h.end_headers()
+        _trickle(h, b" ", 100, 1.0)
 
-    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-        daemon_threads = True
-
-    server = Server(("127.0.0.1", 0), Handler)
-    th.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    server = _registry_server({f"/v2/x/y/manifests/{digest}": challenge, "/t": token})
     try:
-        port = server.server_address[1]
-        ref = images.parse_reference(f"127.0.0.1:{port}/x/y", "sha256:" + "a" * 64)
+        ref = images.parse_reference(f"127.0.0.1:{server.server_address[1]}/x/y", digest)
         start = time.monotonic()
         with pytest.raises(images.TransientRegistryError):
             images.probe_once(ref, None, insecure=True, timeout=2)
@@ -654,17 +637,22 @@ def _redirect(to: str) -> Callable[[Any], None]:
     return answer
 
 
+def _trickle(h: Any, piece: bytes, times: int, pause: float) -> None:
+    """Send ``piece`` ``times`` times, ``pause`` seconds apart, until the client hangs up."""
+    for _ in range(times):
+        try:
+            h.wfile.write(piece)
+            h.wfile.flush()
+        except OSError:
+            return
+        time.sleep(pause)
+
+
 def _trickle_chunked(h: Any) -> None:
     h.send_response(200)
     h.send_header("Transfer-Encoding", "chunked")
     h.end_headers()
-    for _ in range(30):
-        try:
-            h.wfile.write(b"1\r\nx\r\n")
-            h.wfile.flush()
-        except OSError:
-            return
-        time.sleep(0.5)
+    _trickle(h, b"1\r\nx\r\n", 30, 0.5)
 
 
 def _bad_chunk(h: Any) -> None:
@@ -705,18 +693,44 @@ def test_a_registrys_odd_answers_are_no_answer() -> None:
 
 
 def test_a_registry_echoing_the_credentials_is_quoted_without_them() -> None:
-    """A registry's error that quotes the request's Authorization header: the password (in
-    the base64 of user:password) and the token are not in the message."""
+    """A registry's error that quotes the request's Authorization header, or a short password
+    as it is: its words are left out whole (redacted within, a short password's marks showed
+    where it stood, and base64 cores under 8 characters were not looked for)."""
     from runner.images import registry as images
 
-    body = json.dumps(
-        {"errors": [{"code": "DENIED", "message": "got Basic dXNlcjpTM0NSRVRQQVNT and "
-                     "Bearer TOKEN-SECRET-XYZ"}]}
-    ).encode()  # fmt: skip
-    said = images._message(
-        images._Answer(403, "Forbidden", body, ""), ["S3CRETPASS", "TOKEN-SECRET-XYZ"]
-    )
-    assert "DENIED" in said
-    assert "TOKEN-SECRET-XYZ" not in said and "S3CRETPASS" not in said
-    assert "TM0NSRVRQQVN" not in said  # the password's part of the base64
+    creds = images.Credentials("u", "hunter", "test", None)
+    secrets = images._secrets(creds)
+    for said in ("got Basic dTpodW50ZXI=", "bad password hunter for u", "got bearer xyz"):
+        body = json.dumps({"errors": [{"code": "DENIED", "message": said}]}).encode()
+        shown = images._message(images._Answer(403, "Forbidden", body, ""), secrets)
+        assert shown == f"DENIED: {images.LEFT_OUT}"
+    body = json.dumps({"errors": [{"code": "DENIED", "message": "no such repo"}]}).encode()
+    assert images._message(images._Answer(403, "x", body, ""), secrets) == "DENIED: no such repo"
     assert images._TOKEN.fullmatch("eyJhbGciOi.J9-_x/+=") and not images._TOKEN.fullmatch("a\r\nb")
+
+
+def test_a_redirect_carries_credentials_to_the_same_host_only() -> None:
+    from runner.images.registry import _keeps_credentials as keeps
+
+    assert keeps("https://r.example/v2/a", "https://r.example/v2/b")
+    assert keeps("http://r.example/v2/a", "https://r.example/v2/b")  # an upgrade
+    assert not keeps("https://r.example/v2/a", "http://r.example/v2/b")  # to plain http
+    assert not keeps("https://r.example/v2/a", "https://r.example:444/v2/b")
+    assert not keeps("https://r.example/v2/a", "https://evil.example/v2/b")
+    assert not keeps("https://r.example/v2/a", "https://u:p@r.example/v2/b")
+
+
+def test_a_signal_as_the_block_ends_raises_nothing_after_it() -> None:
+    """A SIGPROF handled as ``__exit__`` starts (before it clears the block) raised after the
+    block had ended; and ``caught()`` holds the re-fire while a catcher writes why."""
+    from runner.core import cpulimit
+
+    limit = cpulimit.cpu_limit(60)
+    with limit:
+        limit._expired(signal.SIGPROF, SimpleNamespace(f_code=cpulimit._EXIT))  # type: ignore[arg-type]
+        with pytest.raises(OverCpu):
+            limit._expired(signal.SIGPROF, SimpleNamespace(f_code=_spin.__code__))  # type: ignore[arg-type]
+        cpulimit.caught()
+        limit._expired(signal.SIGPROF, None)
+    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    assert cpulimit._active == []
