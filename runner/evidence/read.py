@@ -48,8 +48,8 @@ __all__ = [
 
 
 PARSE_SECONDS = 10.0
-"""CPU time for parsing one job's evidence, all its measurements together, before what each
-parse earns by the size of its file (:data:`PARSE_SECONDS_PER_MIB`)."""
+"""CPU time one parse may take before what its file earns (:data:`PARSE_SECONDS_PER_MIB`), and
+all of a job's parses together before what each of them earns."""
 PARSE_SECONDS_PER_MIB = 1.0
 """CPU time each parse earns for each MiB its file holds on disk: over ten times the slowest
 ordinary parse measured (``regex.scalar`` with ``\\bstep (\\d+)\\b.*\\bloss=(\\S+)``

@@ -20,11 +20,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from urllib.parse import urljoin, urlsplit
 
 import requests
-import urllib3.exceptions
 from tenacity import (
     RetryError,
     Retrying,
@@ -33,10 +30,9 @@ from tenacity import (
     wait_exponential,
 )
 
-from runner.backends.types import engine_text, loopback_registry
-from runner.core import deadlines, jsondepth, untrusted
+from runner.backends.types import loopback_registry
 from runner.core.errors import ImageUnavailable
-from runner.core.redaction import Redactor
+from runner.images import answers
 
 __all__ = [
     "Credentials",
@@ -254,97 +250,6 @@ def auth_of(creds: Credentials | None) -> tuple[str, str] | None:
 _CHALLENGE = re.compile(r'\b(\w++)="([^"]*+)"')
 
 
-BODY_MAX = 64 * 1024
-"""The most of a registry's answer read (a token, an error): a larger one is not read on."""
-
-
-@dataclass(frozen=True)
-class _Answer:
-    """A registry's answer: its status, its reason phrase (as sent: :func:`_message` makes it
-    printable) and at most :data:`BODY_MAX` bytes of its body."""
-
-    status: int
-    reason: str
-    body: bytes
-    challenge: str
-    """Its ``WWW-Authenticate`` header (a header line is at most 64 KiB: ``http.client``)."""
-
-
-REDIRECTS = 5
-"""The most redirects a GET or POST to a registry follows (a HEAD follows none)."""
-_REDIRECT = frozenset({301, 302, 303, 307, 308})
-
-
-def _ask(session: requests.Session, method: str, url: str, timeout: float, **kw: Any) -> _Answer:
-    """One request and what :class:`_Answer` keeps of its answer, each hop within ``timeout``
-    seconds: past it the connection is shut down (:class:`runner.core.deadlines.HeadDeadline`,
-    here held until the body is read too), as the timeout alone bounds each receive only (a
-    registry trickling its answer a byte at a time held ``runner pin`` for ever). A GET or
-    POST follows up to :data:`REDIRECTS` redirects here, each read as any answer (``requests``
-    reads a redirect's whole body, decompressed), credentials kept for the same host only.
-    Whatever goes wrong (no answer, one cut short, a malformed one, a bad redirect) is a
-    ``requests.ConnectionError`` or ``requests.Timeout``: the registry did not answer."""
-    headers = {**kw.pop("headers", {}), "Accept-Encoding": "identity"}
-    try:
-        for _ in range(REDIRECTS + 1):
-            with deadlines.HeadDeadline(timeout) as deadline:
-                resp = session.request(
-                    method, url, headers=headers, timeout=timeout, stream=True,
-                    allow_redirects=False, **kw,
-                )  # fmt: skip
-                try:
-                    head = method == "HEAD" or resp.status_code in _REDIRECT
-                    body = b"" if head else resp.raw.read(BODY_MAX, decode_content=False)
-                finally:
-                    resp.close()
-            if deadline.expired:  # the connection was shut down: what was read is cut short
-                raise requests.Timeout(f"no whole answer within {timeout:g} s")
-            location = resp.headers.get("Location")
-            if method == "HEAD" or resp.status_code not in _REDIRECT or not location:
-                challenge = resp.headers.get("WWW-Authenticate", "")
-                return _Answer(resp.status_code, str(resp.reason or ""), body, challenge)
-            target = urljoin(url, location)
-            if urlsplit(target).scheme not in ("http", "https"):
-                raise requests.ConnectionError(f"redirected to {engine_text(target)}")
-            if not _keeps_credentials(url, target):
-                headers.pop("Authorization", None)
-                kw.pop("auth", None)
-            if resp.status_code == 303 or (resp.status_code in (301, 302) and method == "POST"):
-                method = "GET"
-                kw.pop("data", None)
-            kw.pop("params", None)  # the redirect's own query string says what it wants
-            url = target
-    except (requests.RequestException, urllib3.exceptions.HTTPError, ValueError) as exc:
-        if isinstance(exc, requests.ConnectionError | requests.Timeout):
-            raise
-        raise requests.ConnectionError(f"a malformed answer ({type(exc).__name__})") from None
-    raise requests.ConnectionError(f"over {REDIRECTS} redirects")
-
-
-def _keeps_credentials(url: str, target: str) -> bool:
-    """Whether a redirect from ``url`` to ``target`` may carry the credentials: to the same
-    host and port only, and never from https to plain http (as ``requests`` decides)."""
-    now, then = urlsplit(url), urlsplit(target)
-    same = then.netloc == now.netloc
-    return same and (then.scheme == now.scheme or (now.scheme, then.scheme) == ("http", "https"))
-
-
-def _session() -> requests.Session:
-    session = requests.Session()
-    adapter = deadlines.adapter_class()()
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    return session
-
-
-def _json(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or an empty one (not JSON, nested too deep, not an object)."""
-    try:
-        return untrusted.mapping(jsondepth.loads(body, 64))
-    except (ValueError, RecursionError):
-        return {}
-
-
 def _bearer_token(
     session: requests.Session, challenge: str, creds: Credentials | None, timeout: float
 ) -> str | None:
@@ -360,51 +265,16 @@ def _bearer_token(
             "refresh_token": creds.identity_token,
             "client_id": "runner",
         }
-        answer = _ask(session, "POST", realm, timeout, data=form)
+        answer = answers.ask(session, "POST", realm, timeout, data=form)
     else:
-        answer = _ask(session, "GET", realm, timeout, params=params, auth=auth_of(creds))
+        answer = answers.ask(session, "GET", realm, timeout, params=params, auth=auth_of(creds))
     if answer.status != 200:
         return None
-    body = _json(answer.body)
+    body = answers.json_object(answer.body)
     token = body.get("token") or body.get("access_token")
     # Only what a bearer token is made of (RFC 6750): one with a line break in it would be
     # refused as a header, with the token in the error.
-    return token if isinstance(token, str) and _TOKEN.fullmatch(token) else None
-
-
-_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]{1,16384}=*")
-
-
-_QUOTES_CREDENTIALS = re.compile(r"(?i)\b(?:basic|bearer)\s")
-LEFT_OUT = "(its words left out: they quote credentials)"
-
-
-def _scrubbed(text: str, secrets: list[str]) -> str:
-    """``text`` (a registry's words) as printable ASCII, cut short; :data:`LEFT_OUT` instead
-    when it names an authorization scheme or holds a secret this check sent it, in any of its
-    usual encodings (a registry echoing the request's Authorization header). Left out whole,
-    not redacted within: a short password's marks would show where it stood."""
-    text = text[:4096]
-    values = {f"registry-secret-{i}": v for i, v in enumerate(secrets) if v}
-    if _QUOTES_CREDENTIALS.search(text) or (values and Redactor(values).found(text.encode())):
-        return LEFT_OUT
-    return engine_text(text)
-
-
-def _message(answer: _Answer, secrets: list[str]) -> str:
-    """The registry's own words for an error (its JSON ``errors``), or its reason phrase:
-    without the ``secrets`` this check sent, printable ASCII, cut short."""
-    errors = untrusted.array(_json(answer.body).get("errors"))
-    said = "; ".join(
-        f"{_scrubbed(_text(untrusted.at(e, 'code')), secrets)}: "
-        f"{_scrubbed(_text(untrusted.at(e, 'message')), secrets)}"
-        for e in errors[:4]
-    )
-    return said or _scrubbed(answer.reason, secrets) or f"HTTP {answer.status}"
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else ""
+    return token if isinstance(token, str) and answers.TOKEN.fullmatch(token) else None
 
 
 def _secrets(creds: Credentials | None) -> list[str]:
@@ -431,9 +301,9 @@ def probe_once(
     url = f"{scheme}://{ref.api_host}/v2/{ref.repository}/manifests/{ref.digest}"
     headers = {"Accept": MANIFEST_TYPES}
     sent = _secrets(creds)
-    with _session() as session:
+    with answers.session() as session:
         try:
-            resp = _ask(session, "HEAD", url, timeout, headers=headers)
+            resp = answers.ask(session, "HEAD", url, timeout, headers=headers)
             if resp.status == 401:
                 challenge = resp.challenge
                 if challenge.lower().startswith("bearer"):
@@ -441,14 +311,16 @@ def probe_once(
                     if token:
                         sent.append(token)
                         headers["Authorization"] = f"Bearer {token}"
-                        resp = _ask(session, "HEAD", url, timeout, headers=headers)
+                        resp = answers.ask(session, "HEAD", url, timeout, headers=headers)
                 elif auth_of(creds) is not None:
-                    resp = _ask(session, "HEAD", url, timeout, headers=headers, auth=auth_of(creds))
+                    resp = answers.ask(
+                        session, "HEAD", url, timeout, headers=headers, auth=auth_of(creds)
+                    )
             if 400 <= resp.status < 500:
                 # A HEAD answer has no body: ask again for the registry's own error message,
                 # with the same credentials (a bearer token if one was obtained, else basic).
                 basic = None if "Authorization" in headers else auth_of(creds)
-                resp = _ask(session, "GET", url, timeout, headers=headers, auth=basic)
+                resp = answers.ask(session, "GET", url, timeout, headers=headers, auth=basic)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise TransientRegistryError(
                 f"{ref.registry} did not answer ({type(exc).__name__})"
@@ -457,7 +329,9 @@ def probe_once(
     if status == 200:
         return
     if status >= 500:
-        raise TransientRegistryError(f"{ref.registry} answered {status}: {_message(resp, sent)}")
+        raise TransientRegistryError(
+            f"{ref.registry} answered {status}: {answers.message(resp, sent)}"
+        )
     if status == 401:
         what = (
             f"refused the credentials from {creds.source}"
@@ -483,7 +357,7 @@ def probe_once(
         429: "wait and run again later; the runner does not hammer a rate-limited registry",
     }.get(status, "check the digest and the repository name")
     raise ImageUnavailable(
-        f"{ref.registry} {what}: {ref.repository}@{ref.digest} ({_message(resp, sent)})",
+        f"{ref.registry} {what}: {ref.repository}@{ref.digest} ({answers.message(resp, sent)})",
         hint=hint,
     )
 

@@ -668,7 +668,7 @@ def test_a_registrys_odd_answers_are_no_answer() -> None:
     answering (retried, then image_unavailable), within the request's timeout."""
     import requests
 
-    from runner.images import registry as images
+    from runner.images import answers
 
     server = _registry_server(
         {
@@ -682,10 +682,10 @@ def test_a_registrys_odd_answers_are_no_answer() -> None:
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         for path in ("/trickle", "/bad-chunk", "/loop", "/ftp", "/bad-location"):
-            with images._session() as session:
+            with answers.session() as session:
                 start = time.monotonic()
                 with pytest.raises((requests.ConnectionError, requests.Timeout)):
-                    images._ask(session, "GET", base + path, 2)
+                    answers.ask(session, "GET", base + path, 2)
                 assert time.monotonic() - start < 10, path
     finally:
         server.shutdown()
@@ -696,21 +696,22 @@ def test_a_registry_echoing_the_credentials_is_quoted_without_them() -> None:
     """A registry's error that quotes the request's Authorization header, or a short password
     as it is: its words are left out whole (redacted within, a short password's marks showed
     where it stood, and base64 cores under 8 characters were not looked for)."""
+    from runner.images import answers
     from runner.images import registry as images
 
     creds = images.Credentials("u", "hunter", "test", None)
     secrets = images._secrets(creds)
     for said in ("got Basic dTpodW50ZXI=", "bad password hunter for u", "got bearer xyz"):
         body = json.dumps({"errors": [{"code": "DENIED", "message": said}]}).encode()
-        shown = images._message(images._Answer(403, "Forbidden", body, ""), secrets)
-        assert shown == f"DENIED: {images.LEFT_OUT}"
+        shown = answers.message(answers.Answer(403, "Forbidden", body, ""), secrets)
+        assert shown == f"DENIED: {answers.LEFT_OUT}"
     body = json.dumps({"errors": [{"code": "DENIED", "message": "no such repo"}]}).encode()
-    assert images._message(images._Answer(403, "x", body, ""), secrets) == "DENIED: no such repo"
-    assert images._TOKEN.fullmatch("eyJhbGciOi.J9-_x/+=") and not images._TOKEN.fullmatch("a\r\nb")
+    assert answers.message(answers.Answer(403, "x", body, ""), secrets) == "DENIED: no such repo"
+    assert answers.TOKEN.fullmatch("eyJhbGciOi.J9-_x/+=") and not answers.TOKEN.fullmatch("a\r\nb")
 
 
 def test_a_redirect_carries_credentials_to_the_same_host_only() -> None:
-    from runner.images.registry import _keeps_credentials as keeps
+    from runner.images.answers import keeps_credentials as keeps
 
     assert keeps("https://r.example/v2/a", "https://r.example/v2/b")
     assert keeps("http://r.example/v2/a", "https://r.example/v2/b")  # an upgrade
