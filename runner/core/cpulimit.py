@@ -6,18 +6,16 @@ grows with the square of the line's length).
 :func:`cpu_limit` arms the process's profiling timer (``ITIMER_PROF``: CPU time, user and
 system, of the whole process, so a loaded machine does not make it fire early) and its
 ``SIGPROF`` raises :class:`OverCpu` in the block. CPython's ``re`` looks for pending signals as
-it matches (every 4,096 steps, since 3.11), so the exception stops even a match that would run
-for hours; elsewhere it lands between two bytecodes.
+it matches (once every 4,096 steps of its matching loop, since 3.11), so the exception stops
+even a match that would run for hours; elsewhere it lands between two bytecodes. A step can be
+long (a repeat scanning a whole line): over a line of 1 MiB the block may run on some 20 s past
+its bound before the exception lands.
 
 Only the main thread can be bounded (Python runs signal handlers there): in another thread the
 block runs unbounded, as it does where ``SIGPROF`` has a handler Python did not set (a C
 profiler's, which could not be put back: told by the profiling timer running with no handler
-of Python's). A handler and timer set from Python are put back as
-the block ends, the timer with what was left of it less what the block used.
-
-``re`` looks for signals once every 4,096 steps of its matching loop, and a step can be long
-(a repeat scanning a whole line): over a line of 1 MiB the block may run on some 20 s past its
-bound before the exception lands.
+of Python's). A handler and timer set from Python are put back as the block ends, the timer
+with what was left of it less what the block used.
 """
 
 from __future__ import annotations
