@@ -133,6 +133,10 @@ class FakeBackend:
     """Networks by name (add one with ``create_network``)."""
     roots: dict[str, Path] = field(default_factory=dict)
     """Image id → a host folder standing for that image's filesystem (``image_files``)."""
+    start_seconds: float = 0.0
+    """How long a start call takes (on :mod:`runner.core.clock`), the container starting
+    halfway through it as a real engine's does: after the runner's ``attempt.started``,
+    within the call."""
     _ids: itertools.count[int] = field(default_factory=itertools.count)
 
     # ------------------------------------------------------------------ helpers for tests
@@ -241,9 +245,13 @@ class FakeBackend:
         if c.job.start_error is not None:
             c.error, c.exit_code = c.job.start_error, 127
             raise InfrastructureError(f"starting the job container: {c.job.start_error}")
+        if self.start_seconds:
+            clock.sleep(self.start_seconds / 2)
         c.status, c.started, c.started_at = "running", clock.monotonic(), clock.now()
         if c.job.work is not None:
             c.job.work({m.target: m.source for m in c.spec.mounts})
+        if self.start_seconds:
+            clock.sleep(self.start_seconds / 2)
 
     def wait(self, container_id: str, timeout: float) -> int | None:
         self._call("wait", container_id)

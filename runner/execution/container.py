@@ -38,7 +38,7 @@ from runner.core.errors import (
     InfrastructureError,
     RunnerError,
 )
-from runner.execution.enginetime import EndWindow, on_this_clock, started_at, started_between
+from runner.execution.enginetime import EndWindow, on_this_clock, started_as_recorded, started_at
 from runner.execution.lease import Lease
 from runner.execution.resources import Sampler, Sampling
 from runner.planning.plan import ExecutionPlan
@@ -214,7 +214,8 @@ class Watch:
     None: no stats stream is opened."""
     engine_clock_agrees: bool = False
     """The engine's clock was found to agree with this host's (its ``StartedAt`` fell within
-    the start call, or within the ledger's attempt.starting and attempt.started): a container
+    the start call, or on a reattach was where the ledger's heartbeats put the start:
+    :func:`~runner.execution.enginetime.started_as_recorded`): a container
     that ends by itself is then charged to the engine's ``FinishedAt`` (:class:`EndWindow`),
     else to the moment the runner learnt of its end."""
     lease: float = 0.0
@@ -565,9 +566,10 @@ class Found:
     at: float
     """The ``clock.monotonic()`` at which ``seconds`` held (for a reattach's deadline)."""
     engine_clock_agrees: bool = False
-    """The engine's ``StartedAt`` lies between the ledger's attempt.starting and
-    attempt.started, as it must when its clock agrees with this host's
-    (:attr:`Watch.engine_clock_agrees`)."""
+    """The engine's ``StartedAt`` is where the ledger's last heartbeat puts the attempt's
+    start, as it is when the engine's clock agrees with this host's
+    (:func:`~runner.execution.enginetime.started_as_recorded`,
+    :attr:`Watch.engine_clock_agrees`)."""
 
 
 def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> Found:
@@ -584,7 +586,7 @@ def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> 
     except ContainerVanished:
         return Found(None, attempt.seconds + max((now - since).total_seconds(), 0.0), at)
     if state.running or state.status in {"restarting", "paused"}:
-        agrees = started_between(state.started_at, attempt.starting_at, attempt.started_at)
+        agrees = started_as_recorded(state.started_at, attempt.last_beat_at, attempt.seconds)
         seconds = attempt.seconds + max((now - since).total_seconds(), 0.0)
         return Found(state, seconds, at, agrees)
     if state.status == "created":

@@ -12,14 +12,20 @@ engine told of it (:class:`EndWindow`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from runner.backends.base import Backend
 from runner.core import clock
 from runner.core.errors import RunnerError
 from runner.state.ledger import parse_time
 
-__all__ = ["EndWindow", "on_this_clock", "started_at", "started_between"]
+__all__ = [
+    "RECORDED_START_SLACK",
+    "EndWindow",
+    "on_this_clock",
+    "started_as_recorded",
+    "started_at",
+]
 
 
 @dataclass(frozen=True)
@@ -73,9 +79,28 @@ def on_this_clock(engine_time: str | None, low: float, high: float) -> float:
         return high
 
 
-def started_between(engine_time: str | None, low: datetime, high: datetime | None) -> bool:
-    """Whether the engine's ``StartedAt`` lies between two of this host's times that must hold
-    it (a reattach's: the ledger's attempt.starting and attempt.started), as it does when the
-    engine's clock agrees with this host's."""
+RECORDED_START_SLACK = 0.1
+"""How far (seconds) the engine's ``StartedAt`` may lie from where the ledger's heartbeats put
+an attempt's start for a reattach to find the engine's clock in agreement
+(:func:`started_as_recorded`). The two are one instant when it agrees, but for the moment
+between a heartbeat's seconds and its time being read and the wall clock's slew since; an
+engine whose clock is off by less than this may have its end believed up to this early."""
+
+
+def started_as_recorded(engine_time: str | None, beat_at: datetime | None, seconds: float) -> bool:
+    """Whether the engine's ``StartedAt`` is where the ledger puts the attempt's start: its
+    last heartbeat's time (``beat_at``) less the attempt's seconds at that heartbeat, within
+    :data:`RECORDED_START_SLACK` (a reattach's check that the engine's clock agrees with this
+    host's). The runner that started the attempt counted from the engine's ``StartedAt`` when
+    that fell within its start call (:func:`started_at`), and every heartbeat since, a
+    reattaching runner's too, keeps that origin; one that found the engine's clock off counted
+    from its own time, which such an engine's ``StartedAt`` does not match. No heartbeat yet:
+    no (``attempt.started`` is written before the start call, so it bounds nothing)."""
     started = parse_time(engine_time)
-    return started is not None and high is not None and low <= started <= high
+    if started is None or beat_at is None:
+        return False
+    try:
+        recorded = beat_at - timedelta(seconds=seconds)
+    except OverflowError:  # a ledger's seconds past any date
+        return False
+    return abs((started - recorded).total_seconds()) <= RECORDED_START_SLACK
