@@ -47,7 +47,8 @@ class Answer:
 
 
 REDIRECTS = 5
-"""The most redirects a GET or POST to a registry follows (a HEAD follows none)."""
+"""The most redirects a request to a registry follows (as the engine's own client does for a
+manifest, a HEAD's included)."""
 _REDIRECT = frozenset({301, 302, 303, 307, 308})
 
 
@@ -55,9 +56,10 @@ def ask(http: requests.Session, method: str, url: str, timeout: float, **kw: Any
     """One request and what :class:`Answer` keeps of its answer, each hop within ``timeout``
     seconds: past it the connection is shut down (:class:`runner.core.deadlines.HeadDeadline`,
     here held until the body is read too), as the timeout alone bounds each receive only (a
-    registry trickling its answer a byte at a time held ``runner pin`` for ever). A GET or
-    POST follows up to :data:`REDIRECTS` redirects here, each read as any answer (``requests``
-    reads a redirect's whole body, decompressed), credentials kept for the same host only.
+    registry trickling its answer a byte at a time held ``runner pin`` for ever). It follows
+    up to :data:`REDIRECTS` redirects here (a HEAD stays a HEAD), each read as any answer
+    (``requests`` reads a redirect's whole body, decompressed), credentials kept for the same
+    host only.
     Whatever goes wrong (no answer, one cut short, a malformed one, a bad redirect) is a
     ``requests.ConnectionError`` or ``requests.Timeout``: the registry did not answer."""
     headers = {**kw.pop("headers", {}), "Accept-Encoding": "identity"}
@@ -76,7 +78,7 @@ def ask(http: requests.Session, method: str, url: str, timeout: float, **kw: Any
             if deadline.expired:  # the connection was shut down: what was read is cut short
                 raise requests.Timeout(f"no whole answer within {timeout:g} s")
             location = resp.headers.get("Location")
-            if method == "HEAD" or resp.status_code not in _REDIRECT or not location:
+            if resp.status_code not in _REDIRECT or not location:
                 challenge = resp.headers.get("WWW-Authenticate", "")
                 return Answer(resp.status_code, str(resp.reason or ""), body, challenge)
             target = urljoin(url, location)
@@ -85,7 +87,9 @@ def ask(http: requests.Session, method: str, url: str, timeout: float, **kw: Any
             if not keeps_credentials(url, target):
                 headers.pop("Authorization", None)
                 kw.pop("auth", None)
-            if resp.status_code == 303 or (resp.status_code in (301, 302) and method == "POST"):
+            if (resp.status_code == 303 and method != "HEAD") or (
+                resp.status_code in (301, 302) and method == "POST"
+            ):
                 method = "GET"
                 kw.pop("data", None)
             kw.pop("params", None)  # the redirect's own query string says what it wants

@@ -692,6 +692,41 @@ def test_a_registrys_odd_answers_are_no_answer() -> None:
         server.server_close()
 
 
+def _here(h: Any) -> None:
+    h.send_response(200 if h.command == "HEAD" else 405)
+    h.send_header("Content-Length", "0")
+    h.end_headers()
+
+
+def test_a_manifest_check_follows_a_redirect_as_the_engine_does() -> None:
+    """A registry (or a mirror before it) that redirects the manifest's HEAD: it is followed,
+    still a HEAD (a 303 too), where the check stopped at the 3xx and refused the image as
+    "answered 307 ... check the digest" though the engine's own pull follows it."""
+    from runner.images import answers
+
+    server = _registry_server(
+        {"/here": _here, "/moved": _redirect("/here"), "/see": _see_other("/here")}
+    )
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        for path in ("/moved", "/see"):
+            with answers.session() as session:
+                assert answers.ask(session, "HEAD", base + path, 5).status == 200, path
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _see_other(to: str) -> Callable[[Any], None]:
+    def answer(h: Any) -> None:
+        h.send_response(303)
+        h.send_header("Location", to)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    return answer
+
+
 def test_a_registry_echoing_the_credentials_is_quoted_without_them() -> None:
     """A registry's error that quotes the request's Authorization header, or a short password
     as it is: its words are left out whole (redacted within, a short password's marks showed
