@@ -30,6 +30,10 @@ that denies all ingress and egress. Output: JSON, which kubectl reads as it read
   runner cluster render task.dsse.json --to kubernetes | kubectl apply -f -
   runner cluster render task.dsse.json --to kubernetes -o manifests/ && kubectl apply -f manifests/
 
+A Job applied from these manifests is no attempt in the job's ledger: it runs outside the one
+budget (activeDeadlineSeconds bounds that Job alone; a Job applied again after it is deleted
+gets it again). `runner cluster submit --to kubernetes` creates the Job and records it.
+
 The job folder (<claim>/jobs/<job id>/input ... as `runner run` lays it out) must be on the
 claim before the Job starts: `runner cluster stage CONTRACT --state-dir <claim as mounted
 here>` lays it out; see docs/how-to/kubernetes.md for what Kubernetes does and does not
@@ -129,6 +133,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         "gpuFallback": p.gpu_fallback,
         "files": [str(f) for f in files],
         "notEnforced": list(render.NOT_ENFORCED),
+        "ledger": NOT_AN_ATTEMPT,
     }
     if args.json:
         if not files:
@@ -141,9 +146,17 @@ def cmd_render(args: argparse.Namespace) -> int:
         for f in files:
             print(f"  wrote {f}")
         print(f"  activeDeadlineSeconds {deadline} (from the {info['budgetFrom']})")
+    print(f"runner: note: {NOT_AN_ATTEMPT}", file=sys.stderr)
     if p.gpu_fallback:
         print(f"runner: note: no GPUs requested: {p.gpu_fallback}", file=sys.stderr)
     return EXIT_SUCCEEDED
+
+
+NOT_AN_ATTEMPT = (
+    "a Job applied from these manifests is no attempt in the job's ledger: it runs outside the "
+    "job's one budget (its activeDeadlineSeconds bounds that Job alone); `runner cluster submit "
+    "--to kubernetes` creates the Job and records it"
+)
 
 
 def _write(manifests: list[dict[str, Any]], output: str) -> list[Path]:

@@ -355,17 +355,21 @@ def at(seconds: float) -> str:
         # negative: finishedAt before startedAt: the end is the observation, and with no end
         # the API gives, its start alone is not believed: from the submit (the wall time)
         (at(100), at(100), at(40), 500.0, "submitted", "observed"),
-        # in the future (a day): the end is the observation
-        (at(10), at(10), at(86_400), 500.0, "submitted", "observed"),
-        # absurd: before the submit, year 9999: the runner's bounds (the wall time)
+        # in the future (a day): a clock is off, which is not known: the more of the API's
+        # own start to end and the wall time, at most the deadline and the grace (905 s)
+        (at(10), at(10), at(86_400), 905.0, "api", "api"),
+        # absurd: before the submit, year 9999: as far apart: the deadline and the grace
         (
             "1970-01-01T00:00:00Z",
             "1970-01-01T00:00:00Z",
             "9999-12-31T23:59:59Z",
-            500.0,
-            "submitted",
-            "observed",
+            905.0,
+            "api",
+            "api",
         ),
+        # a start 10 minutes before the submit (the submitting host ahead): the API's own
+        # start to end (its one clock), not the 5 s from the submit to its end
+        (at(-600), at(-600), at(5), 606.0, "api", "api"),
         # a start before the submit within the skew counts, clamped to the submit
         (at(-20), at(-20), at(30), 31.0, "api", "api"),
         # malformed: not RFC 3339 (no zone, a space, a number, a date alone, out of range)
@@ -384,13 +388,16 @@ def at(seconds: float) -> str:
 def test_hostile_pod_times_never_lift_the_budget(
     start: Any, started: Any, finished: Any, seconds: float, start_from: str, end_from: str
 ) -> None:
-    """Each time is RFC 3339 or does not count; a time outside [submit - skew, observed +
-    skew] does not count; an end before the start does not count; what does not count falls
-    back to the runner's own bounds (the submit, the observation), said in the record; the
-    charge is never negative and never more than the wall time (500 s)."""
+    """Each time is RFC 3339 or does not count; an end before the start does not count; what
+    does not count falls back to the runner's own bounds (the submit, the observation), said
+    in the record; the charge is never negative and never more than the wall time (500 s).
+    A time outside [submit - skew, observed + skew] says a clock is off: then the more of the
+    API's own start to end and the wall time, at most the deadline and the grace (905 s)."""
     got = _charge(pod_status(start, started, finished))
     assert (got.seconds, got.start_from, got.end_from) == (seconds, start_from, end_from)
-    assert 0 <= got.seconds <= 500
+    assert 0 <= got.seconds <= (500 if got.seconds <= 500 else 905)
+    if got.seconds > 500:
+        assert got.why is not None and "disagree" in got.why
     if end_from == "observed":
         assert got.why and got.as_json()["because"] == got.why
 
@@ -496,8 +503,9 @@ def test_a_gone_job_is_recorded_only_when_it_is_gone_under_the_lock_and_its_pod_
 
 def test_with_no_pod_left_the_jobs_own_times_count() -> None:
     """The Job there, its pods gone (a TTL or a hand deleted them): its status.startTime and
-    completionTime count by the same rule (61 s); a completionTime in the future does not (the
-    end is the observation, and then the start the submit: 500 s)."""
+    completionTime count by the same rule (61 s); a completionTime in the future says a clock
+    is off (the more of the API's own times and the wall, at most the deadline and the grace:
+    905 s)."""
     job = {"status": {"startTime": at(10), "completionTime": at(70)}}
     got = attempts.charge(submitted_at=T0, observed_at=T0 + timedelta(seconds=500), pods=[],
                           job=job, deadline=900)  # fmt: skip
@@ -505,5 +513,5 @@ def test_with_no_pod_left_the_jobs_own_times_count() -> None:
     job["status"]["completionTime"] = at(10_000)
     got = attempts.charge(submitted_at=T0, observed_at=T0 + timedelta(seconds=500), pods=[],
                           job=job, deadline=900)  # fmt: skip
-    assert (got.seconds, got.start_from, got.end_from) == (500.0, "submitted", "observed")
-    assert got.why is not None and got.why.startswith("no pod of the Job")
+    assert (got.seconds, got.start_from, got.end_from) == (905.0, "api", "api")
+    assert got.why is not None and "disagree" in got.why

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -176,18 +175,26 @@ def _as_attempt(
             f"attempt {n} (its end, or that it was never made)"
         )
         raise
-    except Exception:
+    except Exception as exc:
         found = _found_job(job_m, namespace, context, kubeconfig)
-        if found is None:  # never made: nothing ran, nothing is charged
+        # A 5xx may still make the Job after the read: not known to be never made.
+        unclear = isinstance(exc, _Refused) and exc.job_made_maybe
+        if found is None and not unclear:  # never made: nothing ran, nothing is charged
             data = {"attempt": n, "exitCode": None, "oomKilled": False,
                     "classification": "infrastructure", "seconds": 0.0,
                     "how": "not-created"}  # fmt: skip
             led.append(f"attempt-{n}.finished", "attempt.finished", data)
         elif isinstance(found, str):
             attempts.record_started(led, n, found)
+        if unclear and isinstance(exc, _Refused) and not isinstance(found, str):
+            exc.hint = (
+                f"the server may still make the Job: `runner job status {r.plan.job_id}` asks "
+                f"again and records attempt {n} (its end, or, once it is still not there, as "
+                "gone)"
+            )
         raise
-    uid = next((a.get("uid") for a in applied if a.get("kind") == "Job"), None)
-    if isinstance(uid, str) and uid:
+    uid = attempts.job_uid(next((a.get("uid") for a in applied if a.get("kind") == "Job"), None))
+    if uid is not None:
         attempts.record_started(led, n, uid)
     return applied, n
 
@@ -207,8 +214,8 @@ def _found_job(
         return True
     if found is None or not _same_job(found, job_m):
         return None
-    uid = _meta(found, "uid")
-    return uid if isinstance(uid, str) and uid else True
+    uid = attempts.job_uid(_meta(found, "uid"))
+    return uid if uid is not None else True
 
 
 def _clear_ended(
@@ -233,8 +240,8 @@ def _clear_ended(
     if found is None:
         return
     _refuse_foreign(job_m, found, namespace)
-    uid = _meta(found, "uid")
-    known = attempts.find(state, namespace, name, uid if isinstance(uid, str) and uid else None)
+    uid = attempts.job_uid(_meta(found, "uid"))
+    known = attempts.find(state, namespace, name, uid)
     if known is None or known.finished is None:
         raise JobBusy(
             f"Job {namespace}/{name} of job {r.plan.job_id} exists (uid {_said(Exception(uid))}) "
@@ -324,9 +331,15 @@ def _read(client: ApiClient, kind: str, name: str, namespace: str) -> Any:
     return _call(client, f"GET {kind} {namespace}/{name}", read, name, namespace)
 
 
+ANSWER_MAX_BYTES = 4 * 1024 * 1024
+"""The most of an API server's answer read: a Job, a NetworkPolicy or :data:`MAX_PODS` pods
+are tens of KiB (a 64 MB uid in a create's answer had gone whole into the ledger)."""
+
+
 def _call(client: ApiClient, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-    """One request of the official client, its raw answer read as JSON: None for a 404 of a
-    read; any other failure an error naming ``what`` and the server's message."""
+    """One request of the official client, its raw answer read as JSON, at most
+    :data:`ANSWER_MAX_BYTES`: None for a 404 of a read; any other failure an error naming
+    ``what`` and the server's message."""
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
@@ -350,7 +363,20 @@ def _call(client: ApiClient, what: str, fn: Callable[..., Any], *args: Any, **kw
             ) from None
         raise _Refused(exc.status or 0, host, what, message) from None
     try:
-        data = json.loads(answer.data)
+        raw = answer.read(ANSWER_MAX_BYTES + 1, decode_content=True)
+    except HTTPError as exc:
+        raise _NoAnswer(
+            f"the Kubernetes API server at {host} broke off its answer ({what}): {_said(exc)}"
+        ) from None
+    finally:
+        answer.release_conn()
+    if len(raw) > ANSWER_MAX_BYTES:
+        raise InfrastructureError(
+            f"the Kubernetes API server at {host} answered {what} with more than "
+            f"{ANSWER_MAX_BYTES >> 20} MiB (not read further)"
+        )
+    try:
+        data = json.loads(raw)
     except ValueError:
         data = None
     if not isinstance(data, dict):
@@ -373,6 +399,14 @@ class _Refused(InfrastructureError):
             hint="the message is the server's; `kubectl get events -n NAMESPACE` may say more",
         )
         self.status = status
+        self.what = what
+
+    @property
+    def job_made_maybe(self) -> bool:
+        """Whether this was the Job's create, answered with what does not say it was not
+        carried out: a 5xx (a 504, or a 500 with reason Timeout: "the server was unable to
+        return a response in the time allotted, but may still be processing the request")."""
+        return self.what.startswith("POST Job ") and not 400 <= self.status < 500
 
 
 def _meta(obj: Any, *keys: str) -> Any:
@@ -486,7 +520,7 @@ def _create(
     name = str(_meta(m, "name"))
     entry: dict[str, Any] = {"kind": m["kind"], "name": name, "namespace": namespace}
     if existing is not None:
-        return {**entry, "action": "exists", "uid": _meta(existing, "uid")}
+        return {**entry, "action": "exists", "uid": attempts.job_uid(_meta(existing, "uid"))}
     api = _api(client, m["kind"])
     create = (
         api.create_namespaced_job if m["kind"] == "Job" else api.create_namespaced_network_policy
@@ -506,17 +540,32 @@ def _create(
                 f"{m['kind']} {namespace}/{name} was made meanwhile by another contract",
                 hint="submit under another --job-id",
             ) from None
-        return {**entry, "action": "exists", "uid": _meta(made, "uid")}
-    return {**entry, "action": "dry-run" if dry_run else "created", "uid": _meta(made, "uid")}
+        return {**entry, "action": "exists", "uid": attempts.job_uid(_meta(made, "uid"))}
+    made_uid = attempts.job_uid(_meta(made, "uid"))
+    return {**entry, "action": "dry-run" if dry_run else "created", "uid": made_uid}
 
 
 def _conditions(job: Any) -> list[dict[str, Any]]:
+    """The Job's conditions, each field as :func:`attempts.server_text` makes it (printable
+    ASCII, cut): `runner job wait` and `status` print them (a message's escape sequences had
+    reached the operator's terminal)."""
     found = untrusted.at(job, "status", "conditions")
+    keys = ("type", "status", "reason", "message", "lastTransitionTime")
     return [
-        {k: c.get(k) for k in ("type", "status", "reason", "message", "lastTransitionTime")}
-        for c in untrusted.array(found)
+        {k: attempts.server_text(c.get(k)) for k in keys}
+        for c in untrusted.array(found)[:MAX_CONDITIONS]
         if isinstance(c, dict)
     ]
+
+
+def _count(value: Any) -> int:
+    """A pod count of the Job's status: an int (not a bool) of at least 0, else 0."""
+    return value if type(value) is int and 0 <= value < 1 << 31 else 0
+
+
+MAX_CONDITIONS = 16
+"""A Job's conditions looked at (a handful: Complete, Failed, Suspended, SuccessCriteriaMet,
+FailureTarget); a hostile list is cut."""
 
 
 def state_of(job: Any) -> tuple[str, str | None, str | None]:
@@ -593,17 +642,15 @@ def _look(
         "jobId": job_id,
         "name": name,
         "namespace": namespace,
-        "uid": _meta(job, "uid"),
+        "uid": attempts.job_uid(_meta(job, "uid")),
         "contractDigest": _digest_of(job),
         "state": state,
         "ended": state in ENDED,
         "reason": reason,
         "message": message,
-        "startTime": st.get("startTime"),
-        "completionTime": st.get("completionTime"),
-        "active": st.get("active", 0),
-        "succeeded": st.get("succeeded", 0),
-        "failed": st.get("failed", 0),
+        "startTime": attempts.server_text(st.get("startTime"), 64),
+        "completionTime": attempts.server_text(st.get("completionTime"), 64),
+        **{k: _count(st.get(k)) for k in ("active", "succeeded", "failed")},
         "conditions": _conditions(job),
         "source": "the API server's Job status; no envelope is written",
     }
@@ -612,16 +659,13 @@ def _look(
     return out, job
 
 
-_UID = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9]{0,63}$")
-
-
 def _pods(client: ApiClient, namespace: str, uid: str) -> list[Any]:
     """The pods of the Job of ``uid`` (by the label the Job controller gives them, Kubernetes
     1.27 and later), as the server answered (those it says another owner has are dropped
     later, by :func:`runner.scheduling.kubernetes.attempts.record_end`)."""
     from kubernetes import client as k8s
 
-    if not _UID.match(uid):  # an API server's uid in a label selector: nothing else
+    if attempts.job_uid(uid) is None:  # an API server's uid in a label selector: nothing else
         return []
     api = k8s.CoreV1Api(client)
     got = _call(client, f"GET pods of Job {uid} in {namespace}", api.list_namespaced_pod,
@@ -655,9 +699,8 @@ def _observe(
     job_dir = StateDir(state_dir).job(job_id)
     if not job_dir.ledger.is_file():
         return {"recorded": None, "why": f"no ledger {job_dir.ledger}"}
-    uid = _meta(job, "uid") if job is not None else None
-    seen = attempts.find(read_state(job_dir.ledger), namespace, name,
-                         uid if isinstance(uid, str) and uid else None)  # fmt: skip
+    uid = attempts.job_uid(_meta(job, "uid")) if job is not None else None
+    seen = attempts.find(read_state(job_dir.ledger), namespace, name, uid)
     if seen is not None and seen.finished is not None:  # an onlooker's read: no lock needed
         return {"recorded": "already", "attempt": seen.number, "seconds": seen.seconds,
                 "ledger": str(job_dir.ledger)}  # fmt: skip
@@ -667,7 +710,7 @@ def _observe(
             return pods
         if job is None and _read(client, "Job", name, namespace) is not None:
             return "the Job exists again (made while it was read); ask again"
-        mine = a.container_id or _meta(job, "uid")
+        mine = a.container_id or attempts.job_uid(_meta(job, "uid"))
         found = _pods(client, namespace, mine) if isinstance(mine, str) and mine else []
         if job is None and not all(_terminated(p) for p in found):
             return "the Job is gone but a pod of it has not ended"

@@ -26,7 +26,13 @@ The charging rule (:func:`charge`), with every time from the API server treated 
   pod that claims 0 s is charged 1 s; the charge is never negative and never more than the wall
   time from ``attempt.starting`` to the observation;
 - a Job (and its pods) gone before any end was seen is charged that wall time, at most its
-  ``activeDeadlineSeconds`` plus the pod's termination grace (what the cluster lets it run).
+  ``activeDeadlineSeconds`` plus the pod's termination grace (what the cluster lets it run);
+- when the clocks disagree by more than that skew (the host that observes the end is behind
+  the one that submitted, or any RFC 3339 time of the API server's lies outside that window),
+  the wall time between two hosts' clocks means nothing: the charge is the more of the API
+  server's own start to its end (one clock, plus the second) and that wall time, at most
+  ``activeDeadlineSeconds`` plus the grace; with no such start and end, that cap itself. The
+  record says why (``because``).
 
 An API server that lies consistently (times both in the window, close together) can still make
 an attempt look shorter than it ran: the runner has no clock in the pod. The
@@ -51,16 +57,19 @@ from runner.state.ledger import Attempt, Ledger, LedgerState, parse_time
 
 __all__ = [
     "CLOCK_SKEW_SECONDS",
+    "JOB_UID",
     "MAX_PODS",
     "Charge",
     "charge",
     "find",
     "is_kubernetes",
     "job_of",
+    "job_uid",
     "record_end",
     "record_started",
     "refuse",
     "rfc3339",
+    "server_text",
     "starting_data",
 ]
 
@@ -71,6 +80,17 @@ MAX_PODS = 8
 KIND = "kubernetes"
 
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+JOB_UID = re.compile(r"[A-Za-z0-9][-A-Za-z0-9]{0,63}")
+"""What a Job's uid is made of (a UUID's characters, at most 64)."""
+
+
+def job_uid(value: Any) -> str | None:
+    """A Job's uid as the API server gave it, when it is one (:data:`JOB_UID`), else None: it
+    goes into the ledger, a label selector and a delete's precondition (a create's answer with
+    a 64 MB uid had gone whole into the ledger, read again by every later command)."""
+    return value if isinstance(value, str) and JOB_UID.fullmatch(value) else None
 
 
 def is_kubernetes(a: Attempt) -> bool:
@@ -166,42 +186,42 @@ def charge(
     """The seconds an attempt submitted at ``submitted_at`` (the runner's clock) and seen ended
     at ``observed_at`` is charged, from its ``pods`` and ``job`` as the API server answered
     (hostile), by the rule of this module's docstring. ``job`` None: the Job was gone."""
+    skew = timedelta(seconds=CLOCK_SKEW_SECONDS)
+    low, high = submitted_at - skew, observed_at + skew
+    hosts_agree = observed_at >= low  # the observing host's clock not behind the submitting's
     observed_at = max(observed_at, submitted_at)
     wall = (observed_at - submitted_at).total_seconds()
-    skew = timedelta(seconds=CLOCK_SKEW_SECONDS)
-
-    def counted(value: Any) -> datetime | None:
-        t = rfc3339(value)
-        if t is None or not submitted_at - skew <= t <= observed_at + skew:
-            return None
-        return min(max(t, submitted_at), observed_at)
-
     containers = [_container(p) for p in pods[:MAX_PODS]]
-    starts = [
-        t
-        for t in (
-            *(counted(untrusted.at(p, "status", "startTime")) for p in pods[:MAX_PODS]),
-            *(counted(untrusted.at(c, "state", "terminated", "startedAt")) for c in containers),
-            *(counted(untrusted.at(c, "state", "running", "startedAt")) for c in containers),
+    if pods:
+        start_values = [
+            *(untrusted.at(p, "status", "startTime") for p in pods[:MAX_PODS]),
+            *(untrusted.at(c, "state", "terminated", "startedAt") for c in containers),
+            *(untrusted.at(c, "state", "running", "startedAt") for c in containers),
+        ]
+    else:  # the pods are gone: the Job's own start
+        start_values = [untrusted.at(job, "status", "startTime")] if job is not None else []
+    terminated = [untrusted.at(c, "state", "terminated") for c in containers]
+    raw = [untrusted.at(t, "finishedAt") for t in terminated if isinstance(t, dict)]
+    if not pods:
+        raw = [untrusted.at(job, "status", "completionTime")] if job is not None else []
+    api_starts = [t for t in map(rfc3339, start_values) if t is not None]
+    api_ends = [t for t in map(rfc3339, raw) if t is not None]
+    if not hosts_agree or any(not low <= t <= high for t in (*api_starts, *api_ends)):
+        return _disagreeing(
+            submitted_at, observed_at, api_starts, api_ends, deadline + STOP_GRACE_SECONDS
         )
-        if t is not None
-    ]
-    if not pods and job is not None:  # the pods are gone: the Job's own start
-        starts = [t for t in [counted(untrusted.at(job, "status", "startTime"))] if t]
+
+    starts = [min(max(t, submitted_at), observed_at) for t in api_starts]
     start, start_from = (min(starts), "api") if starts else (submitted_at, "submitted")
     ends: list[datetime] = []
     why = None
-    terminated = [untrusted.at(c, "state", "terminated") for c in containers]
     if not pods:
         why = "no pod of the Job was found (deleted before the end was observed)"
-        finished = counted(untrusted.at(job, "status", "completionTime")) if job else None
-        if finished is not None and finished >= start:
-            ends = [finished]
+        ends = [t for t in (min(max(t, submitted_at), observed_at) for t in api_ends) if t >= start]
     elif not any(isinstance(t, dict) for t in terminated):
         why = "the container had not terminated"
     else:
-        raw = [untrusted.at(t, "finishedAt") for t in terminated if isinstance(t, dict)]
-        ends = [t for t in (counted(v) for v in raw) if t is not None and t >= start]
+        ends = [t for t in (min(max(t, submitted_at), observed_at) for t in api_ends) if t >= start]
         if not ends:
             said = ", ".join(repr(v)[:80] for v in raw)
             why = f"the container's finishedAt ({said}) is missing or does not count"
@@ -220,6 +240,39 @@ def charge(
         if seconds > cap:
             seconds, why = cap, f"{why}; capped at activeDeadlineSeconds plus the grace period"
     return Charge(round(seconds, 3), start, start_from, end, end_from, why)
+
+
+def _disagreeing(
+    submitted_at: datetime,
+    observed_at: datetime,
+    api_starts: list[datetime],
+    api_ends: list[datetime],
+    cap: float,
+) -> Charge:
+    """The charge when the clocks disagree by more than :data:`CLOCK_SKEW_SECONDS`: the host
+    that observed the end is behind the one that submitted, or an API time lies outside what
+    they saw. Which clock is off is not known, so neither the wall time between the two hosts'
+    times (an observer 10 minutes behind the submitter made every attempt 0 s) nor the API
+    server's times alone are believed: the more of the two, the API server's from its own start
+    to its own end (one clock) plus the second Kubernetes cuts, at most ``cap`` (what the
+    cluster lets an attempt run: activeDeadlineSeconds and the grace period); with no such
+    pair, the cap itself."""
+    why = (
+        "the clocks of the host that submitted the Job, the host that observed its end and "
+        f"the API server disagree by more than {CLOCK_SKEW_SECONDS:g} s (keep them in time: "
+        "NTP)"
+    )
+    if api_starts and api_ends and max(api_ends) >= min(api_starts):
+        start, end = min(api_starts), max(api_ends)
+        wall = (observed_at - submitted_at).total_seconds()
+        seconds = min(max((end - start).total_seconds() + 1.0, wall), cap)
+        why += (
+            "; charged the more of the API server's own start to end and the wall time from "
+            "the submit to the observation, at most activeDeadlineSeconds plus the grace"
+        )
+        return Charge(round(seconds, 3), start, "api", end, "api", why)
+    why += "; no start and end from the API server: charged activeDeadlineSeconds plus the grace"
+    return Charge(round(cap, 3), submitted_at, "submitted", observed_at, "observed", why)
 
 
 def starting_data(
@@ -252,7 +305,10 @@ def starting_data(
 
 
 def record_started(led: Ledger, n: int, uid: str) -> None:
-    """``attempt.started`` of Kubernetes attempt ``n``: the uid of the Job that runs it."""
+    """``attempt.started`` of Kubernetes attempt ``n``: the uid of the Job that runs it (one
+    :func:`job_uid` let through)."""
+    if job_uid(uid) is None:
+        raise ValueError(f"not a Job's uid: {uid[:80]!r}")
     led.append(f"attempt-{n}.started", "attempt.started", {"attempt": n, "containerId": uid})
 
 
@@ -277,8 +333,9 @@ def find(state: LedgerState, namespace: str, name: str, uid: str | None) -> Atte
     return None
 
 
-def _text(value: Any, limit: int = 300) -> str | None:
-    """An API server's reason or message, printable ASCII, cut."""
+def server_text(value: Any, limit: int = 300) -> str | None:
+    """An API server's reason or message, printable ASCII (each other character ``?``, runs
+    of white space one space), cut to ``limit``; None when it is no string."""
     if not isinstance(value, str):
         return None
     text = " ".join(value.split())[:limit]
@@ -302,8 +359,7 @@ def record_end(
     the API server answers now, or why not to record it (a gone Job that is back, or whose pod
     still runs). What was recorded: ``recorded`` is ``now``, ``already`` (nothing appended) or
     None (with ``why``; nothing appended)."""
-    uid = untrusted.at(job, "metadata", "uid") if job is not None else None
-    uid = uid if isinstance(uid, str) and uid else None
+    uid = job_uid(untrusted.at(job, "metadata", "uid")) if job is not None else None
     with job_dir.locked():
         led = Ledger.open(job_dir.ledger)
         a = find(led.state, namespace, name, uid)
@@ -345,8 +401,8 @@ def record_end(
             "how": f"kubernetes-{ended}",
             "kubernetesJob": f"{namespace}/{name}",
             "jobUid": mine,
-            "podUid": _text(untrusted.at(pod, "metadata", "uid"), 64),
-            "reason": _text(reason),
+            "podUid": server_text(untrusted.at(pod, "metadata", "uid"), 64),
+            "reason": server_text(reason),
             **got.as_json(),
         }
         led.append(f"attempt-{n}.finished", "attempt.finished", data)

@@ -290,8 +290,9 @@ def _pod(
 
 
 def _job(meta: dict[str, Any], pod: dict[str, Any], deadline: int) -> Manifest:
-    """The Job: one pod, no retry, ``activeDeadlineSeconds`` the budget left; its pods carry
-    its labels and annotations."""
+    """The Job: one pod, no retry, ``activeDeadlineSeconds`` the budget left on the Job and on
+    its pod (the kubelet's, for a pod orphaned or cut off); its labels and annotations."""
+    pod = {**pod, "activeDeadlineSeconds": deadline}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -424,6 +425,8 @@ def _job_rules(job: Manifest) -> list[str]:
     if not isinstance(deadline, int) or isinstance(deadline, bool) or deadline < 1:
         out.append(f"Job: activeDeadlineSeconds is {deadline!r}, not a positive integer")
     pod = untrusted.mapping(untrusted.at(spec, "template", "spec"))
+    if pod.get("activeDeadlineSeconds") != deadline or type(deadline) is not int:
+        out.append("Job: its pod's activeDeadlineSeconds is not the Job's")
     if pod.get("restartPolicy") != "Never":
         out.append("Job: restartPolicy is not Never")
     if pod.get("automountServiceAccountToken") is not False:
