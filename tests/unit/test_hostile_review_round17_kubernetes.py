@@ -174,3 +174,25 @@ def test_the_pod_carries_the_deadline_too(staged: Staged) -> None:
     assert render.check_rules(r.manifests) == []
     del job["spec"]["template"]["spec"]["activeDeadlineSeconds"]
     assert any("pod's activeDeadlineSeconds" in b for b in render.check_rules(r.manifests))
+
+
+def test_decoy_pods_carrying_the_label_do_not_hide_the_jobs_own(
+    staged: Staged, server: ApiServer, virtual_clock: VirtualClock
+) -> None:
+    """Eight pods another owner made with the Job's controller-uid label came first in the
+    list: the cut to eight pods dropped the Job's own pod before the owner check, so its end
+    was charged as gone (from the submit). Now the Job's own pods are picked first."""
+    out = staged.submit()
+    uid = server.objects[("Job", NS, out["name"])]["metadata"]["uid"]
+    t0 = virtual_clock.now()
+    for n in range(8):
+        decoy = server.add_pod(NS, out["name"], pod_status(iso(t0), iso(t0), iso(t0)))
+        decoy["metadata"]["name"] = f"decoy-{n}"
+        decoy["metadata"]["ownerReferences"] = [{"kind": "Job", "uid": "someone-else"}]
+    server.add_pod(NS, out["name"], pod_status(iso(t0 + timedelta(seconds=10)),
+                                               iso(t0 + timedelta(seconds=10)),
+                                               iso(t0 + timedelta(seconds=110))))  # fmt: skip
+    virtual_clock.advance(300)
+    ended(server, out["name"])
+    rec = staged.status()["recorded"]
+    assert (rec["seconds"], rec["startFrom"], rec["endFrom"]) == (101.0, "api", "api"), uid

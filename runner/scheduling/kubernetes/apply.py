@@ -661,8 +661,9 @@ def _look(
 
 def _pods(client: ApiClient, namespace: str, uid: str) -> list[Any]:
     """The pods of the Job of ``uid`` (by the label the Job controller gives them, Kubernetes
-    1.27 and later), as the server answered (those it says another owner has are dropped
-    later, by :func:`runner.scheduling.kubernetes.attempts.record_end`)."""
+    1.27 and later, and owned by that uid: :func:`attempts.owned_by`), at most
+    :data:`MAX_PODS`, owned first (pods of another owner carrying the label had pushed the
+    Job's own out of the cut)."""
     from kubernetes import client as k8s
 
     if attempts.job_uid(uid) is None:  # an API server's uid in a label selector: nothing else
@@ -670,8 +671,7 @@ def _pods(client: ApiClient, namespace: str, uid: str) -> list[Any]:
     api = k8s.CoreV1Api(client)
     got = _call(client, f"GET pods of Job {uid} in {namespace}", api.list_namespaced_pod,
                 namespace, label_selector=f"batch.kubernetes.io/controller-uid={uid}")  # fmt: skip
-    items = untrusted.array(untrusted.at(got, "items"))
-    return [p for p in items[:MAX_PODS] if isinstance(p, dict)]
+    return attempts.owned_by(untrusted.array(untrusted.at(got, "items")), uid)[:MAX_PODS]
 
 
 def _terminated(pod: Any) -> bool:

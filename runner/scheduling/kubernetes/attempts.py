@@ -65,6 +65,7 @@ __all__ = [
     "is_kubernetes",
     "job_of",
     "job_uid",
+    "owned_by",
     "record_end",
     "record_started",
     "refuse",
@@ -333,6 +334,17 @@ def find(state: LedgerState, namespace: str, name: str, uid: str | None) -> Atte
     return None
 
 
+def owned_by(pods: list[Any], uid: str | None) -> list[Any]:
+    """The pods (as the API server listed them) whose ``ownerReferences`` name the Job of
+    ``uid``: another's pod carrying its label is not its pod."""
+    return [
+        p for p in pods
+        if isinstance(p, dict) and uid is not None
+        and any(untrusted.at(o, "uid") == uid
+                for o in untrusted.array(untrusted.at(p, "metadata", "ownerReferences")))
+    ]  # fmt: skip
+
+
 def server_text(value: Any, limit: int = 300) -> str | None:
     """An API server's reason or message, printable ASCII (each other character ``?``, runs
     of white space one space), cut to ``limit``; None when it is no string."""
@@ -376,11 +388,7 @@ def record_end(
         if a.container_id is None and uid is not None:
             record_started(led, n, uid)
         mine = a.container_id or uid
-        owned = [
-            p for p in found
-            if any(untrusted.at(o, "uid") == mine
-                   for o in untrusted.array(untrusted.at(p, "metadata", "ownerReferences")))
-        ]  # fmt: skip
+        owned = owned_by(found, mine)
         deadline = a.starting.get("activeDeadlineSeconds")
         got = charge(
             submitted_at=a.starting_at,
