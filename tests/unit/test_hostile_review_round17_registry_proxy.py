@@ -19,16 +19,22 @@ kept out, let in by words it did not check.
 from __future__ import annotations
 
 import base64
+import importlib.machinery
+import importlib.util
 import io
 import json
 import tarfile
+import urllib.parse
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from runner.core.errors import ImageUnavailable, InfrastructureError, RunnerError
+from runner.core.redaction import REDACTED, Redactor
 from runner.images import answers, pins, registry
 from runner.testing import FakeBackend
+from tests.support import ROOT
 
 PASSWORD = "Reg1stryPassw0rd-TOPSECRET"  # noqa: S105  (made up, for the test)
 USER = "alice"
@@ -131,3 +137,75 @@ def test_the_engines_load_error_naming_an_authorization_scheme_is_left_out(
     with pytest.raises(ImageUnavailable) as raised:
         pins.load_bundle(backend, bundle, None)
     assert "YWxpY2U6cHc" not in str(raised.value) and answers.LEFT_OUT in str(raised.value)
+
+
+# --- the egress proxy and the redaction step: case, and a stray "%" -------------------------
+
+KEY = "sk-ant-api03-Rk7QmXz2LpV9wTnB4cYhJ8dFgS1eUoA6iKqM3rNvPbWxZyC0tE5uGlHjO-Dk9sQ2AA"
+"""Made up, mixed-case, as an Anthropic key is."""
+
+
+def _lower_b64_host() -> str:
+    """The key's URL-safe base64, lower-cased as the proxy logs a host: no protection (all
+    but a few of its groups of four decode to printable ASCII in one case only)."""
+    return base64.urlsafe_b64encode(KEY.encode()).decode().rstrip("=").lower() + ".example"
+
+
+def _pct_one(text: str, at: int) -> str:
+    return text[:at] + f"%{ord(text[at]):02X}" + text[at + 1 :]
+
+
+def test_the_redaction_step_finds_a_value_in_any_case() -> None:
+    """``CONNECT <KEY>.example:443``: the proxy logs the host lower-cased, and the Redactor
+    matched the value as it is only: the lower-cased key went into egress.log, egress.json,
+    the envelope's ``egress.connections[].host`` and the signed result. Its base64,
+    lower-cased, the same."""
+    redactor = Redactor({"API_KEY": KEY})
+    mark = REDACTED.format(name="API_KEY")
+    for seen in (
+        f"{KEY.lower()}.example",
+        f"{KEY.upper()}.example",
+        _lower_b64_host(),
+        "x%" + KEY.lower(),  # a stray "%" eats "sk"
+        "GET /" + urllib.parse.quote(KEY.lower(), safe=""),
+    ):
+        assert redactor.found(seen.encode()) == ["API_KEY"], seen
+        assert KEY.lower()[4:] not in redactor.text(seen).lower() and mark in redactor.text(seen)
+    with io.BytesIO(f"host: {KEY.lower()}.example\n".encode() * 3) as f:
+        out = io.BytesIO()
+        assert redactor.stream(f, out) == ["API_KEY"]
+        assert KEY.lower().encode() not in out.getvalue()
+
+
+def _proxy_for(lease: str) -> ModuleType:
+    path = ROOT / "images" / "proxy" / "egress-proxy"
+    loader = importlib.machinery.SourceFileLoader("egress_proxy_round17", str(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    proxy = importlib.util.module_from_spec(spec)
+    loader.exec_module(proxy)
+    proxy.Rules._parse({"lease": lease, "allow": [], "redact": Redactor({"K": KEY}).proxy_rules()})
+    return proxy
+
+
+def test_the_proxy_blanks_a_host_it_lower_cased() -> None:
+    """The proxy lower-cases a ``CONNECT`` host (``hostport()``) and its digests were of the
+    value as it is: ``CONNECT <KEY>.example:443`` left the lower-cased key in its engine log
+    (the host field of its "request" and "refused" lines), which the engine keeps for the
+    slot's life. Its lower-cased base64 as a host, the same."""
+    proxy = _proxy_for("L")
+    for target in (f"{KEY}.example:443", _lower_b64_host().upper() + ":443"):
+        host = proxy.hostport(target, 443)[0]
+        assert host == host.lower() and proxy.redacted("L", host) == "[redacted: K]", target
+
+
+def test_the_proxy_blanks_an_encoded_form_a_stray_percent_cut_short() -> None:
+    """``GET http://allowed/x%<hex of KEY, one digit percent-encoded>``: decoded, the stray
+    ``%`` eats the hex's first two digits, and the percent-encoded one keeps the field as it is
+    from matching: the proxy's digests had ``value[2:]`` but not the encoded forms' ``[2:]``,
+    so its engine log kept the whole key in hex (or base64)."""
+    proxy = _proxy_for("L")
+    hexed = KEY.encode().hex()
+    for form in (hexed, hexed.upper(), base64.b64encode(KEY.encode()).decode()):
+        field = "http://api.test/x%" + _pct_one(form, 20)
+        assert proxy.redacted("L", field) == "[redacted: K]", form[:8]
