@@ -9,8 +9,11 @@ of them as it is, and in its usual encodings:
 
 * percent-encoding (URL-encoding): each byte as itself or as ``%hh`` (either case), a space
   also as ``+``; so the plain value too (and each character of the forms below, likewise);
-* hexadecimal, in either case, with line breaks anywhere among its digits (``xxd -p``
-  wraps at 60);
+* in any case: each letter of the value and of the forms below as either case (the egress
+  proxy lower-cases the host of a request it logs, and the case of a base64 form's letters
+  is no protection: a key of printable ASCII comes back from its lower-cased base64, but for
+  a few ambiguous groups, by trying both cases of each group of four);
+* hexadecimal, with line breaks anywhere among its digits (``xxd -p`` wraps at 60);
 * base64 (standard and URL-safe alphabets) at each of the three alignments a value can have
   inside a longer encoded string: the characters that depend on the value alone, with line
   breaks anywhere among them (wrapped output). At most one character at each end, which mixes
@@ -67,12 +70,12 @@ def _percent(byte: int) -> bytes:
     return ("%" + "".join(_hex_class(c) for c in f"{byte:02x}")).encode()
 
 
-def _units(form: bytes, *, fold: bool = False, join: bytes = b"") -> bytes:
-    """``form`` with each byte as itself or percent-encoded (a space also as ``+``; a
-    letter in either case with ``fold``), ``join`` between them."""
+def _units(form: bytes, *, join: bytes = b"") -> bytes:
+    """``form`` with each byte as itself (a letter in either case) or percent-encoded (a
+    space also as ``+``), ``join`` between them."""
     parts = []
     for b in form:
-        chars = {b, *(bytes([b]).swapcase() if fold else b"")}
+        chars = {b, *bytes([b]).swapcase()}
         alts = [re.escape(bytes([c])) for c in sorted(chars)]
         alts += sorted({_percent(c) for c in chars})
         if b == 0x20:
@@ -122,20 +125,23 @@ class Redactor:
         longest = 1
         for i, name in enumerate(self.names):
             value = self._values[name]
-            self._checks.append((value, value.hex().encode(), base64_cores(value)))
+            hexed = value.hex().encode()
+            # what _maybe looks for: each form lower-cased, less the first two characters (a
+            # stray "%" before it may eat them when percent-decoded)
+            self._checks.append(
+                (value.lower()[2:], hexed[2:], [c.lower()[2:] for c in base64_cores(value)])
+            )
             self._always |= any(c in value for c in b"%= \r\n") or len(value) < 4
             alts = [_units(value)]
-            hexed = value.hex().encode()
             for form in encoded_forms(value):
-                if form == hexed:  # wrapped at any width too (xxd -p's 60)
-                    alts.append(_units(form, fold=True, join=_WRAP))
-                else:  # base64, wrapped at any width (the base64 tool's 76, PEM's 64)
-                    alts.append(_units(form, join=_WRAP))
+                # hex wrapped at any width (xxd -p's 60), base64 too (the base64 tool's 76,
+                # PEM's 64)
+                alts.append(_units(form, join=_WRAP))
             # a hex digit as %hh with a line break after it: 5 bytes, two digits a byte
             longest = max(longest, 10 * len(value) + 8)
             groups.append(b"(?P<s%d>" % i + b"|".join(alts) + b")")
             self._marks[f"s{i}"] = self._marks_by_name[name] = REDACTED.format(name=name).encode()
-            literal = [value, hexed, hexed.upper(), *encoded_forms(value)]
+            literal = [value, value.lower(), hexed, hexed.upper(), *encoded_forms(value)]
             self._literals.append((name, list(dict.fromkeys(literal))))
         self._pattern = re.compile(b"|".join(groups)) if groups else None
         self.longest = longest
@@ -174,8 +180,9 @@ class Redactor:
         """Whether ``data`` may hold a match: a necessary condition, checked with the
         C-speed searches of bytes (a regular expression of every form is some 4 MB/s; this,
         hundreds). Percent-decoded (a stray ``%`` before a value may eat at most its first two
-        bytes), lower-cased for hex, line breaks removed for base64. A value holding ``%``,
-        ``=``, a space or a line break, or a tiny one, always goes to the expression."""
+        bytes), lower-cased (every form is looked for in any case), line breaks removed for
+        hex and base64. A value holding ``%``, ``=``, a space or a line break, or a tiny one,
+        always goes to the expression."""
         if self._always:
             return True
         # Percent-decoded in C: quoted-printable's decoder with "%" and "=" swapped, on the
@@ -184,12 +191,9 @@ class Redactor:
         unwrapped = data.replace(b"\r", b"").replace(b"\n", b"")
         if b"%" in unwrapped:
             unwrapped = binascii.a2b_qp(unwrapped.translate(_SWAP))
-        decoded = unwrapped
-        lowered = decoded.lower()
+        lowered = unwrapped.lower()
         for value, hexed, cores in self._checks:
-            if value[2:] in decoded or hexed[2:] in lowered:
-                return True
-            if any(core[2:] in unwrapped for core in cores):
+            if value in lowered or hexed in lowered or any(core in lowered for core in cores):
                 return True
         return False
 
@@ -350,16 +354,21 @@ class Redactor:
     def proxy_rules(self) -> dict[str, Any] | None:
         """What the egress proxy gets to blank its log lines with (the ``redact`` of its
         rules): a random salt and, per secret, the salted SHA-256 digests of the value and of
-        its encoded forms, with their lengths; never a value. None without secrets."""
+        its encoded forms, each as it is and lower-cased (the proxy matches the lower-cased
+        field too, so in any case) and less its first two characters, with their lengths;
+        never a value. None without secrets."""
         if self._pattern is None:
             return None
         salt = _random.token_hex(16)
         entries = []
         for name in self.names:
             value = self._values[name]
-            # value[2:]: what a percent-decoding leaves when a stray "%" before the value
-            # eats its first bytes
-            forms = [value, *encoded_forms(value), *([value[2:]] if len(value) > 12 else [])]
+            forms = {f for form in (value, *encoded_forms(value)) for f in (form, form.lower())}
+            # Each less its first two characters, which a percent-decoding eats when a stray
+            # "%" stands before it (form[1:], when it eats one, holds that): the proxy matches
+            # every slice of a field, so a field holding the whole form is found by it too.
+            # A short form whole: its slice would match ordinary text.
+            forms = {f[2:] if len(f) > 12 else f for f in forms}
             entries.append(
                 {
                     "name": name,

@@ -27,6 +27,7 @@ __all__ = [
     "json_object",
     "keeps_credentials",
     "message",
+    "quotes_credentials",
     "session",
 ]
 
@@ -135,16 +136,23 @@ _QUOTES_CREDENTIALS = re.compile(r"(?i)\b(?:basic|bearer)\s")
 LEFT_OUT = "(its words left out: they quote credentials)"
 
 
+def quotes_credentials(text: str, secrets: list[str]) -> bool:
+    """Whether ``text`` (a registry's words, or the engine's, which quote the registry's)
+    names an authorization scheme or holds one of the ``secrets`` sent to the registry, in
+    any of its usual encodings (a registry echoing the request's Authorization header): such
+    words are left out whole (:data:`LEFT_OUT`), not redacted within, as a short password's
+    marks would show where it stood."""
+    values = {f"registry-secret-{i}": v for i, v in enumerate(secrets) if v}
+    return bool(
+        _QUOTES_CREDENTIALS.search(text) or (values and Redactor(values).found(text.encode()))
+    )
+
+
 def _scrubbed(text: str, secrets: list[str]) -> str:
     """``text`` (a registry's words) as printable ASCII, cut short; :data:`LEFT_OUT` instead
-    when it names an authorization scheme or holds a secret this check sent it, in any of its
-    usual encodings (a registry echoing the request's Authorization header). Left out whole,
-    not redacted within: a short password's marks would show where it stood."""
+    when it :func:`quotes_credentials`."""
     text = text[:4096]
-    values = {f"registry-secret-{i}": v for i, v in enumerate(secrets) if v}
-    if _QUOTES_CREDENTIALS.search(text) or (values and Redactor(values).found(text.encode())):
-        return LEFT_OUT
-    return engine_text(text)
+    return LEFT_OUT if quotes_credentials(text, secrets) else engine_text(text)
 
 
 def message(answer: Answer, secrets: list[str]) -> str:

@@ -7,15 +7,17 @@ unless the host allows unpinned images.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from runner.backends.types import ImageInfo
 from runner.core import clock, jsondepth
-from runner.core.errors import ImageDigestMismatch, ImageUnavailable, PolicyViolation
+from runner.core.errors import ImageDigestMismatch, ImageUnavailable, PolicyViolation, RunnerError
 
 if TYPE_CHECKING:
     from runner.backends.base import Backend
@@ -192,7 +194,28 @@ def load_bundle(backend: Backend, bundle: Path, image_id: str | None) -> None:
             hint="use the bundle made from the pinned image (`docker save` it on the issuer's "
             "side), or re-pin the contract",
         )
-    backend.load(bundle)
+    with _engine_words(f"the engine could not load {bundle}", []):
+        backend.load(bundle)
+
+
+@contextlib.contextmanager
+def _engine_words(action: str, secrets: list[str]) -> Iterator[None]:
+    """The engine's error for a pull or a load, unless it quotes credentials: the engine's
+    words quote the registry's, which may echo what the engine sent it (the password,
+    ``user:password``, its base64, a token: ``secrets``), and they reach the envelope's
+    ``failure.reason``. Such an error is raised again, of its class, as ``action`` and
+    :data:`runner.images.answers.LEFT_OUT`: left out whole, as the runner's own check leaves
+    a registry's words (:func:`runner.images.answers.quotes_credentials`)."""
+    from runner.images import answers
+
+    try:
+        yield
+    except RunnerError as exc:
+        if not answers.quotes_credentials(exc.message, secrets):
+            raise
+        error = type(exc)(f"{action}: {answers.LEFT_OUT}", hint=exc.hint)
+        error.retryable = exc.retryable
+        raise error from None
 
 
 def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Puller) -> None:
@@ -230,10 +253,12 @@ def _pull(backend: Backend, pin: ImagePin, settings: PullSettings, progress: Pul
             progress.transfer(f"pulling {len(layers)} layer(s)", done, total)
 
     auth = creds.engine_auth(ref.registry) if creds else None
+    sent = registry.secrets_sent(creds)
 
     def pull_once() -> None:
         try:
-            backend.pull(ref.pull_name, auth, on_chunk)
+            with _engine_words(f"the engine could not pull {ref.pull_name}", sent):
+                backend.pull(ref.pull_name, auth, on_chunk)
         except ImageUnavailable:
             # The engine reports a failed pull as text; the registry's status says whether it
             # is worth another try (a 5xx or an outage midway through the layers): a

@@ -45,6 +45,7 @@ __all__ = [
     "parse_reference",
     "probe",
     "probe_once",
+    "secrets_sent",
 ]
 
 MANIFEST_TYPES = ", ".join(
@@ -277,9 +278,10 @@ def _bearer_token(
     return token if isinstance(token, str) and answers.TOKEN.fullmatch(token) else None
 
 
-def _secrets(creds: Credentials | None) -> list[str]:
-    """What a check may send a registry that its answer must not be quoted with: the password,
-    ``user:password`` and its base64 (a Basic header), the identity token."""
+def secrets_sent(creds: Credentials | None) -> list[str]:
+    """What a check (or the engine's pull) may send a registry that its answer must not be
+    quoted with: the password, ``user:password`` and its base64 (a Basic header), the identity
+    token."""
     if creds is None:
         return []
     pair = f"{creds.username}:{creds.password}"
@@ -300,7 +302,7 @@ def probe_once(
     scheme = "http" if insecure else "https"
     url = f"{scheme}://{ref.api_host}/v2/{ref.repository}/manifests/{ref.digest}"
     headers = {"Accept": MANIFEST_TYPES}
-    sent = _secrets(creds)
+    sent = secrets_sent(creds)
     with answers.session() as session:
         try:
             resp = answers.ask(session, "HEAD", url, timeout, headers=headers)

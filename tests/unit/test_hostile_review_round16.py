@@ -735,7 +735,7 @@ def test_a_registry_echoing_the_credentials_is_quoted_without_them() -> None:
     from runner.images import registry as images
 
     creds = images.Credentials("u", "hunter", "test", None)
-    secrets = images._secrets(creds)
+    secrets = images.secrets_sent(creds)
     for said in ("got Basic dTpodW50ZXI=", "bad password hunter for u", "got bearer xyz"):
         body = json.dumps({"errors": [{"code": "DENIED", "message": said}]}).encode()
         shown = answers.message(answers.Answer(403, "Forbidden", body, ""), secrets)

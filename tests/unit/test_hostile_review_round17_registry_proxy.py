@@ -1,0 +1,211 @@
+"""The seventeenth hostile review, registry and egress proxy: secrets the runner's own checks
+kept out, let in by words it did not check.
+
+- A registry (the contract names it) that echoes the credentials the engine sent it got the
+  host's registry password into ``failure.reason``, so into ``result.json``, ``--json`` and
+  the exported bundle: the engine's pull error (its stream's ``error``, or the Engine API's
+  answer to the pull, ``exc.explanation``) went there unfiltered, where the runner's own
+  probe of the registry leaves such words out. The engine's error for a pull (and a load) is
+  now checked the same way (``runner.images.answers.quotes_credentials``, with the secrets of
+  ``runner.images.registry.secrets_sent``) and left out whole when it quotes credentials.
+- The egress proxy lower-cases a ``CONNECT`` host; neither its own blanking nor the runner's
+  ``Redactor`` folded case, so ``CONNECT <KEY>.example:443`` put the key, lower-cased, into
+  egress.log, the envelope's ``egress.connections[].host`` and the signed result.
+- The proxy's engine log kept the key's hex or base64 whole when a stray ``%`` before it ate
+  its first two characters on percent-decoding and one of its other characters was
+  percent-encoded: its digests covered ``value[2:]`` but not ``form[2:]`` of the encoded forms.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.machinery
+import importlib.util
+import io
+import json
+import tarfile
+import urllib.parse
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from runner.core.errors import ImageUnavailable, InfrastructureError, RunnerError
+from runner.core.redaction import REDACTED, Redactor
+from runner.images import answers, pins, registry
+from runner.testing import FakeBackend
+from tests.support import ROOT
+
+PASSWORD = "Reg1stryPassw0rd-TOPSECRET"  # noqa: S105  (made up, for the test)
+USER = "alice"
+HOST = "registry.example"
+DIGEST = "sha256:" + "ab" * 32
+
+
+class _Progress:
+    def stage(self, name: str, detail: str) -> None:
+        pass
+
+    def transfer(self, label: str, done: int, total: int) -> None:
+        pass
+
+
+def _pull_failing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: RunnerError
+) -> RunnerError:
+    """What a pull raises when the registry answers the runner's probe but the engine's pull
+    fails with ``error`` (credentials for the registry in the host's docker config)."""
+    monkeypatch.setattr(registry, "probe", lambda *_, **__: 1)
+    monkeypatch.setattr(registry, "probe_once", lambda *_, **__: None)
+    pair = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"auths": {HOST: {"auth": pair}}}))
+    backend = FakeBackend()
+    backend.fail["pull"] = error
+    pin = pins.parse_pin(f"{HOST}/lab/eval@{DIGEST}", None, allow_unpinned=False)
+    with pytest.raises(RunnerError) as raised:
+        pins._pull(backend, pin, pins.PullSettings(docker_config=config), _Progress())
+    return raised.value
+
+
+ECHOES = {
+    "as it is": f"denied: account {USER}:{PASSWORD} is suspended",
+    "the Basic header's base64": "denied: got "
+    + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode().rstrip("="),
+    "hex": f"denied: {PASSWORD.encode().hex()}",
+    "percent-encoded": "denied: " + "".join(f"%{b:02X}" for b in PASSWORD.encode()),
+    "an authorization scheme": "denied: you sent Bearer eyJhbGciOi.xyz",
+}
+
+
+@pytest.mark.parametrize("said", ECHOES.values(), ids=ECHOES.keys())
+def test_the_engines_pull_error_quoting_the_credentials_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, said: str
+) -> None:
+    """The Engine API's answer to a pull (``_sdk_errors``: "the engine answered 404: ...
+    denied: account alice:PASSWORD is suspended") went into ``failure.reason`` as it was: a
+    registry echoing what the engine sent it put the host's registry password into
+    ``result.json``, ``--json`` and the bundle. Now the engine's words are left out whole."""
+    error = InfrastructureError(
+        f"pulling {HOST}/lab/eval@{DIGEST}: the engine answered 404: pull access denied: {said}"
+    )
+    raised = _pull_failing(tmp_path, monkeypatch, error)
+    assert type(raised) is InfrastructureError and raised.retryable
+    assert PASSWORD not in str(raised) and "Bearer" not in str(raised)
+    assert str(raised).endswith(answers.LEFT_OUT)
+    assert f"the engine could not pull {HOST}/lab/eval@{DIGEST}" in str(raised)
+
+
+def test_the_engines_pull_stream_error_quoting_the_password_is_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pull stream's ``error``/``errorDetail`` (``DockerBackend.pull``: "the engine could
+    not pull REF: ...") quoting the password went into ``failure.reason`` as it was; the
+    Podman backend's pull error the same. Now left out whole, its hint kept."""
+    error = ImageUnavailable(
+        f"the engine could not pull {HOST}/lab/eval@{DIGEST}: {ECHOES['as it is']}",
+        hint="check the registry and the digest",
+    )
+    raised = _pull_failing(tmp_path, monkeypatch, error)
+    assert isinstance(raised, ImageUnavailable) and PASSWORD not in str(raised)
+    assert raised.message.endswith(answers.LEFT_OUT) and raised.hint == error.hint
+    assert raised.__cause__ is None and raised.__suppress_context__
+
+
+def test_the_engines_pull_error_without_credentials_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine error that quotes no credentials is raised as the engine's backend made it."""
+    error = ImageUnavailable("the engine could not pull x: manifest unknown")
+    assert _pull_failing(tmp_path, monkeypatch, error) is error
+
+
+def test_the_engines_load_error_naming_an_authorization_scheme_is_left_out(
+    tmp_path: Path,
+) -> None:
+    """A bundle's load error went into ``failure.reason`` as the engine said it; a load sends
+    the registry no credentials, but words naming an authorization scheme are left out as a
+    pull's are."""
+    bundle = tmp_path / "bundle.tar"
+    with tarfile.open(bundle, "w") as tar:
+        for name, data in (("c.json", b"{}"), ("manifest.json", b'[{"Config": "c.json"}]')):
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    backend = FakeBackend()
+    backend.fail["load"] = ImageUnavailable("the engine could not load it: Basic YWxpY2U6cHc=")
+    with pytest.raises(ImageUnavailable) as raised:
+        pins.load_bundle(backend, bundle, None)
+    assert "YWxpY2U6cHc" not in str(raised.value) and answers.LEFT_OUT in str(raised.value)
+
+
+# --- the egress proxy and the redaction step: case, and a stray "%" -------------------------
+
+KEY = "sk-ant-api03-Rk7QmXz2LpV9wTnB4cYhJ8dFgS1eUoA6iKqM3rNvPbWxZyC0tE5uGlHjO-Dk9sQ2AA"
+"""Made up, mixed-case, as an Anthropic key is."""
+
+
+def _lower_b64_host() -> str:
+    """The key's URL-safe base64, lower-cased as the proxy logs a host: no protection (all
+    but a few of its groups of four decode to printable ASCII in one case only)."""
+    return base64.urlsafe_b64encode(KEY.encode()).decode().rstrip("=").lower() + ".example"
+
+
+def _pct_one(text: str, at: int) -> str:
+    return text[:at] + f"%{ord(text[at]):02X}" + text[at + 1 :]
+
+
+def test_the_redaction_step_finds_a_value_in_any_case() -> None:
+    """``CONNECT <KEY>.example:443``: the proxy logs the host lower-cased, and the Redactor
+    matched the value as it is only: the lower-cased key went into egress.log, egress.json,
+    the envelope's ``egress.connections[].host`` and the signed result. Its base64,
+    lower-cased, the same."""
+    redactor = Redactor({"API_KEY": KEY})
+    mark = REDACTED.format(name="API_KEY")
+    for seen in (
+        f"{KEY.lower()}.example",
+        f"{KEY.upper()}.example",
+        _lower_b64_host(),
+        "x%" + KEY.lower(),  # a stray "%" eats "sk"
+        "GET /" + urllib.parse.quote(KEY.lower(), safe=""),
+    ):
+        assert redactor.found(seen.encode()) == ["API_KEY"], seen
+        assert KEY.lower()[4:] not in redactor.text(seen).lower() and mark in redactor.text(seen)
+    with io.BytesIO(f"host: {KEY.lower()}.example\n".encode() * 3) as f:
+        out = io.BytesIO()
+        assert redactor.stream(f, out) == ["API_KEY"]
+        assert KEY.lower().encode() not in out.getvalue()
+
+
+def _proxy_for(lease: str) -> ModuleType:
+    path = ROOT / "images" / "proxy" / "egress-proxy"
+    loader = importlib.machinery.SourceFileLoader("egress_proxy_round17", str(path))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    proxy = importlib.util.module_from_spec(spec)
+    loader.exec_module(proxy)
+    proxy.Rules._parse({"lease": lease, "allow": [], "redact": Redactor({"K": KEY}).proxy_rules()})
+    return proxy
+
+
+def test_the_proxy_blanks_a_host_it_lower_cased() -> None:
+    """The proxy lower-cases a ``CONNECT`` host (``hostport()``) and its digests were of the
+    value as it is: ``CONNECT <KEY>.example:443`` left the lower-cased key in its engine log
+    (the host field of its "request" and "refused" lines), which the engine keeps for the
+    slot's life. Its lower-cased base64 as a host, the same."""
+    proxy = _proxy_for("L")
+    for target in (f"{KEY}.example:443", _lower_b64_host().upper() + ":443"):
+        host = proxy.hostport(target, 443)[0]
+        assert host == host.lower() and proxy.redacted("L", host) == "[redacted: K]", target
+
+
+def test_the_proxy_blanks_an_encoded_form_a_stray_percent_cut_short() -> None:
+    """``GET http://allowed/x%<hex of KEY, one digit percent-encoded>``: decoded, the stray
+    ``%`` eats the hex's first two digits, and the percent-encoded one keeps the field as it is
+    from matching: the proxy's digests had ``value[2:]`` but not the encoded forms' ``[2:]``,
+    so its engine log kept the whole key in hex (or base64)."""
+    proxy = _proxy_for("L")
+    hexed = KEY.encode().hex()
+    for form in (hexed, hexed.upper(), base64.b64encode(KEY.encode()).decode()):
+        field = "http://api.test/x%" + _pct_one(form, 20)
+        assert proxy.redacted("L", field) == "[redacted: K]", form[:8]
