@@ -16,6 +16,7 @@ answers about a job read the wrong way.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from runner.backends.fake import FakeBackend, FakeJob
 from runner.core.errors import GpuUnavailable
 from runner.gpu.gpus import Gpu
 from runner.planning import allocation
+from runner.scheduling.slurm.cluster import Cluster, parse_fields
+from runner.scheduling.slurm.fence import SlurmFence
 from runner.state.ledger import read_state
 from tests.unit.test_orchestrator_fake import (
     _contract,
@@ -143,3 +146,65 @@ def test_a_slurm_grant_that_cannot_be_used_is_refused(
 def test_outside_slurm_every_detected_gpu_may_be_handed_out() -> None:
     """Outside a Slurm job, the host's own locks decide, as before."""
     assert allocation.slurm_gpus({"CUDA_VISIBLE_DEVICES": "2"}, FOUR, 1) is None
+
+
+class _Said(Cluster):
+    def __init__(self, answers: dict[str, str]) -> None:
+        super().__init__()
+        self.answers = answers
+        self.asked: list[list[str]] = []
+
+    def _exec(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        self.asked.append(argv)
+        return subprocess.CompletedProcess(argv, 0, self.answers.get(argv[0], ""), "")
+
+
+RUNNING = "JobId=123 JobName=runner-x UserId=u(1) GroupId=g(1) JobState=RUNNING Reason=None "
+
+
+def test_a_comment_cannot_make_a_running_job_read_as_ended() -> None:
+    """``--comment="x JobState=COMPLETED"`` is printed after Slurm's JobState, and the last
+    ``Key=`` won: a running job read as COMPLETED, so a takeover did not cancel it."""
+    line = RUNNING + "Requeue=1 Comment=note JobState=COMPLETED Requeue=0\n"
+    assert parse_fields(line)["JobState"] == "RUNNING"
+    fence = SlurmFence(_Said({"scontrol": line, "squeue": "RUNNING\n"}))
+    assert fence.job("123") == ("RUNNING", False)
+
+
+def test_a_job_name_cannot_make_a_running_job_read_as_ended() -> None:
+    """The job's name is printed before JobState, so its ``JobState=COMPLETED`` would win were
+    the first key taken on trust: a line that says JobState twice is asked of squeue, which
+    prints the state alone."""
+    line = RUNNING.replace("JobName=runner-x", "JobName=x JobState=COMPLETED") + "Requeue=1\n"
+    cluster = _Said({"scontrol": line, "squeue": "RUNNING\n"})
+    assert SlurmFence(cluster).job("123") == ("RUNNING", False)
+    assert cluster.asked[-1][0] == "squeue"
+    odd = _Said({"scontrol": line, "squeue": "x JobState=COMPLETED\n"})
+    assert SlurmFence(odd).job("123") is None  # squeue's answer is not a state: cannot tell
+
+
+@pytest.mark.parametrize("state", [" ", "", "Completed", "COMPLETED\x1b[0m"])
+def test_a_blank_or_odd_sacct_state_is_cannot_tell(state: str) -> None:
+    """A blank sacct state (``123| |0:0``) raised IndexError through the fence (a takeover's
+    internal error), and an empty or odd one read as an ended job; each is "cannot tell"."""
+    cluster = _Said({"scontrol": "", "sacct": f"123|{state}|0:0\n"})
+    info = cluster.job("123")
+    assert info is not None and info.state == "UNKNOWN" and not info.known
+    assert SlurmFence(cluster).job("123") is None
+
+
+def test_the_fence_takes_a_malformed_answer_for_cannot_tell() -> None:
+    """An answer the reading trips on (here a stand-in raising IndexError) was an internal
+    error of the takeover; the fence says it cannot tell."""
+
+    class _Broken(Cluster):
+        def job(self, slurm_job: str) -> None:
+            raise IndexError("list index out of range")
+
+    assert SlurmFence(_Broken()).job("123") is None
+
+
+def test_sacct_still_reads_a_state_with_its_cause() -> None:
+    """``CANCELLED by 0`` is still CANCELLED (ended)."""
+    cluster = _Said({"scontrol": "", "sacct": "123|CANCELLED by 0|0:15\n"})
+    assert SlurmFence(cluster).job("123") == ("CANCELLED", True)
