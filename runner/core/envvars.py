@@ -139,6 +139,17 @@ READ: tuple[EnvVar, ...] = (
         "The allocation's memory per CPU in MiB, when `SLURM_MEM_PER_NODE` is unset.",
     ),
     EnvVar("SLURM_GPUS_ON_NODE", "The allocation's GPUs on this node (the GPU count's bound)."),
+    EnvVar(
+        "SLURM_JOB_GPUS",
+        "Slurm's global IDs of the job's GPUs: under Slurm only these are handed out, each the "
+        "GPU whose device file is `/dev/nvidia<ID>`.",
+    ),
+    EnvVar("SLURM_STEP_GPUS", "The same for an `srun` step; read before `SLURM_JOB_GPUS`."),
+    EnvVar(
+        "CUDA_VISIBLE_DEVICES",
+        "Under Slurm, when it holds GPU UUIDs: the GPUs handed out (before the IDs above); "
+        "indices in it are not read.",
+    ),
 )
 """What the runner reads on the host. (An agent adapter's secrets are read from the variables
 the host policy names: their names are the operator's, not the runner's.)"""

@@ -43,7 +43,7 @@ from runner.models.envelope import (
     ImageRecord,
 )
 from runner.planning import policy
-from runner.planning.allocation import slurm_job
+from runner.planning.allocation import slurm_gpus, slurm_job
 from runner.planning.plan import ExecutionPlan
 from runner.results import envelope
 from runner.staging import jobdir as staging
@@ -701,8 +701,9 @@ def _allocate_gpus(
     job: Job, name: str
 ) -> tuple[tuple[str, ...], tuple[GpuRecord, ...], str | None, DeviceEdits | None]:
     """Device ids for the NVIDIA runtime or CDI edits (``runner.gpu.cdi``), their records, and why
-    it runs on CPU only (if it does): specific GPUs, locked for this job; none for CPU jobs.
-    Without enough GPUs, or a way to hand them over, a contract may fall back to CPU."""
+    it runs on CPU only (if it does): specific GPUs, locked for this job (under Slurm, of those
+    Slurm gave it: :func:`runner.planning.allocation.slurm_gpus`); none for CPU jobs. Without
+    enough GPUs, or a way to hand them over, a contract may fall back to CPU."""
     p, progress = job.plan, job.progress
     want = p.limits.gpus
     if want == "none":
@@ -712,7 +713,11 @@ def _allocate_gpus(
     detector = job.options.gpu_detector or gpus.HostDetector()
     owner = {"jobDir": (job_dir := str(job.dir.root.resolve())), "containerName": name}
     try:
-        chosen = _gpu_allocator(job).allocate(want, detector.detect(), owner)
+        host = detector.detect()
+        # Under Slurm, only the GPUs Slurm gave the job: the engine's daemon makes the
+        # container outside the job's cgroup, so nothing else keeps it off another job's.
+        given = slurm_gpus(os.environ, host, want)
+        chosen = _gpu_allocator(job).allocate(want, host if given is None else given, owner)
         try:
             edits = cdi.inject(job.backend, chosen, job.options.cdi_dirs or cdi.SPEC_DIRS)
         except GpuUnavailable:

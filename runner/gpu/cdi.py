@@ -500,12 +500,12 @@ def generate(
     folders = sorted({str(PurePosixPath(c).parent) for _, c in libraries})
     devices = []
     for gpu in gpus:
-        edits = {"deviceNodes": [{"path": f"/dev/nvidia{_minor(gpu)}"}]}
+        edits = {"deviceNodes": [{"path": f"/dev/nvidia{gpu.device_number}"}]}
         devices += [
             {"name": str(gpu.index), "containerEdits": edits},
             {"name": gpu.uuid, "containerEdits": edits},
         ]
-    every = [{"path": f"/dev/nvidia{_minor(g)}"} for g in gpus]
+    every = [{"path": f"/dev/nvidia{g.device_number}"} for g in gpus]
     devices.append({"name": "all", "containerEdits": {"deviceNodes": every}})
     return {
         "cdiVersion": GENERATED_VERSION,
@@ -517,11 +517,6 @@ def generate(
             "mounts": mounts,
         },
     }
-
-
-def _minor(gpu: Gpu) -> int:
-    """The GPU's device node number (NVML's minor number; its index when unknown)."""
-    return gpu.index if gpu.minor is None else gpu.minor
 
 
 def host_spec(gpus: Sequence[Gpu]) -> dict[str, Any]:

@@ -48,6 +48,11 @@ class Gpu:
     """The device node's number (``/dev/nvidia<minor>``, NVML's minor number); None: unknown
     (nvidia-smi's report), taken to be the index."""
 
+    @property
+    def device_number(self) -> int:
+        """The device node's number (``/dev/nvidia<N>``): the minor number, else the index."""
+        return self.index if self.minor is None else self.minor
+
 
 class Detector(Protocol):
     def detect(self) -> list[Gpu]:

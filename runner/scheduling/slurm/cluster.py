@@ -50,8 +50,14 @@ class JobInfo:
     """A Slurm job as ``scontrol``, ``sacct`` or the jobcomp file tells it."""
 
     state: str
+    """Slurm's word for it; ``UNKNOWN`` when the answer was blank, odd or ambiguous."""
     fields: dict[str, str]
     source: str
+
+    @property
+    def known(self) -> bool:
+        """Whether the answer names a state (``UNKNOWN``: Slurm's answer cannot tell)."""
+        return self.state != "UNKNOWN"
 
     @property
     def ended(self) -> bool:
@@ -61,11 +67,47 @@ class JobInfo:
         return self.state not in ACTIVE_STATES
 
 
+_FIELD = re.compile(r"\b(\w++)=(\S*+)")
+# From a word's start, possessive: linear in the line (a search from every letter of a long
+# word without = was quadratic: 20,000 letters, 1.7 s).
+
+_STATE = re.compile(r"[A-Z][A-Z_]{0,31}")
+"""A Slurm job state as the runner believes one: a word of capitals (sacct may add ``by
+<uid>``, which is dropped); anything else is ``UNKNOWN``."""
+
+_SLURMS_OWN = ("JobState", "Requeue")
+"""The fields :meth:`Cluster.job` reads that Slurm prints after the job's name and before the
+free text of its owner (comment, command, work folder, output files)."""
+
+
 def parse_fields(text: str) -> dict[str, str]:
-    """``Key=Value`` pairs of a one-line ``scontrol -o`` or jobcomp record."""
-    # From a word's start, possessive: linear in the line (a search from every letter of a
-    # long word without = was quadratic: 20,000 letters, 1.7 s).
-    return dict(re.findall(r"\b(\w++)=(\S*+)", text))
+    """``Key=Value`` pairs of a one-line ``scontrol -o`` or jobcomp record; the first of a key
+    wins. Slurm prints its own fields (``JobState``, ``Requeue``) before the free text a job's
+    owner writes (``--comment``, the command, the work folder), which may hold ``JobState=``
+    too; only the job's name comes earlier (see :func:`_forged`)."""
+    fields: dict[str, str] = {}
+    for key, value in _FIELD.findall(text):
+        fields.setdefault(key, value)
+    return fields
+
+
+def _forged(text: str) -> bool:
+    """Whether a record holds one of :data:`_SLURMS_OWN` more than once: the job's name
+    (``JobName``, ``Name``), printed before them, holds ``Key=`` text, so the first
+    occurrence is not Slurm's either."""
+    seen: set[str] = set()
+    for key, _ in _FIELD.findall(text):
+        if key in _SLURMS_OWN:
+            if key in seen:
+                return True
+            seen.add(key)
+    return False
+
+
+def _state(text: str) -> str:
+    """A state word Slurm printed, or ``UNKNOWN`` (blank, or not a state word)."""
+    words = text.split(maxsplit=1)
+    return words[0] if words and _STATE.fullmatch(words[0]) else "UNKNOWN"
 
 
 class Cluster:
@@ -186,16 +228,24 @@ class Cluster:
         out = self.run("scontrol", "-o", "show", "job", slurm_job, check=False)
         fields = parse_fields(out)
         if fields.get("JobId") == slurm_job and "JobState" in fields:
-            return JobInfo(fields["JobState"], fields, "scontrol")
+            if _forged(out):  # the job's name says JobState=: squeue prints the state alone
+                return JobInfo(self._queued_state(slurm_job), {"JobId": slurm_job}, "squeue")
+            return JobInfo(_state(fields["JobState"]), fields, "scontrol")
         acct = self.run(
             "sacct", "-n", "-X", "-P", "-o", "JobID,State,ExitCode", "-j", slurm_job, check=False
         )
         for line in acct.splitlines():
             parts = line.split("|")
             if len(parts) == 3 and parts[0] == slurm_job:
-                state = parts[1].split()[0] if parts[1] else "UNKNOWN"
-                return JobInfo(state, {"ExitCode": parts[2]}, "sacct")
+                return JobInfo(_state(parts[1]), {"ExitCode": parts[2]}, "sacct")
         return self._jobcomp(slurm_job)
+
+    def _queued_state(self, slurm_job: str) -> str:
+        """The job's state from ``squeue`` (every state slurmctld remembers), one word alone
+        on its line; ``UNKNOWN`` when it says anything else."""
+        out = self.run("squeue", "-h", "-t", "all", "-o", "%T", "-j", slurm_job, check=False)
+        words = out.split()
+        return _state(words[0]) if len(words) == 1 else "UNKNOWN"
 
     def _jobcomp(self, slurm_job: str) -> JobInfo | None:
         config = self.config()
@@ -212,7 +262,9 @@ class Cluster:
         if found is None:
             return None
         fields = parse_fields(found)
-        return JobInfo(fields.get("JobState", "UNKNOWN"), fields, "jobcomp")
+        if _forged(found):  # the job's name says JobState=: no other record to ask
+            return JobInfo("UNKNOWN", {"JobId": slurm_job}, "jobcomp")
+        return JobInfo(_state(fields.get("JobState", "")), fields, "jobcomp")
 
 
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024

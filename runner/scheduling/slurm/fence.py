@@ -46,7 +46,9 @@ class SlurmFence:
             info = self.cluster.job(job_id)
         except InfrastructureError:  # no Slurm here, or it does not answer: it cannot tell
             return None
-        if info is None:
+        except (ValueError, LookupError):  # an answer read wrong: it cannot tell either
+            return None
+        if info is None or not info.known:  # a blank, odd or forged state: it cannot tell
             return None
         return info.state[:32], info.ended
 
