@@ -24,11 +24,13 @@ from typing import Any
 import pytest
 
 from runner.backends.fake import FakeBackend, FakeJob
-from runner.core.errors import GpuUnavailable
+from runner.core.errors import GpuUnavailable, InfrastructureError
 from runner.gpu.gpus import Gpu
 from runner.planning import allocation
-from runner.scheduling.slurm.cluster import Cluster, parse_fields
+from runner.scheduling import submissions
+from runner.scheduling.slurm.cluster import Cluster, check_end, parse_fields
 from runner.scheduling.slurm.fence import SlurmFence
+from runner.state.jobdir import StateDir
 from runner.state.ledger import read_state
 from tests.unit.test_orchestrator_fake import (
     _contract,
@@ -208,3 +210,13 @@ def test_sacct_still_reads_a_state_with_its_cause() -> None:
     """``CANCELLED by 0`` is still CANCELLED (ended)."""
     cluster = _Said({"scontrol": "", "sacct": "123|CANCELLED by 0|0:15\n"})
     assert SlurmFence(cluster).job("123") == ("CANCELLED", True)
+
+
+def test_job_wait_takes_a_state_it_cannot_read_for_slurm_not_answering(tmp_path: Path) -> None:
+    """`runner job wait`'s look at a job whose sacct state is blank: it crashed (IndexError),
+    and once the state read as UNKNOWN it was taken for the job's end. Now it is Slurm not
+    answering, which `wait` asks again for a while."""
+    submissions.append(tmp_path, "slurm", "j", {"slurmJobId": "123"})
+    StateDir(tmp_path).job("j").record.mkdir(parents=True)
+    with pytest.raises(InfrastructureError, match="names no state"):
+        check_end(tmp_path, "j", _Said({"scontrol": "", "sacct": "123| |0:0\n"}))

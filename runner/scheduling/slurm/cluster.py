@@ -352,6 +352,12 @@ def check_end(
             "file)",
             hint=f"its log is {log}",
         )
+    if not info.known:  # a blank or odd state: Slurm's answer cannot tell (asked again)
+        raise InfrastructureError(
+            f"job {job_id}: Slurm's answer for job {slurm_job} ({info.source}) names no state "
+            "the runner knows",
+            hint=f"`scontrol show job {slurm_job}` and `sacct -j {slurm_job}` say what Slurm has",
+        )
     if not info.ended:
         return None
     if not finished and locks.is_held(job.lock):
