@@ -1,0 +1,107 @@
+"""Round 17's review, the report, re-grade and quoting holes: an agent's key reached the report
+page, a re-graded result.json and the envelope's reasons (as pieces no redaction finds).
+
+No engine: each job runs on the fake backend through the orchestrator's one redaction step
+(as ``tests/unit/test_hostile_secrets.py``'s), then the command under test reads its folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runner.core.redaction import Redactor
+from tests.unit.test_hostile_secrets import KEY, holding
+
+GIVEN = {"API_KEY": KEY}
+
+
+def pieces(text: str, n: int = 10) -> list[str]:
+    """The pieces of ``n`` characters of the key that ``text`` holds."""
+    return sorted({KEY[i : i + n] for i in range(len(KEY) - n + 1) if KEY[i : i + n] in text})
+
+
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> Path:
+    """The scripted agent's job (its key API_KEY) that writes ``files`` under output/; its
+    job folder."""
+    from runner.backends.fake import FakeBackend, FakeJob
+    from runner.execution import orchestrator
+    from tests.unit.test_agents import _contract, scripted_options
+
+    def work(mounts: dict[str, Path]) -> None:
+        out = mounts["/job/output"]
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        (out / "logs" / "stdout.log").write_text(
+            json.dumps({"type": "assistant", "message": {"id": "m1", "content": []}}) + "\n"
+            + json.dumps({"type": "result", "subtype": "success", "num_turns": 1}) + "\n"
+        )  # fmt: skip
+        for rel, text in files.items():
+            (out / rel).write_text(text)
+
+    monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", KEY)
+    fake = FakeBackend()
+    info = fake.add_image()
+    fake.jobs = lambda spec: FakeJob(work=work)
+    options = scripted_options(tmp_path, info.id)
+    env = orchestrator.as_json(orchestrator.run(_contract(tmp_path), options, backend=fake))
+    assert holding(json.dumps(env).encode()) == [] and pieces(json.dumps(env)) == []
+    return Path(env["jobDir"])
+
+
+# --- 3. what a reason quotes of a job's file: redacted whole, then cut -----------------------
+
+
+def test_a_parser_quote_is_redacted_before_it_is_cut(tmp_path: Path) -> None:
+    """Before: `show()` cut the found value to 57 characters, so the reason held a piece of the
+    key that the envelope's redaction could not match. Now, under the run's step, the value is
+    redacted whole first."""
+    from runner.core.errors import EvidenceParseError
+    from runner.core.redaction import quoting
+    from runner.parsers.json_scalar import read_pointer
+
+    f = tmp_path / "evaluation.log"
+    f.write_text(json.dumps({"accuracy": KEY + KEY}))
+    with pytest.raises(EvidenceParseError) as plain:
+        read_pointer(f, "/accuracy", "number")
+    assert pieces(Redactor(GIVEN).text(str(plain.value)))  # the hole, without the step
+    with quoting(Redactor(GIVEN)), pytest.raises(EvidenceParseError) as caught:
+        read_pointer(f, "/accuracy", "number")
+    assert pieces(str(caught.value)) == [] and "[redacted: API_KEY]" in str(caught.value)
+    with quoting(Redactor(GIVEN).blinded("rotated")), pytest.raises(EvidenceParseError) as blind:
+        read_pointer(f, "/accuracy", "number")
+    assert pieces(str(blind.value)) == [] and "not shown" in str(blind.value)
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        # yajl's "near:" window around an unquoted key, cut by yajl and at 60
+        {"logs/evaluation.log": '{"api_key": ' + KEY + ', "accuracy": 0.819}\n'},
+        # show(): the value found, cut at 57
+        {"logs/evaluation.log": json.dumps({"accuracy": "x" * 30 + KEY})},
+        # the self-report's quote of a listed path, cut at 200
+        {
+            "logs/evaluation.log": json.dumps({"accuracy": 0.819}),
+            "result.json": json.dumps(
+                {
+                    "schemaVersion": "2.0",
+                    "status": "completed",
+                    "summary": "done",
+                    "evidence": [{"path": "/" + "p" * 180 + KEY}],
+                }
+            ),
+        },
+    ],
+    ids=["yajl-near", "show", "selfreport-quote"],
+)
+def test_no_piece_of_the_key_reaches_the_envelope(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str]
+) -> None:
+    """Before: the runner's own excerpts (yajl's `near:` in `_json._detail`, `show()`, the
+    self-report's `_quote`) cut the key into pieces that reached failure.reason,
+    measurementErrors and agentResult in result.json, its signed statement and the bundle.
+    Now no piece of it is in the envelope (:func:`_run` checks every string of it)."""
+    job = _run(tmp_path, monkeypatch, files)
+    assert pieces((job / "result.json").read_text()) == []
