@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from runner.core.errors import RefusedError
 from runner.core.redaction import Redactor
+from tests.support import run_cli
 from tests.unit.test_hostile_secrets import KEY, holding
 
 GIVEN = {"API_KEY": KEY}
@@ -48,6 +51,70 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str])
     env = orchestrator.as_json(orchestrator.run(_contract(tmp_path), options, backend=fake))
     assert holding(json.dumps(env).encode()) == [] and pieces(json.dumps(env)) == []
     return Path(env["jobDir"])
+
+
+def _adapters() -> dict[str, Any]:
+    from tests.unit.test_agents import _policy
+
+    return dict(_policy().resolved().agents)
+
+
+# --- 2. `runner job regrade`: decided from the ledger's secretDigests ------------------------
+
+
+def _escaped_claim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A job whose result.json holds the key as JSON \\u escapes (no file scan finds that
+    form, so nothing is withheld), its evidence clean."""
+    escaped = "".join(f"\\u{ord(c):04x}" for c in KEY)
+    claim = json.dumps(
+        {"schemaVersion": "2.0", "status": "completed", "summary": "@@", "evidence": []}
+    ).replace("@@", escaped)
+    files = {"logs/evaluation.log": json.dumps({"accuracy": 0.819}), "result.json": claim}
+    job = _run(tmp_path, monkeypatch, files)
+    assert not (job / "record" / "withheld.json").exists()
+    return job
+
+
+def test_regrade_refuses_without_the_secrets_the_ledger_says_were_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `runner job regrade` decided whether to redact from record/withheld.json alone;
+    the key written as \\u escapes left none, so without --policy it re-parsed with no
+    redaction and wrote the decoded key plain into result.json (its signed statement, --json,
+    the export). Now the ledger decides: an attempt recorded secretDigests, so a re-grade with
+    no policy naming the secret is refused, naming the fix, and writes nothing."""
+    from runner.app.regrade import regrade
+
+    job = _escaped_claim(tmp_path, monkeypatch)
+    before = (job / "result.json").read_bytes()
+    with pytest.raises(RefusedError, match="was given the agent secret API_KEY") as refused:
+        regrade(job, latest=False, max_bytes=1 << 20, result_key=None, agent_adapters={})
+    assert "--policy" in str(refused.value.hint)
+    assert (job / "result.json").read_bytes() == before
+    done = run_cli("job", "regrade", str(job), "--json", env={"RUNNER_CONFIG_DIR": str(tmp_path)})
+    assert done.returncode == 3, done.stderr
+    assert holding((done.stdout + done.stderr).encode()) == []
+    assert holding((job / "result.json").read_bytes()) == []
+
+
+def test_regrade_refuses_a_rotated_key_and_redacts_the_one_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: with --policy after the key was rotated, the re-grade redacted only the new
+    value and wrote the old one, decoded, into result.json. Now the secrets read are checked
+    against the ledger's digests (the redactor's ``differs()``): a rotated key is refused; the
+    key the attempts were given is redacted out of the new envelope."""
+    from runner.app.regrade import regrade
+
+    job = _escaped_claim(tmp_path, monkeypatch)
+    monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", "sk-ant-rotated-" + "r" * 40)
+    with pytest.raises(RefusedError, match="rotated"):
+        regrade(job, latest=False, max_bytes=1 << 20, result_key=None, agent_adapters=_adapters())
+    assert holding((job / "result.json").read_bytes()) == []
+    monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", KEY)
+    new = regrade(job, latest=False, max_bytes=1 << 20, result_key=None, agent_adapters=_adapters())
+    assert new.regrade is not None and holding((job / "result.json").read_bytes()) == []
+    assert "[redacted: API_KEY]" in json.dumps(new.model_dump(mode="json"))
 
 
 # --- 3. what a reason quotes of a job's file: redacted whole, then cut -----------------------
