@@ -59,6 +59,69 @@ def _adapters() -> dict[str, Any]:
     return dict(_policy().resolved().agents)
 
 
+# --- 1. `runner report JOB`: no excerpt of a withheld file, every excerpt redacted -----------
+
+
+def test_the_report_shows_no_excerpt_of_evidence_withheld_for_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the run withheld logs/evaluation.log from export (it held the key beside the
+    value), but `runner report JOB` excerpted its lines, key and all, into the HTML page. Now
+    the page shows no excerpt of it and says it is withheld, and why."""
+    from runner.results import report
+
+    evaluation = json.dumps({"note": KEY, "accuracy": 0.819}, indent=1)
+    job = _run(tmp_path, monkeypatch, {"logs/evaluation.log": evaluation})
+    data = report.from_job(job, [])
+    page = report.render(data)
+    assert holding(page.encode()) == [] and pieces(page) == []
+    shown = data.excerpts["toy-accuracy"]
+    assert shown.lines == () and shown.problem is not None
+    assert "withheld from export" in shown.problem and "API_KEY" in shown.problem
+    # the CLI's page too, with or without a policy naming the key
+    for extra in ([], ["--policy", str(tmp_path / "none.json")]):
+        out = tmp_path / f"page{len(extra)}.html"
+        (tmp_path / "none.json").write_text("{}")
+        done = run_cli("report", str(job), "-o", str(out), *extra)
+        assert done.returncode == 0, done.stderr
+        assert holding(out.read_bytes()) == [] and pieces(out.read_text()) == []
+
+
+def test_the_report_redacts_every_excerpt_before_cutting_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: an excerpt was the evidence's raw lines, each cut to 240 characters around the
+    value, so a key on a long line (in a file not withheld: its list lost, say) reached the page
+    whole or as a piece. Now what is read is redacted whole by the job's step first; where the
+    step cannot be had (the policy names no secret the attempts were given), no excerpt is
+    shown at all."""
+    from runner.results import report
+    from runner.results.report.excerpt import LINE_CAP, READ_CAP, excerpt
+
+    line = "x" * (LINE_CAP - 40) + KEY + " accuracy 0.819 " + "y" * 400
+    (tmp_path / "ev.log").write_text(f"a\n{line}\nb\n")
+    plain = excerpt(tmp_path, "ev.log", 0.819)
+    assert pieces("\n".join(plain.lines))  # the hole: a piece of the key, cut at its start
+    redact = Redactor(GIVEN)
+    shown = excerpt(tmp_path, "ev.log", 0.819, redact=redact)
+    assert pieces("\n".join(shown.lines)) == [] and shown.hit is not None
+    # a key astride the end of the head read (a file longer than one read) is not cut there
+    (tmp_path / "big.log").write_bytes(b"z" * (READ_CAP - 20) + KEY.encode() + b"\n" * 100)
+    head = excerpt(tmp_path, "big.log", "absent", redact=redact)
+    assert pieces("\n".join(head.lines), 6) == []
+
+    evaluation = json.dumps({"accuracy": 0.819, "note": "clean"})
+    job = _run(tmp_path, monkeypatch, {"logs/evaluation.log": evaluation})
+    blind = report.from_job(job, [], redaction=lambda runtime: Redactor({}).blinded("no key"))
+    assert blind.excerpts["toy-accuracy"].lines == ()
+    assert "not shown: no key" in str(blind.excerpts["toy-accuracy"].problem)
+    out = tmp_path / "page.html"
+    (tmp_path / "none.json").write_text("{}")
+    done = run_cli("report", str(job), "-o", str(out), "--policy", str(tmp_path / "none.json"))
+    assert done.returncode == 0, done.stderr
+    assert "was given the agent secret API_KEY" in out.read_text()
+
+
 # --- 2. `runner job regrade`: decided from the ledger's secretDigests ------------------------
 
 
