@@ -6,8 +6,11 @@ parser instead and records which versions changed. The stored evidence must stil
 the envelope recorded, or nothing is re-read. The result is a new envelope revision; the old
 one is kept under ``record/``. An agent's job is re-read under the same redaction step as its
 run (:func:`runner.execution.agent_run.withhold`): its adapter's secrets, read from the host policy
-again,
-out of every string of the new envelope, and its files that hold one withheld from export.
+again and checked against the salted digests its attempts recorded in the ledger, out of every
+string of the new envelope (what a reason quotes of the job's files redacted before it is cut),
+and its files that hold one withheld from export. A job whose attempts were given secrets that
+this policy does not name, cannot read, or holds other values of, is not re-graded
+(:func:`redaction`).
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from pathlib import Path
 
 from runner.agents import adapters as agents
 from runner.agents.adapters import AgentAdapter
-from runner.contract import VerifiedContract, parse_json, verify_data
+from runner.contract import parse_json, verify_data
 from runner.core.errors import Category, RefusedError
-from runner.core.redaction import NONE, Redactor
+from runner.core.redaction import NONE, Redactor, quoting
 from runner.core.safefs import UnsafePath
 from runner.evidence import read as evidence
 from runner.evidence import selfreport
@@ -31,7 +34,7 @@ from runner.results import attest
 from runner.staging import jobdir as staging
 from runner.state.jobdir import JobDir, atomic_write
 
-__all__ = ["EvidenceChanged", "regrade"]
+__all__ = ["EvidenceChanged", "redaction", "regrade"]
 
 
 class EvidenceChanged(RefusedError):
@@ -72,14 +75,24 @@ def regrade(
         )
 
 
-def _redactor(contract: VerifiedContract, adapters: Mapping[str, AgentAdapter]) -> Redactor:
-    """The redaction step of the contract's agent runtime on this host (its secrets read
-    now; a secret that cannot be read stops the re-grade, naming it)."""
-    agent = contract.model.agent
-    adapter = adapters.get(agent.runtime) if agent is not None and agent.runtime else None
-    if adapter is None or not adapter.secrets:
-        return NONE
-    return Redactor(agents.secret_values(adapter))
+def redaction(job: JobDir, runtime: str | None, adapters: Mapping[str, AgentAdapter]) -> Redactor:
+    """The redaction step of the finished job in ``job``, whose agent ran the runtime
+    ``runtime`` (None: no agent): the host policy's ``adapters``' secrets for it, read now and
+    checked against the salted digests its attempts recorded in the ledger
+    (:func:`runner.execution.agent_run.adapter_redactor`). *Blind* (nothing it redacts may be
+    trusted) where an attempt was given secrets that this policy does not name, that cannot be
+    read, or that are not the values it was given (rotated since), and where the ledger cannot
+    be read for an agent's job. A secret the policy names that cannot be read, where no attempt
+    recorded any, raises :class:`HostConfigError`."""
+    adapter = adapters.get(runtime) if runtime else None
+    state = agent_run.ledger_state(job)
+    if state is None and runtime is not None:
+        return NONE.blinded(
+            f"{job.ledger} cannot be read, so what the agent's attempts were given cannot be "
+            "checked"
+        )
+    secrets = agents.secret_values(adapter) if adapter is not None and adapter.secrets else None
+    return agent_run.adapter_redactor(adapter, secrets, state)
 
 
 def _regrade(
@@ -135,7 +148,16 @@ def _regrade(
         versions[mid] = now
         if now != was:
             changes.append(f"{mid}: {pid} version {was} -> {now}")
-    results, errors = evidence.read_measurements(job.output, contract, max_bytes, versions)
+    agent = contract.model.agent
+    redact = redaction(job, agent.runtime if agent is not None else None, agent_adapters)
+    if redact.blind is not None:  # nothing re-read could be trusted to be redacted
+        raise RefusedError(
+            f"{job_root} cannot be re-graded with this host policy: {redact.blind}",
+            hint="re-grade with --policy naming the host policy the job ran under, its agent "
+            "secrets readable and the values the job's attempts were given",
+        )
+    with quoting(redact):  # what a reason quotes of the job's files: redacted whole
+        results, errors = evidence.read_measurements(job.output, contract, max_bytes, versions)
     # The same bytes (checked above), so the same attempt wrote them.
     wrote = {m.evidence.path: m.evidence.attempt for m in old.measurements}
     results = [
@@ -157,15 +179,17 @@ def _regrade(
                 reason=errors[0].reason,
             )
             status = "partial" if results else "failed"
+    with quoting(redact):
+        claim = selfreport.read(
+            job.output, max_bytes, max_result_bytes, contract=contract.data, verdict=status
+        )
     new = old.model_copy(
         update={
             "measurements": results,
             "measurementErrors": errors,
             "failure": failure,
             "status": status,
-            "agentResult": selfreport.read(
-                job.output, max_bytes, max_result_bytes, contract=contract.data, verdict=status
-            ),
+            "agentResult": claim,
             "revision": old.revision + 1,
             "regrade": Regrade(
                 at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -175,7 +199,6 @@ def _regrade(
         }
     )
     new = ResultEnvelope.model_validate(new.model_dump())
-    redact = _redactor(contract, agent_adapters)
     if not redact and (job.record / agent_run.WITHHELD).exists():
         raise RefusedError(
             f"{job.record / agent_run.WITHHELD} lists files that hold an agent's secret, and "

@@ -44,7 +44,11 @@ def register(sub: Subparsers, name: str, help: str) -> None:
             action="store_true",
             help="use the newest registered parser versions, marking the changes",
         )
-        parse.add_argument("--policy", metavar="FILE", help="host policy (evidence size cap, key)")
+        parse.add_argument(
+            "--policy",
+            metavar="FILE",
+            help="host policy (evidence size cap, key, an agent's secrets to redact)",
+        )
         parse.add_argument("--json", action="store_true")
         parse.set_defaults(func=cmd_parse)
     elif name == "status":

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.cli._common import EXIT_SUCCEEDED, named_result_keys, result_key_options, usage
+from runner.core.redaction import NONE, Redactor
 
 if TYPE_CHECKING:
     from runner.cli._common import Subparsers
@@ -28,7 +29,10 @@ CSS and SVG, no script, nothing fetched (its Content-Security-Policy forbids eve
 it opens offline and can be mailed or archived as it is. No engine is needed.
 
 The run's files are read as hostile: the evidence under a cap, never through a link, only
-regular files; every string shown is cut to a cap and escaped.
+regular files; every string shown is cut to a cap and escaped. An agent's run: no excerpt of a
+file it withheld from export (it held a secret); every other excerpt redacted of the secrets
+its attempts were given (from --policy, checked against the ledger), or none shown where they
+cannot be had.
 
 keys: as on `runner verify result` (--key, --result-keys) and, for a bundle, `runner verify
 bundle` (--issuer-key, --trusted-keys); by default this host's own. A signature that does not
@@ -95,6 +99,12 @@ def register(sub: Subparsers, name: str, help: str) -> None:
         metavar="MB",
         help="(a bundle) refuse one that unpacks to more than this (default 65536)",
     )
+    rep.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="(a job) the host policy whose agent secrets the evidence excerpts are redacted "
+        "of (default: this host's); read only for a job whose attempts were given secrets",
+    )
     rep.add_argument("--json", action="store_true", help='print {"report": FILE, ...} as JSON')
     rep.set_defaults(func=cmd_report)
 
@@ -110,6 +120,26 @@ def _safe_name(envelope: dict[str, Any]) -> str:
     return job_id if isinstance(job_id, str) and re.fullmatch(JOB_ID_PATTERN, job_id) else "result"
 
 
+def _redaction(args: argparse.Namespace, root: Path, runtime: str | None) -> Redactor:
+    """The job's redaction step for its excerpts: none where its ledger records no attempt
+    given an agent's secrets; else the host policy's secrets for ``runtime``, checked against
+    what its attempts were given; blind (no excerpt shown) where they cannot be had."""
+    from runner.app import host
+    from runner.app.regrade import redaction
+    from runner.core.errors import RunnerError
+    from runner.planning import policy
+    from runner.state.jobdir import JobDir
+
+    job = JobDir(root)
+    try:
+        if not redaction(job, runtime, {}):  # no attempt was given a secret
+            return NONE
+        adapters = policy.load(host.policy_path(args.policy)).policy.agents
+        return redaction(job, runtime, adapters)
+    except RunnerError as exc:  # a policy or a secret that cannot be read
+        return NONE.blinded(f"{exc.message} (--policy names the host policy the job ran under)")
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from runner.results import report
     from runner.results.bundle import is_archive_name
@@ -120,6 +150,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if is_archive_name(given) and not given.is_dir():
         from runner.cli.bundle import _keys
 
+        if args.policy:
+            usage("--policy is for a job; a bundle holds no file its export found a secret in")
         data = report.from_bundle(
             given,
             _keys(args),
@@ -134,7 +166,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             usage("--blobs, --issuer-key and --allow-untrusted are for a bundle; JOB names a job")
         root = _job_root(args)
         keys, _ = named_result_keys(args)
-        data = report.from_job(root, keys)
+        data = report.from_job(
+            root, keys, redaction=lambda runtime: _redaction(args, root, runtime)
+        )
     out = Path(args.output) if args.output else Path(f"{_safe_name(data.envelope)}.report.html")
     if out.exists() and not args.force:
         usage(f"{out} exists; remove it, pass --force, or choose another -o")

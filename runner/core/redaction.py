@@ -27,6 +27,13 @@ looked for: it would match ordinary text.
 What it does not find: a value split across lines or otherwise transformed (gzip, base32, a
 double encoding, JSON ``\\u`` escapes of a non-ASCII value), and a part of a value.
 
+A piece of a value is not found, so job-written text is redacted *before* anything cuts it
+short: a message the runner builds from what a job wrote (a parser's reason quoting a line, a
+self-report's flag quoting a path) quotes it through :func:`quote`, which redacts the whole
+text with the step :func:`quoting` made active (the run's and the re-grade's, while they read
+the job's evidence) and only then cuts it. A piece that something else cut (yajl's window
+around a JSON error) is not quoted while a step with secrets is active.
+
 The proxy (``images/proxy/egress-proxy``) cannot be given the values: it gets salted digests of
 the same forms (:meth:`Redactor.proxy_rules`) and blanks a whole logged field that holds one,
 so that its engine log, which the engine keeps for the life of the slot, never holds a value.
@@ -37,6 +44,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import contextvars
 import hashlib
 import os
 import re
@@ -47,7 +55,7 @@ from typing import Any, BinaryIO
 
 from runner.core import safefs
 
-__all__ = ["NONE", "REDACTED", "Redactor", "base64_cores"]
+__all__ = ["NONE", "REDACTED", "Redactor", "base64_cores", "quote", "quoting"]
 
 REDACTED = "[redacted: {name}]"
 """What a secret's value, in any of its forms, becomes."""
@@ -386,3 +394,33 @@ def _salted(salt: str, value: bytes) -> str:
 
 NONE = Redactor({})
 """A redactor with nothing to redact."""
+
+
+_QUOTING: contextvars.ContextVar[Redactor] = contextvars.ContextVar("quoting", default=NONE)
+NOT_SHOWN = "[not shown: the agent's secrets cannot be checked]"
+"""What :func:`quote` gives for job-written text while a blind step is active."""
+
+
+@contextlib.contextmanager
+def quoting(redact: Redactor) -> Iterator[None]:
+    """While in it, :func:`quote` redacts what it quotes with ``redact``."""
+    token = _QUOTING.set(redact)
+    try:
+        yield
+    finally:
+        _QUOTING.reset(token)
+
+
+def quote(text: str, limit: int, more: str = "...", *, piece: bool = False) -> str:
+    """``text`` (written by a job, or holding what it wrote) as a message may quote it: redacted
+    whole by the step :func:`quoting` made active, then cut to ``limit`` characters (``more``
+    ending a cut one). A blind step shows none of it (:data:`NOT_SHOWN`). ``piece``: ``text``
+    is already a piece that something else cut (a secret in it may be cut too, which no
+    redaction finds), so while a step with secrets is active it is not quoted ("")."""
+    redact = _QUOTING.get()
+    if redact.blind is not None:
+        return NOT_SHOWN
+    if piece and redact:
+        return ""
+    text = redact.text(text)
+    return text if len(text) <= limit else text[: max(0, limit - len(more))] + more

@@ -21,6 +21,7 @@ from runner.contract import VerifiedContract, parse_json, verify_data
 from runner.contract.models import Measurement
 from runner.core.cpulimit import OverCpu, cpu_limit
 from runner.core.errors import EvidenceError, EvidenceParseError, MissingEvidence, RunnerError
+from runner.core.redaction import quote
 from runner.core.safefs import UnsafePath
 from runner.models.envelope import (
     EvidenceRef,
@@ -174,8 +175,12 @@ def _read_one(
         raise
     except Exception as exc:  # a job's file is the job's problem, never a runner crash
         raise EvidenceParseError(
-            f"{where}: {m.parser.id} version {version} could not read {rel}: "
-            f"{type(exc).__name__}: {exc}"[:2000]
+            quote(
+                f"{where}: {m.parser.id} version {version} could not read {rel}: "
+                f"{type(exc).__name__}: {exc}",
+                2000,
+                "",
+            )
         ) from exc
     return MeasurementResult(
         measurementId=m.measurementId,
@@ -207,8 +212,7 @@ def read_measurements(
             reason = str(exc)  # with its fix, where it names one
             if not reason.startswith("measurement"):
                 reason = f"measurement {m.measurementId!r}: {reason}"
-            if len(reason) > REASON_MAX:
-                reason = reason[: REASON_MAX - 3] + "..."
+            reason = quote(reason, REASON_MAX)
             errors.append(
                 MeasurementError(
                     measurementId=m.measurementId,
@@ -310,7 +314,8 @@ def reparse(
         value = budget.run(m.measurementId, evidence, key, lambda: parser.parse(evidence, config))
     except Exception as exc:  # noqa: BLE001 - any failure is the evidence's, reported
         raise NotConfirmed(
-            f"does not re-parse with {name}: {type(exc).__name__}: {exc}"[:1000], of_evidence=True
+            quote(f"does not re-parse with {name}: {type(exc).__name__}: {exc}", 1000, ""),
+            of_evidence=True,
         ) from None
     if type(value) is not type(m.value) or value != m.value:
         raise NotConfirmed(

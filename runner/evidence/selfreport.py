@@ -25,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from runner.contract.models import RelativePath
 from runner.core import safefs
+from runner.core.redaction import quote
 from runner.core.safefs import UnsafePath
 from runner.models.envelope import AgentResultFlag, AgentResultRecord, FileRef
 from runner.models.selfreport import ContractResult, Preflight, ShortResult, validate
@@ -87,8 +88,9 @@ _AS_EXECUTION = {"completed": "succeeded", "partial": "partial", "failed": "fail
 
 
 def _quote(text: str) -> str:
-    """Job-written text for a message: JSON-quoted (no control characters), cut short."""
-    return json.dumps(text if len(text) <= _QUOTE else text[:_QUOTE] + "...")
+    """Job-written text for a message: redacted whole, then cut short
+    (:func:`runner.core.redaction.quote`), JSON-quoted (no control characters)."""
+    return json.dumps(quote(text, _QUOTE + 3))
 
 
 @functools.cache
@@ -208,7 +210,7 @@ class _Checker:
         if len(self.flags) >= MAX_FLAGS:
             self.unrecorded += 1
             return
-        self.flags.append(AgentResultFlag(code=code, path=path, message=message[:1000]))
+        self.flags.append(AgentResultFlag(code=code, path=path, message=quote(message, 1000, "")))
 
     def run(self, verdict: str | None) -> None:
         self.paths()
@@ -479,7 +481,7 @@ def read(
         problem = "result.json is nested too deeply to read"
         return AgentResultRecord(valid=False, problems=[problem], file=own)
     except (OSError, ValueError, UnsafePath) as exc:  # JSON and UTF-8 errors are ValueErrors
-        problem = f"result.json is not JSON: {exc}"[:1000]
+        problem = quote(f"result.json is not JSON: {exc}", 1000, "")
         return AgentResultRecord(valid=False, problems=[problem], file=own)
     check = _Checker(result, contract, hasher)
     check.run(verdict)

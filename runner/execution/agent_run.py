@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner.agents import adapters as agents
-from runner.agents.adapters import AgentPlan
+from runner.agents.adapters import AgentAdapter, AgentPlan
 from runner.backends.types import HostPort
 from runner.core import safefs
 from runner.core.errors import Category, HostConfigError, ResourceExhausted
@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # imported where an agent's attempt needs them: a job without
 
 __all__ = [
     "WITHHELD",
+    "adapter_redactor",
     "agent_record",
     "checked",
     "ended",
@@ -194,16 +195,37 @@ def redactor(
     recorded at its start: secrets that cannot be read now, or are not the values an attempt
     was given (rotated meanwhile), make the step *blind* (fail closed: :func:`scrub`,
     :func:`withhold`)."""
-    if p.agent is None or not p.agent.adapter.secrets:
-        return NONE
+    agent = p.agent.adapter if p.agent is not None else None
+    return adapter_redactor(agent, secrets, state, attempt)
+
+
+def adapter_redactor(
+    adapter: AgentAdapter | None,
+    secrets: dict[str, str] | None = None,
+    state: LedgerState | None = None,
+    attempt: int | None = None,
+) -> Redactor:
+    """:func:`redactor` of the agent runtime ``adapter`` (the host policy's; None: the policy
+    names none): what a re-grade and a report of a finished job redact it with. An adapter
+    that names no secret where an attempt recorded that it was given some is blind too."""
     started = [
         (a.number, a.starting["secretDigests"])
         for a in (state.attempts if state is not None else [])
         if (attempt is None or a.number == attempt) and "secretDigests" in a.starting
     ]
+    if adapter is None or not adapter.secrets:
+        if not started:
+            return NONE
+        n, recorded = started[0]
+        sums = recorded.get("sha256") if isinstance(recorded, dict) else None
+        names = ", ".join(sorted(map(str, sums))) if isinstance(sums, dict) else "(unreadable)"
+        return NONE.blinded(
+            f"attempt {n} was given the agent secret {names}, and this host policy names no "
+            "secret for the agent's runtime, so what it wrote cannot be redacted"
+        )
     if secrets is None:
         try:
-            secrets = agents.secret_values(p.agent.adapter)
+            secrets = agents.secret_values(adapter)
         except HostConfigError as exc:
             if not started:
                 return NONE

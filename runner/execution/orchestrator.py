@@ -216,7 +216,8 @@ def _locked(
         agent, usage = agent_run.records(p, ledger.state, got.number, job)  # (None, None): none
         known = replace(known, budget=budget, agent=agent, agent_usage=usage)
         with stage("parsers", known):
-            envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
+            with redaction.quoting(redact):  # what a reason quotes of the job's: redacted whole
+                envelope = _read_evidence(got, contract, p, job, opts, clock, known, failure)
             # What the runner keeps of each attempt (an earlier one's too, when a crash ended
             # it), the output manifest just written included, redacted before it is hashed.
             agent_run.redact_records(redact, job)

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 
 from runner.core import safefs
 from runner.core.errors import EvidenceParseError
+from runner.core.redaction import quote
 from runner.parsers._json_guard import MAX_TOKEN_BYTES, TokenGuard
 
 __all__ = ["MAX_TOKEN_BYTES", "TokenGuard"]  # with the names defined below
@@ -203,14 +204,17 @@ class _Target:
 
 
 def _detail(exc: BaseException) -> str:
-    """The first line of an ijson error (yajl sometimes reports it as bytes)."""
+    """The first line of an ijson error (yajl sometimes reports it as bytes), and the window of
+    the text that yajl quotes around the error: a piece yajl cut, so not while an agent's
+    secrets are redacted (:func:`runner.core.redaction.quote`)."""
     raw = exc.args[0] if exc.args else ""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
     lines = [line.strip() for line in text.strip().splitlines()]
     if not lines:
         return type(exc).__name__
     if len(lines) > 1 and lines[1] and "right here" not in lines[1]:
-        return f"{lines[0]} near: {lines[1][:60]}"
+        near = quote(lines[1], 60, "", piece=True)
+        return f"{lines[0]} near: {near}" if near else lines[0]
     return lines[0]
 
 

@@ -26,6 +26,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from runner.core.errors import EvidenceParseError
+from runner.core.redaction import quote
 
 ValueType = Literal["number", "integer", "string", "boolean"]
 Value = bool | int | float | str
@@ -59,14 +60,15 @@ def type_schema(default: ValueType, *, source: Literal["text", "json"]) -> dict[
 
 
 def show(raw: object, limit: int = 60) -> str:
-    """A short, safe rendering of what was found, for error messages."""
+    """A short, safe rendering of what was found, for error messages (redacted whole, then
+    cut: :func:`runner.core.redaction.quote`)."""
     if isinstance(raw, Decimal):
         text = str(raw)
     elif isinstance(raw, str | int | float | bool) or raw is None:
         text = json.dumps(raw)
     else:
         text = repr(raw)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return quote(text, limit)
 
 
 def from_text(raw: str, value_type: ValueType, where: str | Callable[[], str]) -> Value:

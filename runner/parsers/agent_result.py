@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.core.errors import EvidenceParseError
+from runner.core.redaction import quote
 from runner.parsers._json import POINTER_SCHEMA, Container, find_in_stream
 from runner.parsers._values import from_json, show, type_schema
 
@@ -61,7 +62,7 @@ class AgentResult:
                 f"{name} is not an agent result: expected a string schemaVersion 2.x, found {got}"
             )
         if not _VERSION.fullmatch(version.value):
-            said = version.value if len(version.value) <= 60 else version.value[:57] + "..."
+            said = quote(version.value, 60)
             raise EvidenceParseError(f"{name} has schemaVersion {said!r}; agent.result@1 reads 2.x")
         if not found.exists:
             raise EvidenceParseError(found.missing(name))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.core.errors import EvidenceParseError
+from runner.core.redaction import quote
 from runner.parsers._json import (
     POINTER_SCHEMA,
     DuplicateKey,
@@ -35,7 +36,7 @@ __all__ = ["JsonlScalar"]
 
 
 def _clip(text: str, limit: int = 80) -> str:
-    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+    return repr(quote(text, limit))
 
 
 def _why(exc: Exception) -> str:
@@ -169,11 +170,10 @@ class JsonlScalar:
                 matching_lines.append(lineno)
             if occurrence == "last" or count == 1:
                 chosen = (lineno, record)
-        what = (
-            f"records with {match['pointer']!r} equal to {json.dumps(match['value'])[:60]}"
-            if match is not None
-            else "records"
-        )
+        what = "records"
+        if match is not None:
+            equal = quote(json.dumps(match["value"]), 60, "")
+            what = f"records with {match['pointer']!r} equal to {equal}"
         if chosen is None:
             raise EvidenceParseError(f"{name}: looked for {what}, found none")
         if occurrence == "only" and count != 1:

@@ -37,6 +37,7 @@ from xml.parsers import expat
 
 from runner.core import safefs
 from runner.core.errors import EvidenceParseError
+from runner.core.redaction import quote
 
 __all__ = ["JunitSummary", "summarize"]
 
@@ -49,7 +50,7 @@ _COUNT = re.compile(r"\s*[0-9]+\s*")
 
 def _short(text: str, limit: int = 60) -> str:
     """``text`` cut to ``limit`` characters for a message (attributes may be 1 MiB long)."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return quote(text, limit)
 
 
 def _clip(text: str) -> str:
@@ -180,7 +181,7 @@ def summarize(evidence: Path) -> dict[str, int]:
         # The XML declaration names an encoding expat cannot use: unknown to Python
         # (LookupError), not a text encoding, or a multi-byte one (ValueError).
         raise EvidenceParseError(
-            f"{name} declares an encoding that cannot be read: {str(exc)[:120]}"
+            f"{name} declares an encoding that cannot be read: {quote(str(exc), 120, '')}"
         ) from exc
     if report.suite_count == 0:
         raise EvidenceParseError(f"{name}: looked for <testsuite> elements, found none")

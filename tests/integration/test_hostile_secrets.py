@@ -178,9 +178,9 @@ def test_the_agents_key_is_nowhere_the_run_and_its_export_write(
                        env={"AGENT_TEST_KEY": KEY})  # fmt: skip
     assert regraded.returncode == 0, regraded.stderr
     assert json.loads(regraded.stdout)["revision"] == 2
-    # ... and without a policy naming them, refuses
+    # ... and without a policy naming them (its ledger says attempt 1 had them), refuses
     blind = run_cli("parse", str(job), "--json")
-    assert blind.returncode == 3 and "withheld.json" in blind.stderr, blind.stderr
+    assert blind.returncode == 3 and "given the agent secret API_KEY" in blind.stderr, blind.stderr
 
     leaks: dict[str, list[str]] = {}
     for name, data in _files(state).items():

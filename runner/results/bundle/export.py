@@ -66,7 +66,7 @@ from runner.results.bundle import (
 from runner.state.jobdir import JobDir
 from runner.trust import signing
 
-__all__ = ["export", "quiet_bagit", "seal"]
+__all__ = ["export", "quiet_bagit", "seal", "withheld"]
 
 CHUNK = 1024 * 1024
 MAX_ENVELOPE_BYTES = 64 * 1024 * 1024
@@ -240,7 +240,7 @@ def _plan(
             )
         else:
             items.setdefault(rel, _Item(rel, digest))
-    for rel, why in _withheld(job).items():
+    for rel, why in withheld(job).items():
         if items.pop(rel, None) is not None:
             skipped.append(Skipped(rel, why))
     return sorted(items.values(), key=lambda i: i.rel), skipped
@@ -250,9 +250,10 @@ WITHHELD = "record/withheld.json"
 """The run's list of output files that hold an agent's secret (``agent_run.withhold``)."""
 
 
-def _withheld(job: JobDir) -> dict[str, str]:
-    """``{path: why}`` of the files the run withheld from export; a list that cannot be read
-    stops the export (what it names must never leave)."""
+def withheld(job: JobDir) -> dict[str, str]:
+    """``{path: why}`` of the files the run withheld from export (``output/...``); a list that
+    cannot be read, or a run that could not be redacted, raises :class:`BundleInvalid` (what
+    it names must never leave: not in a bundle, nor on a report page)."""
     try:
         with safefs.open_under(job.root, WITHHELD) as f:
             raw = f.read(MAX_ENVELOPE_BYTES + 1)

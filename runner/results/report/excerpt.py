@@ -5,8 +5,11 @@ wrote): it is opened with :mod:`runner.core.safefs` (no link followed anywhere o
 regular file only, a FIFO refused without blocking), at most :data:`READ_CAP` bytes of its
 head and as many of its tail are read, and what is kept is a few lines around the value's
 first appearance, each line cut to :data:`LINE_CAP` characters and the whole to
-:data:`EXCERPT_CAP`. Control characters are shown as U+FFFD. What comes back is plain text:
-the page escapes it (:mod:`runner.results.report.page`).
+:data:`EXCERPT_CAP`. With an agent's secrets to redact (the job's step), what was read is
+redacted whole before anything of it is cut (a piece of a value is not found), the partial
+line where a read stops short of the file's end or starts past its beginning dropped first.
+Control characters are shown as U+FFFD. What comes back is plain text: the page escapes it
+(:mod:`runner.results.report.page`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.core import safefs
+from runner.core.redaction import NONE, Redactor
 
 __all__ = ["EXCERPT_CAP", "LINE_CAP", "READ_CAP", "Excerpt", "excerpt", "needles"]
 
@@ -137,10 +141,27 @@ def _read(f: object, size: int) -> tuple[bytes, bytes | None]:
     return head, os.pread(fd, READ_CAP, start)
 
 
-def excerpt(base: Path, rel: str, value: object, *, beside: Path | None = None) -> Excerpt:
+def _redacted(redact: Redactor, data: bytes, head: bool, cut: bool) -> bytes:
+    """``data`` (the ``head`` of a file, else its tail; ``cut``: the file goes on past it, or
+    began before it) redacted whole, less the partial line where the read cut it (a value there
+    may be cut too, which no redaction finds)."""
+    if cut:
+        data = data[: data.rfind(b"\n") + 1] if head else data[data.find(b"\n") + 1 :]
+    return redact.bytes(data)
+
+
+def excerpt(
+    base: Path,
+    rel: str,
+    value: object,
+    *,
+    beside: Path | None = None,
+    redact: Redactor = NONE,
+) -> Excerpt:
     """A few lines of ``base/rel`` (the evidence at ``rel`` under an output folder) around
     ``value``; ``beside`` names the file instead when a bundle stored it beside its archive
-    (a blob already checked, opened without following a link all the same)."""
+    (a blob already checked, opened without following a link all the same); what is read
+    redacted whole by ``redact`` before it is cut."""
     try:
         opened = safefs.open_regular(beside) if beside else safefs.open_under(base, rel)
     except safefs.UnsafePath as exc:
@@ -150,6 +171,9 @@ def excerpt(base: Path, rel: str, value: object, *, beside: Path | None = None) 
     with opened as f:
         size = os.fstat(f.fileno()).st_size
         head, tail = _read(f, size)
+    if redact:
+        head = _redacted(redact, head, True, size > READ_CAP)
+        tail = None if tail is None else _redacted(redact, tail, False, True)
     text = head.decode("utf-8", errors="replace")
     if tail is None and text.endswith("\n"):
         text = text[:-1]

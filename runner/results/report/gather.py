@@ -12,7 +12,7 @@ hostile: under a cap, never through a link (:mod:`runner.core.safefs`).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from runner.core import safefs
 from runner.core.errors import BundleInvalid, RefusedError, SignatureInvalid
+from runner.core.redaction import NONE, Redactor
 from runner.models.envelope import ResultEnvelope
 from runner.models.replay import REPORT_FILE, ReplayReport
 from runner.models.resources import ResourceRecord
@@ -199,15 +200,47 @@ def resources_of(envelope: Mapping[str, Any], job: Path | None = None) -> list[d
     return out
 
 
+_WITHHELD = " is withheld from export: "
+"""How the envelope's warnings name a file the run withheld (``output/<path> is withheld
+from export: <why>``: :func:`runner.execution.agent_run.withhold`)."""
+
+
+def _withheld(envelope: ResultEnvelope, listed: Mapping[str, str]) -> dict[str, str]:
+    """``{output/<path>: why}`` of the files the run withheld from export: those its
+    ``record/withheld.json`` lists (``listed``) and those its envelope's warnings name."""
+    held = {path: why.removeprefix("is withheld: ") for path, why in listed.items()}
+    for w in envelope.warnings:
+        path, sep, why = w.partition(_WITHHELD)
+        if sep and path.startswith("output/"):
+            held.setdefault(path, why)
+    return held
+
+
 def _excerpts(
-    envelope: ResultEnvelope, output: Path, beside: Mapping[str, Path] | None = None
+    envelope: ResultEnvelope,
+    output: Path,
+    beside: Mapping[str, Path] | None = None,
+    *,
+    withheld: Mapping[str, str] | None = None,
+    redact: Redactor = NONE,
 ) -> dict[str, Excerpt]:
+    """An excerpt of each measurement's evidence, none of a file the run withheld from export
+    (it holds an agent's secret: the page says so and why), each redacted whole by the job's
+    step ``redact`` before it is cut; none at all when that step is blind."""
+    held = _withheld(envelope, withheld or {})
     out: dict[str, Excerpt] = {}
     for m in envelope.measurements[:EXCERPTS_CAP]:
         rel = m.evidence.path
         blob = (beside or {}).get("data/output/" + rel)
-        if output.is_dir() or blob is not None:
-            out[m.measurementId] = excerpt(output, rel, m.value, beside=blob)
+        why = held.get("output/" + rel) or held.get("output/" + redact.text(rel))
+        if redact.blind is not None:
+            problem = f"not shown: {redact.blind}"
+            out[m.measurementId] = Excerpt(rel, problem=problem)
+        elif why is not None:
+            problem = f"withheld from export, so not shown: {why}"
+            out[m.measurementId] = Excerpt(rel, problem=problem)
+        elif output.is_dir() or blob is not None:
+            out[m.measurementId] = excerpt(output, rel, m.value, beside=blob, redact=redact)
         else:
             out[m.measurementId] = Excerpt(rel, problem="no output folder beside the envelope")
     return out
@@ -236,12 +269,22 @@ def replay_of(root: Path) -> dict[str, Any] | None:
 
 
 def from_job(
-    root: Path, keys: list[TrustedKey], *, replay: dict[str, Any] | None = None
+    root: Path,
+    keys: list[TrustedKey],
+    *,
+    replay: dict[str, Any] | None = None,
+    redaction: Callable[[str | None], Redactor] | None = None,
 ) -> ReportData:
     """The report of the finished job in the folder ``root``; its signed result checked
     against the runner ``keys``; its replays' report (``runner replay``) when it has one and
-    ``replay`` gives none."""
+    ``replay`` gives none. ``redaction``: the job's redaction step, given the agent runtime
+    its envelope names (its secrets, checked against what its attempts were given:
+    :func:`runner.app.regrade.redaction`), which every excerpt of its evidence goes through;
+    blind, no excerpt is shown. No excerpt is shown of a file the run withheld from export,
+    nor any when its list of them cannot be read."""
     from runner.results import attest
+    from runner.results.bundle.export import withheld
+    from runner.state.jobdir import JobDir
 
     model, data = _envelope(root, attest.ENVELOPE_FILE)
     try:
@@ -258,11 +301,17 @@ def from_job(
         verification = Verification(
             "runner verify result", False, f"the signed result does not verify: {exc.message}"
         )
+    redact = NONE if redaction is None else redaction(model.agent.runtime if model.agent else None)
+    try:
+        listed = withheld(JobDir(root))
+    except BundleInvalid as exc:  # what the run could not redact, or no readable list
+        redact = redact.blinded(exc.message) if redact.blind is None else redact
+        listed = {}
     return ReportData(
         source=str(root),
         kind="job",
         envelope=data,
-        excerpts=_excerpts(model, root / "output"),
+        excerpts=_excerpts(model, root / "output", withheld=listed, redact=redact),
         verification=verification,
         attempts=_attempts(model, root / "record" / "ledger.jsonl"),
         resources=resources_of(data, root),
