@@ -5,23 +5,12 @@ engine are in tests/unit/test_hostile_review_round17_registry_proxy.py."""
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.integration.test_hostile_secrets import _checkout_proxy_image
-from tests.support import docker, run_cli
-from tests.support.agents import (
-    SCRIPTED_ARGV,
-    SCRIPTED_RUNTIME,
-    agent_contract,
-    agent_policy,
-    model_server,
-)
+from tests.support.agents import run_leaking_agent
 from tests.support.hostile import record
-from tests.support.jobs import SESSION_ID, SESSION_LABEL
 
 KEY = "sk-ant-api03-Rk7QmXz2LpV9wTnB4cYhJ8dFgS1eUoA6iKqM3rNvPbWxZyC0tE5uGlHjO-Dk9sQ2AA"
 """Made up, mixed-case, as an Anthropic key is."""
@@ -69,40 +58,8 @@ def test_the_key_lower_cased_or_cut_short_is_nowhere_the_run_writes(
     the signed result. ``GET http://allowed/x%<hex of KEY, one digit percent-encoded>`` (and
     base64 so): the proxy's engine log, which the engine keeps for the slot's life, kept it
     whole. Now none of these holds any of those forms, and the hosts read the marker."""
-    (tmp_path / "repository").mkdir()
-    (tmp_path / "repository" / "leak.py").write_text(LEAK)
-    with model_server(tmp_path, "evaluate") as server:
-        allowed = f"{server.host}:{server.port}"
-        prompt = (
-            "preflight runtime: python3 -c 'import json'\n"
-            "run: mkdir -p /job/output/logs\n"
-            "run: python3 repository/evaluate.py --checkpoint repository/checkpoint.json > "
-            "/job/output/logs/evaluation.log\n"
-            f"run: python3 repository/leak.py {allowed}\n"
-        )
-        contract = agent_contract(
-            tmp_path, prompt=prompt, agent={"maxTurns": 20},
-            change=lambda d: d["protocol"]["preflight"].update(
-                checks=[{"id": "runtime", "successCriteria": "python3 runs"}]),
-        )  # fmt: skip
-        policy = agent_policy(
-            tmp_path, "scripted", scripted_agent_image, argv=SCRIPTED_ARGV, usage="claude-code",
-            secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}], allow=[allowed],
-            egress=server.egress(proxyImage=_checkout_proxy_image()),
-            **SCRIPTED_RUNTIME,
-        )  # fmt: skip
-        state = tmp_path / "state"
-        proc = run_cli(
-            "run", str(contract), "--state-dir", str(state), "--json", "--allow-unsigned",
-            "--label", f"{SESSION_LABEL}={SESSION_ID}", "--policy", str(policy),
-            env={"AGENT_TEST_KEY": KEY},
-        )  # fmt: skip
-        env: dict[str, Any] = json.loads(proc.stdout)
-        job = Path(env["jobDir"])
-        ledger = [json.loads(x) for x in (job / "record" / "ledger.jsonl").read_text().splitlines()]
-        slot = next(e for e in ledger if e["type"] == "attempt.starting")["data"]["egress"]
-        proxy_log = docker("logs", f"{slot['slot']}-proxy")
-        assert proxy_log.returncode == 0, proxy_log.stderr
+    run = run_leaking_agent(tmp_path, scripted_agent_image, LEAK, KEY)
+    proc, env, state = run.proc, run.env, run.state
     assert env["status"] == "succeeded", (env["failure"], proc.stderr)
     hosts = [c.get("host") for c in env["egress"]["connections"]]
     assert hosts.count("[redacted: API_KEY]") == 2, hosts
@@ -114,7 +71,7 @@ def test_the_key_lower_cased_or_cut_short_is_nowhere_the_run_writes(
         },
         "--json stdout": proc.stdout.encode(),
         "stderr": proc.stderr.encode(),
-        "docker logs of the proxy": (proxy_log.stdout + proxy_log.stderr).encode(),
+        "docker logs of the proxy": run.proxy_log.encode(),
     }
     leaks = {
         where: found

@@ -17,7 +17,12 @@ import pytest
 
 from tests.integration.test_hostile_agent_guard import _answers, _policy, _short
 from tests.support import docker, run_job, session_containers
-from tests.support.agents import agent_contract, model_server
+from tests.support.agents import (
+    agent_contract,
+    checkout_proxy_image,
+    model_server,
+    run_with_key,
+)
 from tests.support.hostile import record
 from tests.unit.test_hostile_review_round3 import (
     MARK,
@@ -46,9 +51,7 @@ for i in range(8):  # the model's host: each at least one turn
 
 def _small_log_proxy_image() -> str:
     """The checkout's proxy with a 2 KiB cap on each lease's log (built once, offline)."""
-    from tests.integration.test_hostile_secrets import _checkout_proxy_image
-
-    base = _checkout_proxy_image()
+    base = checkout_proxy_image()
     tag = base + "-log2k"
     if docker("image", "inspect", tag).returncode != 0:
         with tempfile.TemporaryDirectory() as folder:
@@ -158,7 +161,6 @@ def test_a_stray_percent_cr_in_the_engine_log_does_not_carry_the_key_out(
     Now neither holds it in any form."""
     from tests.support import run_cli
     from tests.support.agents import SCRIPTED_ARGV, SCRIPTED_RUNTIME, agent_policy
-    from tests.support.jobs import SESSION_ID, SESSION_LABEL
     from tests.unit.test_hostile_secrets import _files, _members
 
     (tmp_path / "repository").mkdir()
@@ -172,13 +174,7 @@ def test_a_stray_percent_cr_in_the_engine_log_does_not_carry_the_key_out(
         secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}], **SCRIPTED_RUNTIME,
     )  # fmt: skip
     state = tmp_path / "state"
-    proc = run_cli(
-        "run", str(contract), "--state-dir", str(state), "--json", "--allow-unsigned",
-        "--label", f"{SESSION_LABEL}={SESSION_ID}", "--policy", str(policy),
-        env={"AGENT_TEST_KEY": KEY},
-    )  # fmt: skip
-    env: dict[str, Any] = json.loads(proc.stdout)
-    job = Path(env["jobDir"])
+    _, _, job = run_with_key(contract, policy, state, KEY)
     engine_log = (job / "record" / "attempts" / "1" / "engine.log").read_bytes()
     assert b"99%\r100%\r" in engine_log, engine_log[-400:]  # the job's bytes got there
     archive = tmp_path / "run.tar"
@@ -245,10 +241,11 @@ def test_a_reattach_that_cannot_know_the_secret_keeps_and_exports_none_of_it(
     exported = run_cli("export", str(job), "-o", str(tmp_path / "run.tar"))
     assert exported.returncode != 0 and "cannot be exported" in exported.stderr, exported
     assert not (tmp_path / "run.tar").exists()
-    # a re-grade, under the secret as it is now, does not make the run exportable again
+    # a re-grade under another value of the secret than the attempts were given is refused
+    # (it could not redact theirs: round 17), and the run stays unexportable
     regraded = run_cli("parse", str(job), "--policy", str(policy), "--json",
                        env={"AGENT_TEST_KEY": "sk-now-" + "n" * 32})  # fmt: skip
-    assert json.loads(regraded.stdout)["revision"] == 2, regraded.stderr  # exit 1: maxTurns
+    assert regraded.returncode == 3 and "API_KEY" in regraded.stderr, regraded
     again = run_cli("export", str(job), "-o", str(tmp_path / "run.tar"))
     assert again.returncode != 0 and "cannot be exported" in again.stderr, again
     assert not session_containers()

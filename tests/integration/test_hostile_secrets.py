@@ -12,25 +12,14 @@ The tests that need no engine are in tests/unit/test_hostile_secrets.py.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.support import ROOT, docker, run_cli
-from tests.support.agents import (
-    SCRIPTED_ARGV,
-    SCRIPTED_RUNTIME,
-    agent_contract,
-    agent_policy,
-    model_server,
-)
+from tests.support import run_cli
+from tests.support.agents import run_leaking_agent
 from tests.support.hostile import record
-from tests.support.jobs import SESSION_ID, SESSION_LABEL
 from tests.unit.test_hostile_secrets import (  # noqa: F401  (shared with the pure half; fixtures among them)
     KEY,
     MARK,
@@ -82,23 +71,6 @@ print(key.hex(), file=sys.stderr)
 """
 
 
-def _checkout_proxy_image() -> str:
-    """The proxy image with this checkout's egress-proxy: runner-proxy:local (as
-    scripts/setup.sh built it) with the script copied over it, tagged by the script's digest
-    (built once, offline)."""
-    script = ROOT / "images" / "proxy" / "egress-proxy"
-    tag = "runner-proxy:test-" + hashlib.sha256(script.read_bytes()).hexdigest()[:12]
-    if docker("image", "inspect", tag).returncode != 0:
-        with tempfile.TemporaryDirectory() as folder:
-            shutil.copy(script, Path(folder) / "egress-proxy")
-            (Path(folder) / "Dockerfile").write_text(
-                "FROM runner-proxy:local\nCOPY egress-proxy /usr/local/bin/egress-proxy\n"
-            )
-            built = docker("build", "--network", "none", "-q", "-t", tag, folder)
-            assert built.returncode == 0, built.stderr
-    return tag
-
-
 @pytest.mark.docker
 @pytest.mark.hostile
 def test_the_agents_key_is_nowhere_the_run_and_its_export_write(
@@ -112,41 +84,9 @@ def test_the_agents_key_is_nowhere_the_run_and_its_export_write(
     holds the key in any of those forms; the connections are recorded with the marker; the
     evidence file stays as the job wrote it, hashed, and is withheld from the bundle with why
     (in the envelope's warnings, record/withheld.json and runner-bundle.json)."""
-    (tmp_path / "repository").mkdir()
-    (tmp_path / "repository" / "leak.py").write_text(LEAK)
-    with model_server(tmp_path, "evaluate") as server:
-        allowed = f"{server.host}:{server.port}"
-        prompt = (
-            "preflight runtime: python3 -c 'import json'\n"
-            "run: mkdir -p /job/output/logs\n"
-            "run: python3 repository/evaluate.py --checkpoint repository/checkpoint.json > "
-            "/job/output/logs/evaluation.log\n"
-            f"run: python3 repository/leak.py {allowed}\n"
-        )
-        contract = agent_contract(
-            tmp_path, prompt=prompt, agent={"maxTurns": 20},
-            change=lambda d: d["protocol"]["preflight"].update(
-                checks=[{"id": "runtime", "successCriteria": "python3 runs"}]),
-        )  # fmt: skip
-        policy = agent_policy(
-            tmp_path, "scripted", scripted_agent_image, argv=SCRIPTED_ARGV, usage="claude-code",
-            secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}], allow=[allowed],
-            egress=server.egress(proxyImage=_checkout_proxy_image()),
-            **SCRIPTED_RUNTIME,
-        )  # fmt: skip
-        state = tmp_path / "state"
-        proc = run_cli(
-            "run", str(contract), "--state-dir", str(state), "--json", "--allow-unsigned",
-            "--label", f"{SESSION_LABEL}={SESSION_ID}", "--policy", str(policy),
-            env={"AGENT_TEST_KEY": KEY},
-        )  # fmt: skip
-        env: dict[str, Any] = json.loads(proc.stdout)
-        job = Path(env["jobDir"])
-        ledger = [json.loads(x) for x in (job / "record" / "ledger.jsonl").read_text().splitlines()]
-        slot = next(e for e in ledger if e["type"] == "attempt.starting")["data"]["egress"]
-        proxy_log = docker("logs", f"{slot['slot']}-proxy")
-        assert proxy_log.returncode == 0, proxy_log.stderr
-        asked = server.requests()
+    run = run_leaking_agent(tmp_path, scripted_agent_image, LEAK, KEY)
+    proc, env, job, state, policy = run.proc, run.env, run.job, run.state, run.policy
+    asked = run.asked
     assert proc.returncode == 0, (env["failure"], proc.stderr)
     assert env["status"] == "succeeded" and env["measurements"][0]["value"] == 0.819
     # the requests reached the allowed host (the key went where the agent sent it) ...
@@ -196,7 +136,7 @@ def test_the_agents_key_is_nowhere_the_run_and_its_export_write(
         "stderr": proc.stderr.encode(),
         "export stdout+stderr": (exported.stdout + exported.stderr).encode(),
         "parse stdout+stderr": (regraded.stdout + regraded.stderr + blind.stderr).encode(),
-        "docker logs of the proxy": (proxy_log.stdout + proxy_log.stderr).encode(),
+        "docker logs of the proxy": run.proxy_log.encode(),
     }.items():
         if found := holding(data):
             leaks[name] = found

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import shutil
+import subprocess
 import tarfile
 import tempfile
 import time
@@ -33,7 +34,7 @@ from runner.testing.agents import (
     agent_policy,
 )
 from runner.testing.egress import SUBNET
-from tests.support.jobs import ROOT, SESSION_ID, SESSION_LABEL
+from tests.support.jobs import ROOT, SESSION_ID, SESSION_LABEL, run_cli
 
 __all__ = [
     "CLAUDE_ARGV",
@@ -42,18 +43,54 @@ __all__ = [
     "MODEL_SERVER",
     "SCRIPTED_ARGV",
     "SCRIPTED_RUNTIME",
+    "LeakingRun",
     "ModelServer",
     "agent_contract",
     "agent_policy",
+    "checkout_proxy_image",
     "claude_image_with_this_wrapper",
     "files_holding",
     "image_id_of",
     "members_holding",
     "model_server",
+    "run_leaking_agent",
+    "run_with_key",
     "transcript_events",
 ]
 
 MODEL_SERVER = ROOT / "tests" / "support" / "model_server.py"
+
+
+def checkout_proxy_image() -> str:
+    """The proxy image with this checkout's egress-proxy: runner-proxy:local (as
+    scripts/setup.sh built it) with the script copied over it, tagged by the script's digest
+    (built once, offline)."""
+    script = ROOT / "images" / "proxy" / "egress-proxy"
+    tag = "runner-proxy:test-" + hashlib.sha256(script.read_bytes()).hexdigest()[:12]
+    if docker("image", "inspect", tag).returncode != 0:
+        with tempfile.TemporaryDirectory() as folder:
+            shutil.copy(script, Path(folder) / "egress-proxy")
+            (Path(folder) / "Dockerfile").write_text(
+                "FROM runner-proxy:local\nCOPY egress-proxy /usr/local/bin/egress-proxy\n"
+            )
+            built = docker("build", "--network", "none", "-q", "-t", tag, folder)
+            assert built.returncode == 0, built.stderr
+    return tag
+
+
+def run_with_key(
+    contract: Path, policy: Path, state: Path, key: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], Path]:
+    """``runner run CONTRACT --json`` under ``policy`` (whose secret reads AGENT_TEST_KEY)
+    with the agent's key ``key``, labelled for this session: the process, its envelope and
+    the job folder."""
+    proc = run_cli(
+        "run", str(contract), "--state-dir", str(state), "--json", "--allow-unsigned",
+        "--label", f"{SESSION_LABEL}={SESSION_ID}", "--policy", str(policy),
+        env={"AGENT_TEST_KEY": key},
+    )  # fmt: skip
+    env: dict[str, Any] = json.loads(proc.stdout)
+    return proc, env, Path(env["jobDir"])
 
 
 def claude_image_with_this_wrapper(image: str) -> str:
@@ -170,3 +207,54 @@ def model_server(folder: Path, scenario: str) -> Iterator[ModelServer]:
         egress.reap(backends.default(), idle_seconds=0.0, labels={SESSION_LABEL: SESSION_ID})
         gone = docker("network", "rm", network)
         assert gone.returncode == 0, gone.stderr
+
+
+@dataclass(frozen=True)
+class LeakingRun:
+    """What :func:`run_leaking_agent` leaves to look through."""
+
+    proc: subprocess.CompletedProcess[str]
+    env: dict[str, Any]
+    job: Path
+    state: Path
+    policy: Path
+    proxy_log: str
+    """The slot's proxy's engine log (``docker logs``), stdout and stderr."""
+    asked: list[dict[str, Any]]
+    """The requests the model server got."""
+
+
+def run_leaking_agent(tmp_path: Path, image: str, leak: str, key: str) -> LeakingRun:
+    """An agent run in ``image`` (the scripted agent) whose job runs the toy evaluation, then
+    ``leak`` (a script, given the allowed ``host:port``) with the agent's key ``key`` in
+    API_KEY, behind the egress proxy of this checkout that allows the model server."""
+    (tmp_path / "repository").mkdir()
+    (tmp_path / "repository" / "leak.py").write_text(leak)
+    with model_server(tmp_path, "evaluate") as server:
+        allowed = f"{server.host}:{server.port}"
+        prompt = (
+            "preflight runtime: python3 -c 'import json'\n"
+            "run: mkdir -p /job/output/logs\n"
+            "run: python3 repository/evaluate.py --checkpoint repository/checkpoint.json > "
+            "/job/output/logs/evaluation.log\n"
+            f"run: python3 repository/leak.py {allowed}\n"
+        )
+        contract = agent_contract(
+            tmp_path, prompt=prompt, agent={"maxTurns": 20},
+            change=lambda d: d["protocol"]["preflight"].update(
+                checks=[{"id": "runtime", "successCriteria": "python3 runs"}]),
+        )  # fmt: skip
+        policy = agent_policy(
+            tmp_path, "scripted", image, argv=SCRIPTED_ARGV, usage="claude-code",
+            secrets=[{"env": "API_KEY", "fromEnv": "AGENT_TEST_KEY"}], allow=[allowed],
+            egress=server.egress(proxyImage=checkout_proxy_image()),
+            **SCRIPTED_RUNTIME,
+        )  # fmt: skip
+        state = tmp_path / "state"
+        proc, env, job = run_with_key(contract, policy, state, key)
+        ledger = [json.loads(x) for x in (job / "record" / "ledger.jsonl").read_text().splitlines()]
+        slot = next(e for e in ledger if e["type"] == "attempt.starting")["data"]["egress"]
+        logs = docker("logs", f"{slot['slot']}-proxy")
+        assert logs.returncode == 0, logs.stderr
+        asked = server.requests()
+    return LeakingRun(proc, env, job, state, policy, logs.stdout + logs.stderr, asked)

@@ -19,8 +19,6 @@ kept out, let in by words it did not check.
 from __future__ import annotations
 
 import base64
-import importlib.machinery
-import importlib.util
 import io
 import json
 import tarfile
@@ -34,7 +32,7 @@ from runner.core.errors import ImageUnavailable, InfrastructureError, RunnerErro
 from runner.core.redaction import REDACTED, Redactor
 from runner.images import answers, pins, registry
 from runner.testing import FakeBackend
-from tests.support import ROOT
+from tests.unit.test_hostile_secrets import _proxy
 
 PASSWORD = "Reg1stryPassw0rd-TOPSECRET"  # noqa: S105  (made up, for the test)
 USER = "alice"
@@ -178,12 +176,7 @@ def test_the_redaction_step_finds_a_value_in_any_case() -> None:
 
 
 def _proxy_for(lease: str) -> ModuleType:
-    path = ROOT / "images" / "proxy" / "egress-proxy"
-    loader = importlib.machinery.SourceFileLoader("egress_proxy_round17", str(path))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    proxy = importlib.util.module_from_spec(spec)
-    loader.exec_module(proxy)
+    proxy = _proxy()
     proxy.Rules._parse({"lease": lease, "allow": [], "redact": Redactor({"K": KEY}).proxy_rules()})
     return proxy
 

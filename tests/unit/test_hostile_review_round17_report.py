@@ -16,7 +16,7 @@ import pytest
 from runner.core.errors import RefusedError
 from runner.core.redaction import Redactor
 from tests.support import run_cli
-from tests.unit.test_hostile_secrets import KEY, holding
+from tests.unit.test_hostile_secrets import KEY, fake_agent_run, holding
 
 GIVEN = {"API_KEY": KEY}
 
@@ -29,9 +29,6 @@ def pieces(text: str, n: int = 10) -> list[str]:
 def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> Path:
     """The scripted agent's job (its key API_KEY) that writes ``files`` under output/; its
     job folder."""
-    from runner.backends.fake import FakeBackend, FakeJob
-    from runner.execution import orchestrator
-    from tests.unit.test_agents import _contract, scripted_options
 
     def work(mounts: dict[str, Path]) -> None:
         out = mounts["/job/output"]
@@ -43,12 +40,7 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str])
         for rel, text in files.items():
             (out / rel).write_text(text)
 
-    monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", KEY)
-    fake = FakeBackend()
-    info = fake.add_image()
-    fake.jobs = lambda spec: FakeJob(work=work)
-    options = scripted_options(tmp_path, info.id)
-    env = orchestrator.as_json(orchestrator.run(_contract(tmp_path), options, backend=fake))
+    env = fake_agent_run(tmp_path, monkeypatch, work)
     assert holding(json.dumps(env).encode()) == [] and pieces(json.dumps(env)) == []
     return Path(env["jobDir"])
 

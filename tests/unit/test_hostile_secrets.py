@@ -18,8 +18,10 @@ import importlib.util
 import json
 import tarfile
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -245,13 +247,11 @@ def _leaking_job(mounts: dict[str, Path]) -> None:
     )
 
 
-def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """No engine: the orchestrator's one redaction step. The transcript and every string of
-    the envelope are redacted; the evidence, result.json and the file named after the key are
-    kept as the job wrote them, named in the warnings and record/withheld.json, and left out of
-    the export with why; a clean listed file is exported as it is."""
+def fake_agent_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, work: Callable[[dict[str, Path]], None]
+) -> dict[str, Any]:
+    """The scripted agent's job (its key API_KEY, this module's KEY) run on the fake backend
+    through the orchestrator, its container doing ``work`` (given its mounts); the envelope."""
     from runner.backends.fake import FakeBackend, FakeJob
     from runner.execution import orchestrator
     from tests.unit.test_agents import _contract, scripted_options
@@ -259,9 +259,19 @@ def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
     monkeypatch.setenv("RUNNER_TEST_AGENT_KEY", KEY)
     fake = FakeBackend()
     info = fake.add_image()
-    fake.jobs = lambda spec: FakeJob(work=_leaking_job)
+    fake.jobs = lambda spec: FakeJob(work=work)
     options = scripted_options(tmp_path, info.id)
-    env = orchestrator.as_json(orchestrator.run(_contract(tmp_path), options, backend=fake))
+    return orchestrator.as_json(orchestrator.run(_contract(tmp_path), options, backend=fake))
+
+
+def test_files_holding_the_key_are_withheld_and_nothing_else_holds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No engine: the orchestrator's one redaction step. The transcript and every string of
+    the envelope are redacted; the evidence, result.json and the file named after the key are
+    kept as the job wrote them, named in the warnings and record/withheld.json, and left out of
+    the export with why; a clean listed file is exported as it is."""
+    env = fake_agent_run(tmp_path, monkeypatch, _leaking_job)
     job = Path(env["jobDir"])
     assert env["measurements"][0]["value"] == 0.819, env["failure"]
     assert holding(json.dumps(env).encode()) == []
