@@ -20,6 +20,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 from tenacity import (
@@ -252,12 +253,17 @@ _CHALLENGE = re.compile(r'\b(\w++)="([^"]*+)"')
 
 
 def _bearer_token(
-    session: requests.Session, challenge: str, creds: Credentials | None, timeout: float
+    session: requests.Session, challenge: str, creds: Credentials | None, timeout: float, url: str
 ) -> str | None:
+    """A bearer token from the challenge's realm (asked of the registry at ``url``), with the
+    credentials only where they stay as private as they were: a realm on plain http named by a
+    registry asked over https gets none (an anonymous token, or none)."""
     params = dict(_CHALLENGE.findall(challenge))
     realm = params.pop("realm", None)
     if not realm:
         return None
+    if urlsplit(url).scheme == "https" and urlsplit(realm).scheme != "https":
+        creds = None
     if creds is not None and creds.identity_token:
         # OAuth2 refresh-token grant, as the docker CLI does with an identity token.
         form = {
@@ -309,7 +315,7 @@ def probe_once(
             if resp.status == 401:
                 challenge = resp.challenge
                 if challenge.lower().startswith("bearer"):
-                    token = _bearer_token(session, challenge, creds, timeout)
+                    token = _bearer_token(session, challenge, creds, timeout, url)
                     if token:
                         sent.append(token)
                         headers["Authorization"] = f"Bearer {token}"

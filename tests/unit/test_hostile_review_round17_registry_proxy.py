@@ -25,6 +25,7 @@ import tarfile
 import urllib.parse
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -202,3 +203,34 @@ def test_the_proxy_blanks_an_encoded_form_a_stray_percent_cut_short() -> None:
     for form in (hexed, hexed.upper(), base64.b64encode(KEY.encode()).decode()):
         field = "http://api.test/x%" + _pct_one(form, 20)
         assert proxy.redacted("L", field) == "[redacted: K]", form[:8]
+
+
+def test_a_plain_http_realm_of_an_https_registry_gets_no_credentials() -> None:
+    """A registry asked over https whose challenge names a token realm on plain http: the
+    check sent it the password (Basic) or the identity token, in the clear. Now such a realm
+    is asked for an anonymous token; a registry the host reaches over plain http anyway (an
+    insecure one) still sends them to its realm."""
+    from tests.unit.test_hostile_review_round16 import _registry_server
+
+    seen: list[str | None] = []
+
+    def token(h: Any) -> None:
+        seen.append(h.headers.get("Authorization"))
+        body = b'{"token": "t0k3n"}'
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    server = _registry_server({"/token": token})
+    creds = registry.Credentials("u", "hunter2", "test")
+    challenge = f'Bearer realm="http://127.0.0.1:{server.server_address[1]}/token",service="r"'
+    try:
+        for asked_over in ("https://registry.example", "http://127.0.0.1:5000"):
+            with answers.session() as session:
+                got = registry._bearer_token(session, challenge, creds, 5, asked_over + "/v2/")
+            assert got == "t0k3n"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen[0] is None and seen[1] is not None and seen[1].startswith("Basic ")
