@@ -13,7 +13,8 @@ of them as it is, and in its usual encodings:
   proxy lower-cases the host of a request it logs, and the case of a base64 form's letters
   is no protection: a key of printable ASCII comes back from its lower-cased base64, but for
   a few ambiguous groups, by trying both cases of each group of four);
-* hexadecimal, with line breaks anywhere among its digits (``xxd -p`` wraps at 60);
+* hexadecimal, with line breaks (``\\n``, ``\\r\\n`` or a bare ``\\r``) anywhere among its digits
+  (``xxd -p`` wraps at 60);
 * base64 (standard and URL-safe alphabets) at each of the three alignments a value can have
   inside a longer encoded string: the characters that depend on the value alone, with line
   breaks anywhere among them (wrapped output). At most one character at each end, which mixes
@@ -65,7 +66,7 @@ CHUNK = 1024 * 1024
 BLOCKS = (16 * 1024, 1024)
 """The expression runs only on blocks of these sizes that may hold a match."""
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
-_WRAP = rb"(?:\r?\n)?"
+_WRAP = rb"(?:\r\n|\n|\r)?"
 _SWAP = bytes.maketrans(b"%=", b"=%")
 
 
@@ -131,7 +132,9 @@ class Redactor:
         self._checks: list[tuple[bytes, bytes, list[bytes]]] = []
         self._always = False
         longest = 1
-        for i, name in enumerate(self.names):
+        # The longest value first: where one secret begins another, the longer is found whole
+        # (the shorter first had left the longer's tail).
+        for i, name in enumerate(sorted(self.names, key=lambda n: -len(self._values[n]))):
             value = self._values[name]
             hexed = value.hex().encode()
             # what _maybe looks for: each form lower-cased, less the first two characters (a

@@ -234,3 +234,21 @@ def test_a_plain_http_realm_of_an_https_registry_gets_no_credentials() -> None:
         server.shutdown()
         server.server_close()
     assert seen[0] is None and seen[1] is not None and seen[1].startswith("Basic ")
+
+
+def test_hex_wrapped_with_bare_carriage_returns_is_found() -> None:
+    """The key's hex wrapped at 60 with a bare ``\\r`` (no ``\\n``): the wrap allowed ``\\r?\\n``
+    only, so an agent that wrapped it so kept it whole in what the runner wrote."""
+    hexed = KEY.encode().hex().encode()
+    wrapped = b"\r".join(hexed[i : i + 60] for i in range(0, len(hexed), 60))
+    assert Redactor({"API_KEY": KEY}).bytes(b"x " + wrapped + b" y") == (
+        b"x " + REDACTED.format(name="API_KEY").encode() + b" y"
+    )
+
+
+def test_a_secret_that_begins_another_leaves_no_tail() -> None:
+    """Two secrets, one the other's beginning: the shorter was tried first and matched, the
+    longer's tail stayed in the text. The longer is now looked for first."""
+    short, long_ = "sk-shared-prefix-0123456789", "sk-shared-prefix-0123456789-XYZSECRETTAIL"
+    out = Redactor({"A": short, "B": long_}).bytes(f"a {long_} b {short} c".encode())
+    assert out == b"a [redacted: B] b [redacted: A] c"
