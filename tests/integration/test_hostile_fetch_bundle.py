@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, SESSION_ID, SESSION_LABEL, write_contract
+from tests.support import ROOT, SESSION_ID, SESSION_LABEL, building_the_tree, write_contract
 from tests.unit.test_hostile_fetch_bundle import check_bomb_refused
 
 pytestmark = pytest.mark.hostile
@@ -66,10 +66,11 @@ def test_the_readme_commands_run_on_the_distributions_own_python(
     venv = tmp_path / "venv"
     made = run(SYSTEM_PYTHON, "-m", "venv", venv)
     assert made.returncode == 0, f"{made.stderr} (Debian: apt-get install python3-venv)"
-    installed = run(
-        venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index", "--find-links",
-        WHEELHOUSE, ROOT,
-    )  # fmt: skip
+    with building_the_tree():
+        installed = run(
+            venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-index", "--find-links",
+            WHEELHOUSE, ROOT,
+        )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
     where = run(venv / "bin" / "python", "-c", "import runner, sys; print(runner.__file__)")
     assert where.stdout.startswith(str(venv)), where.stdout  # the installed copy, not the tree

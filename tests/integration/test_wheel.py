@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from runner._version import DISTRIBUTION, __version__
-from tests.support import ROOT, TOY
+from tests.support import ROOT, TOY, building_the_tree
 
 WHEELHOUSE = ROOT / ".wheelhouse"
 
@@ -34,10 +34,11 @@ def _run(*argv: str | Path, cwd: Path | None = None) -> subprocess.CompletedProc
 def test_the_wheel_installs_and_runs(tmp_path: Path) -> None:
     assert (WHEELHOUSE / ".stamp").is_file(), "run scripts/setup.sh: it fills .wheelhouse/"
     offline = ["--no-index", "--find-links", str(WHEELHOUSE)]
-    built = _run(
-        sys.executable, "-m", "pip", "wheel", "--no-deps", *offline, "-w", tmp_path / "dist",
-        ROOT, cwd=tmp_path,
-    )  # fmt: skip
+    with building_the_tree():
+        built = _run(
+            sys.executable, "-m", "pip", "wheel", "--no-deps", *offline, "-w", tmp_path / "dist",
+            ROOT, cwd=tmp_path,
+        )  # fmt: skip
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("reproduction_runner-*.whl")
     assert wheel.name.startswith(f"reproduction_runner-{__version__}-")

@@ -8,11 +8,16 @@ Tests import these from ``tests.support``; ``conftest.py`` holds only fixtures.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -164,3 +169,14 @@ def contract_data(**changes: Any) -> dict[str, Any]:
         else:
             data[key] = value
     return with_digest(data)
+
+
+@contextlib.contextmanager
+def building_the_tree() -> Iterator[None]:
+    """Held while pip builds this checkout in place (setuptools writes ``ROOT/build/``): two
+    such builds at once (under ``pytest -n 2``, the wheel test's and the README commands'
+    test's) removed each other's files mid-copy ("No such file or directory")."""
+    key = hashlib.sha256(str(ROOT).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"runner-tests-build-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
