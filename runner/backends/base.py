@@ -286,6 +286,11 @@ class Backend(Protocol):
 
     def state(self, container_id: str) -> ContainerState: ...
 
+    def oom_logged(self, container_id: str, since: float) -> bool:
+        """Whether the engine logged an ``oom`` event of the container since ``since`` (a Unix
+        time): the kernel's OOM killer killed a process in it. Docker sets ``OOMKilled`` only
+        when that event reaches it before the exit's, and logs the event either way."""
+
     def save_logs(
         self, container_id: str, dest: Path, max_bytes: int, since: float | None = None
     ) -> int:

@@ -57,6 +57,7 @@ from runner.backends.types import (
     engine_size,
     engine_text,
 )
+from runner.core import clock
 from runner.core.errors import (
     ContainerVanished,
     EngineUnavailable,
@@ -69,6 +70,9 @@ if TYPE_CHECKING:
     import docker
 
 __all__ = ["MAX_API_VERSION", "DockerBackend"]
+
+OOM_EVENTS_MAX_BYTES = 64 * 1024
+"""The most of the engine's answer read for a container's ``oom`` events (one is enough)."""
 
 _MAX_API = (1, 45)
 """The newest Engine API version the requests below were written against."""
@@ -558,6 +562,30 @@ class DockerBackend:
             "GET", container_id, "/json", "inspecting the job container"
         )
         return ContainerState.from_engine(data.get("State") or {}, str(data.get("Id", "")))
+
+    def oom_logged(self, container_id: str, since: float) -> bool:
+        found = False
+
+        def read(response: http.client.HTTPResponse) -> None:
+            nonlocal found
+            read_so_far = 0  # a container's oom events, one JSON object a line: a few
+            while not found and read_so_far < OOM_EVENTS_MAX_BYTES:
+                line = response.readline(OOM_EVENTS_MAX_BYTES)
+                if not line:
+                    break
+                read_so_far += len(line)
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    found = isinstance(event, dict) and event.get("status") == "oom"
+
+        filters = {"type": ["container"], "container": [container_id], "event": ["oom"]}
+        query = {
+            "since": f"{since:.6f}",
+            "until": f"{clock.now().timestamp():.6f}",
+            "filters": json.dumps(filters),
+        }
+        self._call("GET", "/events", "reading the engine's events", query=query, stream_to=read)
+        return found
 
     def save_logs(
         self, container_id: str, dest: Path, max_bytes: int, since: float | None = None

@@ -51,6 +51,9 @@ class FakeJob:
     """How long it runs before it exits by itself (``float('inf')``: until stopped)."""
     oom_killed: bool = False
     """It ends with exit code 137 and ``OOMKilled`` true."""
+    oom_late: bool = False
+    """With ``oom_killed``: the engine's ``OOMKilled`` stays false (its OOM event came after
+    the exit's), and the event is in its log (:meth:`FakeBackend.oom_logged`)."""
     ignores_sigterm: bool = False
     """A stop ends it with SIGKILL (137) after the grace, not SIGTERM (143)."""
     vanish_after: float | None = None
@@ -90,7 +93,7 @@ class _Container:
         started = self.started
         if self.status == "running" and started is not None and now - started >= self.job.seconds:
             self.end(137 if self.job.oom_killed else self.job.exit_code)
-            self.oom_killed = self.job.oom_killed
+            self.oom_killed = self.job.oom_killed and not self.job.oom_late
 
     def end(self, code: int) -> None:
         self.status, self.exit_code = "exited", code
@@ -284,6 +287,10 @@ class FakeBackend:
     def state(self, container_id: str) -> ContainerState:
         self._call("state", container_id)
         return self._get(container_id).state()
+
+    def oom_logged(self, container_id: str, since: float) -> bool:
+        self._call("oom_logged", container_id)
+        return self._get(container_id).job.oom_killed
 
     def save_logs(
         self, container_id: str, dest: Path, max_bytes: int, since: float | None = None

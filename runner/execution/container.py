@@ -358,6 +358,7 @@ def finish(
         state = backend.state(container_id)
     elif watched.ended_by_itself is not None:  # to the engine's own end, not our learning of it
         seconds = watched.ended_by_itself.seconds(state.finished_at)
+    state = _oom_unflagged(backend, container_id, state, watched)
     record_dir.mkdir(parents=True, exist_ok=True)
     write_json(record_dir / "container-state.json", state.raw)
     if watched.sampler is not None:  # record/attempts/<n>/resources.json
@@ -376,6 +377,25 @@ def finish(
         watched.stopped_for,
         watched.stop,
     )
+
+
+def _oom_unflagged(
+    backend: Backend, container_id: str, state: ContainerState, watched: Watched
+) -> ContainerState:
+    """``state``, with ``OOMKilled`` where the engine did not set it though it logged the
+    container's ``oom`` event: a job killed by SIGKILL (137) that the runner did not stop.
+    Docker sets the flag only when the kernel's OOM event reaches it before the exit's; under
+    load on cgroup v1 it came after, and a job killed at its memory cap read as a plain exit
+    137. The engine's own record (``container-state.json``) is kept as it said."""
+    stopped = watched.stop is not None or watched.timed_out or watched.cancelled
+    if state.running or state.exit_code != 137 or state.oom_killed or stopped:
+        return state
+    started = parse_time(state.started_at)
+    try:
+        logged = backend.oom_logged(container_id, started.timestamp() - 1 if started else 0.0)
+    except (RunnerError, OverflowError, ValueError):
+        return state
+    return replace(state, oom_killed=True) if logged else state
 
 
 class Removal:
@@ -575,9 +595,11 @@ class Found:
 def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> Found:
     """Find an in-flight attempt's container after a runner crash and account for its time.
 
-    Running: it ran from the last heartbeat until now. Exited: until the engine's FinishedAt.
-    Gone, or no usable time: until now, so the budget is never under-counted (it may be
-    over-counted by the time the runner was away)."""
+    Running: it ran from the last heartbeat until now. Exited: from the last heartbeat until
+    the engine's FinishedAt where its clock agrees with this host's (:func:`started_as_recorded`),
+    else the engine's own StartedAt to FinishedAt (never less than the ledger had). Gone, or no
+    usable time: until now, so the budget is never under-counted (it may be over-counted by the
+    time the runner was away)."""
     at = clock.monotonic()
     now = now or clock.now()
     since = attempt.last_beat_at or attempt.starting_at
@@ -591,6 +613,15 @@ def recover(backend: Backend, attempt: Attempt, now: datetime | None = None) -> 
         return Found(state, seconds, at, agrees)
     if state.status == "created":
         return Found(state, attempt.seconds, at)
-    ended = parse_time(state.finished_at)
-    until = ended if ended is not None and ended >= since else now
-    return Found(state, attempt.seconds + max((until - since).total_seconds(), 0.0), at)
+    ended, started = parse_time(state.finished_at), parse_time(state.started_at)
+    agrees = started_as_recorded(state.started_at, attempt.last_beat_at, attempt.seconds)
+    if ended is not None and ended >= since and agrees:
+        seconds = attempt.seconds + (ended - since).total_seconds()
+    elif ended is not None and started is not None and ended >= started:
+        # The engine's clock is not known to agree with this host's (an engine 500 s behind
+        # made a job that ran 900 s unwatched cost 400 s): its own start to its own end, one
+        # clock, and never less than the ledger had.
+        seconds = max(attempt.seconds, (ended - started).total_seconds())
+    else:
+        seconds = attempt.seconds + max((now - since).total_seconds(), 0.0)
+    return Found(state, seconds, at)

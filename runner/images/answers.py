@@ -45,6 +45,9 @@ class Answer:
     body: bytes
     challenge: str
     """Its ``WWW-Authenticate`` header (a header line is at most 64 KiB: ``http.client``)."""
+    url: str = ""
+    """Where it came from: the URL asked, or the last a redirect led to (a challenge from
+    another host than the one asked is not that host's to make: :func:`keeps_credentials`)."""
 
 
 REDIRECTS = 5
@@ -81,7 +84,7 @@ def ask(http: requests.Session, method: str, url: str, timeout: float, **kw: Any
             location = resp.headers.get("Location")
             if resp.status_code not in _REDIRECT or not location:
                 challenge = resp.headers.get("WWW-Authenticate", "")
-                return Answer(resp.status_code, str(resp.reason or ""), body, challenge)
+                return Answer(resp.status_code, str(resp.reason or ""), body, challenge, url)
             target = urljoin(url, location)
             if urlsplit(target).scheme not in ("http", "https"):
                 raise requests.ConnectionError(f"redirected to {engine_text(target)}")

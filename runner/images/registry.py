@@ -312,7 +312,9 @@ def probe_once(
     with answers.session() as session:
         try:
             resp = answers.ask(session, "HEAD", url, timeout, headers=headers)
-            if resp.status == 401:
+            # A challenge from a host a redirect led to is not the registry's: answering it
+            # would send the credentials (to a token realm it names) where they do not go.
+            if resp.status == 401 and answers.keeps_credentials(url, resp.url):
                 challenge = resp.challenge
                 if challenge.lower().startswith("bearer"):
                     token = _bearer_token(session, challenge, creds, timeout, url)

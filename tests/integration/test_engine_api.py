@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import socketserver
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,3 +119,21 @@ def test_container_lifecycle_and_the_engine_log(tmp_path: Path, image_id: str) -
     with pytest.raises(ContainerVanished):
         backend.state(cid)
     backend.remove(cid)
+
+
+def test_the_engines_oom_event_of_a_container(image_id: str) -> None:
+    """``oom_logged``: the engine's ``oom`` event of a container its memory cap killed is
+    found (the runner asks for it when a job ended by SIGKILL without OOMKilled: Docker sets
+    the flag only when the event reaches it before the exit's), and none of one that ended
+    by its own SIGKILL."""
+    backend = DockerBackend()
+    since = time.time() - 1
+    hog = "python3 -c 'b = []\nwhile True: b.append(bytearray(16 * 1024 * 1024))'"
+    for script, oom in ((hog, True), ("kill -9 $$", False)):
+        cid = backend.create(_spec(image_id, [script]))
+        try:
+            backend.start(cid)
+            assert backend.wait(cid, 60) == 137
+            assert backend.oom_logged(cid, since) is oom, script
+        finally:
+            backend.remove(cid)

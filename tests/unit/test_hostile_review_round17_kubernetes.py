@@ -196,3 +196,32 @@ def test_decoy_pods_carrying_the_label_do_not_hide_the_jobs_own(
     ended(server, out["name"])
     rec = staged.status()["recorded"]
     assert (rec["seconds"], rec["startFrom"], rec["endFrom"]) == (101.0, "api", "api"), uid
+
+
+def test_an_error_answer_is_capped_too(staged: Staged, server: ApiServer) -> None:
+    """The 4 MiB cap held for answers the runner read, not for errors: the official client
+    reads an error's body whole before it raises (a 500 with 40 MB went into memory whole).
+    Now every answer, an error's too, is read to 4 MiB."""
+    out = staged.submit()
+    server.fail_with[("GET", "Job")] = (500, "x" * 6_000_000)
+    with pytest.raises(InfrastructureError, match="more than 4 MiB"):
+        apply.status(staged.job_id, namespace=NS, kubeconfig=staged.kubeconfig)
+    del server.fail_with[("GET", "Job")]
+    assert (
+        apply.status(staged.job_id, namespace=NS, kubeconfig=staged.kubeconfig)["name"]
+        == (out["name"])
+    )
+
+
+def test_a_create_answered_with_what_cannot_be_read_stays_in_flight(
+    staged: Staged, server: ApiServer
+) -> None:
+    """A 2xx to the Job's create whose body is no JSON object: the Job was made, yet the
+    attempt was recorded finished at 0 s (not-created) when the read right after found none.
+    An answer that cannot be read says nothing of what was done: the attempt stays in flight."""
+    server.answer_with[("POST", "Job")] = ["not", "an", "object"]
+    with pytest.raises(InfrastructureError, match="no JSON object") as raised:
+        staged.submit()
+    assert "runner job status" in str(raised.value)
+    (attempt,) = read_state(staged.job.ledger).attempts
+    assert attempt.finished is None

@@ -252,3 +252,56 @@ def test_a_secret_that_begins_another_leaves_no_tail() -> None:
     short, long_ = "sk-shared-prefix-0123456789", "sk-shared-prefix-0123456789-XYZSECRETTAIL"
     out = Redactor({"A": short, "B": long_}).bytes(f"a {long_} b {short} c".encode())
     assert out == b"a [redacted: B] b [redacted: A] c"
+
+
+def test_a_challenge_from_a_host_a_redirect_led_to_gets_no_credentials() -> None:
+    """The manifest HEAD redirected to another host, whose 401 names a token realm: the
+    check sent the registry's password there (the redirect dropped the credentials, the token
+    request it led to did not). A challenge from another host than the registry is now a
+    final 401: nothing is sent to its realm."""
+    from tests.unit.test_hostile_review_round16 import _registry_server
+
+    seen: list[tuple[str, str | None]] = []
+
+    def redirect(to: str) -> Any:
+        def answer(h: Any) -> None:
+            h.send_response(307)
+            h.send_header("Location", to)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+
+        return answer
+
+    def thief(h: Any) -> None:
+        seen.append(("realm", h.headers.get("Authorization")))
+        h.send_response(403)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    realm = _registry_server({"/token": thief})
+
+    def challenge(h: Any) -> None:
+        seen.append(("foreign", h.headers.get("Authorization")))
+        h.send_response(401)
+        port = realm.server_address[1]
+        h.send_header("WWW-Authenticate", f'Bearer realm="http://127.0.0.1:{port}/token"')
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    digest = "sha256:" + "a" * 64
+    path = f"/v2/team/app/manifests/{digest}"
+    foreign = _registry_server({path: challenge})
+    moved = _registry_server(
+        {path: redirect(f"http://127.0.0.1:{foreign.server_address[1]}{path}")}
+    )
+    ref = registry.parse_reference(f"127.0.0.1:{moved.server_address[1]}/team/app", digest)
+    try:
+        with pytest.raises(ImageUnavailable, match=r"asked for credentials|refused"):
+            registry.probe_once(ref, registry.Credentials("alice", "hunter2-pw"), insecure=True,
+                                timeout=5)  # fmt: skip
+    finally:
+        for server in (realm, foreign, moved):
+            server.shutdown()
+            server.server_close()
+    assert ("foreign", None) in seen and [who for who, _ in seen].count("realm") == 0, seen
+    assert all(auth is None for _, auth in seen), seen

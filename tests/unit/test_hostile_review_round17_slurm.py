@@ -220,3 +220,19 @@ def test_job_wait_takes_a_state_it_cannot_read_for_slurm_not_answering(tmp_path:
     StateDir(tmp_path).job("j").record.mkdir(parents=True)
     with pytest.raises(InfrastructureError, match="names no state"):
         check_end(tmp_path, "j", _Said({"scontrol": "", "sacct": "123| |0:0\n"}))
+
+
+def test_free_text_holding_requeue_cannot_make_a_preempted_job_read_as_ended() -> None:
+    """A comment holding ``Requeue=1`` sent the record to squeue (a key twice), which prints
+    no Requeue: a preempted job Slurm will run again read as ended, and a takeover skipped
+    cancelling it. Requeue is now taken as set on that path: not ended."""
+    line = (
+        "JobId=77 JobName=runner-j1 UserId=u(1000) GroupId=g(1000) JobState=PREEMPTED "
+        "Reason=None Requeue=1 Restarts=0 Comment=x Requeue=1 WorkDir=/home/u\n"
+    )
+    assert SlurmFence(_Said({"scontrol": line, "squeue": "PREEMPTED\n"})).job("77") == (
+        "PREEMPTED",
+        False,
+    )
+    honest = line.replace("Comment=x Requeue=1", "Comment=nightly")
+    assert SlurmFence(_Said({"scontrol": honest})).job("77") == ("PREEMPTED", False)

@@ -178,6 +178,10 @@ CASES: list[tuple[str, FakeJob, dict[str, Any], dict[str, Any], Any]] = [
     # category, the fake job, contract environment, options, contract change
     ("nonzero_exit", FakeJob(exit_code=3, work=_writes()), {}, {}, None),
     ("oom", FakeJob(oom_killed=True, work=_writes()), {}, {}, None),
+    # the engine's OOMKilled not set (its OOM event came after the exit), the event logged
+    ("oom", FakeJob(oom_killed=True, oom_late=True, work=_writes()), {}, {}, None),
+    # a job that kills itself with SIGKILL: 137 and no OOM event
+    ("nonzero_exit", FakeJob(exit_code=137, work=_writes()), {}, {}, None),
     ("timeout", FakeJob(seconds=INF), {"timeoutMinutes": 1 / 60}, {}, None),
     (
         "disk_quota_exceeded",

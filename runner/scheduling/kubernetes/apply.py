@@ -52,6 +52,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from urllib3.exceptions import HTTPError
+
 from runner.contract import Trust
 from runner.core import clock, untrusted
 from runner.core.errors import (
@@ -60,6 +62,7 @@ from runner.core.errors import (
     JobBusy,
     JobNotFound,
     PolicyViolation,
+    RunnerError,
 )
 from runner.planning.policy import LoadedPolicy
 from runner.scheduling.kubernetes import attempts, render
@@ -178,7 +181,9 @@ def _as_attempt(
     except Exception as exc:
         found = _found_job(job_m, namespace, context, kubeconfig)
         # A 5xx may still make the Job after the read: not known to be never made.
-        unclear = isinstance(exc, _Refused) and exc.job_made_maybe
+        unclear = (isinstance(exc, _Refused) and exc.job_made_maybe) or (
+            isinstance(exc, _Garbled) and "answered POST Job " in exc.message
+        )
         if found is None and not unclear:  # never made: nothing ran, nothing is charged
             data = {"attempt": n, "exitCode": None, "oomKilled": False,
                     "classification": "infrastructure", "seconds": 0.0,
@@ -186,7 +191,7 @@ def _as_attempt(
             led.append(f"attempt-{n}.finished", "attempt.finished", data)
         elif isinstance(found, str):
             attempts.record_started(led, n, found)
-        if unclear and isinstance(exc, _Refused) and not isinstance(found, str):
+        if unclear and isinstance(exc, RunnerError) and not isinstance(found, str):
             exc.hint = (
                 f"the server may still make the Job: `runner job status {r.plan.job_id}` asks "
                 f"again and records attempt {n} (its end, or, once it is still not there, as "
@@ -277,7 +282,7 @@ def _client(context: str | None, kubeconfig: Path | None) -> ApiClient:
             context=context,
             persist_config=False,
         )
-        return made
+        return _capped(made)
     except (
         config.ConfigException,
         yaml.YAMLError,
@@ -298,6 +303,36 @@ def _client(context: str | None, kubeconfig: Path | None) -> ApiClient:
             f"{where}{what} cannot be used: {_said(exc)}",
             hint="pass --kubeconfig FILE and --context NAME of a cluster this host may use",
         ) from None
+
+
+class _AnswerTooLong(HTTPError):
+    """An API server's answer past :data:`ANSWER_MAX_BYTES`."""
+
+
+def _capped(client: ApiClient) -> ApiClient:
+    """``client`` with every answer read to :data:`ANSWER_MAX_BYTES` at most, an error's too:
+    the official client reads an error's body whole before it raises (a 40 MB one had gone
+    into memory whole), through the pool's response, whose reads this bounds."""
+    pool = client.rest_client.pool_manager
+    urlopen = pool.urlopen
+
+    def capped_urlopen(*args: Any, **kw: Any) -> Any:
+        resp = urlopen(*args, **kw)
+        read = resp.read
+
+        def capped_read(amt: int | None = None, *more: Any, **options: Any) -> bytes:
+            most = ANSWER_MAX_BYTES + 1
+            data: bytes = read(most if amt is None or amt > most else amt, *more, **options)
+            if len(data) > ANSWER_MAX_BYTES:
+                resp.close()
+                raise _AnswerTooLong(f"more than {ANSWER_MAX_BYTES >> 20} MiB")
+            return data
+
+        resp.read = capped_read  # type: ignore[method-assign]
+        return resp
+
+    pool.urlopen = capped_urlopen  # type: ignore[method-assign]
+    return client
 
 
 def _said(exc: BaseException, limit: int = 300) -> str:
@@ -341,11 +376,12 @@ def _call(client: ApiClient, what: str, fn: Callable[..., Any], *args: Any, **kw
     :data:`ANSWER_MAX_BYTES`: None for a 404 of a read; any other failure an error naming
     ``what`` and the server's message."""
     from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
 
     host = client.configuration.host
     try:
         answer = fn(*args, **kw, _preload_content=False, _request_timeout=30)
+    except _AnswerTooLong:
+        raise _too_long(host, what) from None
     except HTTPError as exc:
         raise _NoAnswer(
             f"the Kubernetes API server at {host} did not answer ({what}): {_said(exc)}",
@@ -364,26 +400,33 @@ def _call(client: ApiClient, what: str, fn: Callable[..., Any], *args: Any, **kw
         raise _Refused(exc.status or 0, host, what, message) from None
     try:
         raw = answer.read(ANSWER_MAX_BYTES + 1, decode_content=True)
+    except _AnswerTooLong:
+        raise _too_long(host, what) from None
     except HTTPError as exc:
         raise _NoAnswer(
             f"the Kubernetes API server at {host} broke off its answer ({what}): {_said(exc)}"
         ) from None
     finally:
         answer.release_conn()
-    if len(raw) > ANSWER_MAX_BYTES:
-        raise InfrastructureError(
-            f"the Kubernetes API server at {host} answered {what} with more than "
-            f"{ANSWER_MAX_BYTES >> 20} MiB (not read further)"
-        )
     try:
         data = json.loads(raw)
     except ValueError:
         data = None
     if not isinstance(data, dict):
-        raise InfrastructureError(
-            f"the Kubernetes API server at {host} answered {what} with no JSON object"
-        )
+        raise _Garbled(f"the Kubernetes API server at {host} answered {what} with no JSON object")
     return data
+
+
+def _too_long(host: str, what: str) -> InfrastructureError:
+    return _Garbled(
+        f"the Kubernetes API server at {host} answered {what} with more than "
+        f"{ANSWER_MAX_BYTES >> 20} MiB (not read further)"
+    )
+
+
+class _Garbled(InfrastructureError):
+    """The API server answered a request with what cannot be read (too long, no JSON): what
+    it did with it is not known (a create may have been carried out)."""
 
 
 class _NoAnswer(InfrastructureError):

@@ -229,7 +229,10 @@ class Cluster:
         fields = parse_fields(out)
         if fields.get("JobId") == slurm_job and "JobState" in fields:
             if _forged(out):  # the job's name says JobState=: squeue prints the state alone
-                return JobInfo(self._queued_state(slurm_job), {"JobId": slurm_job}, "squeue")
+                # Requeue is not known then: taken as set, so that a preempted job counts as
+                # one Slurm may run again (the fence cancels it rather than trust its end).
+                fields = {"JobId": slurm_job, "Requeue": "1"}
+                return JobInfo(self._queued_state(slurm_job), fields, "squeue")
             return JobInfo(_state(fields["JobState"]), fields, "scontrol")
         acct = self.run(
             "sacct", "-n", "-X", "-P", "-o", "JobID,State,ExitCode", "-j", slurm_job, check=False
