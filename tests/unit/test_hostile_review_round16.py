@@ -705,7 +705,7 @@ def test_a_manifest_check_follows_a_redirect_as_the_engine_does() -> None:
     from runner.images import answers
 
     server = _registry_server(
-        {"/here": _here, "/moved": _redirect("/here"), "/see": _see_other("/here")}
+        {"/here": _here, "/moved": _redirect("/here"), "/see": _moved("/here")}
     )
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -717,9 +717,11 @@ def test_a_manifest_check_follows_a_redirect_as_the_engine_does() -> None:
         server.server_close()
 
 
-def _see_other(to: str) -> Callable[[Any], None]:
+def _moved(to: str, status: int = 303) -> Callable[[Any], None]:
+    """A redirect (``status``) to ``to`` with an empty body."""
+
     def answer(h: Any) -> None:
-        h.send_response(303)
+        h.send_response(status)
         h.send_header("Location", to)
         h.send_header("Content-Length", "0")
         h.end_headers()

@@ -259,18 +259,9 @@ def test_a_challenge_from_a_host_a_redirect_led_to_gets_no_credentials() -> None
     check sent the registry's password there (the redirect dropped the credentials, the token
     request it led to did not). A challenge from another host than the registry is now a
     final 401: nothing is sent to its realm."""
-    from tests.unit.test_hostile_review_round16 import _registry_server
+    from tests.unit.test_hostile_review_round16 import _moved, _registry_server
 
     seen: list[tuple[str, str | None]] = []
-
-    def redirect(to: str) -> Any:
-        def answer(h: Any) -> None:
-            h.send_response(307)
-            h.send_header("Location", to)
-            h.send_header("Content-Length", "0")
-            h.end_headers()
-
-        return answer
 
     def thief(h: Any) -> None:
         seen.append(("realm", h.headers.get("Authorization")))
@@ -292,7 +283,7 @@ def test_a_challenge_from_a_host_a_redirect_led_to_gets_no_credentials() -> None
     path = f"/v2/team/app/manifests/{digest}"
     foreign = _registry_server({path: challenge})
     moved = _registry_server(
-        {path: redirect(f"http://127.0.0.1:{foreign.server_address[1]}{path}")}
+        {path: _moved(f"http://127.0.0.1:{foreign.server_address[1]}{path}", 307)}
     )
     ref = registry.parse_reference(f"127.0.0.1:{moved.server_address[1]}/team/app", digest)
     try:
