@@ -227,3 +227,31 @@ def test_no_piece_of_the_key_reaches_the_envelope(
     Now no piece of it is in the envelope (:func:`_run` checks every string of it)."""
     job = _run(tmp_path, monkeypatch, files)
     assert pieces((job / "result.json").read_text()) == []
+
+
+def test_a_tail_read_with_no_line_break_is_not_quoted_cut(tmp_path: Path) -> None:
+    """The tail read of a long file whose last line began before it, with no line break in
+    it: the partial line to drop was found with ``find``, whose -1 kept the whole tail, so a
+    key cut at the tail's start reached the page as a piece. Now such a tail is dropped."""
+    from runner.results.report.excerpt import READ_CAP, excerpt
+
+    cut = 20  # the tail read starts 20 characters into the key
+    body = b"a\n" + b"z" * (2 * READ_CAP) + KEY.encode() + b"q" * (READ_CAP - len(KEY) + cut)
+    (tmp_path / "long.log").write_bytes(body)
+    shown = excerpt(tmp_path, "long.log", "q", redact=Redactor(GIVEN))
+    assert pieces("\n".join(shown.lines), 6) == []
+
+
+def test_a_withheld_file_spelled_another_way_is_not_excerpted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A contract may name its evidence ``./logs/evaluation.log``; the run lists the file it
+    withheld as ``output/logs/evaluation.log``. The report matched the two as text, so the
+    withheld file was excerpted. Now both are normalized first."""
+    from runner.models.envelope import ResultEnvelope
+    from runner.results.report.gather import _withheld
+
+    job = _run(tmp_path, monkeypatch, {"logs/evaluation.log": json.dumps({"accuracy": 0.819})})
+    envelope = ResultEnvelope.model_validate_json((job / "result.json").read_bytes())
+    held = _withheld(envelope, {"output/./logs//evaluation.log": "it holds API_KEY"})
+    assert held == {"output/logs/evaluation.log": "it holds API_KEY"}

@@ -145,8 +145,11 @@ def _redacted(redact: Redactor, data: bytes, head: bool, cut: bool) -> bytes:
     """``data`` (the ``head`` of a file, else its tail; ``cut``: the file goes on past it, or
     began before it) redacted whole, less the partial line where the read cut it (a value there
     may be cut too, which no redaction finds)."""
-    if cut:
-        data = data[: data.rfind(b"\n") + 1] if head else data[data.find(b"\n") + 1 :]
+    if cut and head:
+        data = data[: data.rfind(b"\n") + 1]
+    elif cut:  # no line break at all: the whole tail is the end of a line begun before it
+        first = data.find(b"\n")
+        data = data[first + 1 :] if first >= 0 else b""
     return redact.bytes(data)
 
 

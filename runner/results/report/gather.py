@@ -11,6 +11,7 @@ hostile: under a cap, never through a link (:mod:`runner.core.safefs`).
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -208,11 +209,13 @@ from export: <why>``: :func:`runner.execution.agent_run.withhold`)."""
 def _withheld(envelope: ResultEnvelope, listed: Mapping[str, str]) -> dict[str, str]:
     """``{output/<path>: why}`` of the files the run withheld from export: those its
     ``record/withheld.json`` lists (``listed``) and those its envelope's warnings name."""
-    held = {path: why.removeprefix("is withheld: ") for path, why in listed.items()}
+    held = {
+        posixpath.normpath(path): why.removeprefix("is withheld: ") for path, why in listed.items()
+    }
     for w in envelope.warnings:
         path, sep, why = w.partition(_WITHHELD)
         if sep and path.startswith("output/"):
-            held.setdefault(path, why)
+            held.setdefault(posixpath.normpath(path), why)
     return held
 
 
@@ -232,7 +235,10 @@ def _excerpts(
     for m in envelope.measurements[:EXCERPTS_CAP]:
         rel = m.evidence.path
         blob = (beside or {}).get("data/output/" + rel)
-        why = held.get("output/" + rel) or held.get("output/" + redact.text(rel))
+        # a contract may spell the path another way than the run listed it (./x, a//b)
+        why = held.get(posixpath.normpath("output/" + rel)) or held.get(
+            posixpath.normpath("output/" + redact.text(rel))
+        )
         if redact.blind is not None:
             problem = f"not shown: {redact.blind}"
             out[m.measurementId] = Excerpt(rel, problem=problem)
