@@ -71,6 +71,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_API_VERSION", "DockerBackend"]
 
+ENGINE_WORDS_MAX = 1000
+"""The most characters kept of the engine's words about a pull or a load that failed (they
+quote a registry's, which may be anything): printable ASCII (:func:`engine_text`)."""
 OOM_EVENTS_MAX_BYTES = 64 * 1024
 """The most of the engine's answer read for a container's ``oom`` events (one is enough)."""
 
@@ -105,7 +108,8 @@ def _sdk_errors(action: str) -> Iterator[None]:
         yield
     except docker.errors.APIError as exc:
         raise InfrastructureError(
-            f"{action}: the engine answered {exc.status_code}: {exc.explanation or exc}"
+            f"{action}: the engine answered {exc.status_code}: "
+            + engine_text(str(exc.explanation or exc), ENGINE_WORDS_MAX)
         ) from exc
     except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as exc:
         raise EngineUnavailable(
@@ -113,7 +117,9 @@ def _sdk_errors(action: str) -> Iterator[None]:
             hint=_ENGINE_HINT,
         ) from exc
     except docker.errors.DockerException as exc:
-        raise EngineUnavailable(f"{action}: {exc}", hint=_ENGINE_HINT) from exc
+        raise EngineUnavailable(
+            f"{action}: {engine_text(str(exc), ENGINE_WORDS_MAX)}", hint=_ENGINE_HINT
+        ) from exc
 
 
 class DockerBackend:
@@ -341,6 +347,7 @@ class DockerBackend:
                 if "error" in chunk or "errorDetail" in chunk:
                     detail = chunk.get("errorDetail") or {}
                     message = detail.get("message") or chunk.get("error") or str(chunk)
+                    message = engine_text(str(message), ENGINE_WORDS_MAX)
                     raise ImageUnavailable(
                         f"the engine could not pull {reference}: {message}",
                         hint="check the registry and the digest; `docker pull` shows the same",
@@ -354,6 +361,7 @@ class DockerBackend:
                 if "error" in chunk or "errorDetail" in chunk:
                     detail = chunk.get("errorDetail") or {}
                     message = detail.get("message") or chunk.get("error") or str(chunk)
+                    message = engine_text(str(message), ENGINE_WORDS_MAX)
                     raise ImageUnavailable(f"the engine could not load {bundle}: {message}")
 
     def gpu_capable(self) -> bool:

@@ -86,15 +86,15 @@ architecture) that the runner keeps."""
 _UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 
 
-def engine_text(value: object) -> str:
+def engine_text(value: object, limit: int = ENGINE_TEXT_MAX) -> str:
     """What an engine said of itself, as the runner records it: a string only (else ""), cut
-    to :data:`ENGINE_TEXT_MAX` characters, each one that is not printable ASCII (a control
-    character, a lone surrogate JSON can carry, any non-ASCII) written ``?``. The engine's
-    word is never trusted for more than a record, and nothing it says can break the record's
-    JSON or a terminal it is shown on."""
+    to ``limit`` characters (:data:`ENGINE_TEXT_MAX`), each one that is not printable ASCII
+    (a control character, a lone surrogate JSON can carry, any non-ASCII) written ``?``. The
+    engine's word is never trusted for more than a record, and nothing it says can break the
+    record's JSON or a terminal it is shown on."""
     if not isinstance(value, str):
         return ""
-    return _UNPRINTABLE.sub("?", value[:ENGINE_TEXT_MAX])
+    return _UNPRINTABLE.sub("?", value[:limit])
 
 
 ENGINE_REF_MAX = 1024

@@ -296,3 +296,22 @@ def test_a_challenge_from_a_host_a_redirect_led_to_gets_no_credentials() -> None
             server.server_close()
     assert ("foreign", None) in seen and [who for who, _ in seen].count("realm") == 0, seen
     assert all(auth is None for _, auth in seen), seen
+
+
+def test_the_engines_words_about_a_pull_are_printable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's error for a pull quotes the registry's words as they came: escape
+    sequences went into ``failure.reason`` and the human summary printed them to the
+    terminal. Now they are printable ASCII, cut to 1,000 characters."""
+    from runner.backends.docker import DockerBackend
+
+    class _Sdk:
+        def pull(self, *_: Any, **__: Any) -> Any:
+            yield {"errorDetail": {"message": "denied \x1b]0;owned\x07\x1b[2J" + "x" * 5000}}
+
+    backend = DockerBackend()
+    monkeypatch.setattr(backend, "_sdk_client", _Sdk)
+    with pytest.raises(ImageUnavailable) as raised:
+        backend.pull("registry.example/lab/eval@" + DIGEST, None, lambda chunk: None)
+    said = raised.value.message
+    assert "\x1b" not in said and "\x07" not in said and "denied ?]0;owned" in said
+    assert len(said) < 1200
