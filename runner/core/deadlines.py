@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["HeadDeadline", "RateWatch", "adapter_class"]
+__all__ = ["HeadDeadline", "RateWatch", "adapter_class", "pool_classes"]
 
 
 class RateWatch:
@@ -129,8 +129,24 @@ def _shut(sock: socket.socket) -> None:
 def adapter_class() -> Any:
     """An ``HTTPAdapter`` whose connections hand their socket, as soon as it is connected (a
     TLS handshake comes after) or taken from the pool again (kept alive), to the
-    :class:`HeadDeadline` of the request in hand."""
+    :class:`HeadDeadline` of the request in hand (:func:`pool_classes`)."""
     import requests.adapters
+
+    pools = pool_classes()
+
+    class Adapter(requests.adapters.HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            super().init_poolmanager(*args, **kwargs)
+            self.poolmanager.pool_classes_by_scheme = dict(pools)
+
+    return Adapter
+
+
+@functools.cache
+def pool_classes() -> dict[str, Any]:
+    """``urllib3`` connection pools (for a ``PoolManager``'s ``pool_classes_by_scheme``) whose
+    connections hand their socket, as soon as it is connected or taken from the pool again,
+    to the :class:`HeadDeadline` of the request in hand."""
     import urllib3.connection
     import urllib3.connectionpool
 
@@ -162,9 +178,4 @@ def adapter_class() -> Any:
     class TLSPool(Reused, urllib3.connectionpool.HTTPSConnectionPool):
         ConnectionCls = TLSConn
 
-    class Adapter(requests.adapters.HTTPAdapter):
-        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-            super().init_poolmanager(*args, **kwargs)
-            self.poolmanager.pool_classes_by_scheme = {"http": Pool, "https": TLSPool}
-
-    return Adapter
+    return {"http": Pool, "https": TLSPool}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -225,3 +226,57 @@ def test_a_create_answered_with_what_cannot_be_read_stays_in_flight(
     assert "runner job status" in str(raised.value)
     (attempt,) = read_state(staged.job.ledger).attempts
     assert attempt.finished is None
+
+
+def test_an_api_server_trickling_its_answer_is_given_up_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API server that sends its answer's head, then a byte every half second: the
+    client's timeout bounds each receive only, so `runner job status` waited as long as the
+    server kept trickling. Now a request and its answer must be done within ANSWER_SECONDS
+    (2 s here), else the server did not answer."""
+    import http.server
+    import socketserver
+    import threading
+    import time
+    import uuid
+    from types import SimpleNamespace
+
+    from tests.support.kubeapi import write_kubeconfig
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            for _ in range(60):
+                try:
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(0.5)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+        daemon_threads = True
+
+    server = Server(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    monkeypatch.setattr(apply, "ANSWER_SECONDS", 2.0)
+    port = server.server_address[1]
+    stand_in = SimpleNamespace(url=f"http://127.0.0.1:{port}", token=uuid.uuid4().hex)
+    config = write_kubeconfig(tmp_path / "kubeconfig", {"only": stand_in}, "only")  # type: ignore[dict-item]
+    started = time.monotonic()
+    try:
+        with pytest.raises(InfrastructureError, match="did not answer"):
+            apply.status("job-1", namespace=NS, kubeconfig=config)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert time.monotonic() - started < 15

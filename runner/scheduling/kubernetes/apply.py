@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 from urllib3.exceptions import HTTPError
 
 from runner.contract import Trust
-from runner.core import clock, untrusted
+from runner.core import clock, deadlines, untrusted
 from runner.core.errors import (
     HostConfigError,
     InfrastructureError,
@@ -332,6 +332,9 @@ def _capped(client: ApiClient) -> ApiClient:
         return resp
 
     pool.urlopen = capped_urlopen  # type: ignore[method-assign]
+    # Each connection handed to the HeadDeadline of the call in hand (_call): the client's
+    # timeout bounds each receive only, and a server sending a byte every 20 s held a call.
+    pool.pool_classes_by_scheme = dict(deadlines.pool_classes())
     return client
 
 
@@ -366,6 +369,9 @@ def _read(client: ApiClient, kind: str, name: str, namespace: str) -> Any:
     return _call(client, f"GET {kind} {namespace}/{name}", read, name, namespace)
 
 
+ANSWER_SECONDS = 60.0
+"""How long one request to the API server may take, its answer read whole (each receive is
+bounded at 30 s by the client; this, the whole)."""
 ANSWER_MAX_BYTES = 4 * 1024 * 1024
 """The most of an API server's answer read: a Job, a NetworkPolicy or :data:`MAX_PODS` pods
 are tens of KiB (a 64 MB uid in a create's answer had gone whole into the ledger)."""
@@ -374,10 +380,25 @@ are tens of KiB (a 64 MB uid in a create's answer had gone whole into the ledger
 def _call(client: ApiClient, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
     """One request of the official client, its raw answer read as JSON, at most
     :data:`ANSWER_MAX_BYTES`: None for a 404 of a read; any other failure an error naming
-    ``what`` and the server's message."""
+    ``what`` and the server's message; all of it within :data:`ANSWER_SECONDS`."""
+    host = client.configuration.host
+    with deadlines.HeadDeadline(ANSWER_SECONDS) as deadline:
+        try:
+            return _answered(host, what, fn, *args, **kw)
+        except (InfrastructureError, HTTPError):
+            if deadline.expired:  # the connection was shut down: what was read is cut short
+                raise _NoAnswer(
+                    f"the Kubernetes API server at {host} did not answer {what} whole within "
+                    f"{ANSWER_SECONDS:g} s",
+                    hint="check the kubeconfig's server and this host's network",
+                ) from None
+            raise
+
+
+def _answered(host: str, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """:func:`_call`'s request and the reading of its answer."""
     from kubernetes.client.exceptions import ApiException
 
-    host = client.configuration.host
     try:
         answer = fn(*args, **kw, _preload_content=False, _request_timeout=30)
     except _AnswerTooLong:
