@@ -235,39 +235,23 @@ def test_an_api_server_trickling_its_answer_is_given_up_on(
     client's timeout bounds each receive only, so `runner job status` waited as long as the
     server kept trickling. Now a request and its answer must be done within ANSWER_SECONDS
     (2 s here), else the server did not answer."""
-    import http.server
-    import socketserver
-    import threading
     import time
     import uuid
     from types import SimpleNamespace
 
+    from runner.scheduling.kubernetes import render
     from tests.support.kubeapi import write_kubeconfig
+    from tests.unit.test_hostile_review_round16 import _registry_server, _trickle
 
-    class Trickle(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def trickle(h: Any) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", "100000")
+        h.end_headers()
+        _trickle(h, b" ", 60, 0.5)
 
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", "100000")
-            self.end_headers()
-            for _ in range(60):
-                try:
-                    self.wfile.write(b" ")
-                    self.wfile.flush()
-                except OSError:
-                    return
-                time.sleep(0.5)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-        daemon_threads = True
-
-    server = Server(("127.0.0.1", 0), Trickle)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    path = f"/apis/batch/v1/namespaces/{NS}/jobs/{render.object_name('job-1')}"
+    server = _registry_server({path: trickle})
     monkeypatch.setattr(apply, "ANSWER_SECONDS", 2.0)
     port = server.server_address[1]
     stand_in = SimpleNamespace(url=f"http://127.0.0.1:{port}", token=uuid.uuid4().hex)
