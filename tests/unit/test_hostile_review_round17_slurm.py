@@ -236,3 +236,27 @@ def test_free_text_holding_requeue_cannot_make_a_preempted_job_read_as_ended() -
     )
     honest = line.replace("Comment=x Requeue=1", "Comment=nightly")
     assert SlurmFence(_Said({"scontrol": honest})).job("77") == ("PREEMPTED", False)
+
+
+def test_the_batch_script_imports_nothing_from_its_working_folder(tmp_path: Path) -> None:
+    """The batch script's step runs ``python -m`` in the job's record folder, which ``-m`` puts
+    first on ``sys.path``: a ``runner.py`` there would be imported instead of the runner. Both
+    of its Python commands now run with ``-P``, as `runner serve`'s autostart does."""
+    import sys
+    import uuid
+
+    from runner.scheduling.slurm import batch
+
+    request = batch.Request(
+        contract=str(tmp_path / "task.json"), contractSha256="ab" * 32,
+        contractDigest="sha256:" + "ab" * 32, jobId="job-1", cpus=1, memMiB=512, gres=None,
+        timeMinutes=5, budgetSeconds=60.0,
+    )  # fmt: skip
+    marker, token = tmp_path / "marker", uuid.uuid4().hex
+    text = batch.batch_script(request, python=sys.executable, state=tmp_path, marker=marker,
+                              token=token, run_args=[])  # fmt: skip
+    assert text.count(" -P -m runner") == 2, text
+    (tmp_path / "runner.py").write_text("raise SystemExit('the working folder was imported')\n")
+    ran = subprocess.run([sys.executable, "-P", "-m", "runner", "--version"], cwd=tmp_path,
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert ran.returncode == 0 and "working folder" not in ran.stderr, ran.stderr

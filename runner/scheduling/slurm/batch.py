@@ -288,12 +288,14 @@ def batch_script(
     the step passes Slurm's signals on and stays while a served runner still owns the job."""
     q = shlex.quote
     folder = q(str(marker.parent))
+    # -P: the step starts in the job's record folder, which -m would put first on sys.path
+    # (as autostart's server, nothing is imported from a working folder).
     argv = [
-        python, "-m", "runner", "run", request.contract, "--state-dir", str(state),
+        python, "-P", "-m", "runner", "run", request.contract, "--state-dir", str(state),
         "--job-id", request.jobId, "--json", *run_args,
     ]  # fmt: skip
     step = [
-        python, "-m", "runner.scheduling.slurm.step", "--state-dir", str(state),
+        python, "-P", "-m", "runner.scheduling.slurm.step", "--state-dir", str(state),
         "--job-id", request.jobId,
     ]  # fmt: skip
     return "\n".join(
