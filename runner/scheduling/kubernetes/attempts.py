@@ -49,6 +49,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from runner.backends.types import engine_text
 from runner.core import clock, untrusted
 from runner.core.errors import JobBusy, ResourceExhausted
 from runner.scheduling.kubernetes.render import STOP_GRACE_SECONDS
@@ -347,11 +348,11 @@ def owned_by(pods: list[Any], uid: str | None) -> list[Any]:
 
 def server_text(value: Any, limit: int = 300) -> str | None:
     """An API server's reason or message, printable ASCII (each other character ``?``, runs
-    of white space one space), cut to ``limit``; None when it is no string."""
+    of white space one space), cut to ``limit`` (:func:`runner.backends.types.engine_text`);
+    None when it is no string."""
     if not isinstance(value, str):
         return None
-    text = " ".join(value.split())[:limit]
-    return "".join(c if c.isascii() and c.isprintable() else "?" for c in text)
+    return engine_text(" ".join(value.split()), limit)
 
 
 def record_end(
